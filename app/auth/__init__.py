@@ -1,0 +1,1 @@
+"""Operators (dashboard sessions) and API tokens (workers)."""

@@ -1,0 +1,115 @@
+"""The ``lockkeeper`` command: a Flask CLI group bound to ``create_app``."""
+
+from __future__ import annotations
+
+import re
+import sys
+from datetime import timedelta
+
+import click
+from flask import Flask
+from flask.cli import FlaskGroup, with_appcontext
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90d``, ``12h``, ``30m``, ``45s``, ``2w`` or plain seconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration like 7d, 12h, 30m or 45s")
+    amount, unit = match.groups()
+    return timedelta(seconds=float(amount) * _UNITS[unit])
+
+
+class Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_duration(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+
+
+tokens = click.Group("tokens", help="API tokens for workers.")
+
+
+@tokens.command("create")
+@click.argument("name")
+@with_appcontext
+def tokens_create(name: str) -> None:
+    """Create a token; the token is printed alone on the last line, once."""
+    from app.auth.service import AuthError, create_token
+
+    try:
+        token = create_token(name)
+    except AuthError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"Created API token {name!r}. Store it now; it is not shown again:")
+    click.echo(token)
+
+
+@tokens.command("list")
+@with_appcontext
+def tokens_list() -> None:
+    from app.auth.service import list_tokens
+
+    for token in list_tokens():
+        status = "revoked" if token.revoked_at else "active"
+        click.echo(f"{token.name}\t{status}\tcreated {token.created_at.isoformat()}")
+
+
+@tokens.command("revoke")
+@click.argument("name")
+@with_appcontext
+def tokens_revoke(name: str) -> None:
+    from app.auth.service import AuthError, revoke_token
+
+    try:
+        revoke_token(name)
+    except AuthError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"Revoked API token {name!r}.")
+
+
+def register_commands(app: Flask) -> None:
+    app.cli.add_command(tokens)
+    for module_name in (
+        "app.cli_users",
+        "app.cli_locks",
+        "app.cli_events",
+        "app.cli_exec",
+    ):
+        _add_optional(app, module_name)
+
+
+def _add_optional(app: Flask, module_name: str) -> None:
+    """Command groups live beside the face that owns them."""
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        return
+    for command in module.COMMANDS:
+        app.cli.add_command(command)
+
+
+def _create_cli_app() -> Flask:
+    from app import create_app
+
+    return create_app()
+
+
+def main() -> None:
+    cli = FlaskGroup(
+        create_app=_create_cli_app,
+        help="Lockkeeper: distributed locks kept in your database.",
+    )
+    sys.exit(cli.main())

@@ -1,0 +1,129 @@
+"""Configuration: defaults < instance/config.py < LOCKKEEPER_* env < test map."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+from sqlalchemy.engine import make_url
+
+DEFAULTS: dict[str, Any] = {
+    "LOCKKEEPER_DEFAULT_TTL": 30.0,
+    "LOCKKEEPER_MAX_TTL": 86400.0,
+    "LOCKKEEPER_EXPIRING_WITHIN": 15.0,
+    # Statements that lose a deadlock (MariaDB 1213) or a serialization race are
+    # retried by the service this many times before the caller sees a 503.
+    "LOCKKEEPER_DEADLOCK_RETRIES": 5,
+    "LOCKKEEPER_LOGIN_MAX_FAILURES": 5,
+    "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": 300,
+    "LOCKKEEPER_BOOTSTRAP": True,
+    "MAX_CONTENT_LENGTH": 64 * 1024,
+    "SESSION_COOKIE_HTTPONLY": True,
+    "SESSION_COOKIE_SAMESITE": "Lax",
+    # A dashboard tab polls for hours; a time-limited CSRF token would fail its first
+    # click. The token still dies with the session.
+    "WTF_CSRF_TIME_LIMIT": None,
+    "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True},
+}
+
+# Environment variables read as numbers; everything else LOCKKEEPER_* is a string.
+_NUMERIC = {
+    "LOCKKEEPER_DEFAULT_TTL": float,
+    "LOCKKEEPER_MAX_TTL": float,
+    "LOCKKEEPER_EXPIRING_WITHIN": float,
+    "LOCKKEEPER_DEADLOCK_RETRIES": int,
+    "LOCKKEEPER_LOGIN_MAX_FAILURES": int,
+    "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
+}
+_ENV_KEYS = (
+    "LOCKKEEPER_DATABASE_URL",
+    "LOCKKEEPER_SECRET_KEY",
+    *_NUMERIC,
+)
+
+_DRIVERS = {
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+}
+
+
+class ConfigError(ValueError):
+    """The configuration cannot run the service; the message names the setting."""
+
+
+def normalize_database_url(url: str) -> str:
+    """Give plain postgresql://, mysql:// and mariadb:// URLs the drivers we ship."""
+    parsed = make_url(url)
+    if parsed.drivername in _DRIVERS:
+        parsed = parsed.set(drivername=_DRIVERS[parsed.drivername])
+    return parsed.render_as_string(hide_password=False)
+
+
+def load_config(app: Flask, test_config: Mapping[str, Any] | None) -> None:
+    app.config.from_mapping(DEFAULTS)
+    app.config.from_pyfile("config.py", silent=True)
+    for key in _ENV_KEYS:
+        if key in os.environ:
+            raw = os.environ[key]
+            try:
+                app.config[key] = _NUMERIC[key](raw) if key in _NUMERIC else raw
+            except ValueError as exc:
+                raise ConfigError(f"{key}={raw!r} is not a number") from exc
+    if test_config is not None:
+        app.config.from_mapping(test_config)
+
+    instance = Path(app.instance_path)
+    url = app.config.get("LOCKKEEPER_DATABASE_URL") or (
+        f"sqlite:///{instance / 'lockkeeper.sqlite3'}"
+    )
+    app.config["LOCKKEEPER_DATABASE_URL"] = normalize_database_url(url)
+    app.config["SQLALCHEMY_DATABASE_URI"] = app.config["LOCKKEEPER_DATABASE_URL"]
+    _validate(app.config)
+    if not app.config.get("SECRET_KEY"):
+        app.config["SECRET_KEY"] = app.config.get(
+            "LOCKKEEPER_SECRET_KEY"
+        ) or load_or_create_secret_key(instance)
+
+
+def _validate(config: Mapping[str, Any]) -> None:
+    max_ttl = config["LOCKKEEPER_MAX_TTL"]
+    default_ttl = config["LOCKKEEPER_DEFAULT_TTL"]
+    window = config["LOCKKEEPER_EXPIRING_WITHIN"]
+    for key, value in (
+        ("LOCKKEEPER_MAX_TTL", max_ttl),
+        ("LOCKKEEPER_DEFAULT_TTL", default_ttl),
+    ):
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{key} must be a positive number, not {value!r}")
+    if default_ttl > max_ttl:
+        raise ConfigError("LOCKKEEPER_DEFAULT_TTL must not exceed LOCKKEEPER_MAX_TTL")
+    if not (math.isfinite(window) and window >= 0):
+        raise ConfigError("LOCKKEEPER_EXPIRING_WITHIN must be zero or more seconds")
+
+
+def load_or_create_secret_key(instance: Path) -> str:
+    """Read the instance's secret key, creating it once even when workers race.
+
+    The key is written to a temporary file and hard-linked into place: ``link`` fails
+    if the name exists, so exactly one worker's key wins and every worker reads it.
+    """
+    path = instance / "secret_key"
+    if not path.exists():
+        instance.mkdir(parents=True, exist_ok=True)
+        tmp = instance / f".secret_key.{os.getpid()}.{secrets.token_hex(4)}"
+        tmp.write_text(secrets.token_hex(32))
+        tmp.chmod(0o600)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()

@@ -1,0 +1,66 @@
+"""Per-dialect engine setup that the ORM cannot infer.
+
+SQLite (trap d5 in ECOSYSTEM.md): the driver's default BEGIN runs the first SELECT
+outside the transaction and silently loses updates, and a deferred transaction that
+upgrades to a writer fails at once with "database is locked". So the driver's own
+transaction handling is switched off, WAL is on, and a write transaction asks for
+``BEGIN IMMEDIATE`` with the ``sqlite_immediate`` execution option: writers queue on
+``busy_timeout`` instead of failing.
+
+MariaDB/MySQL: READ COMMITTED, so a locking read sees the latest committed row and
+takes no gap locks (which deadlock concurrent first inserts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask
+from sqlalchemy import Engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+SERVER_CLOCK_DIALECTS = frozenset({"postgresql", "mysql", "mariadb"})
+
+
+def engine_options(app: Flask) -> dict[str, Any]:
+    options = dict(app.config.get("SQLALCHEMY_ENGINE_OPTIONS") or {})
+    backend = make_url(app.config["SQLALCHEMY_DATABASE_URI"]).get_backend_name()
+    if backend in ("mysql", "mariadb"):
+        options.setdefault("isolation_level", "READ COMMITTED")
+        options.setdefault("pool_recycle", 3600)
+    if backend == "sqlite":
+        options.setdefault("connect_args", {}).setdefault("timeout", 10)
+    return options
+
+
+def install_engine_events(engine: Engine) -> None:
+    if engine.dialect.name != "sqlite" or getattr(engine, "_lockkeeper_events", False):
+        return
+    engine._lockkeeper_events = True  # type: ignore[attr-defined]
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if engine.url.database not in (None, "", ":memory:"):
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        immediate = connection.get_execution_options().get("sqlite_immediate")
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def begin_write(session: Session) -> None:
+    """Mark the session's transaction as a writer before its first statement.
+
+    Every ORM write (users, tokens) calls this first; on SQLite it makes the
+    transaction ``BEGIN IMMEDIATE``, elsewhere it changes nothing.
+    """
+    session.connection(execution_options={"sqlite_immediate": True})

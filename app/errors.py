@@ -1,0 +1,77 @@
+"""App-level error handlers: problem+json under /api/, HTML pages elsewhere.
+
+Registered on the app, not a blueprint, so routing 404/405 are covered too.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, jsonify, request
+from werkzeug.exceptions import HTTPException, InternalServerError
+
+
+def wants_problem() -> bool:
+    return request.path.startswith("/api/") or request.path in ("/healthz",)
+
+
+def problem(status: int, title: str, detail: str | None = None, **extra):
+    body = {
+        "type": extra.pop("type", "about:blank"),
+        "title": title,
+        "status": status,
+        "detail": detail or title,
+        "instance": request.path,
+        **extra,
+    }
+    response = jsonify(body)
+    response.status_code = status
+    response.mimetype = "application/problem+json"
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    register_database_error_handlers(app)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        if wants_problem():
+            response = problem(exc.code or 500, exc.name, exc.description)
+            for header in ("Allow", "Retry-After", "WWW-Authenticate"):
+                if exc.get_response().headers.get(header):
+                    response.headers[header] = exc.get_response().headers[header]
+            return response
+        return exc
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        from app.extensions import db
+
+        db.session.rollback()
+        app.logger.exception("unhandled error on %s %s", request.method, request.path)
+        if wants_problem():
+            return problem(500, "Internal Server Error", "an unexpected error occurred")
+        return InternalServerError()
+
+
+def register_database_error_handlers(app: Flask) -> None:
+    """A database that does not answer is a 503 (retry later), never a 500."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    from app.locks.errors import ServiceBusy
+
+    def _unavailable(exc: Exception):
+        from app.extensions import db
+
+        db.session.rollback()
+        app.logger.warning("database unavailable: %s", type(exc).__name__)
+        if wants_problem():
+            response = problem(
+                503, "Service Unavailable", "the lock database is not answering"
+            )
+        else:
+            response = app.make_response(("The lock database is not answering.", 503))
+        response.headers["Retry-After"] = "1"
+        return response
+
+    app.register_error_handler(OperationalError, _unavailable)
+    app.register_error_handler(InterfaceError, _unavailable)
+    app.register_error_handler(ServiceBusy, _unavailable)

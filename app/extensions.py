@@ -1,0 +1,31 @@
+"""Extensions created without an app and bound in ``create_app`` (no import cycles)."""
+
+from flask_login import LoginManager
+from flask_migrate import Migrate
+from flask_sqlalchemy import SQLAlchemy
+from flask_wtf import CSRFProtect
+from sqlalchemy.orm import DeclarativeBase
+
+from app.paths import MIGRATIONS_DIR
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+db = SQLAlchemy(model_class=Base)
+migrate = Migrate(directory=str(MIGRATIONS_DIR), render_as_batch=True)
+csrf = CSRFProtect()
+login_manager = LoginManager()
+
+
+def init_app(app) -> None:
+    from app.database import engine_options, install_engine_events
+
+    app.config["SQLALCHEMY_ENGINE_OPTIONS"] = engine_options(app)
+    db.init_app(app)
+    with app.app_context():
+        install_engine_events(db.engine)
+    migrate.init_app(app, db)
+    csrf.init_app(app)
+    login_manager.init_app(app)

@@ -1,0 +1,1 @@
+"""Named locks with owner tokens, TTLs and fencing tokens."""

@@ -1,0 +1,57 @@
+"""One exception per broken contract, each naming its subject."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.locks.results import Lock
+
+
+class LockError(Exception):
+    """Base of every refusal the service reports to a caller."""
+
+
+class InvalidInput(LockError):
+    """One or more fields are malformed; nothing was changed."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors))
+
+
+class LockNotFound(LockError):
+    def __init__(self, resource: str, detail: str | None = None):
+        self.resource = resource
+        super().__init__(detail or f"no lock is held on {resource!r}")
+
+
+class LockExpired(LockError):
+    """The caller's lock expired; someone else may hold the resource by now."""
+
+    def __init__(self, resource: str, owner: str):
+        self.resource = resource
+        self.owner = owner
+        super().__init__(f"the lock on {resource!r} held by {owner!r} has expired")
+
+
+class NotOwner(LockError):
+    def __init__(self, resource: str, holder: Lock):
+        self.resource = resource
+        self.holder = holder
+        super().__init__(f"{resource!r} is held by another owner")
+
+
+class LockHeld(LockError):
+    """The resource is validly held by someone else (a claim without force)."""
+
+    def __init__(self, resource: str, holder: Lock):
+        self.resource = resource
+        self.holder = holder
+        super().__init__(
+            f"{resource!r} is held by {holder.owner!r} until its ttl runs out"
+        )
+
+
+class ServiceBusy(LockError):
+    """The database kept refusing for reasons that are not the caller's (deadlocks)."""

@@ -1,0 +1,67 @@
+"""The lock table and its audit log."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Index, Sequence, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.extensions import db
+from app.types import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
+
+# Fences come from one database-wide sequence (a counter row on SQLite, which has
+# no sequences): a value taken later is always larger, so a resource's fence keeps
+# increasing even after its row is released or purged and inserted anew.
+fence_sequence = Sequence("lock_fence_seq", start=1, metadata=db.metadata)
+
+
+class DistributedLock(db.Model):
+    __tablename__ = "distributed_locks"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    resource: Mapped[str] = mapped_column(name_column(), unique=True)
+    owner: Mapped[str] = mapped_column(name_column())
+    fence: Mapped[int] = mapped_column(BigInteger)
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+    __table_args__ = (Index("ix_distributed_locks_owner", "owner"), MYSQL_TABLE_ARGS)
+
+
+class LockEvent(db.Model):
+    """One ownership change, written in the same transaction as the change."""
+
+    __tablename__ = "lock_events"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    resource: Mapped[str] = mapped_column(name_column())
+    action: Mapped[str] = mapped_column(String(32))
+    owner: Mapped[str | None] = mapped_column(name_column())
+    previous_owner: Mapped[str | None] = mapped_column(name_column())
+    fence: Mapped[int | None] = mapped_column(BigInteger)
+    acquired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    actor: Mapped[str | None] = mapped_column(name_column())
+    reason: Mapped[str | None] = mapped_column(Text)
+    occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index("ix_lock_events_resource_id", "resource", "id"),
+        Index("ix_lock_events_owner_id", "owner", "id"),
+        Index("ix_lock_events_actor_id", "actor", "id"),
+        Index("ix_lock_events_action_id", "action", "id"),
+        Index("ix_lock_events_occurred_at", "occurred_at"),
+        {"sqlite_autoincrement": True, **MYSQL_TABLE_ARGS},
+    )
+
+
+class FenceCounter(db.Model):
+    """SQLite's stand-in for ``lock_fence_seq``: a single row, bumped per grant."""
+
+    __tablename__ = "lock_fence_counter"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (MYSQL_TABLE_ARGS,)

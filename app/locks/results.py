@@ -1,0 +1,86 @@
+"""Plain, immutable results handed to the API, the dashboard and the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, TypeVar
+
+from app.locks.state import Action, LockState, classify
+
+
+@dataclass(frozen=True, slots=True)
+class Lock:
+    resource: str
+    owner: str
+    fence: int
+    acquired_at: datetime
+    expires_at: datetime
+    ttl_remaining: float
+    state: LockState
+
+    @classmethod
+    def from_row(cls, row, now: datetime, expiring_within: float) -> Lock:
+        remaining = (row.expires_at - now).total_seconds()
+        return cls(
+            resource=row.resource,
+            owner=row.owner,
+            fence=row.fence,
+            acquired_at=row.acquired_at,
+            expires_at=row.expires_at,
+            ttl_remaining=max(remaining, 0.0),
+            state=classify(remaining, expiring_within),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireResult:
+    """``acquired`` with the caller's lock, or not, with the current holder.
+
+    ``lock`` is None only when a refused acquire found no holder to name: the
+    holder released between our attempt and our look (rare; retry at once).
+    """
+
+    acquired: bool
+    lock: Lock | None
+    action: Action | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    resource: str
+    action: Action
+    owner: str | None
+    previous_owner: str | None
+    fence: int | None
+    acquired_at: datetime | None
+    expires_at: datetime | None
+    actor: str | None
+    reason: str | None
+    occurred_at: datetime
+
+    @classmethod
+    def from_row(cls, row) -> Event:
+        return cls(
+            id=row.id,
+            resource=row.resource,
+            action=Action(row.action),
+            owner=row.owner,
+            previous_owner=row.previous_owner,
+            fence=row.fence,
+            acquired_at=row.acquired_at,
+            expires_at=row.expires_at,
+            actor=row.actor,
+            reason=row.reason,
+            occurred_at=row.occurred_at,
+        )
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):  # noqa: UP046 - Python 3.11 has no PEP 695 syntax
+    items: list[T]
+    next_cursor: str | None

@@ -1,0 +1,483 @@
+"""LockService: every lock rule and every lock transaction, for every face.
+
+The API, the dashboard and the CLI call these methods and map the exceptions of
+``app.locks.errors``; none of them touches SQL. Each changing call is one
+transaction holding the change and its audit event (see ``statements``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from flask import current_app
+from sqlalchemy import Connection, Engine, and_, case, func, literal, select
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from app.clock import Clock, DatabaseClock, SystemClock
+from app.database import SERVER_CLOCK_DIALECTS
+from app.locks import validation
+from app.locks.errors import (
+    InvalidInput,
+    LockExpired,
+    LockHeld,
+    LockNotFound,
+    NotOwner,
+    ServiceBusy,
+)
+from app.locks.results import AcquireResult, Lock, Page
+from app.locks.state import Action, LockState
+from app.locks.statements import Outcome, locks, statements_for
+from app.types import UTCDateTime
+
+T = TypeVar("T")
+
+MAX_PAGE = 500
+DEFAULT_PAGE = 50
+PURGE_BATCH = 500
+
+# PostgreSQL deadlock / serialization failure; MariaDB deadlock / lock wait timeout.
+_RETRYABLE_SQLSTATES = {"40P01", "40001"}
+_RETRYABLE_MYSQL_ERRNOS = {1213, 1205}
+
+
+def _is_retryable(exc: DBAPIError) -> bool:
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:
+        return True
+    args = getattr(orig, "args", ())
+    return bool(args) and args[0] in _RETRYABLE_MYSQL_ERRNOS
+
+
+@dataclass(frozen=True, slots=True)
+class LockSettings:
+    default_ttl: float = 30.0
+    max_ttl: float = 86400.0
+    expiring_within: float = 15.0
+    retries: int = 5
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> LockSettings:
+        return cls(
+            default_ttl=float(config["LOCKKEEPER_DEFAULT_TTL"]),
+            max_ttl=float(config["LOCKKEEPER_MAX_TTL"]),
+            expiring_within=float(config["LOCKKEEPER_EXPIRING_WITHIN"]),
+            retries=int(config["LOCKKEEPER_DEADLOCK_RETRIES"]),
+        )
+
+
+class LockService:
+    def __init__(self, engine: Engine, clock: Clock, settings: LockSettings):
+        self.engine = engine
+        self.clock = clock
+        self.settings = settings
+        self.dialect = engine.dialect.name
+        self.statements = statements_for(self.dialect)
+        self._transactional = getattr(self.statements, "transactional", self.statements)
+        self._has_server_clock = self.dialect in SERVER_CLOCK_DIALECTS
+        self._autocommit_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._write_engine = engine.execution_options(sqlite_immediate=True)
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _now(self) -> datetime | None:
+        """The caller-side clock reading, or None for "the server's, in SQL"."""
+        now = self.clock.now()
+        if now is None and not self._has_server_clock:
+            return datetime.now(UTC)
+        return now
+
+    def _run(self, work: Callable[[Connection], T], *, autocommit: bool = False) -> T:
+        """Run ``work`` in its own transaction, retrying deadlocks and lost inserts."""
+        for attempt in range(self.settings.retries + 1):
+            try:
+                if autocommit:
+                    with self._autocommit_engine.connect() as conn:
+                        return work(conn)
+                with self._write_engine.connect() as conn, conn.begin():
+                    return work(conn)
+            except IntegrityError:
+                # A concurrent first insert of the same resource won; the next try
+                # sees its row and decides against it.
+                continue
+            except DBAPIError as exc:
+                if not _is_retryable(exc) or exc.connection_invalidated:
+                    raise
+                time.sleep(random.uniform(0, 0.002 * 2**attempt))
+        raise ServiceBusy("the database kept aborting the transaction; try again")
+
+    def _lock(self, row, now: datetime) -> Lock:
+        return Lock.from_row(row, now, self.settings.expiring_within)
+
+    def _ttl(self, ttl: Any) -> float:
+        return self.settings.default_ttl if ttl is None else ttl
+
+    def validate(
+        self,
+        *,
+        resource: Any = ...,
+        owner: Any = ...,
+        ttl: Any = ...,
+        reason: Any = ...,
+        actor: Any = ...,
+    ) -> None:
+        """Raise ``InvalidInput`` naming every bad field among those given."""
+        errors: list[tuple[str, str]] = []
+        checks = (
+            ("resource", resource, validation.resource_error),
+            ("owner", owner, validation.name_error),
+            ("actor", actor, lambda v: None if v is None else validation.name_error(v)),
+            ("reason", reason, validation.reason_error),
+            (
+                "ttl",
+                ttl,
+                lambda v: (
+                    None
+                    if v is None
+                    else validation.ttl_error(v, self.settings.max_ttl)
+                ),
+            ),
+        )
+        for field, value, check in checks:
+            if value is not ...:
+                message = check(value)
+                if message:
+                    errors.append((field, message))
+        if errors:
+            raise InvalidInput(errors)
+
+    def _decide(
+        self, attempt: Callable[[Connection], Outcome], *, autocommit: bool
+    ) -> Outcome:
+        """One attempt of a hot-path operation."""
+        return self._run(attempt, autocommit=autocommit)
+
+    # -- the worker's operations -------------------------------------------
+
+    def acquire(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        actor: str | None = None,
+    ) -> AcquireResult:
+        """Take ``resource`` for ``owner`` if it is free, stale, or already ours.
+
+        Never blocks. A refusal names the current holder and writes nothing.
+        """
+        self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor)
+        ttl = self._ttl(ttl)
+        outcome = None
+        for _ in range(self.settings.retries + 1):
+            outcome = self._run(
+                lambda conn: self.statements.acquire(
+                    conn, resource, owner, ttl, actor, self._now()
+                ),
+                autocommit=self.statements.autocommit,
+            )
+            if outcome.done:
+                return AcquireResult(
+                    True, self._lock(outcome.row, outcome.now), outcome.action
+                )
+            row = outcome.row
+            if row is not None and row.expires_at > outcome.now and row.owner != owner:
+                return AcquireResult(False, self._lock(row, outcome.now))
+            # The row we were refused on is gone or expired: it changed under us.
+        return AcquireResult(False, None)
+
+    def renew(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        actor: str | None = None,
+    ) -> Lock:
+        """Extend ``owner``'s valid lock to ``now + ttl``; fence and acquired_at stay.
+
+        :raise LockNotFound: no row. :raise LockExpired: the lock ran out (someone
+            else may hold it). :raise NotOwner: validly held by another owner.
+        """
+        self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor)
+        ttl = self._ttl(ttl)
+        for _ in range(self.settings.retries + 1):
+            outcome = self._run(
+                lambda conn: self.statements.renew(
+                    conn, resource, owner, ttl, actor, self._now()
+                ),
+                autocommit=self.statements.autocommit,
+            )
+            row, now = outcome.row, outcome.now
+            if outcome.done:
+                return self._lock(row, now)
+            if row is None:
+                raise LockNotFound(resource)
+            if row.expires_at <= now:
+                raise LockExpired(resource, owner)
+            if row.owner != owner:
+                raise NotOwner(resource, self._lock(row, now))
+        raise ServiceBusy(f"renewal of {resource!r} kept racing; try again")
+
+    def release(self, resource: str, owner: str, actor: str | None = None) -> Lock:
+        """Release ``owner``'s valid lock; returns the lock as it was.
+
+        :raise LockNotFound: no row, or it expired (the caller has lost it).
+        :raise NotOwner: validly held by another owner.
+        """
+        self.validate(resource=resource, owner=owner, actor=actor)
+        for _ in range(self.settings.retries + 1):
+            outcome = self._run(
+                lambda conn: self.statements.release(
+                    conn, resource, owner, actor, self._now()
+                ),
+                autocommit=self.statements.autocommit,
+            )
+            row, now = outcome.row, outcome.now
+            if outcome.done:
+                return self._lock(row, now)
+            if row is None or row.expires_at <= now:
+                raise LockNotFound(
+                    resource, f"no valid lock on {resource!r} to release"
+                )
+            if row.owner != owner:
+                raise NotOwner(resource, self._lock(row, now))
+        raise ServiceBusy(f"release of {resource!r} kept racing; try again")
+
+    # -- the operator's actions --------------------------------------------
+
+    def force_release(
+        self, resource: str, *, actor: str, reason: str | None = None
+    ) -> Lock:
+        """Remove the row of ``resource`` whoever holds it, stale or not."""
+        self.validate(resource=resource, actor=actor, reason=reason)
+        outcome = self._run(
+            lambda conn: self._transactional.force_release(
+                conn, resource, actor, reason, self._now()
+            )
+        )
+        if not outcome.done:
+            raise LockNotFound(resource)
+        return self._lock(outcome.row, outcome.now)
+
+    def claim(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        *,
+        actor: str,
+        reason: str | None = None,
+        force: bool = False,
+    ) -> Lock:
+        """Grant ``resource`` to ``owner`` with a new fence, as an operator.
+
+        :raise LockHeld: validly held by another owner and ``force`` is false.
+        """
+        self.validate(
+            resource=resource, owner=owner, ttl=ttl, actor=actor, reason=reason
+        )
+        ttl = self._ttl(ttl)
+        outcome = self._run(
+            lambda conn: self._transactional.claim(
+                conn, resource, owner, ttl, actor, reason, force, self._now()
+            )
+        )
+        if not outcome.done:
+            raise LockHeld(resource, self._lock(outcome.row, outcome.now))
+        return self._lock(outcome.row, outcome.now)
+
+    def purge_stale(self, older_than: timedelta) -> list[str]:
+        """Delete rows expired for longer than ``older_than``; fences are unaffected
+        (they come from a database-wide sequence, not from the row)."""
+        if older_than < timedelta(0):
+            raise InvalidInput([("older_than", "must not be negative")])
+        cutoff = self.now() - older_than
+        purged: list[str] = []
+        while True:
+            batch = self._run(
+                lambda conn: self._transactional.purge_stale_batch(
+                    conn, cutoff, PURGE_BATCH
+                )
+            )
+            purged.extend(batch)
+            if len(batch) < PURGE_BATCH:
+                return purged
+
+    # -- reads --------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The deciding clock's current reading."""
+        now = self._now()
+        if now is not None:
+            return now
+        with self.engine.connect() as conn:
+            return self._transactional.read_now(conn)
+
+    def get(self, resource: str, *, include_stale: bool = False) -> Lock:
+        """The lock on ``resource``; :raise LockNotFound: absent (or stale, unless
+        ``include_stale``)."""
+        self.validate(resource=resource)
+        now = self._now()
+        now_column = (
+            literal(now, UTCDateTime()) if now is not None else self._server_now()
+        ).label("now")
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(locks, now_column).where(locks.c.resource == resource)
+            ).one_or_none()
+        if row is None:
+            raise LockNotFound(resource)
+        lock = self._lock(row, row.now)
+        if lock.state is LockState.STALE and not include_stale:
+            raise LockNotFound(resource, f"the lock on {resource!r} has expired")
+        return lock
+
+    def _server_now(self):
+        return self._transactional._server_now().cast(UTCDateTime())
+
+    def _state_condition(self, state: LockState | None, now: datetime):
+        soon = now + timedelta(seconds=self.settings.expiring_within)
+        expires_at = locks.c.expires_at
+        if state is LockState.STALE:
+            return expires_at <= now
+        if state is LockState.EXPIRING:
+            return and_(expires_at > now, expires_at <= soon)
+        if state is LockState.HELD:
+            return expires_at > soon
+        return None
+
+    def list_locks(
+        self,
+        *,
+        state: LockState | str | None = None,
+        prefix: str | None = None,
+        owner: str | None = None,
+        limit: int = DEFAULT_PAGE,
+        cursor: str | None = None,
+    ) -> Page[Lock]:
+        """Locks ordered by resource, a page at a time (keyset on resource)."""
+        errors = []
+        if state not in (None, "all"):
+            try:
+                state = LockState(state)
+            except ValueError:
+                errors.append(("state", "must be one of held, expiring, stale, all"))
+        else:
+            state = None
+        if prefix is not None and (
+            len(prefix) > validation.MAX_NAME
+            or validation.has_control_characters(prefix)
+        ):
+            errors.append(("prefix", "must be at most 255 printable characters"))
+        if owner is not None and validation.name_error(owner):
+            errors.append(("owner", validation.name_error(owner)))
+        limit_error = page_limit_error(limit)
+        if limit_error:
+            errors.append(("limit", limit_error))
+        after = None
+        if cursor is not None:
+            try:
+                after = decode_cursor(cursor)["resource"]
+            except (ValueError, KeyError, TypeError):
+                errors.append(("cursor", "is not a cursor this service handed out"))
+        if errors:
+            raise InvalidInput(errors)
+
+        now = self.now()
+        query = select(locks).order_by(locks.c.resource).limit(limit + 1)
+        condition = self._state_condition(state, now)
+        if condition is not None:
+            query = query.where(condition)
+        if prefix:
+            query = query.where(locks.c.resource.startswith(prefix, autoescape=True))
+        if owner is not None:
+            query = query.where(locks.c.owner == owner)
+        if after is not None:
+            query = query.where(locks.c.resource > after)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        items = [self._lock(row, now) for row in rows[:limit]]
+        next_cursor = (
+            encode_cursor({"resource": items[-1].resource})
+            if len(rows) > limit
+            else None
+        )
+        return Page(items, next_cursor)
+
+    def counts(self) -> dict[LockState, int]:
+        """How many rows are in each state right now."""
+        now = self.now()
+        soon = now + timedelta(seconds=self.settings.expiring_within)
+        expires_at = locks.c.expires_at
+        query = select(
+            func.count(case((expires_at > soon, 1))).label("held"),
+            func.count(case((and_(expires_at > now, expires_at <= soon), 1))).label(
+                "expiring"
+            ),
+            func.count(case((expires_at <= now, 1))).label("stale"),
+        )
+        with self.engine.connect() as conn:
+            row = conn.execute(query).one()
+        return {state: getattr(row, state.value) for state in LockState}
+
+
+# -- cursors and page sizes: shared with the audit service ------------------
+
+
+def encode_cursor(position: dict[str, Any]) -> str:
+    raw = json.dumps(position, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> dict[str, Any]:
+    if not isinstance(cursor, str) or len(cursor) > 1024:
+        raise ValueError("bad cursor")
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        position = json.loads(raw)
+    except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError("bad cursor") from exc
+    if not isinstance(position, dict):
+        raise ValueError("bad cursor")
+    return position
+
+
+def page_limit_error(limit: Any) -> str | None:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return "must be an integer"
+    if not 1 <= limit <= MAX_PAGE:
+        return f"must be between 1 and {MAX_PAGE}"
+    return None
+
+
+# -- wiring -----------------------------------------------------------------
+
+
+def clock_for(engine: Engine, configured: Clock | None) -> Clock:
+    if configured is not None:
+        return configured
+    if engine.dialect.name in SERVER_CLOCK_DIALECTS:
+        return DatabaseClock()
+    return SystemClock()
+
+
+def lock_service() -> LockService:
+    """The current app's service (built once per app in ``create_app``)."""
+    return current_app.extensions["lockkeeper.locks"]
+
+
+__all__ = [
+    "Action",
+    "LockService",
+    "LockSettings",
+    "decode_cursor",
+    "encode_cursor",
+    "lock_service",
+    "page_limit_error",
+]

@@ -1,0 +1,425 @@
+"""The atomic check-and-change of every lock operation, per dialect.
+
+Two strategies give the same answers:
+
+``PostgresStatements``
+    acquire, renew and release are each ONE statement run in autocommit: a
+    data-modifying CTE takes the row (insert, or conditional update/delete), writes
+    the audit row and reports the outcome (or the current holder) in one round trip.
+    A refused acquire locks and writes nothing: ``FOR UPDATE`` only touches a row
+    that is expired or already ours, and ``nextval`` is only reached by a grant.
+
+``TransactionalStatements``
+    SQLite, MariaDB/MySQL (and PostgreSQL's operator actions): one short
+    transaction that first takes the row with a locking read (``BEGIN IMMEDIATE``
+    on SQLite, ``SELECT ... FOR UPDATE`` elsewhere), decides, then writes the row
+    and its event. MariaDB has no ``UPDATE ... RETURNING`` nor data-modifying CTEs,
+    so one statement cannot both decide and report; the row lock makes the
+    sequence atomic instead. A first insert that loses a race to a concurrent
+    insert raises ``IntegrityError`` and the service retries: it then sees the
+    winner and is refused.
+
+Both take ``now`` = None to read the database's clock inside the deciding statement,
+or a datetime (SQLite's host clock, tests' fake clock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Row,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.types import Boolean, String
+
+from app.locks.models import DistributedLock, FenceCounter, LockEvent, fence_sequence
+from app.locks.state import Action
+from app.types import UTCDateTime
+
+locks = DistributedLock.__table__
+events = LockEvent.__table__
+fence_counter = FenceCounter.__table__
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one attempt did.
+
+    ``done``: the grant/renewal/release happened. ``row``: the lock row after the
+    change (for a release: the row that was removed), or on refusal the current row
+    (None when there is none). ``now``: the clock reading the decision used.
+    """
+
+    done: bool
+    action: Action | None
+    row: Any
+    now: datetime
+
+
+# --- PostgreSQL: one statement per hot operation ---------------------------------
+
+_PG_NOW_SERVER = "clock_timestamp()"
+_PG_NOW_PARAM = "CAST(:now AS timestamptz)"
+
+_PG_ACQUIRE = """
+WITH clock AS (SELECT {now} AS now),
+prior AS (
+    SELECT l.id, l.owner, l.expires_at
+    FROM distributed_locks AS l, clock
+    WHERE l.resource = :resource AND (l.expires_at <= clock.now OR l.owner = :owner)
+    FOR UPDATE OF l
+),
+updated AS (
+    UPDATE distributed_locks AS l
+    SET owner = :owner,
+        acquired_at = clock.now,
+        expires_at = clock.now + make_interval(secs => :ttl),
+        fence = CASE WHEN prior.expires_at <= clock.now
+                     THEN nextval('lock_fence_seq') ELSE l.fence END
+    FROM prior, clock
+    WHERE l.id = prior.id
+    RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
+              prior.owner AS previous_owner,
+              CASE WHEN prior.expires_at <= clock.now
+                   THEN 'took_over' ELSE 'reacquired' END AS action
+),
+inserted AS (
+    INSERT INTO distributed_locks (resource, owner, fence, acquired_at, expires_at)
+    SELECT :resource, :owner, nextval('lock_fence_seq'),
+           clock.now, clock.now + make_interval(secs => :ttl)
+    FROM clock
+    WHERE NOT EXISTS (SELECT 1 FROM distributed_locks WHERE resource = :resource)
+    ON CONFLICT (resource) DO NOTHING
+    RETURNING resource, owner, fence, acquired_at, expires_at,
+              CAST(NULL AS varchar) AS previous_owner, 'acquired' AS action
+),
+granted AS (SELECT * FROM updated UNION ALL SELECT * FROM inserted),
+logged AS (
+    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+                             acquired_at, expires_at, actor, occurred_at)
+    SELECT g.resource, g.action, g.owner, g.previous_owner, g.fence,
+           g.acquired_at, g.expires_at, :actor, clock.now
+    FROM granted AS g, clock
+)
+SELECT true AS done, g.action, g.resource, g.owner, g.fence,
+       g.acquired_at, g.expires_at, clock.now
+FROM granted AS g, clock
+UNION ALL
+SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
+       clock.now
+FROM distributed_locks AS l, clock
+WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM granted)
+"""
+
+_PG_RENEW = """
+WITH clock AS (SELECT {now} AS now),
+renewed AS (
+    UPDATE distributed_locks AS l
+    SET expires_at = clock.now + make_interval(secs => :ttl)
+    FROM clock
+    WHERE l.resource = :resource AND l.owner = :owner AND l.expires_at > clock.now
+    RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at
+),
+logged AS (
+    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+                             acquired_at, expires_at, actor, occurred_at)
+    SELECT r.resource, 'renewed', r.owner, r.owner, r.fence,
+           r.acquired_at, r.expires_at, :actor, clock.now
+    FROM renewed AS r, clock
+)
+SELECT true AS done, 'renewed' AS action, r.resource, r.owner, r.fence,
+       r.acquired_at, r.expires_at, clock.now
+FROM renewed AS r, clock
+UNION ALL
+SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
+       clock.now
+FROM distributed_locks AS l, clock
+WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM renewed)
+"""
+
+_PG_RELEASE = """
+WITH clock AS (SELECT {now} AS now),
+released AS (
+    DELETE FROM distributed_locks AS l
+    USING clock
+    WHERE l.resource = :resource AND l.owner = :owner AND l.expires_at > clock.now
+    RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at
+),
+logged AS (
+    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+                             acquired_at, expires_at, actor, occurred_at)
+    SELECT r.resource, 'released', r.owner, r.owner, r.fence,
+           r.acquired_at, r.expires_at, :actor, clock.now
+    FROM released AS r, clock
+)
+SELECT true AS done, 'released' AS action, r.resource, r.owner, r.fence,
+       r.acquired_at, r.expires_at, clock.now
+FROM released AS r, clock
+UNION ALL
+SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
+       clock.now
+FROM distributed_locks AS l, clock
+WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM released)
+"""
+
+_OUTCOME_COLUMNS = {
+    "done": Boolean(),
+    "action": String(),
+    "acquired_at": UTCDateTime(),
+    "expires_at": UTCDateTime(),
+    "now": UTCDateTime(),
+}
+
+
+def _pg_statements(template: str) -> dict[bool, Any]:
+    """The same SQL twice, keyed by "reads the server clock": with ``clock_timestamp()``
+    (production), and with a ``:now`` parameter (a test's fake clock)."""
+    server = text(template.format(now=_PG_NOW_SERVER)).columns(**_OUTCOME_COLUMNS)
+    given = (
+        text(template.format(now=_PG_NOW_PARAM))
+        .bindparams(bindparam("now", type_=UTCDateTime()))
+        .columns(**_OUTCOME_COLUMNS)
+    )
+    return {True: server, False: given}
+
+
+class PostgresStatements:
+    """Single-statement acquire/renew/release; operator actions as transactions."""
+
+    autocommit = True
+
+    def __init__(self) -> None:
+        self._acquire = _pg_statements(_PG_ACQUIRE)
+        self._renew = _pg_statements(_PG_RENEW)
+        self._release = _pg_statements(_PG_RELEASE)
+        self.transactional = TransactionalStatements("postgresql")
+
+    def _run(self, conn, statements, now, **params) -> Outcome:
+        if now is not None:
+            params["now"] = now
+        row = conn.execute(statements[now is None], params).one_or_none()
+        if row is None:
+            return Outcome(False, None, None, now or self.transactional.read_now(conn))
+        action = Action(row.action) if row.done else None
+        return Outcome(bool(row.done), action, row, row.now)
+
+    def acquire(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+        return self._run(
+            conn,
+            self._acquire,
+            now,
+            resource=resource,
+            owner=owner,
+            ttl=ttl,
+            actor=actor,
+        )
+
+    def renew(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+        return self._run(
+            conn, self._renew, now, resource=resource, owner=owner, ttl=ttl, actor=actor
+        )
+
+    def release(self, conn, resource, owner, actor, now) -> Outcome:
+        return self._run(
+            conn, self._release, now, resource=resource, owner=owner, actor=actor
+        )
+
+
+# --- Everything else: a short transaction around a locking read ------------------
+
+
+_SERVER_NOW = {
+    "postgresql": func.clock_timestamp,
+    "mysql": lambda: func.utc_timestamp(6),
+    "mariadb": lambda: func.utc_timestamp(6),
+}
+
+
+class TransactionalStatements:
+    """Locking read, decision, write, event: one transaction per call."""
+
+    autocommit = False
+
+    def __init__(self, dialect_name: str) -> None:
+        self.dialect_name = dialect_name
+        self._server_now = _SERVER_NOW.get(dialect_name)
+        self.uses_sequence = dialect_name != "sqlite"
+
+    # -- reads --------------------------------------------------------------
+
+    def read_now(self, conn: Connection) -> datetime:
+        if self._server_now is None:
+            raise RuntimeError("SQLite has no server clock: pass the host's time")
+        return conn.scalar(select(self._server_now().cast(UTCDateTime())))
+
+    def _now_column(self, now: datetime | None):
+        if now is None:
+            return self._server_now().cast(UTCDateTime()).label("now")
+        return literal(now, UTCDateTime()).label("now")
+
+    def lock_row(
+        self, conn: Connection, resource: str, now: datetime | None
+    ) -> tuple[Row | None, datetime]:
+        """The row of ``resource``, locked until commit, and the deciding clock."""
+        query = (
+            select(locks, self._now_column(now))
+            .where(locks.c.resource == resource)
+            .with_for_update()
+        )
+        row = conn.execute(query).one_or_none()
+        if row is not None:
+            return row, row.now
+        return None, now if now is not None else self.read_now(conn)
+
+    def _next_fence(self, conn: Connection) -> int:
+        if self.uses_sequence:
+            return conn.scalar(select(fence_sequence.next_value()))
+        return conn.scalar(
+            update(fence_counter)
+            .where(fence_counter.c.id == 1)
+            .values(value=fence_counter.c.value + 1)
+            .returning(fence_counter.c.value)
+        )
+
+    # -- writes -------------------------------------------------------------
+
+    def _grant(
+        self, conn, row, resource, owner, fence, now, ttl, action, actor, reason=None
+    ) -> Outcome:
+        values = {
+            "owner": owner,
+            "fence": fence,
+            "acquired_at": now,
+            "expires_at": now + timedelta(seconds=ttl),
+        }
+        if row is None:
+            conn.execute(insert(locks).values(resource=resource, **values))
+        else:
+            conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
+        granted = _LockRow(resource=resource, **values)
+        self._log(conn, action, granted, row.owner if row else None, actor, reason, now)
+        return Outcome(True, action, granted, now)
+
+    def _log(self, conn, action, lock, previous_owner, actor, reason, now) -> None:
+        conn.execute(
+            insert(events).values(
+                resource=lock.resource,
+                action=action.value,
+                owner=lock.owner,
+                previous_owner=previous_owner,
+                fence=lock.fence,
+                acquired_at=lock.acquired_at,
+                expires_at=lock.expires_at,
+                actor=actor,
+                reason=reason,
+                occurred_at=now,
+            )
+        )
+
+    # -- operations ---------------------------------------------------------
+
+    def acquire(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+        row, now = self.lock_row(conn, resource, now)
+        if row is None:
+            action, fence = Action.ACQUIRED, self._next_fence(conn)
+        elif row.expires_at <= now:
+            action, fence = Action.TOOK_OVER, self._next_fence(conn)
+        elif row.owner == owner:
+            action, fence = Action.REACQUIRED, row.fence
+        else:
+            return Outcome(False, None, row, now)
+        return self._grant(conn, row, resource, owner, fence, now, ttl, action, actor)
+
+    def renew(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+        row, now = self.lock_row(conn, resource, now)
+        if row is None or row.owner != owner or row.expires_at <= now:
+            return Outcome(False, None, row, now)
+        expires_at = now + timedelta(seconds=ttl)
+        conn.execute(
+            update(locks).where(locks.c.id == row.id).values(expires_at=expires_at)
+        )
+        renewed = _LockRow.of(row, expires_at=expires_at)
+        self._log(conn, Action.RENEWED, renewed, owner, actor, None, now)
+        return Outcome(True, Action.RENEWED, renewed, now)
+
+    def release(self, conn, resource, owner, actor, now) -> Outcome:
+        row, now = self.lock_row(conn, resource, now)
+        if row is None or row.owner != owner or row.expires_at <= now:
+            return Outcome(False, None, row, now)
+        return self._remove(conn, row, Action.RELEASED, actor, None, now)
+
+    def force_release(self, conn, resource, actor, reason, now) -> Outcome:
+        row, now = self.lock_row(conn, resource, now)
+        if row is None:
+            return Outcome(False, None, None, now)
+        return self._remove(conn, row, Action.FORCE_RELEASED, actor, reason, now)
+
+    def claim(self, conn, resource, owner, ttl, actor, reason, force, now) -> Outcome:
+        row, now = self.lock_row(conn, resource, now)
+        held_by_other = row is not None and row.expires_at > now and row.owner != owner
+        if held_by_other and not force:
+            return Outcome(False, None, row, now)
+        action = Action.FORCE_CLAIMED if held_by_other else Action.CLAIMED
+        fence = self._next_fence(conn)
+        return self._grant(
+            conn, row, resource, owner, fence, now, ttl, action, actor, reason
+        )
+
+    def _remove(self, conn, row, action, actor, reason, now) -> Outcome:
+        conn.execute(delete(locks).where(locks.c.id == row.id))
+        self._log(conn, action, row, row.owner, actor, reason, now)
+        return Outcome(True, action, row, now)
+
+    def purge_stale_batch(self, conn, cutoff: datetime, batch: int) -> list[str]:
+        """Delete up to ``batch`` rows that expired at or before ``cutoff``.
+
+        The DELETE re-checks the cutoff, so a row re-acquired since the SELECT
+        (its ``expires_at`` moved on) is left alone.
+        """
+        candidates = conn.execute(
+            select(locks.c.id, locks.c.resource)
+            .where(locks.c.expires_at <= cutoff)
+            .order_by(locks.c.expires_at)
+            .limit(batch)
+        ).all()
+        if not candidates:
+            return []
+        conn.execute(
+            delete(locks).where(
+                locks.c.id.in_([c.id for c in candidates]),
+                locks.c.expires_at <= cutoff,
+            )
+        )
+        return [c.resource for c in candidates]
+
+
+@dataclass(frozen=True, slots=True)
+class _LockRow:
+    resource: str
+    owner: str
+    fence: int
+    acquired_at: datetime
+    expires_at: datetime
+
+    @classmethod
+    def of(cls, row, **changes) -> _LockRow:
+        values = {name: getattr(row, name) for name in cls.__slots__}
+        values.update(changes)
+        return cls(**values)
+
+
+def statements_for(dialect_name: str):
+    if dialect_name == "postgresql":
+        return PostgresStatements()
+    return TransactionalStatements(dialect_name)

@@ -1,0 +1,60 @@
+"""Field rules shared by every face (API, dashboard, CLI)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9._:@=+\-]{1,255}")
+MAX_NAME = 255
+MAX_REASON = 1000
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def has_control_characters(value: str) -> bool:
+    return bool(_CONTROL.search(value))
+
+
+def resource_error(value: Any) -> str | None:
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty string"
+    if len(value) > MAX_NAME:
+        return f"must be at most {MAX_NAME} characters"
+    if not RESOURCE_PATTERN.fullmatch(value):
+        return "may contain only A-Z a-z 0-9 and . _ : @ = + -"
+    return None
+
+
+def name_error(value: Any, what: str = "owner") -> str | None:
+    """Owners and actors: 1-255 printable characters."""
+    if not isinstance(value, str) or not value:
+        return f"{what} must be a non-empty string"
+    if len(value) > MAX_NAME:
+        return f"must be at most {MAX_NAME} characters"
+    if has_control_characters(value) or not value.isprintable():
+        return "must not contain control or non-printable characters"
+    return None
+
+
+def ttl_error(value: Any, max_ttl: float) -> str | None:
+    # bool is an int subclass: True must not pass as a one-second ttl.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "must be a JSON number of seconds"
+    if not math.isfinite(value) or value <= 0:
+        return "must be a positive, finite number of seconds"
+    if value > max_ttl:
+        return f"must be at most {max_ttl:g} seconds"
+    return None
+
+
+def reason_error(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return "must be a string"
+    if len(value) > MAX_REASON:
+        return f"must be at most {MAX_REASON} characters"
+    if _CONTROL.search(value.replace("\r", "").replace("\n", "").replace("\t", "")):
+        return "must not contain control characters"
+    return None

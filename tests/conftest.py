@@ -1,0 +1,134 @@
+"""Fixtures: a fresh app per test from the factory, on SQLite by default.
+
+A test (or module, via ``pytestmark = pytest.mark.usefixtures("backend")``) that
+uses the ``backend`` fixture runs once per database: SQLite, PostgreSQL, MariaDB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from app import create_app
+from app.extensions import db
+from tests.clock import FakeClock
+from tests.databases import BACKENDS, ServerDatabase, SqliteDatabases, unavailable
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--backends",
+        default=",".join(BACKENDS),
+        help="comma-separated databases for tests that use the `backend` fixture",
+    )
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        chosen = metafunc.config.getoption("--backends").split(",")
+        metafunc.parametrize("backend", [b for b in BACKENDS if b in chosen])
+
+
+_databases: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def databases(tmp_path_factory) -> Iterator[Callable[[str], Any]]:
+    """Opens each backend once per session, on first use."""
+    workdir = tmp_path_factory.mktemp("databases")
+
+    def get(backend: str):
+        if backend not in _databases:
+            try:
+                if backend == "sqlite":
+                    _databases[backend] = SqliteDatabases(workdir)
+                else:
+                    _databases[backend] = ServerDatabase(backend, workdir)
+            except ConnectionError as exc:
+                _databases[backend] = exc
+        found = _databases[backend]
+        if isinstance(found, Exception):
+            unavailable(str(found))
+        return found
+
+    yield get
+    for found in _databases.values():
+        if not isinstance(found, Exception):
+            found.close()
+    _databases.clear()
+
+
+@pytest.fixture
+def database_url(request, databases, tmp_path) -> str:
+    """A database with the schema and no rows, on this test's backend."""
+    backend = (
+        request.getfixturevalue("backend")
+        if "backend" in request.fixturenames
+        else "sqlite"
+    )
+    return databases(backend).fresh(tmp_path)
+
+
+@pytest.fixture
+def make_app(database_url, tmp_path) -> Iterator[Callable[..., Flask]]:
+    """Build apps on this test's database; ``make_app(**config)`` overrides."""
+    apps: list[Flask] = []
+
+    def build(**overrides) -> Flask:
+        config = {
+            "TESTING": True,
+            "SECRET_KEY": "test-secret",
+            "LOCKKEEPER_DATABASE_URL": database_url,
+            "LOCKKEEPER_INSTANCE_PATH": str(tmp_path / "instance"),
+            "LOCKKEEPER_BOOTSTRAP": False,
+            "LOCKKEEPER_AUTO_MIGRATE": False,
+            **overrides,
+        }
+        app = create_app(config)
+        apps.append(app)
+        return app
+
+    yield build
+    for app in apps:
+        with app.app_context():
+            db.session.remove()
+            db.engine.dispose()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def app(make_app) -> Flask:
+    """The app on the real clock (the database's, or the host's for SQLite)."""
+    return make_app()
+
+
+@pytest.fixture
+def fake_app(make_app, clock) -> Flask:
+    """The app on ``clock``, a FakeClock the test moves."""
+    return make_app(LOCKKEEPER_CLOCK=clock)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app):
+    return app.test_cli_runner()
+
+
+@pytest.fixture
+def service(fake_app):
+    """The LockService on a fake clock, inside an app context."""
+    from app.locks.service import lock_service
+
+    with fake_app.app_context():
+        yield lock_service()
