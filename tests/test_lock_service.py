@@ -76,7 +76,8 @@ def test_same_owner_reacquire_keeps_fence_and_moves_both_timestamps(service, clo
     first = service.acquire("job:42", "w-1", ttl=30).lock
     clock.advance(20)
     again = service.acquire("job:42", "w-1", ttl=60)
-    assert again.acquired and again.action is Action.REACQUIRED
+    assert again.acquired
+    assert again.action is Action.REACQUIRED
     assert again.lock.fence == first.fence
     assert again.lock.acquired_at == clock.now()
     assert again.lock.expires_at == clock.now() + timedelta(seconds=60)
@@ -86,7 +87,8 @@ def test_takeover_at_exactly_expires_at_is_allowed_with_a_new_fence(service, clo
     first = service.acquire("job:42", "w-1", ttl=30).lock
     clock.advance(30)
     result = service.acquire("job:42", "w-2", ttl=30)
-    assert result.acquired and result.action is Action.TOOK_OVER
+    assert result.acquired
+    assert result.action is Action.TOOK_OVER
     assert result.lock.fence > first.fence
     event = events_of("job:42")[-1]
     assert (event.action, event.owner, event.previous_owner) == (
