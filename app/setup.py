@@ -35,6 +35,7 @@ def register_blueprints(app: Flask) -> None:
         ("app.api", "bp"),
         ("app.auth.views", "bp"),
         ("app.dashboard", "bp"),
+        ("app.audit.views", "bp"),
     ):
         try:
             module = importlib.import_module(module_name)
