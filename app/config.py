@@ -28,7 +28,9 @@ DEFAULTS: dict[str, Any] = {
     # A dashboard tab polls for hours; a time-limited CSRF token would fail its first
     # click. The token still dies with the session.
     "WTF_CSRF_TIME_LIMIT": None,
-    "SQLALCHEMY_ENGINE_OPTIONS": {"pool_pre_ping": True},
+    # No pre-ping: it would add a round trip to every acquire. A connection found
+    # dead is invalidated with its whole pool and the service retries once.
+    "SQLALCHEMY_ENGINE_OPTIONS": {},
 }
 
 # Environment variables read as numbers; everything else LOCKKEEPER_* is a string.

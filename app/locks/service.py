@@ -108,7 +108,12 @@ class LockService:
                 # sees its row and decides against it.
                 continue
             except DBAPIError as exc:
-                if not _is_retryable(exc) or exc.connection_invalidated:
+                if exc.connection_invalidated and attempt == 0:
+                    # A pooled connection died (database restart): the pool is
+                    # invalidated; one more try gets a fresh connection. Every
+                    # operation is safe to repeat for the same owner.
+                    continue
+                if not _is_retryable(exc):
                     raise
                 time.sleep(random.uniform(0, 0.002 * 2**attempt))
         raise ServiceBusy("the database kept aborting the transaction; try again")
