@@ -43,7 +43,9 @@ def register_blueprints(app: Flask) -> None:
             if exc.name != module_name:
                 raise
             continue
-        app.register_blueprint(getattr(module, attribute))
+        blueprint = getattr(module, attribute, None)
+        if blueprint is not None:
+            app.register_blueprint(blueprint)
 
 
 def register_cli(app: Flask) -> None:
