@@ -47,6 +47,10 @@ def register_blueprints(app: Flask) -> None:
         if blueprint is not None:
             app.register_blueprint(blueprint)
 
+    from app import security
+
+    security.init_app(app)
+
 
 def register_cli(app: Flask) -> None:
     from app.cli import register_commands
