@@ -112,4 +112,11 @@ def main() -> None:
         create_app=_create_cli_app,
         help="Lockkeeper: distributed locks kept in your database.",
     )
+    # Commands on the group itself are found before FlaskGroup loads the app:
+    # `exec` is a pure HTTP client and must not create or bootstrap a database on
+    # the worker host that runs it.
+    from app.cli_exec import COMMANDS as app_free_commands
+
+    for command in app_free_commands:
+        cli.add_command(command)
     sys.exit(cli.main())
