@@ -5,7 +5,7 @@ Registered on the app, not a blueprint, so routing 404/405 are covered too.
 
 from __future__ import annotations
 
-from flask import Flask, jsonify, request
+from flask import Flask, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, InternalServerError
 
 
@@ -28,6 +28,27 @@ def problem(status: int, title: str, detail: str | None = None, **extra):
     return response
 
 
+def html_error(exc: HTTPException):
+    """The error as a page of templates/errors/; an htmx request gets the message
+    alone, since htmx 4 swaps error responses into its target."""
+    from flask import render_template
+
+    response = exc.get_response()  # keeps Allow, Retry-After, WWW-Authenticate
+    try:
+        body = render_template(
+            "errors/error.html",
+            code=exc.code or 500,
+            title=exc.name,
+            description=exc.description,
+            fragment=request.headers.get("HX-Request") == "true",
+        )
+    except Exception:  # a page that cannot render must not turn a 4xx into a 500
+        current_app.logger.exception("error page failed to render")
+        return exc
+    response.set_data(body)
+    return response
+
+
 def register_error_handlers(app: Flask) -> None:
     register_database_error_handlers(app)
 
@@ -39,7 +60,7 @@ def register_error_handlers(app: Flask) -> None:
                 if exc.get_response().headers.get(header):
                     response.headers[header] = exc.get_response().headers[header]
             return response
-        return exc
+        return html_error(exc)
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
@@ -49,7 +70,7 @@ def register_error_handlers(app: Flask) -> None:
         app.logger.exception("unhandled error on %s %s", request.method, request.path)
         if wants_problem():
             return problem(500, "Internal Server Error", "an unexpected error occurred")
-        return InternalServerError()
+        return html_error(InternalServerError())
 
 
 def register_database_error_handlers(app: Flask) -> None:
