@@ -6,12 +6,12 @@ pages through ties in ``occurred_at`` without gaps or repeats.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, delete, func, select
 
 from app.extensions import db
 from app.locks import validation
@@ -22,6 +22,7 @@ from app.locks.service import (
     DEFAULT_PAGE,
     decode_cursor,
     encode_cursor,
+    lock_service,
     page_limit_error,
 )
 from app.locks.state import Action
@@ -130,3 +131,197 @@ def iter_events(
         result = conn.execution_options(yield_per=batch).execute(query)
         for row in result:
             yield Event.from_row(row)
+
+
+def parse_timestamp(text: str) -> datetime:
+    """An RFC 3339 / ISO 8601 instant; one without an offset is taken as UTC (the
+    dashboard's ``datetime-local`` inputs and the CLI say so in their labels).
+
+    :raise ValueError: not a timestamp.
+    """
+    if validation.has_control_characters(text) or len(text) > 64:
+        raise ValueError("is not a timestamp")
+    value = datetime.fromisoformat(text.strip())
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+# -- how long each grant of ownership lasted -------------------------------------
+
+# A grant starts a tenure with a new fence; renewals and same-owner re-acquires
+# continue it.
+GRANTS = (Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED)
+# The first of these after a grant, on the same resource, is where the grant is
+# over. It records the end when it removed or replaced the grant's row; a grant that
+# found no row (no previous owner) means the row before it was purged once stale.
+BOUNDARIES = (Action.RELEASED, Action.FORCE_RELEASED, *GRANTS)
+
+
+@dataclass(frozen=True, slots=True)
+class Tenure:
+    """One grant of ownership whose end is known.
+
+    ``held_until`` is the earlier of the boundary event and the grant's last
+    expiry: a lock taken over, force-released or purged after it went stale was
+    held only until it expired. ``ended_by``/``end_id`` are None when the row
+    was purged without an event.
+    """
+
+    grant_id: int
+    owner: str | None
+    held_from: datetime
+    held_until: datetime
+    end_id: int | None
+    ended_by: Action | None
+
+    @property
+    def held_for(self) -> timedelta:
+        return max(self.held_until - self.held_from, timedelta(0))
+
+
+@dataclass(frozen=True, slots=True)
+class Tenures:
+    """Tenures touching a page of events, by the id of the grant event that started
+    each (``started``) and of the event that ended it (``ended``)."""
+
+    started: dict[int, Tenure]
+    ended: dict[int, Tenure]
+
+
+def _records_an_end(action: str, previous_owner: str | None) -> bool:
+    if action in (Action.RELEASED, Action.FORCE_RELEASED):
+        return True
+    return action in GRANTS and previous_owner is not None
+
+
+def tenures(page: Iterable[Event]) -> Tenures:
+    """The tenures that the grants on ``page`` started and its events ended.
+
+    Three queries per page whatever its length, each row a probe of the
+    (resource, id) index: never one query per row, never a resource's history.
+    """
+    page = list(page)
+    grant_ids = [e.id for e in page if e.action in GRANTS]
+    boundary_ids = {e.id for e in page if _records_an_end(e.action, e.previous_owner)}
+    later = events.alias("later")
+    earlier = events.alias("earlier")
+    with db.engine.connect() as conn:
+        if grant_ids:
+            next_boundary = (
+                select(func.min(later.c.id))
+                .where(
+                    later.c.resource == events.c.resource,
+                    later.c.id > events.c.id,
+                    later.c.action.in_([a.value for a in BOUNDARIES]),
+                )
+                .scalar_subquery()
+            )
+            boundary_ids.update(
+                conn.scalars(select(next_boundary).where(events.c.id.in_(grant_ids)))
+            )
+        boundary_ids.discard(None)
+        if not boundary_ids:
+            return Tenures({}, {})
+        last_before = (
+            select(func.max(earlier.c.id))
+            .where(earlier.c.resource == events.c.resource, earlier.c.id < events.c.id)
+            .scalar_subquery()
+        )
+        grant_before = (
+            select(func.max(earlier.c.id))
+            .where(
+                earlier.c.resource == events.c.resource,
+                earlier.c.id < events.c.id,
+                earlier.c.action.in_([a.value for a in GRANTS]),
+            )
+            .scalar_subquery()
+        )
+        boundaries = conn.execute(
+            select(
+                events.c.id,
+                events.c.action,
+                events.c.previous_owner,
+                events.c.occurred_at,
+                last_before.label("last_id"),
+                grant_before.label("grant_id"),
+            ).where(events.c.id.in_(boundary_ids))
+        ).all()
+        wanted = {b.last_id for b in boundaries} | {b.grant_id for b in boundaries}
+        wanted.discard(None)
+        known = {
+            row.id: row
+            for row in conn.execute(
+                select(
+                    events.c.id,
+                    events.c.owner,
+                    events.c.fence,
+                    events.c.acquired_at,
+                    events.c.expires_at,
+                ).where(events.c.id.in_(wanted))
+            )
+        }
+    started: dict[int, Tenure] = {}
+    ended: dict[int, Tenure] = {}
+    for boundary in boundaries:
+        grant, last = known.get(boundary.grant_id), known.get(boundary.last_id)
+        # Every event between a grant and its boundary continues the grant (same
+        # fence); if not, the history is not one we can vouch for.
+        if grant is None or last is None or grant.fence != last.fence:
+            continue
+        held_until = boundary.occurred_at
+        if last.expires_at is not None:
+            held_until = min(held_until, last.expires_at)
+        recorded = _records_an_end(boundary.action, boundary.previous_owner)
+        tenure = Tenure(
+            grant_id=grant.id,
+            owner=grant.owner,
+            held_from=grant.acquired_at,
+            held_until=held_until,
+            end_id=boundary.id if recorded else None,
+            ended_by=Action(boundary.action) if recorded else None,
+        )
+        started[grant.id] = tenure
+        if recorded:
+            ended[boundary.id] = tenure
+    return Tenures(started, ended)
+
+
+# -- retention -------------------------------------------------------------------
+
+PRUNE_BATCH = 1000
+
+
+def prune_events(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> int:
+    """Delete events that occurred more than ``older_than`` ago; returns how many.
+
+    Deletes ``batch`` ids per short transaction, oldest first, so live writers
+    (which only insert new, higher ids) wait at most one batch and never deadlock
+    with it. Fences are untouched: they come from a sequence, not from events.
+    """
+    if older_than < timedelta(0):
+        raise InvalidInput([("older_than", "must not be negative")])
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidInput([("batch", "must be a positive integer")])
+    service = lock_service()
+    cutoff = service.now() - older_than
+
+    def delete_batch(conn) -> int:
+        ids = conn.scalars(
+            select(events.c.id)
+            .where(events.c.occurred_at < cutoff)
+            .order_by(events.c.id)
+            .limit(batch)
+        ).all()
+        if ids:
+            conn.execute(delete(events).where(events.c.id.in_(ids)))
+        return len(ids)
+
+    pruned = 0
+    while True:
+        # _run: one write transaction (BEGIN IMMEDIATE on SQLite), retried on
+        # deadlock / lock-wait timeouts like every lock operation.
+        deleted = service._run(delete_batch)
+        pruned += deleted
+        if deleted < batch:
+            return pruned
