@@ -132,3 +132,44 @@ def service(fake_app):
 
     with fake_app.app_context():
         yield lock_service()
+
+
+class ApiClient:
+    """A test client that sends the bearer token of its own API token."""
+
+    def __init__(self, app: Flask, token_name: str = "worker"):
+        from app.auth.service import create_token
+
+        with app.app_context():
+            self.token = create_token(token_name)
+        self.app = app
+        self.token_name = token_name
+        self.client = app.test_client()
+
+    def with_token(self, token_name: str) -> ApiClient:
+        """Another client of the same app, under a new token ``token_name``."""
+        return ApiClient(self.app, token_name)
+
+    def open(self, method: str, path: str, **kwargs):
+        headers = {"Authorization": f"Bearer {self.token}"}
+        headers.update(kwargs.pop("headers", None) or {})
+        return self.client.open(path, method=method, headers=headers, **kwargs)
+
+    def get(self, path: str, **kwargs):
+        return self.open("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs):
+        return self.open("POST", path, **kwargs)
+
+    def patch(self, path: str, **kwargs):
+        return self.open("PATCH", path, **kwargs)
+
+    def delete(self, path: str, **kwargs):
+        return self.open("DELETE", path, **kwargs)
+
+
+@pytest.fixture
+def api(fake_app) -> ApiClient:
+    """An authorized JSON API client (token "worker") on ``fake_app``: move time
+    with ``clock``."""
+    return ApiClient(fake_app)
