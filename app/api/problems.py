@@ -1,0 +1,54 @@
+"""Every refusal of the lock service as an RFC 9457 problem, mapped in one place."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, request
+
+from app.errors import problem
+from app.locks.errors import (
+    InvalidInput,
+    LockError,
+    LockExpired,
+    LockHeld,
+    LockNotFound,
+    NotOwner,
+    ServiceBusy,
+)
+
+# (status, title) per exception; the message of the exception is the detail.
+STATUS: dict[type[LockError], tuple[int, str]] = {
+    InvalidInput: (400, "Invalid request"),
+    LockNotFound: (404, "Lock not found"),
+    LockExpired: (409, "Lock expired"),
+    NotOwner: (409, "Lock held by another owner"),
+    LockHeld: (409, "Lock held by another owner"),
+    ServiceBusy: (503, "Service busy"),
+}
+
+# Release by a non-owner is forbidden (403, SPEC); a renewal by one is a conflict.
+ENDPOINT_STATUS: dict[tuple[str, type[LockError]], int] = {
+    ("api.release_lock", NotOwner): 403,
+}
+
+
+def lock_problem(exc: LockError) -> Response:
+    kind = next((cls for cls in type(exc).__mro__ if cls in STATUS), None)
+    status, title = STATUS.get(kind, (400, "Request refused"))
+    status = ENDPOINT_STATUS.get((request.endpoint or "", kind), status)
+    extra = {}
+    if isinstance(exc, InvalidInput):
+        extra["errors"] = [
+            {"field": field, "message": message} for field, message in exc.errors
+        ]
+    response = problem(status, title, str(exc), **extra)
+    if status == 503:
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def validation_problem(errors: list[tuple[str, str]]) -> Response:
+    return lock_problem(InvalidInput(errors))
+
+
+def register(bp: Blueprint) -> None:
+    bp.register_error_handler(LockError, lock_problem)

@@ -1,0 +1,255 @@
+"""Request parsing and response shapes of the JSON API.
+
+Parsing checks the shape (JSON object, known fields, JSON types); the rules of a
+field's value (resource pattern, ttl range, owner characters) belong to
+``LockService.validate`` so every face applies the same ones. Every failure is an
+``InvalidInput`` naming the field, which the API answers with a 400 problem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+from flask import Request
+
+from app.locks import validation
+from app.locks.errors import InvalidInput
+from app.locks.results import Event, Lock
+
+JSON_MIMETYPE = "application/json"
+BODY = "body"
+
+_RFC3339 = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}:\d{2})"
+    r"(?:\.(?P<fraction>\d+))?(?P<offset>[Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+# -- responses ------------------------------------------------------------------
+
+
+def rfc3339(moment: datetime | None) -> str | None:
+    """``2026-11-30T09:00:00.123456Z``: UTC, always with microseconds."""
+    if moment is None:
+        return None
+    utc = moment.astimezone(UTC).replace(tzinfo=None)
+    return utc.isoformat(timespec="microseconds") + "Z"
+
+
+def lock_to_json(lock: Lock) -> dict[str, Any]:
+    return {
+        "resource": lock.resource,
+        "owner": lock.owner,
+        "fence": lock.fence,
+        "acquired_at": rfc3339(lock.acquired_at),
+        "expires_at": rfc3339(lock.expires_at),
+        "ttl_remaining": round(lock.ttl_remaining, 3),
+        "state": lock.state.value,
+    }
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "resource": event.resource,
+        "action": event.action.value,
+        "owner": event.owner,
+        "previous_owner": event.previous_owner,
+        "fence": event.fence,
+        "acquired_at": rfc3339(event.acquired_at),
+        "expires_at": rfc3339(event.expires_at),
+        "actor": event.actor,
+        "reason": event.reason,
+        "occurred_at": rfc3339(event.occurred_at),
+    }
+
+
+# -- the raw request --------------------------------------------------------------
+
+
+def raw_input_errors(request: Request) -> list[tuple[str, str]]:
+    """Bytes no field may hold, checked before any field is read.
+
+    Werkzeug decodes the path and query with ``errors="replace"``, which would turn
+    invalid UTF-8 into U+FFFD and let it through as a name; so the raw bytes are
+    checked here.
+    """
+    errors: list[tuple[str, str]] = []
+    raw_path = request.environ.get("PATH_INFO", "").encode("latin-1", "replace")
+    errors.extend(_bytes_errors("path", raw_path))
+    for pair in request.query_string.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        for part in (name, value):
+            found = _bytes_errors("query", unquote_to_bytes(part.replace(b"+", b" ")))
+            if found:
+                errors.extend(found)
+                return errors
+    return errors
+
+
+def _bytes_errors(field: str, raw: bytes) -> list[tuple[str, str]]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return [(field, "is not valid UTF-8")]
+    if validation.has_control_characters(text):
+        return [(field, "must not contain control characters")]
+    return []
+
+
+# -- bodies ---------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]}... is too large for a number")
+    return value
+
+
+def parse_json_body(
+    request: Request, *, fields: Mapping[str, type | tuple[type, ...]]
+) -> dict[str, Any] | None:
+    """The request's JSON object, with only ``fields`` and each of its JSON type.
+
+    Returns None when there is no body at all. Raises ``InvalidInput`` for anything
+    that is not a JSON object of known fields; a non-JSON content type is an
+    ``UnsupportedMediaType`` (415) raised by ``require_json``.
+    """
+    raw = request.get_data(cache=True)  # raises 413 over MAX_CONTENT_LENGTH
+    if not raw and not request.content_type:
+        return None
+    require_json(request)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput([(BODY, "is not valid UTF-8")]) from exc
+    try:
+        document = json.loads(
+            text, parse_constant=_reject_constant, parse_float=_finite_float
+        )
+    except RecursionError as exc:
+        raise InvalidInput([(BODY, "is nested too deeply")]) from exc
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, huge numbers
+        raise InvalidInput([(BODY, f"is not valid JSON: {exc}")]) from exc
+    if not isinstance(document, dict):
+        raise InvalidInput([(BODY, "must be a JSON object")])
+
+    errors: list[tuple[str, str]] = []
+    for name in document:
+        if name not in fields:
+            errors.append((name, "is not a known field"))
+    for name, expected in fields.items():
+        if name in document and not _is_json_type(document[name], expected):
+            errors.append((name, f"must be {_type_name(expected)}"))
+    if errors:
+        raise InvalidInput(errors)
+    return document
+
+
+def require_json(request: Request) -> None:
+    from werkzeug.exceptions import UnsupportedMediaType
+
+    if request.mimetype != JSON_MIMETYPE:
+        raise UnsupportedMediaType(
+            f"the body must be {JSON_MIMETYPE}, not {request.mimetype or 'untyped'}"
+        )
+
+
+def _is_json_type(value: Any, expected: type | tuple[type, ...]) -> bool:
+    # bool is an int subclass, but JSON true is not a number of seconds.
+    if isinstance(value, bool):
+        return expected is bool
+    return isinstance(value, expected)
+
+
+def _type_name(expected: type | tuple[type, ...]) -> str:
+    if expected is str:
+        return "a string"
+    if expected == (int, float):
+        return "a number"
+    return "of another type"
+
+
+NUMBER = (int, float)
+
+
+def ttl_value(value: Any) -> float | None:
+    """A JSON number as seconds; an integer too large for a float is refused here
+    because the range check compares it with floats."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except OverflowError as exc:
+        raise InvalidInput([("ttl", "is too large")]) from exc
+
+
+# -- query strings ---------------------------------------------------------------
+
+
+class QueryArgs:
+    """Typed reads of the query string that collect every bad parameter.
+
+    Unknown parameters are refused by name, as unknown body fields are, so a typo
+    (``?ownr=``) is an error instead of a silently broader answer.
+    """
+
+    def __init__(self, args: Mapping[str, str], allowed: tuple[str, ...]):
+        self.args = args
+        self.errors: list[tuple[str, str]] = [
+            (name, "is not a known query parameter")
+            for name in args
+            if name not in allowed
+        ]
+
+    def text(self, name: str) -> str | None:
+        return self.args.get(name)
+
+    def limit(self, default: int) -> int:
+        raw = self.args.get("limit")
+        if raw is None:
+            return default
+        if not re.fullmatch(r"[0-9]{1,6}", raw):
+            self.errors.append(("limit", "must be an integer between 1 and 500"))
+            return default
+        return int(raw)
+
+    def timestamp(self, name: str) -> datetime | None:
+        raw = self.args.get(name)
+        if raw is None:
+            return None
+        parsed = parse_rfc3339(raw)
+        if parsed is None:
+            self.errors.append(
+                (name, "must be an RFC 3339 timestamp like 2026-11-30T09:00:00Z")
+            )
+        return parsed
+
+    def raise_errors(self) -> None:
+        if self.errors:
+            raise InvalidInput(self.errors)
+
+
+def parse_rfc3339(raw: str) -> datetime | None:
+    """An RFC 3339 date-time (offset required) as an aware UTC datetime, or None."""
+    match = _RFC3339.fullmatch(raw)
+    if not match:
+        return None
+    fraction = (match["fraction"] or "")[:6]  # Python keeps microseconds
+    offset = match["offset"].upper().replace("Z", "+00:00")
+    text = f"{match['date']}T{match['time']}{'.' + fraction if fraction else ''}"
+    try:
+        return datetime.fromisoformat(text + offset).astimezone(UTC)
+    except (ValueError, OverflowError):
+        return None
