@@ -1,0 +1,58 @@
+"""The markdown table of a run, from the same dict as latest.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Targets from issue 8: the ratio each comparison should reach or beat.
+TARGETS = {
+    "service_vs_driver": 0.7,
+    "http_vs_ideal": 0.8,
+    "http_vs_seed_design": 1.1,
+    "http_vs_redis": 0.6,
+}
+
+
+def target_for(name: str) -> float | None:
+    for prefix, target in TARGETS.items():
+        if name.startswith(prefix):
+            return target
+    return None
+
+
+def _number(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        f"# Lockkeeper benchmark ({report['mode']} run, {env['date']})",
+        "",
+        f"{env['cpus']} CPUs, load average at start "
+        f"{' '.join(str(x) for x in env['load_average_at_start'])}; Python "
+        f"{env['python']}, SQLite {env['sqlite']}; {report['elapsed_seconds']} s.",
+        "",
+        "| comparison | value | baseline | ratio | target | unit | detail |",
+        "| --- | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for c in report["comparisons"]:
+        target = target_for(c["name"])
+        verdict = ""
+        if target is not None:
+            verdict = f"{target}× {'met' if c['ratio'] >= target else 'missed'}"
+        detail = ", ".join(
+            f"{k}={v}"
+            for k, v in c["detail"].items()
+            if not k.endswith("_runs") and k not in ("rounds", "backend")
+        )
+        lines.append(
+            f"| {c['name']} | {_number(c['value'])} | {_number(c['baseline'])}"
+            f" ({c['baseline_name']}) | {c['ratio']:.2f} | {verdict} | {c['unit']}"
+            f" | {detail} |"
+        )
+    if report.get("notes"):
+        lines += ["", "Notes:", ""] + [f"- {note}" for note in report["notes"]]
+    return "\n".join(lines) + "\n"

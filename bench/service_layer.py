@@ -1,0 +1,136 @@
+"""Service layer (no HTTP) against the same statements sent through the driver.
+
+Each worker is a process (no shared GIL) with its own resource, so the figure is
+throughput, not contention: acquire then release, as many cycles as fit in the
+window. Workers set up (app, pool, warm-up) before a barrier, so only the loop
+is timed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from functools import partial
+from pathlib import Path
+
+from bench.measure import Comparison, Sample, alternate, compare
+
+_CTX = multiprocessing.get_context("fork")
+WARMUP_CYCLES = 20
+
+
+def _service_cycle(url: str, instance: Path):
+    from app import create_app
+    from app.locks.service import lock_service
+
+    app = create_app(
+        {
+            "LOCKKEEPER_DATABASE_URL": url,
+            "LOCKKEEPER_INSTANCE_PATH": str(instance),
+            "LOCKKEEPER_BOOTSTRAP": False,
+            "LOCKKEEPER_AUTO_MIGRATE": False,
+            "SECRET_KEY": "bench",
+        }
+    )
+    context = app.app_context()
+    context.push()
+    service = lock_service()
+
+    def cycle(resource: str, owner: str) -> bool:
+        granted = service.acquire(resource, owner, ttl=30).acquired
+        service.release(resource, owner)
+        return granted
+
+    return cycle
+
+
+def _driver_cycle(url: str, _instance: Path):
+    from bench.driver_sql import connect, driver_for
+
+    driver, conn = driver_for(url), connect(url)
+
+    def cycle(resource: str, owner: str) -> bool:
+        granted = driver.service_acquire(conn, resource, owner, 30) is not None
+        return driver.service_release(conn, resource, owner) and granted
+
+    return cycle
+
+
+_CYCLES = {"service": _service_cycle, "driver": _driver_cycle}
+
+
+def _worker(kind, url, instance, index, duration, barrier, results) -> None:
+    cycle = _CYCLES[kind](url, instance)
+    resource, owner = f"bench:{kind}:{index}", f"worker-{index}"
+    for _ in range(WARMUP_CYCLES):
+        cycle(resource, owner)
+    barrier.wait()
+    done = failed = 0
+    deadline = time.perf_counter() + duration
+    while time.perf_counter() < deadline:
+        if cycle(resource, owner):
+            done += 1
+        else:
+            failed += 1
+    results.put((done, failed))
+
+
+def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: float):
+    """Cycles per second of ``workers`` processes for ``duration`` seconds."""
+    barrier = _CTX.Barrier(workers + 1)
+    results = _CTX.Queue()
+    processes = [
+        _CTX.Process(
+            target=_worker,
+            args=(kind, url, instance, i, duration, barrier, results),
+            daemon=True,
+        )
+        for i in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        barrier.wait(timeout=120)
+        outcomes = [results.get(timeout=duration + 120) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
+    done = sum(o[0] for o in outcomes)
+    failed = sum(o[1] for o in outcomes)
+    if failed:
+        raise RuntimeError(f"{kind}: {failed} cycles were refused on a free resource")
+    return Sample(done / duration)
+
+
+def bench_service_layer(
+    databases: dict, workdir: Path, worker_counts, rounds: int, duration: float, log
+) -> list[Comparison]:
+    comparisons = []
+    for backend, database in databases.items():
+        instance = workdir / f"instance-{backend}"
+        for workers in worker_counts:
+            sides = {
+                kind: partial(
+                    run_cycles, kind, database.url, instance, workers, duration
+                )
+                for kind in ("service", "driver")
+            }
+            samples = alternate(sides, rounds)
+            suffix = "" if workers == 1 else f"_{workers}w"
+            result = compare(
+                f"service_vs_driver_{backend}{suffix}",
+                samples,
+                "service",
+                "driver",
+                "cycles/s",
+                workers=workers,
+                backend=backend,
+            )
+            log(
+                f"{result.name}: service {result.value:.0f} vs driver "
+                f"{result.baseline:.0f} cycles/s -> {result.ratio:.2f}x"
+            )
+            comparisons.append(result)
+    return comparisons
