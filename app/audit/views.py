@@ -1,0 +1,190 @@
+"""The audit page and its exports: parse the query, call the audit service, render.
+
+``/audit`` lists events newest first with the filters in the URL (so every page,
+filtered or paged, can be bookmarked and restored by Back); htmx requests get the
+results fragment only. ``/audit/export.csv`` and ``/audit/export.jsonl`` stream
+exactly the filtered set. Viewers and operators may both read and export.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from flask import (
+    Blueprint,
+    Response,
+    render_template,
+    request,
+    stream_with_context,
+    url_for,
+)
+
+from app.audit.export import ExportFormat, chunks, format_timestamp
+from app.audit.service import (
+    EventFilter,
+    iter_events,
+    list_events,
+    parse_timestamp,
+    tenures,
+)
+from app.auth.views import login_required
+from app.locks.errors import InvalidInput
+from app.locks.service import DEFAULT_PAGE
+from app.locks.state import Action
+
+bp = Blueprint("audit", __name__)
+
+FILTER_FIELDS = ("resource", "prefix", "owner", "action", "actor", "since", "until")
+
+
+def held_for(value: timedelta) -> str:
+    """A tenure's length for people: ``45 s``, ``3 min 20 s``, ``2 h 5 min``."""
+    seconds = value.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{seconds:.0f} s"
+    whole = int(seconds)
+    days, hours = divmod(whole, 86400)
+    hours, rest = divmod(hours, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {secs} s"
+
+
+def datetime_local(value: datetime | None) -> str:
+    """The value an ``<input type="datetime-local">`` shows, in UTC."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if value else ""
+
+
+bp.add_app_template_filter(format_timestamp, "audit_timestamp")
+bp.add_app_template_filter(held_for, "held_for")
+bp.add_app_template_filter(datetime_local, "datetime_local")
+
+
+def _parse_query(args) -> tuple[EventFilter, dict[str, str], int, str | None]:
+    """The filters, the raw values to show back, page size and cursor.
+
+    :raise InvalidInput: naming every bad field; nothing is queried.
+    """
+    raw = {field: args.get(field, "").strip() for field in FILTER_FIELDS}
+    errors: list[tuple[str, str]] = []
+    values: dict[str, Any] = {}
+    for field, text in raw.items():
+        if not text:
+            continue
+        if field in ("since", "until"):
+            try:
+                values[field] = parse_timestamp(text)
+            except ValueError:
+                errors.append((field, "must be a date and time like 2026-11-30T09:00Z"))
+        else:
+            values[field] = text
+    limit: Any = DEFAULT_PAGE
+    if args.get("limit"):
+        try:
+            limit = int(args["limit"])
+        except ValueError:
+            errors.append(("limit", "must be an integer"))
+    cursor = args.get("cursor") or None
+    filters = EventFilter(**values)
+    try:
+        filters.validate()
+    except InvalidInput as exc:
+        errors.extend(exc.errors)
+    if errors:
+        raise InvalidInput(errors)
+    return filters, {k: v for k, v in raw.items() if v}, limit, cursor
+
+
+def _wants_fragment() -> bool:
+    return (
+        request.headers.get("HX-Request") == "true"
+        and request.headers.get("HX-History-Restore-Request") != "true"
+        and request.headers.get("HX-Request-Type") != "full"
+    )
+
+
+@bp.get("/audit")
+@login_required
+def audit():
+    errors: list[tuple[str, str]] = []
+    shown: dict[str, str] = {
+        field: request.args.get(field, "").strip()
+        for field in FILTER_FIELDS
+        if request.args.get(field, "").strip()
+    }
+    page = None
+    found = None
+    filters = EventFilter()
+    limit: Any = DEFAULT_PAGE
+    cursor = None
+    try:
+        filters, shown, limit, cursor = _parse_query(request.args)
+        page = list_events(filters, limit=limit, cursor=cursor)
+        found = tenures(page.items)
+    except InvalidInput as exc:
+        errors = exc.errors
+    query = dict(shown)
+    if limit != DEFAULT_PAGE:
+        query["limit"] = str(limit)
+    context = {
+        "page": page,
+        "tenures": found,
+        "filters": filters,
+        "shown": shown,
+        "errors": errors,
+        "actions": [a.value for a in Action],
+        "first_url": url_for("audit.audit", **query) if cursor else None,
+        "next_url": (
+            url_for("audit.audit", **query, cursor=page.next_cursor)
+            if page and page.next_cursor
+            else None
+        ),
+        "export_urls": {
+            f.value: url_for(f"audit.export_{f.value}", **shown) for f in ExportFormat
+        },
+    }
+    template = "audit/_results.html" if _wants_fragment() else "audit/index.html"
+    response = Response(render_template(template, **context))
+    response.status_code = 400 if errors else 200
+    response.vary.add("HX-Request")
+    return response
+
+
+def _export(export_format: ExportFormat):
+    try:
+        filters, _shown, _limit, _cursor = _parse_query(request.args)
+    except InvalidInput as exc:
+        message = "; ".join(f"{field}: {text}" for field, text in exc.errors)
+        return Response(message + "\n", status=400, mimetype="text/plain")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    rows = chunks(iter_events(filters), export_format)
+    response = Response(
+        stream_with_context(rows),
+        mimetype=export_format.mimetype,
+        headers={
+            "Content-Disposition": (
+                f'attachment; filename="lockkeeper-events-{stamp}.{export_format}"'
+            ),
+            "Cache-Control": "no-store",
+        },
+    )
+    if export_format is ExportFormat.CSV:
+        response.mimetype_params["header"] = "present"
+    response.mimetype_params["charset"] = "utf-8"
+    return response
+
+
+@bp.get("/audit/export.csv")
+@login_required
+def export_csv():
+    return _export(ExportFormat.CSV)
+
+
+@bp.get("/audit/export.jsonl")
+@login_required
+def export_jsonl():
+    return _export(ExportFormat.JSONL)

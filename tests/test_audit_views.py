@@ -1,0 +1,201 @@
+"""The /audit page and its exports, through the test client, as a viewer."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from app.audit.service import EventFilter, list_events
+from tests.dashboard_helpers import log_in, make_user, soup
+
+
+@pytest.fixture
+def viewer(fake_app):
+    make_user(fake_app, "vera", role="viewer")
+    client = fake_app.test_client()
+    assert log_in(client, "vera").status_code in (302, 303)
+    return client
+
+
+@pytest.fixture
+def history(service, clock):
+    service.acquire("job:1", "w-1", ttl=60, actor="tok-a")
+    service.acquire("job:2", 'w, "two"', ttl=60, actor="tok-b")
+    clock.advance(45)
+    service.release("job:1", "w-1", actor="tok-a")
+    service.acquire("report:7", "w-3", ttl=600, actor="tok-a")
+    clock.advance(5)
+    service.force_release("report:7", actor="alice", reason="line one\nline, two")
+    return service
+
+
+def rows(response):
+    return soup(response).select("table.events tbody tr[data-event-id]")
+
+
+def row_ids(response) -> list[int]:
+    return [int(tr["data-event-id"]) for tr in rows(response)]
+
+
+def test_audit_page_needs_a_login(fake_app):
+    response = fake_app.test_client().get("/audit?owner=w-1")
+    assert response.status_code == 302
+    assert "/login" in response.headers["Location"]
+
+
+def test_audit_page_lists_events_newest_first_linking_to_lock_pages(viewer, history):
+    response = viewer.get("/audit")
+    assert response.status_code == 200
+    page = soup(response)
+    assert page.body is not None
+    ids = row_ids(response)
+    assert len(ids) == 5
+    assert ids == sorted(ids, reverse=True)
+    links = [a["href"] for a in page.select("table.events td.resource a")]
+    assert links[0] == "/locks/report:7"
+    assert "/locks/job:1" in links
+
+
+def test_audit_page_shows_durations_held_where_the_end_is_known(viewer, history):
+    page = soup(viewer.get("/audit?resource=job:1"))
+    acquired, released = (
+        page.select("tr.action-acquired"),
+        page.select("tr.action-released"),
+    )
+    assert "45 s" in acquired[0].select_one("td.held").get_text()
+    assert "until released" in acquired[0].select_one("td.held").get_text()
+    assert "w-1's hold of 45 s" in released[0].select_one("td.held").get_text()
+    # job:2 is still held: no duration to show.
+    held = soup(viewer.get("/audit?resource=job:2")).select_one("tr td.held")
+    assert held.get_text(strip=True) == ""
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("owner=w-3", {("report:7", "acquired"), ("report:7", "force released")}),
+        ("prefix=job:&action=acquired", {("job:1", "acquired"), ("job:2", "acquired")}),
+        ("actor=alice", {("report:7", "force released")}),
+        ("resource=job:2", {("job:2", "acquired")}),
+        ("since=2026-11-30T09:00:45Z&until=2026-11-30T09:00:50", {
+            ("job:1", "released"), ("report:7", "acquired")}),
+    ],
+)  # fmt: skip
+def test_filters_in_the_url_select_the_events(viewer, history, query, expected):
+    page = soup(viewer.get(f"/audit?{query}"))
+    found = {
+        (
+            tr.select_one("td.resource").get_text(strip=True),
+            tr.select("td")[2].get_text(strip=True),
+        )
+        for tr in page.select("tr[data-event-id]")
+    }
+    assert found == expected
+
+
+def test_filters_are_shown_back_in_the_form(viewer, history):
+    page = soup(
+        viewer.get("/audit?prefix=job:&action=released&since=2026-11-30T09:00Z")
+    )
+    assert page.select_one("#f-prefix")["value"] == "job:"
+    assert page.select_one("#f-action option[selected]")["value"] == "released"
+    assert page.select_one("#f-since")["value"] == "2026-11-30T09:00:00"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "action=stolen",
+        "resource=has%20space",
+        "owner=%00",
+        "since=yesterday",
+        "since=2026-12-01T00:00Z&until=2026-11-01T00:00Z",
+        "limit=many",
+        "limit=0",
+        "cursor=garbage",
+    ],
+)
+def test_bad_filters_get_a_400_page_naming_the_problem(viewer, history, query):
+    response = viewer.get(f"/audit?{query}")
+    assert response.status_code == 400
+    page = soup(response)
+    assert page.select_one("#audit-results [role=alert]") is not None
+    assert rows(response) == []
+
+
+def test_pages_follow_the_keyset_without_gaps_or_repeats(viewer, service):
+    for n in range(7):  # all at the same instant: ties in occurred_at
+        service.acquire(f"tie:{n}", "w-1", ttl=30)
+    seen, url = [], "/audit?limit=3"
+    while url:
+        response = viewer.get(url)
+        assert response.status_code == 200
+        seen.extend(row_ids(response))
+        link = soup(response).select_one(".pager a[rel=next]")
+        url = link["href"] if link else None
+    everything = [e.id for e in list_events(EventFilter(), limit=500).items]
+    assert seen == everything
+
+
+def test_htmx_request_gets_the_results_fragment_and_vary(viewer, history):
+    response = viewer.get("/audit?owner=w-1", headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    assert "HX-Request" in response.vary
+    fragment = soup(response)
+    assert fragment.body is None
+    assert fragment.select_one("section#audit-results") is not None
+    assert len(rows(response)) == 2
+    restore = viewer.get(
+        "/audit?owner=w-1",
+        headers={"HX-Request": "true", "HX-History-Restore-Request": "true"},
+    )
+    assert soup(restore).body is not None
+
+
+def test_export_links_carry_the_page_filters(viewer, history):
+    page = soup(viewer.get("/audit?prefix=job:&owner=w-1"))
+    link = page.select_one(".exports a[href*='export.csv']")["href"]
+    assert link.startswith("/audit/export.csv?")
+    assert "prefix=job:" in link
+    assert "owner=w-1" in link
+
+
+def test_csv_export_streams_the_filtered_set_as_an_attachment(viewer, history):
+    response = viewer.get("/audit/export.csv?prefix=job:")
+    assert response.status_code == 200
+    assert response.is_streamed
+    assert response.mimetype == "text/csv"
+    assert response.headers["Content-Disposition"].startswith("attachment;")
+    assert ".csv" in response.headers["Content-Disposition"]
+    exported = list(csv.DictReader(io.StringIO(response.get_data(as_text=True))))
+    page_ids = row_ids(viewer.get("/audit?prefix=job:"))
+    assert [int(r["id"]) for r in exported] == page_ids
+    assert 'w, "two"' in {r["owner"] for r in exported}
+
+
+def test_jsonl_export_has_one_object_per_line_with_the_awkward_reason(viewer, history):
+    response = viewer.get("/audit/export.jsonl?actor=alice")
+    assert response.status_code == 200
+    assert response.headers["Content-Disposition"].endswith('.jsonl"')
+    lines = response.get_data(as_text=True).splitlines()
+    assert [json.loads(line)["reason"] for line in lines] == ["line one\nline, two"]
+
+
+def test_unfiltered_export_has_every_event(viewer, history):
+    response = viewer.get("/audit/export.jsonl")
+    assert len(response.get_data(as_text=True).splitlines()) == 5
+
+
+def test_export_with_bad_filters_is_a_400_not_a_partial_file(viewer, history):
+    response = viewer.get("/audit/export.csv?since=not-a-time")
+    assert response.status_code == 400
+    assert "since" in response.get_data(as_text=True)
+    assert "Content-Disposition" not in response.headers
+
+
+def test_export_needs_a_login(fake_app):
+    response = fake_app.test_client().get("/audit/export.csv")
+    assert response.status_code == 302
