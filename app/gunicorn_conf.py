@@ -1,0 +1,80 @@
+"""Production defaults for gunicorn.
+
+    gunicorn -c python:app.gunicorn_conf 'app:create_app()'
+
+Command-line flags override these (``-w 8``, ``-b 0.0.0.0:8000``), and so do the
+``LOCKKEEPER_*`` variables read below. See docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+# Must happen before anything imports prometheus_client: it picks its multiprocess
+# value class at import time, and workers inherit whatever the master imported.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
+        prefix="lockkeeper-metrics-"
+    )
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+bind = os.environ.get("LOCKKEEPER_BIND", "127.0.0.1:8000").split(",")
+# Requests are short and wait on the database: a few processes with a few threads
+# each. gthread, not sync: a sync worker is killed after `timeout` while it streams
+# a long audit export.
+workers = _env_int("LOCKKEEPER_WORKERS", min(2 * (os.cpu_count() or 1), 8))
+worker_class = "gthread"
+threads = _env_int("LOCKKEEPER_THREADS", 4)
+# Each worker opens its own pool after the fork; nothing is shared across it.
+preload_app = False
+
+timeout = 30
+# SIGTERM: stop accepting, let in-flight requests finish for up to this long.
+graceful_timeout = _env_int("LOCKKEEPER_GRACEFUL_TIMEOUT", 30)
+# Longer than the proxy's upstream idle timeout would leave it reusing closed
+# connections; nginx keeps upstream connections 60 s, so answer them a bit longer.
+keepalive = 75
+# Recycle workers now and then (memory creep); jitter keeps them from all
+# restarting at once. Their counters survive in the multiprocess directory.
+max_requests = 10_000
+max_requests_jitter = 1_000
+
+limit_request_line = 8190
+limit_request_fields = 100
+# Trust X-Forwarded-* only from the reverse proxy.
+forwarded_allow_ips = os.environ.get("LOCKKEEPER_FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
+
+proc_name = "lockkeeper"
+# The heartbeat file on tmpfs: a disk-backed /tmp can stall it and get healthy
+# workers killed.
+worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+# No runtime control socket (~/.gunicorn/): nothing uses it, and several servers
+# of one user would collide on it.
+control_socket_disable = True
+
+# The app writes its own structured line per request (app/request_log.py) to
+# stderr, next to gunicorn's error log; no second access log.
+accesslog = None
+errorlog = "-"
+loglevel = os.environ.get("LOCKKEEPER_LOG_LEVEL", "info")
+
+
+def on_starting(server) -> None:
+    """Start every run with empty metric files: old workers' pids are gone."""
+    directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    os.makedirs(directory, exist_ok=True)
+    for path in glob.glob(os.path.join(directory, "*.db")):
+        os.remove(path)
+
+
+def child_exit(server, worker) -> None:
+    """Let the metrics of a dead worker stop counting as live (gauges)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

@@ -1,0 +1,220 @@
+"""Prometheus metrics: HTTP requests, lock operations by outcome, lock-state gauges.
+
+Counters and histograms live on a registry per app. Under several gunicorn workers
+``PROMETHEUS_MULTIPROC_DIR`` must be set before ``prometheus_client`` is first
+imported (``app.gunicorn_conf`` does it); each worker then writes its values to
+files there and ``/metrics`` adds up every worker's files, whichever worker answers.
+
+The held/expiring/stale gauges are not kept in any process: a collector asks the
+database at scrape time, so they are right whichever worker is scraped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from flask import Flask, current_app
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.locks.errors import LockError
+from app.locks.state import Action, LockState
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+UNMATCHED_ROUTE = "<unmatched>"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# Outcomes of a renewal or release. "expired" and "not_owner" are late calls from a
+# worker that lost its lock (it ran out, or another owner took it over): the signal
+# that a worker's ttl is too short for its work.
+RENEWAL_OUTCOMES = ("renewed", "expired", "not_owner", "not_found")
+RELEASE_OUTCOMES = ("released", "expired", "not_owner", "not_found")
+ACQUIRE_GRANTS = (Action.ACQUIRED, Action.REACQUIRED, Action.TOOK_OVER)
+OPERATOR_ACTIONS = (Action.FORCE_RELEASED, Action.CLAIMED, Action.FORCE_CLAIMED)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+class NoMetrics:
+    """What a LockService records into when no app gave it metrics."""
+
+    def acquired(self, action: Action) -> None:
+        pass
+
+    def acquire_refused(self) -> None:
+        pass
+
+    def renewal(self, outcome: str) -> None:
+        pass
+
+    def release(self, outcome: str) -> None:
+        pass
+
+    def operator_action(self, action: Action) -> None:
+        pass
+
+
+NO_METRICS = NoMetrics()
+
+
+class LockMetrics(NoMetrics):
+    """The service's counters, with every label child bound up front.
+
+    The hot path is a dict lookup and an ``inc()``; an unknown outcome is a
+    programming error and raises ``KeyError``.
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        acquisitions = Counter(
+            "lockkeeper_acquisitions",
+            "Acquire calls by outcome: acquired, reacquired, took_over, or held "
+            "(refused: another owner holds it).",
+            ["outcome"],
+            registry=registry,
+        )
+        renewals = Counter(
+            "lockkeeper_renewals",
+            "Renew calls by outcome; expired and not_owner are late renewals of a "
+            "lost lock.",
+            ["outcome"],
+            registry=registry,
+        )
+        releases = Counter(
+            "lockkeeper_releases",
+            "Release calls by outcome; expired and not_owner are late releases of "
+            "a lost lock.",
+            ["outcome"],
+            registry=registry,
+        )
+        operator = Counter(
+            "lockkeeper_operator_actions",
+            "Force-releases and claims carried out by operators.",
+            ["action"],
+            registry=registry,
+        )
+        self._granted = {a: acquisitions.labels(a.value) for a in ACQUIRE_GRANTS}
+        self._held = acquisitions.labels("held")
+        self._renewals = {o: renewals.labels(o) for o in RENEWAL_OUTCOMES}
+        self._releases = {o: releases.labels(o) for o in RELEASE_OUTCOMES}
+        self._operator = {a: operator.labels(a.value) for a in OPERATOR_ACTIONS}
+
+    def acquired(self, action: Action) -> None:
+        self._granted[action].inc()
+
+    def acquire_refused(self) -> None:
+        self._held.inc()
+
+    def renewal(self, outcome: str) -> None:
+        self._renewals[outcome].inc()
+
+    def release(self, outcome: str) -> None:
+        self._releases[outcome].inc()
+
+    def operator_action(self, action: Action) -> None:
+        self._operator[action].inc()
+
+
+class LockStateCollector(Collector):
+    """Gauges of lock rows per state, counted in the database at scrape time."""
+
+    def __init__(self, app: Flask):
+        self.app = app
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Describing must not query: registering the collector would hit the database.
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            counts = self.app.extensions["lockkeeper.locks"].counts()
+        except (SQLAlchemyError, LockError):
+            counts = None
+        yield from self._families(counts)
+
+    @staticmethod
+    def _families(counts: dict[LockState, int] | None = None):
+        locks = GaugeMetricFamily(
+            "lockkeeper_locks",
+            "Lock rows by state (held, expiring, stale) at scrape time.",
+            labels=["state"],
+        )
+        for state in LockState:
+            if counts is not None:
+                locks.add_metric([state.value], counts[state])
+        up = GaugeMetricFamily(
+            "lockkeeper_database_up",
+            "1 when the lock database answered the scrape's count, else 0.",
+            value=0 if counts is None else 1,
+        )
+        return locks, up
+
+
+class AppMetrics:
+    """Everything ``/metrics`` serves for one app."""
+
+    def __init__(self, app: Flask):
+        self.app = app
+        self.multiprocess_dir = multiprocess_dir()
+        if self.multiprocess_dir:
+            # Each metric child opens its file there as soon as it is created.
+            os.makedirs(self.multiprocess_dir, exist_ok=True)
+        self.registry = CollectorRegistry()
+        self.locks = LockMetrics(self.registry)
+        self._requests = Counter(
+            "lockkeeper_http_requests",
+            "HTTP requests by method, route and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "lockkeeper_http_request_duration_seconds",
+            "Time from the start of a request to its response, by method and route.",
+            ["method", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        if not self.multiprocess_dir:
+            self.registry.register(LockStateCollector(app))
+
+    def observe_request(
+        self, method: str, route: str | None, status: int, seconds: float
+    ) -> None:
+        # Label values are bounded: a route template, never the raw path.
+        method = method if method in HTTP_METHODS else "OTHER"
+        route = route or UNMATCHED_ROUTE
+        self._requests.labels(method, route, str(status)).inc()
+        self._latency.labels(method, route).observe(seconds)
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its content type."""
+        if self.multiprocess_dir:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+            registry.register(LockStateCollector(self.app))
+        else:
+            registry = self.registry
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def init_app(app: Flask) -> LockMetrics:
+    """Create the app's metrics; returns the recorder the LockService bumps."""
+    metrics = AppMetrics(app)
+    app.extensions["lockkeeper.metrics"] = metrics
+    return metrics.locks
+
+
+def app_metrics() -> AppMetrics:
+    return current_app.extensions["lockkeeper.metrics"]

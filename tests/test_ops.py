@@ -1,0 +1,466 @@
+"""Operations: /healthz, /metrics (one and several processes), logs, gunicorn."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prometheus_client import CollectorRegistry, multiprocess
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.locks.errors import LockExpired, LockNotFound, NotOwner
+from app.locks.service import lock_service
+from app.paths import PROJECT_ROOT
+from app.request_log import LOGGER_NAME
+
+# -- helpers ----------------------------------------------------------------
+
+
+def scrape(client) -> dict[tuple[str, tuple], float]:
+    """GET /metrics and parse it: {(sample name, sorted labels): value}."""
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.content_type.startswith("text/plain")
+    return parse(response.get_data(as_text=True))
+
+
+def parse(text: str) -> dict[tuple[str, tuple], float]:
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- /healthz ---------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("backend")
+def test_healthz_is_ok_when_the_database_answers(client):
+    response = client.get("/healthz")
+
+    assert response.status_code == 200
+    assert response.json == {"status": "ok", "database": "ok"}
+    assert response.headers["Cache-Control"] == "no-store"
+
+
+def test_healthz_is_503_problem_when_postgresql_does_not_listen(make_app):
+    # A port nobody listens on stands in for a stopped server; the shared
+    # database servers stay up.
+    app = make_app(
+        LOCKKEEPER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/x"
+    )
+
+    response = app.test_client().get("/healthz")
+
+    assert response.status_code == 503
+    assert response.mimetype == "application/problem+json"
+    assert response.json["status"] == 503
+    assert response.json["instance"] == "/healthz"
+    assert "database" in response.json["detail"]
+    assert response.headers["Retry-After"]
+
+
+def test_healthz_is_503_when_the_sqlite_file_cannot_be_opened(make_app, tmp_path):
+    missing = tmp_path / "no-such-directory" / "locks.sqlite3"
+    app = make_app(LOCKKEEPER_DATABASE_URL=f"sqlite:///{missing}")
+
+    response = app.test_client().get("/healthz")
+
+    assert response.status_code == 503
+    assert response.mimetype == "application/problem+json"
+
+
+def test_metrics_report_the_database_down_instead_of_failing(make_app):
+    app = make_app(
+        LOCKKEEPER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/x"
+    )
+
+    samples = scrape(app.test_client())
+
+    assert value(samples, "lockkeeper_database_up") == 0
+    assert not any(name == "lockkeeper_locks" for name, _ in samples)
+
+
+# -- /metrics: lock operations ----------------------------------------------
+
+
+@pytest.mark.usefixtures("backend")
+def test_acquisitions_are_counted_by_outcome(fake_app, clock):
+    client = fake_app.test_client()
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("job:1", "w1", ttl=10)
+        service.acquire("job:1", "w1", ttl=10)
+        service.acquire("job:1", "w2", ttl=10)
+        service.acquire("job:1", "w2", ttl=10)
+        clock.advance(11)
+        service.acquire("job:1", "w2", ttl=10)
+
+    samples = scrape(client)
+
+    total = "lockkeeper_acquisitions_total"
+    assert value(samples, total, outcome="acquired") == 1
+    assert value(samples, total, outcome="reacquired") == 1
+    assert value(samples, total, outcome="held") == 2
+    assert value(samples, total, outcome="took_over") == 1
+
+
+@pytest.mark.usefixtures("backend")
+def test_late_renewals_and_releases_of_a_lost_lock_are_counted(fake_app, clock):
+    client = fake_app.test_client()
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("job:1", "w1", ttl=10)
+        service.renew("job:1", "w1", ttl=10)
+        clock.advance(11)
+        with pytest.raises(LockExpired):
+            service.renew("job:1", "w1")
+        with pytest.raises(LockNotFound):
+            service.release("job:1", "w1")
+        service.acquire("job:1", "w2", ttl=10)
+        with pytest.raises(NotOwner):
+            service.renew("job:1", "w1")
+        with pytest.raises(NotOwner):
+            service.release("job:1", "w1")
+        service.release("job:1", "w2")
+        with pytest.raises(LockNotFound):
+            service.renew("job:1", "w2")
+        with pytest.raises(LockNotFound):
+            service.release("job:1", "w2")
+
+    samples = scrape(client)
+
+    renewals, releases = "lockkeeper_renewals_total", "lockkeeper_releases_total"
+    assert value(samples, renewals, outcome="renewed") == 1
+    assert value(samples, renewals, outcome="expired") == 1
+    assert value(samples, renewals, outcome="not_owner") == 1
+    assert value(samples, renewals, outcome="not_found") == 1
+    assert value(samples, releases, outcome="released") == 1
+    assert value(samples, releases, outcome="expired") == 1
+    assert value(samples, releases, outcome="not_owner") == 1
+    assert value(samples, releases, outcome="not_found") == 1
+
+
+def test_operator_actions_are_counted(fake_app):
+    client = fake_app.test_client()
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("job:1", "w1", ttl=60)
+        service.claim("job:1", "ops", ttl=60, actor="admin", force=True)
+        service.force_release("job:1", actor="admin", reason="stuck")
+        service.claim("job:1", "ops", ttl=60, actor="admin")
+
+    samples = scrape(client)
+
+    total = "lockkeeper_operator_actions_total"
+    assert value(samples, total, action="force_claimed") == 1
+    assert value(samples, total, action="force_released") == 1
+    assert value(samples, total, action="claimed") == 1
+
+
+@pytest.mark.usefixtures("backend")
+def test_lock_gauges_follow_held_expiring_and_stale_at_scrape_time(fake_app, clock):
+    client = fake_app.test_client()
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("old", "w1", ttl=1)
+        clock.advance(2)
+        service.acquire("long", "w1", ttl=300)
+        service.acquire("short", "w1", ttl=10)
+
+        first = scrape(client)
+        service.release("long", "w1")
+        clock.advance(5)
+        second = scrape(client)
+        clock.advance(5)
+        third = scrape(client)
+
+    def states(samples):
+        return {
+            s: value(samples, "lockkeeper_locks", state=s)
+            for s in ("held", "expiring", "stale")
+        }
+
+    assert states(first) == {"held": 1, "expiring": 1, "stale": 1}
+    assert states(second) == {"held": 0, "expiring": 1, "stale": 1}
+    assert states(third) == {"held": 0, "expiring": 0, "stale": 2}
+    assert value(third, "lockkeeper_database_up") == 1
+
+
+# -- /metrics: requests -----------------------------------------------------
+
+
+def test_requests_are_counted_by_route_template_and_status(client):
+    client.get("/healthz")
+    client.get("/healthz")
+    client.get("/no/such/page/42")
+
+    samples = scrape(client)
+
+    requests = "lockkeeper_http_requests_total"
+    assert value(samples, requests, method="GET", route="/healthz", status="200") == 2
+    assert (
+        value(samples, requests, method="GET", route="<unmatched>", status="404") == 1
+    )
+    # Raw paths never become label values (unbounded cardinality).
+    assert not any("/no/such/page/42" in str(labels) for _, labels in samples)
+    latency = "lockkeeper_http_request_duration_seconds_count"
+    assert value(samples, latency, method="GET", route="/healthz") == 2
+    assert (
+        value(
+            samples,
+            "lockkeeper_http_request_duration_seconds_sum",
+            method="GET",
+            route="/healthz",
+        )
+        > 0
+    )
+
+
+# -- /metrics: several processes --------------------------------------------
+
+_WORKER = textwrap.dedent(
+    """
+    import sys
+    from app import create_app
+    from app.locks.service import lock_service
+
+    url, instance, prefix, count, render = sys.argv[1:6]
+    app = create_app({
+        "LOCKKEEPER_DATABASE_URL": url, "LOCKKEEPER_INSTANCE_PATH": instance,
+        "LOCKKEEPER_BOOTSTRAP": False, "LOCKKEEPER_AUTO_MIGRATE": False,
+        "SECRET_KEY": "test",
+    })
+    client = app.test_client()
+    with app.app_context():
+        for n in range(int(count)):
+            lock_service().acquire(f"{prefix}:{n}", prefix, ttl=300)
+        lock_service().acquire(f"{prefix}:0", "someone-else", ttl=300)
+    assert client.get("/healthz").status_code == 200
+    if render == "render":
+        sys.stdout.write(client.get("/metrics").get_data(as_text=True))
+    """
+)
+
+
+def run_worker(database_url, tmp_path, metrics_dir, prefix, count, render=False):
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WORKER,
+            database_url,
+            str(tmp_path / "instance"),
+            prefix,
+            str(count),
+            "render" if render else "-",
+        ],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_metrics_of_several_processes_add_up(database_url, tmp_path):
+    metrics_dir = tmp_path / "metrics"
+
+    run_worker(database_url, tmp_path, metrics_dir, "a", 3)
+    exposition = run_worker(database_url, tmp_path, metrics_dir, "b", 2, render=True)
+
+    samples = parse(exposition)
+    acquisitions = "lockkeeper_acquisitions_total"
+    assert value(samples, acquisitions, outcome="acquired") == 5
+    assert value(samples, acquisitions, outcome="held") == 2
+    requests = "lockkeeper_http_requests_total"
+    assert value(samples, requests, method="GET", route="/healthz", status="200") == 2
+    # Scrape-time gauges come from the database, once, not summed per process.
+    assert value(samples, "lockkeeper_locks", state="held") == 5
+    # The test process reads the same files and gets the same sums.
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))
+    assert registry.get_sample_value(acquisitions, {"outcome": "acquired"}) == 5
+    assert len(list(metrics_dir.glob("counter_*.db"))) == 2
+
+
+@pytest.mark.slow
+def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
+    database_url, tmp_path
+):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "LOCKKEEPER_DATABASE_URL": database_url,
+        "LOCKKEEPER_INSTANCE_PATH": str(tmp_path / "instance"),
+        "LOCKKEEPER_SECRET_KEY": "test-secret",
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+    }
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            "python:app.gunicorn_conf",
+            "-w",
+            "2",
+            "-b",
+            f"127.0.0.1:{port}",
+            "app:create_app()",
+        ],
+        env=env,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    healthy = 0
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=5) as reply:
+                    healthy += reply.status == 200
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert server.poll() is None, server.communicate()[1]
+                assert time.monotonic() < deadline, "gunicorn did not come up"
+                time.sleep(0.2)
+
+        def hit(_):
+            with urllib.request.urlopen(f"{base}/healthz", timeout=10) as reply:
+                return reply.status
+
+        with ThreadPoolExecutor(8) as pool:
+            healthy += sum(status == 200 for status in pool.map(hit, range(40)))
+
+        # Whichever worker answers the scrape reports every worker's requests.
+        for _ in range(4):
+            with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
+                samples = parse(reply.read().decode())
+            assert (
+                value(
+                    samples,
+                    "lockkeeper_http_requests_total",
+                    method="GET",
+                    route="/healthz",
+                    status="200",
+                )
+                == healthy
+                == 41
+            )
+            assert value(samples, "lockkeeper_database_up") == 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            _, stderr = server.communicate()
+    assert server.returncode == 0, stderr
+    assert '"request_id"' in stderr  # the structured request lines
+    assert "Traceback" not in stderr
+
+
+# -- request logs -----------------------------------------------------------
+
+
+def request_lines(caplog) -> list[dict]:
+    return [
+        json.loads(record.getMessage())
+        for record in caplog.records
+        if record.name == LOGGER_NAME
+    ]
+
+
+def test_request_log_line_carries_the_callers_request_id(client, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+
+    response = client.get("/healthz", headers={"X-Request-ID": "req-42.abc"})
+
+    assert response.headers["X-Request-ID"] == "req-42.abc"
+    [line] = request_lines(caplog)
+    assert line["request_id"] == "req-42.abc"
+    assert line["method"] == "GET"
+    assert line["path"] == "/healthz"
+    assert line["status"] == 200
+    assert line["duration_ms"] >= 0
+    assert line["actor"] is None
+
+
+def test_request_without_id_gets_a_fresh_one_in_log_and_response(client, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+
+    first = client.get("/healthz")
+    second = client.get("/healthz", headers={"X-Request-ID": "bad id; forged"})
+
+    ids = [line["request_id"] for line in request_lines(caplog)]
+    assert ids == [first.headers["X-Request-ID"], second.headers["X-Request-ID"]]
+    assert len(set(ids)) == 2
+    assert all(len(i) == 32 for i in ids)
+    assert "forged" not in caplog.text
+
+
+def test_request_log_never_contains_tokens_cookies_or_query(client, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+
+    client.get(
+        "/healthz?token=lk_querysecret",
+        headers={
+            "Authorization": "Bearer lk_headersecret",
+            "Cookie": "session=cookiesecret",
+        },
+    )
+
+    [line] = request_lines(caplog)
+    assert line["path"] == "/healthz"
+    for secret in ("lk_querysecret", "lk_headersecret", "cookiesecret", "Bearer"):
+        assert secret not in caplog.text
+
+
+def test_api_request_log_names_the_token_not_the_token_itself(app, caplog):
+    from app.auth.service import create_token
+
+    with app.app_context():
+        token = create_token("ci-worker")
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
+
+    response = app.test_client().post(
+        "/api/v1/locks/job:1",
+        json={"owner": "w1", "ttl": 30},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+    assert response.status_code == 200
+    [line] = request_lines(caplog)
+    assert line["actor"] == "ci-worker"
+    assert line["route"].startswith("/api/v1/locks/<")
+    assert token not in caplog.text
