@@ -35,6 +35,7 @@ from app.locks.errors import (
 from app.locks.results import AcquireResult, Lock, Page
 from app.locks.state import Action, LockState
 from app.locks.statements import Outcome, locks, statements_for
+from app.metrics import NO_METRICS, NoMetrics
 from app.types import UTCDateTime
 
 T = TypeVar("T")
@@ -74,8 +75,15 @@ class LockSettings:
 
 
 class LockService:
-    def __init__(self, engine: Engine, clock: Clock, settings: LockSettings):
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        settings: LockSettings,
+        metrics: NoMetrics = NO_METRICS,
+    ):
         self.engine = engine
+        self.metrics = metrics
         self.clock = clock
         self.settings = settings
         self.dialect = engine.dialect.name
@@ -188,13 +196,16 @@ class LockService:
                 autocommit=self.statements.autocommit,
             )
             if outcome.done:
+                self.metrics.acquired(outcome.action)
                 return AcquireResult(
                     True, self._lock(outcome.row, outcome.now), outcome.action
                 )
             row = outcome.row
             if row is not None and row.expires_at > outcome.now and row.owner != owner:
+                self.metrics.acquire_refused()
                 return AcquireResult(False, self._lock(row, outcome.now))
             # The row we were refused on is gone or expired: it changed under us.
+        self.metrics.acquire_refused()
         return AcquireResult(False, None)
 
     def renew(
@@ -220,12 +231,16 @@ class LockService:
             )
             row, now = outcome.row, outcome.now
             if outcome.done:
+                self.metrics.renewal("renewed")
                 return self._lock(row, now)
             if row is None:
+                self.metrics.renewal("not_found")
                 raise LockNotFound(resource)
             if row.expires_at <= now:
+                self.metrics.renewal("expired")
                 raise LockExpired(resource, owner)
             if row.owner != owner:
+                self.metrics.renewal("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
         raise ServiceBusy(f"renewal of {resource!r} kept racing; try again")
 
@@ -245,12 +260,15 @@ class LockService:
             )
             row, now = outcome.row, outcome.now
             if outcome.done:
+                self.metrics.release("released")
                 return self._lock(row, now)
             if row is None or row.expires_at <= now:
+                self.metrics.release("not_found" if row is None else "expired")
                 raise LockNotFound(
                     resource, f"no valid lock on {resource!r} to release"
                 )
             if row.owner != owner:
+                self.metrics.release("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
         raise ServiceBusy(f"release of {resource!r} kept racing; try again")
 
@@ -268,6 +286,7 @@ class LockService:
         )
         if not outcome.done:
             raise LockNotFound(resource)
+        self.metrics.operator_action(outcome.action)
         return self._lock(outcome.row, outcome.now)
 
     def claim(
@@ -295,6 +314,7 @@ class LockService:
         )
         if not outcome.done:
             raise LockHeld(resource, self._lock(outcome.row, outcome.now))
+        self.metrics.operator_action(outcome.action)
         return self._lock(outcome.row, outcome.now)
 
     def purge_stale(self, older_than: timedelta) -> list[str]:
