@@ -15,6 +15,7 @@ from app.extensions import db, migrate
 
 
 def register_services(app: Flask) -> None:
+    from app import metrics, request_log
     from app.locks.service import LockService, LockSettings, clock_for
 
     with app.app_context():
@@ -23,7 +24,9 @@ def register_services(app: Flask) -> None:
         engine,
         clock_for(engine, app.config.get("LOCKKEEPER_CLOCK")),
         LockSettings.from_config(app.config),
+        metrics=metrics.init_app(app),
     )
+    request_log.init_app(app)
 
 
 def register_blueprints(app: Flask) -> None:
