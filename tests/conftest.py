@@ -17,6 +17,9 @@ from app.extensions import db
 from tests.clock import FakeClock
 from tests.databases import BACKENDS, ServerDatabase, SqliteDatabases, unavailable
 
+# `live_server`: the app under a real threaded HTTP server (worker client, browsers).
+pytest_plugins = ["tests.live_server"]
+
 
 def pytest_addoption(parser):
     parser.addoption(
