@@ -1,0 +1,356 @@
+"""The worker client against a real server (threaded Werkzeug on a file SQLite DB)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from datetime import UTC
+
+import pytest
+
+from app.client import (
+    AuthenticationFailed,
+    InvalidRequest,
+    LockClient,
+    LockLost,
+    LockNotAcquired,
+    LockNotFound,
+    ServiceUnavailable,
+)
+from tests.live_server import serve
+
+
+class CeilingJitter(random.Random):
+    """Jitter that always picks the top of the window: makes backoff deterministic."""
+
+    def uniform(self, a, b):
+        return b
+
+
+class FailingFront:
+    """WSGI middleware: answers ``status`` to the first ``count`` matching requests.
+
+    ``apply_first`` passes the request to the app before failing, like a gateway
+    that timed out after the app did the work (the reply is lost, not the request).
+    """
+
+    def __init__(self, app, status, count, method=None, apply_first=False):
+        self.app = app
+        self.status = status
+        self.remaining = count
+        self.method = method
+        self.apply_first = apply_first
+        self.seen = 0
+
+    def __call__(self, environ, start_response):
+        if self.method in (None, environ["REQUEST_METHOD"]):
+            self.seen += 1
+            if self.remaining > 0:
+                self.remaining -= 1
+                if self.apply_first:
+                    body = self.app(environ, lambda *args: None)
+                    b"".join(body)
+                    getattr(body, "close", lambda: None)()
+                start_response(
+                    f"{self.status} Failing",
+                    [("Content-Type", "text/plain"), ("Retry-After", "0")],
+                )
+                return [b"try again"]
+        return self.app(environ, start_response)
+
+
+@pytest.fixture
+def worker(live_server):
+    with LockClient(live_server.url, live_server.token, timeout=5) as lock_client:
+        yield lock_client
+
+
+@pytest.fixture
+def other_worker(live_server):
+    """A second worker with its own token."""
+    token = live_server.create_token("other-worker")
+    with LockClient(live_server.url, token, timeout=5) as lock_client:
+        yield lock_client
+
+
+# -- single calls ----------------------------------------------------------------
+
+
+def test_acquire_returns_a_typed_lock_with_aware_utc_timestamps(worker):
+    result = worker.acquire("job:42", "w-1", ttl=30)
+    assert result.acquired
+    lock = result.lock
+    assert (lock.resource, lock.owner, lock.state) == ("job:42", "w-1", "held")
+    assert lock.fence >= 1
+    assert lock.acquired_at.tzinfo is UTC
+    assert 29 < (lock.expires_at - lock.acquired_at).total_seconds() <= 30.001
+    assert 29 < lock.ttl_remaining <= 30
+
+
+def test_acquire_of_held_lock_is_refused_with_holder_and_retry_after(
+    worker, other_worker
+):
+    held = worker.acquire("job:42", "w-1", ttl=20).lock
+    refused = other_worker.acquire("job:42", "w-2", ttl=5)
+    assert not refused.acquired
+    assert refused.lock.owner == "w-1"
+    assert refused.lock.fence == held.fence
+    assert 19 <= refused.retry_after <= 20
+
+
+def test_get_returns_the_current_holder(worker):
+    held = worker.acquire("job:7", "w-1", ttl=30).lock
+    assert worker.get("job:7").fence == held.fence
+    assert worker.get("job:7").owner == "w-1"
+
+
+def test_renew_extends_expiry_and_keeps_fence_and_acquired_at(worker):
+    first = worker.acquire("job:42", "w-1", ttl=2).lock
+    renewed = worker.renew("job:42", "w-1", ttl=60)
+    assert renewed.fence == first.fence
+    assert renewed.acquired_at == first.acquired_at
+    assert renewed.expires_at > first.expires_at
+    assert renewed.ttl_remaining > 59
+
+
+def test_renew_of_expired_lock_raises_lock_lost_naming_the_resource(worker):
+    worker.acquire("job:42", "w-1", ttl=0.2)
+    time.sleep(0.4)
+    with pytest.raises(LockLost, match="job:42") as caught:
+        worker.renew("job:42", "w-1", ttl=5)
+    assert caught.value.resource == "job:42"
+    assert caught.value.status == 409
+
+
+def test_renew_by_another_owner_raises_lock_lost(worker):
+    worker.acquire("job:42", "w-1", ttl=30)
+    with pytest.raises(LockLost, match="job:42"):
+        worker.renew("job:42", "w-2", ttl=5)
+    assert worker.get("job:42").owner == "w-1"
+
+
+def test_release_frees_the_lock(worker):
+    worker.acquire("job:42", "w-1", ttl=30)
+    worker.release("job:42", "w-1")
+    with pytest.raises(LockNotFound, match="job:42"):
+        worker.get("job:42")
+
+
+def test_release_by_another_owner_raises_lock_lost_and_keeps_the_lock(worker):
+    worker.acquire("job:42", "w-1", ttl=30)
+    with pytest.raises(LockLost, match="job:42") as caught:
+        worker.release("job:42", "w-2")
+    assert caught.value.status == 403
+    assert worker.get("job:42").owner == "w-1"
+
+
+def test_release_of_a_lock_never_held_raises_lock_lost(worker):
+    with pytest.raises(LockLost, match="job:none"):
+        worker.release("job:none", "w-1")
+
+
+def test_wrong_token_raises_authentication_failed(live_server):
+    with LockClient(live_server.url, "lk_not-a-token") as bad:
+        with pytest.raises(AuthenticationFailed, match="job:42"):
+            bad.acquire("job:42", "w-1")
+
+
+def test_invalid_resource_raises_invalid_request_with_field_errors(worker):
+    with pytest.raises(InvalidRequest, match="bad name") as caught:
+        worker.acquire("bad name", "w-1")
+    assert caught.value.status == 400
+    assert any(field == "resource" for field, _ in caught.value.errors)
+
+
+def test_base_url_with_api_prefix_is_accepted(live_server):
+    with LockClient(live_server.url + "/api/v1/", live_server.token) as lock_client:
+        assert lock_client.acquire("job:1", "w-1").acquired
+
+
+# -- transient failures ------------------------------------------------------------
+
+
+def test_unreachable_server_raises_service_unavailable_after_retries(live_server):
+    with serve(live_server.app, token=live_server.token) as doomed:
+        url = doomed.url
+    start = time.monotonic()
+    with LockClient(url, live_server.token, retries=2, backoff=0.05) as lock_client:
+        with pytest.raises(ServiceUnavailable, match="job:42"):
+            lock_client.acquire("job:42", "w-1")
+    assert time.monotonic() - start < 2
+
+
+def test_503_answers_are_retried_until_the_service_answers(live_server):
+    front = FailingFront(live_server.app.wsgi_app, 503, count=2)
+    live_server.app.wsgi_app = front
+    with LockClient(live_server.url, live_server.token, backoff=0.01) as lock_client:
+        assert lock_client.acquire("job:42", "w-1").acquired
+    assert front.seen == 3
+
+
+def test_persistent_503_raises_service_unavailable(live_server):
+    live_server.app.wsgi_app = FailingFront(live_server.app.wsgi_app, 503, count=99)
+    with LockClient(
+        live_server.url, live_server.token, retries=2, backoff=0.01
+    ) as lock_client:
+        with pytest.raises(ServiceUnavailable, match="job:42.*503"):
+            lock_client.get("job:42")
+
+
+def test_renew_whose_reply_was_lost_is_retried_and_keeps_the_fence(live_server):
+    with LockClient(live_server.url, live_server.token, backoff=0.01) as lock_client:
+        fence = lock_client.acquire("job:42", "w-1", ttl=5).lock.fence
+        front = FailingFront(
+            live_server.app.wsgi_app, 502, count=1, method="PATCH", apply_first=True
+        )
+        live_server.app.wsgi_app = front
+        renewed = lock_client.renew("job:42", "w-1", ttl=60)
+    assert front.seen == 2
+    assert renewed.fence == fence
+    assert renewed.ttl_remaining > 59
+
+
+def test_release_whose_reply_was_lost_is_not_reported_as_a_loss(live_server):
+    with LockClient(live_server.url, live_server.token, backoff=0.01) as lock_client:
+        lock_client.acquire("job:42", "w-1", ttl=30)
+        front = FailingFront(
+            live_server.app.wsgi_app, 502, count=1, method="DELETE", apply_first=True
+        )
+        live_server.app.wsgi_app = front
+        lock_client.release("job:42", "w-1")
+        assert front.seen == 2
+        with pytest.raises(LockNotFound):
+            lock_client.get("job:42")
+
+
+# -- with worker.lock(...) -----------------------------------------------------------
+
+
+def test_lock_block_holds_the_lock_and_releases_it_on_exit(worker):
+    with worker.lock("job:42", ttl=10, wait=1) as lock:
+        current = worker.get("job:42")
+        assert current.owner == lock.owner
+        assert current.fence == lock.fence
+        assert lock.expires_at == current.expires_at
+    assert not lock.lost.is_set()
+    with pytest.raises(LockNotFound):
+        worker.get("job:42")
+
+
+def test_default_owner_is_random_per_lock(worker):
+    with worker.lock("job:1", ttl=5) as first, worker.lock("job:2", ttl=5) as second:
+        assert first.owner != second.owner
+        assert len(first.owner.rsplit(":", 1)[-1]) == 16
+
+
+def test_auto_renew_keeps_a_short_lock_alive_well_past_its_ttl(worker, other_worker):
+    with worker.lock("job:42", ttl=1, wait=1) as lock:
+        fence = lock.fence
+        time.sleep(3.2)
+        assert not lock.lost.is_set()
+        current = worker.get("job:42")
+        assert (current.owner, current.fence) == (lock.owner, fence)
+        assert not other_worker.acquire("job:42", "intruder", ttl=1).acquired
+    assert not lock.lost.is_set()
+
+
+def test_two_clients_contend_and_the_waiter_gets_the_lock_after_release(
+    worker, other_worker
+):
+    holding = threading.Event()
+    fences = {}
+
+    def first_worker():
+        with worker.lock("job:42", ttl=5, wait=1) as lock:
+            fences["first"] = lock.fence
+            holding.set()
+            time.sleep(0.8)
+
+    holder_thread = threading.Thread(target=first_worker)
+    holder_thread.start()
+    assert holding.wait(5)
+    start = time.monotonic()
+    with other_worker.lock("job:42", ttl=5, wait=5) as lock:
+        waited = time.monotonic() - start
+        fences["second"] = lock.fence
+        assert worker.get("job:42").owner == lock.owner
+    holder_thread.join()
+    assert 0.5 < waited < 3
+    assert fences["second"] > fences["first"]
+
+
+def test_wait_timeout_raises_lock_not_acquired_naming_resource_and_holder(
+    worker, other_worker
+):
+    worker.acquire("job:42", "holder-1", ttl=30)
+    start = time.monotonic()
+    with pytest.raises(LockNotAcquired, match="job:42.*holder-1") as caught:
+        with other_worker.lock("job:42", ttl=5, wait=0.6):
+            pytest.fail("the block must not run without the lock")
+    assert 0.6 <= time.monotonic() - start < 2
+    assert caught.value.holder.owner == "holder-1"
+    assert worker.get("job:42").owner == "holder-1"
+
+
+def test_retry_after_bounds_the_backoff_so_the_waiter_is_back_at_expiry(
+    live_server, worker
+):
+    worker.acquire("job:42", "crashed-worker", ttl=1)
+    # Backoff windows of 6 s, 12 s... with jitter pinned to the top: without the
+    # Retry-After bound the first retry would come after 6 s.
+    with LockClient(
+        live_server.url,
+        live_server.token,
+        backoff=6,
+        max_backoff=30,
+        rng=CeilingJitter(),
+    ) as waiter:
+        start = time.monotonic()
+        with waiter.lock("job:42", ttl=5, wait=8) as lock:
+            waited = time.monotonic() - start
+            assert lock.owner != "crashed-worker"
+    assert waited < 3
+
+
+def test_force_release_mid_block_sets_lost_and_calls_on_lost_once(live_server, worker):
+    calls = []
+    with worker.lock("job:42", ttl=1, wait=1, on_lost=calls.append) as lock:
+        live_server.force_release("job:42", reason="stuck job")
+        assert lock.lost.wait(2)
+        time.sleep(0.5)
+    assert calls == [lock]
+    assert "job:42" in lock.lost_reason
+    with pytest.raises(LockNotFound):
+        worker.get("job:42")
+
+
+def test_takeover_after_loss_is_not_released_by_the_old_holder(live_server, worker):
+    with worker.lock("job:42", ttl=1, wait=1) as lock:
+        live_server.force_release("job:42")
+        assert worker.acquire("job:42", "new-owner", ttl=30).acquired
+        assert lock.lost.wait(2)
+    assert worker.get("job:42").owner == "new-owner"
+
+
+def test_service_gone_mid_block_sets_lost_by_the_time_the_lock_expires(make_app):
+    from tests.live_server import serve as serve_app
+
+    app = make_app()
+    with serve_app(app) as server:
+        lock_client = LockClient(server.url, server.token, timeout=1, backoff=0.05)
+        held = lock_client.lock("job:42", ttl=1, wait=1)
+        held.acquire()
+    start = time.monotonic()
+    assert held.lost.wait(3)
+    assert time.monotonic() - start <= 1.5
+    assert "expired before it could be renewed" in held.lost_reason
+    held.release()  # nothing to release, nothing raised
+    lock_client.close()
+
+
+def test_exception_inside_block_propagates_and_the_lock_is_released(worker):
+    with pytest.raises(RuntimeError, match="job failed"), worker.lock("job:42", ttl=5):
+        raise RuntimeError("job failed")
+    with pytest.raises(LockNotFound):
+        worker.get("job:42")
