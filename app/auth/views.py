@@ -56,12 +56,12 @@ def unauthorized():
     if request.headers.get("HX-Request") == "true":
         # A polled fragment URL is no page to come back to: use the page shown.
         current = request.headers.get("HX-Current-URL")
-        next_url = _safe_next(current) if current else None
+        next_url = safe_next(current) if current else None
         response = make_response("Your session has expired; please log in.", 401)
         response.headers["HX-Redirect"] = url_for("auth.login", next=next_url)
         return response
     flash(login_manager.login_message, login_manager.login_message_category)
-    return redirect(url_for("auth.login", next=_safe_next(target)))
+    return redirect(url_for("auth.login", next=safe_next(target)))
 
 
 #: Any logged-in user, viewer or operator.
@@ -82,7 +82,7 @@ def operator_required(view):
     return wrapped
 
 
-def _safe_next(target: str | None) -> str | None:
+def safe_next(target: str | None) -> str | None:
     """A local path to return to after login, never another site."""
     if not target:
         return None
@@ -99,7 +99,7 @@ def _safe_next(target: str | None) -> str | None:
 
 @bp.route("/login", methods=["GET", "POST"])
 def login():
-    next_url = _safe_next(request.values.get("next"))
+    next_url = safe_next(request.values.get("next"))
     if current_user.is_authenticated and request.method == "GET":
         return redirect(next_url or "/")
     error = None

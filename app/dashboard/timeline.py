@@ -1,0 +1,267 @@
+"""Who held a lock when: audit events in, drawing geometry out.
+
+A pure function of the events and "now" (no Flask, no database), so it is tested
+on its own; ``templates/dashboard/_timeline.html`` turns the geometry into SVG.
+
+A *tenure* is one grant of ownership: it starts with ``acquired``, ``took_over``,
+``claimed`` or ``force_claimed``, is extended by ``renewed`` and ``reacquired``,
+and ends with a release, a force action, a take-over by the next holder, or by
+running out (``expires_at``). Each owner gets a lane (a row); take-overs and
+operator force actions are marked where they happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from app.locks.results import Event
+from app.locks.state import Action
+
+GRANTS = {Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED}
+EXTENSIONS = {Action.RENEWED, Action.REACQUIRED}
+ENDINGS = {Action.RELEASED, Action.FORCE_RELEASED}
+MARKED = {
+    Action.TOOK_OVER,
+    Action.CLAIMED,
+    Action.FORCE_CLAIMED,
+    Action.FORCE_RELEASED,
+}
+
+WIDTH = 960
+LABEL_WIDTH = 180
+RIGHT_PAD = 16
+TOP = 28
+LANE_HEIGHT = 28
+BAR_HEIGHT = 16
+AXIS_HEIGHT = 26
+MAX_LANES = 12
+TICKS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Tenure:
+    owner: str
+    fence: int | None
+    start: datetime
+    end: datetime
+    # "released", "force_released", "force_claimed" (taken away), "took_over",
+    # "expired" (ran out, nobody released it) or "held" (still valid now).
+    ended_by: str
+    forced: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    tenure: Tenure
+    css_class: str
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    x: float
+    y: float
+    action: str
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    owner: str
+    y: float
+    label_y: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    x: float
+    label: str
+
+
+@dataclass(slots=True)
+class Timeline:
+    width: int
+    height: int
+    start: datetime | None
+    end: datetime | None
+    lanes: list[Lane] = field(default_factory=list)
+    bars: list[Bar] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+    ticks: list[Tick] = field(default_factory=list)
+    now_x: float | None = None
+    axis_y: float = TOP
+    hidden_owners: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.bars
+
+
+def tenures(events: Sequence[Event], now: datetime) -> list[Tenure]:
+    """The grants of ownership in ``events`` (any order), oldest first."""
+    ordered = sorted(events, key=lambda e: (e.occurred_at, e.id))
+    result: list[Tenure] = []
+    current: dict | None = None
+
+    def close(end: datetime, ended_by: str) -> None:
+        nonlocal current
+        if current is None:
+            return
+        expires = current["expires_at"]
+        # A tenure that ran out before anyone ended it ends at its expiry.
+        if expires is not None and expires < end and ended_by != "released":
+            end, ended_by = expires, "expired"
+        end = max(end, current["start"])
+        result.append(
+            Tenure(
+                owner=current["owner"],
+                fence=current["fence"],
+                start=current["start"],
+                end=end,
+                ended_by=ended_by,
+                forced=current["forced"],
+            )
+        )
+        current = None
+
+    for event in ordered:
+        action = event.action
+        if action in GRANTS:
+            if current is not None:
+                close(event.occurred_at, action.value)
+            current = {
+                "owner": event.owner or "?",
+                "fence": event.fence,
+                "start": event.acquired_at or event.occurred_at,
+                "expires_at": event.expires_at,
+                "forced": action is Action.FORCE_CLAIMED,
+            }
+        elif action in EXTENSIONS:
+            if current is None or current["owner"] != event.owner:
+                # The grant is older than the events we were given.
+                close(event.occurred_at, "took_over")
+                current = {
+                    "owner": event.owner or "?",
+                    "fence": event.fence,
+                    "start": event.acquired_at or event.occurred_at,
+                    "expires_at": event.expires_at,
+                    "forced": False,
+                }
+            else:
+                current["expires_at"] = event.expires_at
+        elif action in ENDINGS:
+            if current is None and event.previous_owner is None:
+                continue
+            if current is None:
+                # Released before the window we were given: show its tail.
+                current = {
+                    "owner": event.owner or event.previous_owner or "?",
+                    "fence": event.fence,
+                    "start": event.acquired_at or event.occurred_at,
+                    "expires_at": event.expires_at,
+                    "forced": False,
+                }
+            close(event.occurred_at, action.value)
+    if current is not None:
+        expires = current["expires_at"]
+        if expires is not None and expires <= now:
+            close(expires, "expired")
+        else:
+            close(now, "held")
+    return result
+
+
+def build(events: Sequence[Event], now: datetime) -> Timeline:
+    """Lay out ``events`` between the first of them and ``now``."""
+    spans = tenures(events, now)
+    if not spans:
+        return Timeline(width=WIDTH, height=TOP + AXIS_HEIGHT, start=None, end=None)
+    start = min(min(t.start for t in spans), min(e.occurred_at for e in events))
+    end = max(now, max(t.end for t in spans))
+    total = (end - start).total_seconds() or 1.0
+    plot = WIDTH - LABEL_WIDTH - RIGHT_PAD
+
+    def x_of(moment: datetime) -> float:
+        return round(LABEL_WIDTH + plot * (moment - start).total_seconds() / total, 2)
+
+    owners: list[str] = []
+    for tenure in spans:
+        if tenure.owner not in owners:
+            owners.append(tenure.owner)
+    # The most recent holders matter most: keep the last MAX_LANES owners.
+    recent = owners[-MAX_LANES:]
+    hidden = len(owners) - len(recent)
+    lane_y = {owner: TOP + index * LANE_HEIGHT for index, owner in enumerate(recent)}
+    timeline = Timeline(
+        width=WIDTH,
+        height=TOP + len(recent) * LANE_HEIGHT + AXIS_HEIGHT,
+        start=start,
+        end=end,
+        hidden_owners=hidden,
+        now_x=x_of(now) if start <= now <= end else None,
+    )
+    for owner in recent:
+        y = lane_y[owner]
+        timeline.lanes.append(Lane(owner=owner, y=y, label_y=y + LANE_HEIGHT / 2 + 4))
+    pad = (LANE_HEIGHT - BAR_HEIGHT) / 2
+    for tenure in spans:
+        if tenure.owner not in lane_y:
+            continue
+        x = x_of(tenure.start)
+        css = "tenure"
+        if tenure.forced:
+            css += " tenure-forced"
+        elif tenure.ended_by == "expired":
+            css += " tenure-expired"
+        timeline.bars.append(
+            Bar(
+                x=x,
+                y=lane_y[tenure.owner] + pad,
+                # At least 2 units wide so a short tenure is still visible.
+                width=max(x_of(tenure.end) - x, 2.0),
+                height=BAR_HEIGHT,
+                tenure=tenure,
+                css_class=css,
+            )
+        )
+    for event in sorted(events, key=lambda e: (e.occurred_at, e.id)):
+        if event.action not in MARKED:
+            continue
+        owner = (
+            event.previous_owner
+            if event.action is Action.FORCE_RELEASED
+            else event.owner
+        )
+        if owner not in lane_y:
+            continue
+        label = f"{event.action.value} by {event.actor or 'unknown'}"
+        if event.previous_owner and event.action is not Action.FORCE_RELEASED:
+            label += f" (from {event.previous_owner})"
+        timeline.markers.append(
+            Marker(
+                x=x_of(event.occurred_at),
+                y=lane_y[owner] + LANE_HEIGHT / 2,
+                action=event.action.value,
+                label=label,
+            )
+        )
+    timeline.axis_y = TOP + len(recent) * LANE_HEIGHT
+    for index in range(TICKS + 1):
+        moment = start + (end - start) * index / TICKS
+        timeline.ticks.append(Tick(x=x_of(moment), label=_tick_label(moment, total)))
+    return timeline
+
+
+def _tick_label(moment: datetime, span_seconds: float) -> str:
+    if span_seconds >= 2 * 86400:
+        return moment.strftime("%m-%d %H:%MZ")
+    if span_seconds >= 120:
+        return moment.strftime("%H:%MZ")
+    if span_seconds >= 10:
+        return moment.strftime("%H:%M:%SZ")
+    return moment.strftime("%H:%M:%S.%f")[:-3] + "Z"

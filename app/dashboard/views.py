@@ -1,0 +1,357 @@
+"""Dashboard pages and actions: parse the request, call the service, render.
+
+Every page is a full page for a browser and a fragment for htmx (see ``htmx.py``).
+Actions are plain POST forms with a CSRF token; a browser without JavaScript gets
+a 303 back to the page, htmx gets the result swapped in place and an
+``HX-Trigger: locks-changed`` so the live table and the lock row refresh.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from urllib.parse import urlencode
+
+from flask import (
+    abort,
+    flash,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask_login import current_user
+
+from app.audit.service import EventFilter, list_events
+from app.auth.views import login_required, operator_required, safe_next
+from app.dashboard import bp, timeline
+from app.dashboard.htmx import is_htmx, render_page_or_fragment
+from app.locks import validation
+from app.locks.errors import InvalidInput, LockHeld, LockNotFound
+from app.locks.results import Lock
+from app.locks.service import lock_service
+from app.locks.state import LockState
+
+PAGE_SIZE = 25
+HISTORY_PAGE_SIZE = 20
+# The timeline draws at most this many of the newest events.
+TIMELINE_EVENTS = 300
+POLL_SECONDS = 5
+TABS = ("all", "held", "expiring", "stale")
+LOCKS_CHANGED = "locks-changed"
+
+
+def _text_arg(name: str) -> str | None:
+    value = request.args.get(name, "").strip()
+    return value or None
+
+
+def _overview_url(**params: Any) -> str:
+    """``/`` with the given filters; empty ones are left out of the URL."""
+    query = {key: value for key, value in params.items() if value not in (None, "")}
+    return "/" + (f"?{urlencode(query)}" if query else "")
+
+
+@bp.get("/")
+@login_required
+def overview():
+    state = request.args.get("state", "all")
+    prefix = _text_arg("prefix")
+    owner = _text_arg("owner")
+    cursor = _text_arg("cursor")
+    live = request.args.get("live") != "0"
+    filters = {"state": state, "prefix": prefix, "owner": owner}
+    service = lock_service()
+    errors: list[tuple[str, str]] = []
+    status = 200
+    try:
+        page = service.list_locks(
+            state=state, prefix=prefix, owner=owner, limit=PAGE_SIZE, cursor=cursor
+        )
+    except InvalidInput as exc:
+        errors, status, page = exc.errors, 400, None
+    counts = service.counts()
+
+    def url(**changes: Any) -> str:
+        params = {**filters, "live": None if live else "0", **changes}
+        if params.get("state") == "all":
+            params["state"] = None
+        return _overview_url(**params)
+
+    return render_page_or_fragment(
+        "dashboard/overview.html",
+        {"locks": "dashboard/_locks.html", "live": "dashboard/_live.html"},
+        status=status,
+        page=page,
+        counts=counts,
+        total=sum(counts.values()),
+        errors=errors,
+        state=state if state in TABS else "all",
+        prefix=prefix or "",
+        owner=owner or "",
+        live=live,
+        tabs=TABS,
+        url=url,
+        here=url(cursor=cursor),
+        switch_url=url(live="0" if live else None, cursor=cursor),
+        first_url=url() if cursor else None,
+        next_url=url(cursor=page.next_cursor) if page and page.next_cursor else None,
+        refreshed_at=service.now(),
+        poll_seconds=POLL_SECONDS,
+    )
+
+
+def _checked_resource(resource: str) -> str:
+    error = validation.resource_error(resource)
+    if error:
+        abort(404, description=f"{resource!r} is not a lock name: it {error}.")
+    return resource
+
+
+def _current_lock(resource: str) -> Lock | None:
+    try:
+        return lock_service().get(resource, include_stale=True)
+    except LockNotFound:
+        return None
+
+
+@bp.get("/locks/<resource>")
+@login_required
+def lock_page(resource: str):
+    _checked_resource(resource)
+    cursor = _text_arg("cursor")
+    service = lock_service()
+    lock = _current_lock(resource)
+    try:
+        history = list_events(
+            EventFilter(resource=resource), limit=HISTORY_PAGE_SIZE, cursor=cursor
+        )
+    except InvalidInput as exc:
+        abort(400, description=str(exc))
+    now = service.now()
+    recent = list_events(EventFilter(resource=resource), limit=TIMELINE_EVENTS).items
+    here = url_for("dashboard.lock_page", resource=resource)
+    return render_page_or_fragment(
+        "dashboard/lock.html",
+        {
+            "history": "dashboard/_history.html",
+            "lock-summary": "dashboard/_lock_summary.html",
+        },
+        resource=resource,
+        lock=lock,
+        history=history,
+        first_url=here if cursor else None,
+        next_url=(
+            f"{here}?{urlencode({'cursor': history.next_cursor})}"
+            if history.next_cursor
+            else None
+        ),
+        timeline=timeline.build(recent, now),
+        timeline_truncated=len(recent) == TIMELINE_EVENTS,
+        now=now,
+    )
+
+
+# -- actions ---------------------------------------------------------------------
+
+
+def _return_to(resource: str) -> str:
+    return safe_next(request.values.get("next")) or url_for(
+        "dashboard.lock_page", resource=resource
+    )
+
+
+def _action_response(template: str, status: int = 200, **context):
+    """The confirmation form (or its result) alone for htmx, in a page otherwise."""
+    fragment = is_htmx()
+    response = make_response(
+        render_template(
+            "dashboard/action.html",
+            form_template=template,
+            fragment=fragment,
+            **context,
+        ),
+        status,
+    )
+    response.vary.add("HX-Request")
+    return response
+
+
+def _done(resource: str, message: str):
+    """After a successful action: the result in place, or 303 back to the page."""
+    if is_htmx():
+        response = make_response(
+            render_template("dashboard/_result.html", message=message, ok=True)
+        )
+        response.headers["HX-Trigger"] = LOCKS_CHANGED
+        return response
+    flash(message, "success")
+    return redirect(_return_to(resource), 303)
+
+
+def _reason() -> str | None:
+    return request.form.get("reason", "").strip() or None
+
+
+def _holder_changed(lock: Lock | None, confirmed_fence: str | None) -> bool:
+    """The operator confirmed an action on one grant; is another in place now?"""
+    if lock is None or not confirmed_fence:
+        return False
+    return str(lock.fence) != confirmed_fence
+
+
+@bp.route("/locks/<resource>/release", methods=["GET", "POST"])
+@operator_required
+def release(resource: str):
+    _checked_resource(resource)
+    lock = _current_lock(resource)
+    context = {"resource": resource, "lock": lock, "next_url": _return_to(resource)}
+    if lock is None:
+        if request.method == "POST" and is_htmx():
+            return _action_response(
+                "dashboard/_result.html",
+                404,
+                message=f"{resource} is not locked: nothing to release.",
+                ok=False,
+            )
+        abort(404, description=f"{resource} is not locked: nothing to release.")
+    if request.method == "GET":
+        return _action_response("dashboard/_release_form.html", **context)
+
+    reason = _reason()
+    errors: list[tuple[str, str]] = []
+    if reason is None:
+        errors.append(("reason", "Say why; the reason is kept in the audit log."))
+    if _holder_changed(lock, request.form.get("fence")):
+        errors.append(
+            (
+                "fence",
+                f"The lock changed hands since you looked: it is now held by "
+                f"{lock.owner} with fence {lock.fence}. Confirm again to release it.",
+            )
+        )
+        status = 409
+    else:
+        status = 400
+    if not errors:
+        try:
+            released = lock_service().force_release(
+                resource, actor=current_user.username, reason=reason
+            )
+        except InvalidInput as exc:
+            errors = exc.errors
+        except LockNotFound:
+            return _done(resource, f"{resource} was already released.")
+        else:
+            return _done(
+                resource,
+                f"Released {resource} (was held by {released.owner}, "
+                f"fence {released.fence}).",
+            )
+    return _action_response(
+        "dashboard/_release_form.html",
+        status,
+        errors=errors,
+        reason=reason or "",
+        **context,
+    )
+
+
+def _parse_ttl(raw: str | None, errors: list[tuple[str, str]]) -> float | None:
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        errors.append(("ttl", "must be a number of seconds"))
+        return None
+    if not math.isfinite(value):
+        errors.append(("ttl", "must be a finite number of seconds"))
+        return None
+    return value
+
+
+@bp.route("/locks/<resource>/claim", methods=["GET", "POST"])
+@operator_required
+def claim(resource: str):
+    _checked_resource(resource)
+    service = lock_service()
+    lock = _current_lock(resource)
+    default_owner = f"operator:{current_user.username}"
+    context: dict[str, Any] = {
+        "resource": resource,
+        "lock": lock,
+        "next_url": _return_to(resource),
+        "default_ttl": service.settings.default_ttl,
+        "max_ttl": service.settings.max_ttl,
+    }
+    if request.method == "GET":
+        return _action_response(
+            "dashboard/_claim_form.html",
+            owner=default_owner,
+            ttl="",
+            reason="",
+            **context,
+        )
+
+    errors: list[tuple[str, str]] = []
+    owner = request.form.get("owner", "").strip() or default_owner
+    raw_ttl = request.form.get("ttl")
+    ttl = _parse_ttl(raw_ttl, errors)
+    reason = _reason()
+    force = request.form.get("force") == "yes"
+    held_by_other = (
+        lock is not None and lock.state is not LockState.STALE and lock.owner != owner
+    )
+    if held_by_other and reason is None:
+        errors.append(("reason", "Say why; the reason is kept in the audit log."))
+    status = 400
+    if not errors and _holder_changed(lock, request.form.get("fence")) and force:
+        errors.append(
+            (
+                "force",
+                f"The lock changed hands since you looked: it is now held by "
+                f"{lock.owner} with fence {lock.fence}. Confirm again.",
+            )
+        )
+        status = 409
+    if not errors:
+        try:
+            claimed = service.claim(
+                resource,
+                owner,
+                ttl,
+                actor=current_user.username,
+                reason=reason,
+                force=force,
+            )
+        except InvalidInput as exc:
+            errors = exc.errors
+        except LockHeld as exc:
+            lock = exc.holder
+            context["lock"] = lock
+            errors.append(
+                (
+                    "force",
+                    f"{resource} is held by {lock.owner} (fence {lock.fence}). "
+                    "Tick “Take it from the holder” to claim it anyway.",
+                )
+            )
+            status = 409
+        else:
+            return _done(
+                resource,
+                f"Claimed {resource} for {claimed.owner} "
+                f"(fence {claimed.fence}, expires in {claimed.ttl_remaining:.0f} s).",
+            )
+    return _action_response(
+        "dashboard/_claim_form.html",
+        status,
+        errors=errors,
+        owner=owner,
+        ttl=raw_ttl or "",
+        reason=reason or "",
+        force=force,
+        **context,
+    )
