@@ -93,6 +93,11 @@ def test_prefix_wildcard_characters_match_literally(history):
     assert list_events(EventFilter(prefix="%")).items == []
 
 
+def test_prefix_match_is_case_sensitive_like_resources(history):
+    assert list_events(EventFilter(prefix="JOB")).items == []
+    assert list_events(EventFilter(prefix="Job:1")).items == []
+
+
 def test_time_range_includes_since_and_excludes_until(history, clock):
     start = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
     window = EventFilter(

@@ -69,8 +69,11 @@ class EventFilter:
         if self.resource is not None:
             query = query.where(events.c.resource == self.resource)
         if self.prefix:
+            # LIKE lets an index narrow the range; the substr comparison keeps the
+            # match case-exact, as resources are, where LIKE is not (SQLite).
             query = query.where(
-                events.c.resource.startswith(self.prefix, autoescape=True)
+                events.c.resource.startswith(self.prefix, autoescape=True),
+                func.substr(events.c.resource, 1, len(self.prefix)) == self.prefix,
             )
         if self.owner is not None:
             query = query.where(events.c.owner == self.owner)
