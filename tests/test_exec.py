@@ -1,0 +1,300 @@
+"""``lockkeeper exec`` as a worker host runs it: the console script in a subprocess,
+talking HTTP to a real server, with Python children that report what they saw."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from app.client import LockClient, LockNotFound
+
+LOCKKEEPER = str(Path(sys.executable).with_name("lockkeeper"))
+
+
+def child(code: str) -> list[str]:
+    """A Python child command running ``code`` (dedented)."""
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def wait_for(path: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path.name} did not appear within {timeout} s")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def untouched(tmp_path) -> Path:
+    """An instance folder that ``exec`` must never create (it needs no database)."""
+    return tmp_path / "exec-instance"
+
+
+@pytest.fixture
+def exec_env(live_server, untouched) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKKEEPER_")}
+    env.pop("FLASK_APP", None)
+    env["LOCKKEEPER_INSTANCE_PATH"] = str(untouched)
+    env["LOCKKEEPER_URL"] = live_server.url
+    env["LOCKKEEPER_TOKEN"] = live_server.token
+    return env
+
+
+@pytest.fixture
+def run_exec(exec_env, tmp_path):
+    def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [LOCKKEEPER, "exec", *args],
+            env=exec_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run
+
+
+@pytest.fixture
+def start_exec(exec_env, tmp_path):
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str) -> subprocess.Popen:
+        process = subprocess.Popen(
+            [LOCKKEEPER, "exec", *args],
+            env=exec_env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+@pytest.fixture
+def lock_client(live_server):
+    with LockClient(live_server.url, live_server.token) as client:
+        yield client
+
+
+def test_command_runs_holding_the_lock_with_fence_in_env_and_exits_0(
+    run_exec, lock_client, tmp_path, untouched
+):
+    # The child asks the server who holds the lock while it runs.
+    result = run_exec(
+        "report:nightly",
+        "--",
+        *child("""
+            import os, pathlib
+            from app.client import LockClient
+            client = LockClient(os.environ["LOCKKEEPER_URL"],
+                                os.environ["LOCKKEEPER_TOKEN"])
+            lock = client.get(os.environ["LOCKKEEPER_RESOURCE"])
+            assert lock.owner == os.environ["LOCKKEEPER_OWNER"], lock
+            assert lock.fence == int(os.environ["LOCKKEEPER_FENCE"]), lock
+            pathlib.Path("seen").write_text(f"{lock.resource} {lock.fence}")
+        """),
+    )
+    assert result.returncode == 0, result.stderr
+    resource, fence = (tmp_path / "seen").read_text().split()
+    assert resource == "report:nightly"
+    assert int(fence) >= 1
+    with pytest.raises(LockNotFound):
+        lock_client.get("report:nightly")
+    assert not untouched.exists(), "exec created an instance folder or database"
+
+
+def test_command_exit_code_is_passed_through_and_lock_released(run_exec, lock_client):
+    result = run_exec("job:42", "--", *child("raise SystemExit(3)"))
+    assert result.returncode == 3, result.stderr
+    with pytest.raises(LockNotFound):
+        lock_client.get("job:42")
+
+
+def test_held_lock_past_wait_exits_75_without_running_the_command(
+    run_exec, lock_client, tmp_path
+):
+    lock_client.acquire("job:42", "someone-else", ttl=30)
+    start = time.monotonic()
+    result = run_exec(
+        "job:42",
+        "--wait",
+        "0.5",
+        "--",
+        *child("import pathlib; pathlib.Path('ran').touch()"),
+    )
+    assert result.returncode == 75
+    assert time.monotonic() - start < 5
+    assert "job:42" in result.stderr
+    assert "someone-else" in result.stderr
+    assert not (tmp_path / "ran").exists()
+    assert lock_client.get("job:42").owner == "someone-else"
+
+
+def test_waits_for_a_held_lock_and_runs_once_it_is_released(
+    start_exec, lock_client, tmp_path
+):
+    lock_client.acquire("job:42", "finishing-worker", ttl=30)
+    process = start_exec(
+        "job:42",
+        "--wait",
+        "10",
+        "--",
+        *child("import pathlib; pathlib.Path('ran').touch()"),
+    )
+    time.sleep(0.7)
+    assert not (tmp_path / "ran").exists()
+    lock_client.release("job:42", "finishing-worker")
+    assert process.wait(timeout=15) == 0
+    assert (tmp_path / "ran").exists()
+
+
+def test_lock_is_renewed_while_a_command_outlives_its_ttl(run_exec):
+    result = run_exec(
+        "job:42",
+        "--ttl",
+        "1",
+        "--",
+        *child("""
+            import os, time
+            from app.client import LockClient
+            time.sleep(2.5)
+            client = LockClient(os.environ["LOCKKEEPER_URL"],
+                                os.environ["LOCKKEEPER_TOKEN"])
+            lock = client.get("job:42")
+            raise SystemExit(0 if lock.owner == os.environ["LOCKKEEPER_OWNER"] else 9)
+        """),
+    )
+    assert result.returncode == 0, result.stderr
+
+
+TRAP_TERM = """
+    import pathlib, signal, sys, time
+    def stop(signum, frame):
+        pathlib.Path("got-signal").write_text(signal.Signals(signum).name)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    pathlib.Path("started").touch()
+    time.sleep(30)
+    pathlib.Path("finished").touch()
+"""
+
+
+def test_lost_lock_terminates_the_command_and_exits_76(
+    start_exec, live_server, lock_client, tmp_path
+):
+    process = start_exec("job:42", "--ttl", "1", "--", *child(TRAP_TERM))
+    wait_for(tmp_path / "started")
+    live_server.force_release("job:42", reason="stuck")
+    _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 76, stderr
+    assert (tmp_path / "got-signal").read_text() == "SIGTERM"
+    assert "job:42" in stderr
+    assert "lost" in stderr
+    with pytest.raises(LockNotFound):
+        lock_client.get("job:42")
+
+
+def test_child_ignoring_sigterm_is_killed_after_the_grace_period(
+    start_exec, live_server, tmp_path
+):
+    stubborn = """
+        import pathlib, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pathlib.Path("started").touch()
+        time.sleep(30)
+    """
+    process = start_exec(
+        "job:42", "--ttl", "1", "--grace", "0.5", "--", *child(stubborn)
+    )
+    wait_for(tmp_path / "started")
+    lost_at = time.monotonic()
+    live_server.force_release("job:42")
+    _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 76, stderr
+    assert time.monotonic() - lost_at < 5
+
+
+def test_on_lost_warn_keeps_the_command_running(start_exec, live_server, tmp_path):
+    survivor = """
+        import pathlib, time
+        pathlib.Path("started").touch()
+        time.sleep(2)
+        pathlib.Path("finished").touch()
+    """
+    process = start_exec(
+        "job:42", "--ttl", "1", "--on-lost", "warn", "--", *child(survivor)
+    )
+    wait_for(tmp_path / "started")
+    live_server.force_release("job:42")
+    _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0, stderr
+    assert (tmp_path / "finished").exists()
+    assert "WARNING" in stderr
+    assert "job:42" in stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_exec_is_forwarded_to_the_command(
+    start_exec, lock_client, tmp_path, signum
+):
+    process = start_exec("job:42", "--", *child(TRAP_TERM))
+    wait_for(tmp_path / "started")
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 7, stderr
+    assert (tmp_path / "got-signal").read_text() == signum.name
+    assert not (tmp_path / "finished").exists()
+    with pytest.raises(LockNotFound):
+        lock_client.get("job:42")
+
+
+def test_command_killed_by_a_signal_exits_128_plus_the_signal(run_exec):
+    result = run_exec(
+        "job:42", "--", *child("import os, signal; os.kill(os.getpid(), 9)")
+    )
+    assert result.returncode == 128 + signal.SIGKILL
+
+
+def test_refused_token_exits_77(run_exec, tmp_path):
+    result = run_exec("--token", "lk_wrong", "job:42", "--", "true")
+    assert result.returncode == 77
+    assert "job:42" in result.stderr
+
+
+def test_unknown_command_exits_127_without_taking_the_lock(run_exec, lock_client):
+    result = run_exec("job:42", "--", "no-such-command-lk")
+    assert result.returncode == 127
+    assert "no-such-command-lk" in result.stderr
+    with pytest.raises(LockNotFound):
+        lock_client.get("job:42")
+
+
+def test_missing_url_is_a_usage_error(run_exec, exec_env):
+    del exec_env["LOCKKEEPER_URL"]
+    result = run_exec("job:42", "--", "true")
+    assert result.returncode == 2
+    assert "LOCKKEEPER_URL" in result.stderr
+
+
+def test_unreachable_server_exits_75(run_exec, exec_env, untouched):
+    exec_env["LOCKKEEPER_URL"] = "http://127.0.0.1:9"
+    result = run_exec("job:42", "--wait", "0", "--", "true")
+    assert result.returncode == 75
+    assert "job:42" in result.stderr
+    assert not untouched.exists()
