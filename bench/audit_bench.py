@@ -1,0 +1,424 @@
+"""Audit scale benchmark: 100 000 locks and 1 000 000 events, then page timings.
+
+Loads a private database (an SQLite file in a temp dir, or a PostgreSQL database it
+creates and drops), then times pages through the Flask test client as a logged-in
+viewer, and a full CSV export in a separate process whose peak RSS is read from
+/proc (VmHWM), so the loading phase does not count.
+
+    python bench/audit_bench.py --backend sqlite --backend postgresql
+    python bench/audit_bench.py --backend postgresql --events 200000 --explain
+
+Report: docs/benchmarks-audit.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG_ADMIN_URL = os.environ.get(
+    "LOCKKEEPER_BENCH_POSTGRESQL_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+KINDS = ("job", "report", "build", "sync", "mail", "backup", "index", "cache")
+OWNERS = 500
+PASSWORD = "bench-password-1"
+BASE = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+# -- data -----------------------------------------------------------------------
+
+
+def resource_name(n: int) -> str:
+    return f"{KINDS[n % len(KINDS)]}:{n}"
+
+
+def generate_events(locks: int, events: int, holder: dict, seed: int = 7):
+    """Event tuples in time order (ties included), streamed: never all in memory.
+
+    Each resource walks a small state machine, so the history is one a real service
+    could have written: grants with new fences, renewals, releases, take-overs and
+    operator force-releases. ``holder`` ends up with the resources still held.
+    """
+    rng = random.Random(seed)
+    fence = 0
+    for i in range(events):
+        r = rng.randrange(locks)
+        # Two events per 100 ms tick: ties in occurred_at are common.
+        at = BASE + timedelta(milliseconds=100 * (i // 2))
+        owner = f"worker-{rng.randrange(OWNERS)}"
+        actor, reason, previous = f"token-{rng.randrange(20)}", None, None
+        current = holder.get(r)
+        if current is None:
+            fence += 1
+            action, this_fence = "acquired", fence
+            holder[r] = (owner, fence, at)
+        else:
+            held_by, this_fence, since = current
+            previous = held_by
+            roll = rng.random()
+            if roll < 0.55:
+                action, owner = "renewed", held_by
+            elif roll < 0.85:
+                action, owner = "released", held_by
+                del holder[r]
+            elif roll < 0.9:
+                action, owner = "force_released", held_by
+                actor, reason = "alice", f"stuck since {since:%H:%M}, rebooting"
+                del holder[r]
+            else:
+                fence += 1
+                action, this_fence = "took_over", fence
+                holder[r] = (owner, fence, at)
+        yield (
+            resource_name(r),
+            action,
+            owner,
+            previous,
+            this_fence,
+            at,
+            at + timedelta(seconds=30),
+            actor,
+            reason,
+            at,
+        )
+
+
+def generate_locks(locks: int, holder: dict, first_free_fence: int, seed: int = 8):
+    rng = random.Random(seed)
+    now = datetime.now(UTC)
+    for r in range(locks):
+        owner, fence, since = holder.get(
+            r, (f"worker-{r % OWNERS}", first_free_fence + r, BASE)
+        )
+        expires = now + timedelta(seconds=rng.uniform(-3600, 3600))
+        yield (resource_name(r), owner, fence, since, expires)
+
+
+EVENT_COLUMNS = (
+    "resource, action, owner, previous_owner, fence, acquired_at, expires_at, "
+    "actor, reason, occurred_at"
+)
+
+
+def load(url: str, n_locks: int, n_events: int) -> None:
+    from sqlalchemy import create_engine, text
+
+    holder: dict = {}
+    events = generate_events(n_locks, n_events, holder)
+    # Lock rows use fences above every event's; the counter starts above both.
+    next_fence = n_events + n_locks + 1
+
+    def locks():
+        return generate_locks(n_locks, holder, n_events + 1)
+
+    engine = create_engine(url)
+    started = time.perf_counter()
+    if engine.dialect.name == "postgresql":
+        raw = engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            with cur.copy(f"COPY lock_events ({EVENT_COLUMNS}) FROM STDIN") as copy:
+                for row in events:
+                    copy.write_row(row)
+            with cur.copy(
+                "COPY distributed_locks (resource, owner, fence, acquired_at, "
+                "expires_at) FROM STDIN"
+            ) as copy:
+                for row in locks():
+                    copy.write_row(row)
+            cur.execute("SELECT setval('lock_fence_seq', %s)", (next_fence,))
+            raw.commit()
+            cur.execute("ANALYZE")
+            raw.commit()
+        finally:
+            raw.close()
+    else:
+
+        def naive(row):
+            return tuple(
+                v.strftime("%Y-%m-%d %H:%M:%S.%f") if isinstance(v, datetime) else v
+                for v in row
+            )
+
+        raw = engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            cur.executemany(
+                f"INSERT INTO lock_events ({EVENT_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (naive(row) for row in events),
+            )
+            cur.executemany(
+                "INSERT INTO distributed_locks (resource, owner, fence, acquired_at, "
+                "expires_at) VALUES (?, ?, ?, ?, ?)",
+                (naive(row) for row in locks()),
+            )
+            cur.execute("UPDATE lock_fence_counter SET value = ?", (next_fence,))
+            raw.commit()
+            cur.execute("ANALYZE")
+            raw.commit()
+        finally:
+            raw.close()
+    with engine.connect() as conn:
+        counted = conn.execute(text("SELECT count(*) FROM lock_events")).scalar()
+    engine.dispose()
+    print(
+        f"  loaded {n_locks} locks, {counted} events in "
+        f"{time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
+
+
+# -- databases ------------------------------------------------------------------
+
+
+class BenchDatabase:
+    def __init__(self, backend: str, workdir: Path):
+        from sqlalchemy import create_engine, text
+
+        from app.config import normalize_database_url
+
+        self.backend = backend
+        self.admin = None
+        if backend == "sqlite":
+            self.url = f"sqlite:///{workdir / 'bench.sqlite3'}"
+            return
+        from sqlalchemy.engine import make_url
+
+        admin_url = make_url(normalize_database_url(PG_ADMIN_URL))
+        self.name = f"lk_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self.admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with self.admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {self.name}"))
+        self.url = admin_url.set(database=self.name).render_as_string(
+            hide_password=False
+        )
+
+    def drop(self) -> None:
+        from sqlalchemy import text
+
+        if self.admin is None:
+            return
+        with self.admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)"))
+        self.admin.dispose()
+
+
+def make_app(url: str, instance: Path):
+    from app import create_app
+
+    return create_app(
+        {
+            "LOCKKEEPER_DATABASE_URL": url,
+            "LOCKKEEPER_INSTANCE_PATH": str(instance),
+            "LOCKKEEPER_BOOTSTRAP": False,
+            "LOCKKEEPER_AUTO_MIGRATE": False,
+            "SECRET_KEY": "bench",
+            "WTF_CSRF_ENABLED": False,
+        }
+    )
+
+
+# -- measurements ---------------------------------------------------------------
+
+
+def timed(client, url: str, runs: int) -> tuple[float, float, int]:
+    client.get(url)  # warm caches and the plan
+    samples = []
+    status = 0
+    for _ in range(runs):
+        started = time.perf_counter()
+        response = client.get(url)
+        response.get_data()
+        samples.append((time.perf_counter() - started) * 1000)
+        status = response.status_code
+    samples.sort()
+    p95 = samples[min(len(samples) - 1, int(len(samples) * 0.95))]
+    return statistics.median(samples), p95, status
+
+
+def export_child(url: str, instance: str, query: str) -> None:
+    """Stream one export through the test client; print rows, seconds, peak RSS."""
+    app = make_app(url, Path(instance))
+    client = app.test_client()
+    client.post("/login", data={"username": "bench", "password": PASSWORD})
+    client.get("/audit/export.csv?resource=warm:up").get_data()
+    before_kb = _proc_status_kb("VmRSS")
+    started = time.perf_counter()
+    response = client.get(f"/audit/export.csv{query}", buffered=False)
+    lines = 0
+    size = 0
+    for chunk in response.response:
+        data = chunk if isinstance(chunk, bytes) else chunk.encode()
+        lines += data.count(b"\n")
+        size += len(data)
+    response.close()
+    seconds = time.perf_counter() - started
+    peak_kb = _proc_status_kb("VmHWM")
+    print(
+        f"{response.status_code} {lines - 1} {size} {seconds:.2f} {before_kb} {peak_kb}"
+    )
+
+
+def _proc_status_kb(field: str) -> int:
+    status = Path("/proc/self/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith(field))
+    return int(line.split()[1])
+
+
+def run_export(url: str, instance: Path, query: str = "") -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--export-child", url, str(instance), query],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    status, rows, size, seconds, before_kb, peak_kb = out[-6:]
+    return {
+        "before_mb": int(before_kb) / 1024,
+        "status": int(status),
+        "rows": int(rows),
+        "mb": int(size) / 1e6,
+        "seconds": float(seconds),
+        "peak_mb": int(peak_kb) / 1024,
+    }
+
+
+def explain(app) -> None:
+    from sqlalchemy import text
+
+    from app.audit.service import EventFilter, events
+    from app.extensions import db
+
+    queries = {
+        "unfiltered": EventFilter(),
+        "owner": EventFilter(owner="worker-7"),
+        "prefix (common)": EventFilter(prefix="job:"),
+        "prefix (rare)": EventFilter(prefix="job:4242"),
+        "time range": EventFilter(
+            since=datetime(2026, 11, 1, 6, tzinfo=UTC),
+            until=datetime(2026, 11, 1, 7, tzinfo=UTC),
+        ),
+    }
+    from sqlalchemy import select
+
+    with app.app_context(), db.engine.connect() as conn:
+        for label, filters in queries.items():
+            query = filters.apply(select(events)).order_by(events.c.id.desc()).limit(51)
+            compiled = query.compile(
+                dialect=db.engine.dialect, compile_kwargs={"literal_binds": True}
+            )
+            prefix = (
+                "EXPLAIN ANALYZE"
+                if db.engine.dialect.name == "postgresql"
+                else "EXPLAIN QUERY PLAN"
+            )
+            plan = conn.execute(text(f"{prefix} {compiled}")).all()
+            print(f"  -- {label}")
+            for row in plan:
+                print("    " + " | ".join(str(v) for v in row))
+
+
+def bench(backend: str, n_locks: int, n_events: int, runs: int, show_plans: bool):
+    from app.auth.service import create_user
+    from app.setup import upgrade_schema
+
+    workdir = Path(tempfile.mkdtemp(prefix="lk-audit-bench-"))
+    database = BenchDatabase(backend, workdir)
+    results = {}
+    try:
+        app = make_app(database.url, workdir)
+        upgrade_schema(app)
+        with app.app_context():
+            create_user("bench", PASSWORD, "viewer")
+        load(database.url, n_locks, n_events)
+        if show_plans:
+            explain(app)
+        client = app.test_client()
+        login = client.post("/login", data={"username": "bench", "password": PASSWORD})
+        assert login.status_code in (302, 303), login.status_code
+        first = client.get("/audit?limit=50")
+        from bs4 import BeautifulSoup
+
+        older = BeautifulSoup(first.get_data(as_text=True), "html.parser").select_one(
+            ".pager a[rel=next]"
+        )
+        pages = {
+            "overview /": "/",
+            "lock page /locks/job:8": "/locks/job:8",
+            "audit, unfiltered": "/audit",
+            "audit, page 2 (cursor)": older["href"] if older else "/audit",
+            "audit, by owner": "/audit?owner=worker-7",
+            "audit, by prefix (1 in 8 events)": "/audit?prefix=job:",
+            "audit, by prefix (rare: job:4242*)": "/audit?prefix=job:4242",
+            "audit, by resource": "/audit?resource=report:4242",
+            "audit, one hour": (
+                "/audit?since=2026-11-01T06:00:00Z&until=2026-11-01T07:00:00Z"
+            ),
+        }
+        for label, url in pages.items():
+            median, p95, status = timed(client, url, runs)
+            results[label] = (median, p95, status)
+            print(
+                f"  {label:40s} median {median:7.1f} ms  p95 {p95:7.1f} ms  "
+                f"(HTTP {status})",
+                flush=True,
+            )
+        with app.app_context():
+            from app.extensions import db
+
+            db.engine.dispose()
+        for label, query in (
+            ("export, 1 in 8 events (prefix job:)", "?prefix=job:"),
+            ("export, every event", ""),
+        ):
+            found = run_export(database.url, workdir, query)
+            results[label] = found
+            print(
+                f"  {label:40s} {found['rows']} rows, {found['mb']:.0f} MB in "
+                f"{found['seconds']:.1f} s, RSS {found['before_mb']:.0f} MB before, "
+                f"peak {found['peak_mb']:.0f} MB "
+                f"(HTTP {found['status']})",
+                flush=True,
+            )
+    finally:
+        database.drop()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--backend", action="append", choices=["sqlite", "postgresql"], default=[]
+    )
+    parser.add_argument("--locks", type=int, default=100_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--export-child", nargs=3, metavar=("URL", "INSTANCE", "QUERY"))
+    args = parser.parse_args()
+    if args.export_child:
+        export_child(*args.export_child)
+        return
+    for backend in args.backend or ["sqlite", "postgresql"]:
+        print(f"{backend}: {args.locks} locks, {args.events} events", flush=True)
+        bench(backend, args.locks, args.events, args.runs, args.explain)
+
+
+if __name__ == "__main__":
+    # Quiet the app's logs: only the figures go to stdout.
+    sys.stderr = io.TextIOWrapper(sys.stderr.buffer, line_buffering=True)
+    main()
