@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC
+from pathlib import Path
 
 import pytest
 
@@ -354,3 +358,30 @@ def test_exception_inside_block_propagates_and_the_lock_is_released(worker):
         raise RuntimeError("job failed")
     with pytest.raises(LockNotFound):
         worker.get("job:42")
+
+
+def readme_block(section: str, language: str) -> str:
+    """The first ``language`` code block under the README heading ``section``."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    body = readme.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return body.split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_worker_example_runs_as_written(live_server, worker):
+    env = {
+        **os.environ,
+        "LOCKKEEPER_URL": live_server.url,
+        "LOCKKEEPER_TOKEN": live_server.token,
+    }
+    code = readme_block("Using Lockkeeper from a worker", "python")
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "writing summary with fence" in result.stdout
+    with pytest.raises(LockNotFound):
+        worker.get("report:nightly")

@@ -4,6 +4,7 @@ talking HTTP to a real server, with Python children that report what they saw.""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -298,3 +299,21 @@ def test_unreachable_server_exits_75(run_exec, exec_env, untouched):
     assert result.returncode == 75
     assert "job:42" in result.stderr
     assert not untouched.exists()
+
+
+def test_readme_cron_example_runs_as_written(exec_env, tmp_path):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Using Lockkeeper from cron\n", 1)[1]
+    script = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    exec_env["PATH"] = f"{Path(LOCKKEEPER).parent}{os.pathsep}{exec_env['PATH']}"
+    result = subprocess.run(
+        ["sh", "-c", script],
+        env=exec_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "exit status 0"
+    assert re.fullmatch(r"fence [1-9][0-9]*", result.stdout.splitlines()[0])
