@@ -1,0 +1,597 @@
+"""The dashboard through the Flask test client: pages, fragments, actions, roles.
+
+CSRF protection is on (the app's default), so every post carries a real token.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from app.audit.service import EventFilter, list_events
+from app.locks.errors import LockNotFound
+from app.locks.service import lock_service
+from app.locks.state import Action
+from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
+
+HOSTILE_OWNERS = [
+    "<script>alert(1)</script>",
+    "\"'><img src=x onerror=alert(1)>",
+    'O\'Brien "quoted" & <b>bold</b>',
+]
+HTMX = {"HX-Request": "true"}
+
+
+@pytest.fixture
+def app(fake_app):
+    make_user(fake_app, "olga", "operator")
+    make_user(fake_app, "vic", "viewer")
+    return fake_app
+
+
+@pytest.fixture
+def svc(app):
+    with app.app_context():
+        yield lock_service()
+
+
+@pytest.fixture
+def operator(app):
+    client = app.test_client()
+    assert log_in(client, "olga").status_code == 303
+    return client
+
+
+@pytest.fixture
+def viewer(app):
+    client = app.test_client()
+    assert log_in(client, "vic").status_code == 303
+    return client
+
+
+def post(client, url, data=None, htmx=False):
+    token = csrf_token(client, "/")
+    headers = {**HTMX, "HX-Target": "div#action-panel"} if htmx else {}
+    return client.post(url, data={"csrf_token": token, **(data or {})}, headers=headers)
+
+
+def events_of(app, resource):
+    with app.app_context():
+        return list_events(EventFilter(resource=resource), limit=500).items
+
+
+def rows(page):
+    return [
+        row.select_one("td.resource").get_text(strip=True)
+        for row in page.select("#live tbody tr")
+        if row.select_one("td.resource")
+    ]
+
+
+# -- overview: page and fragments ---------------------------------------------------
+
+
+def test_overview_is_a_full_page_with_nav_csrf_meta_and_vendored_htmx(operator):
+    response = operator.get("/")
+    page = soup(response)
+    assert response.status_code == 200
+    assert "HX-Request" in response.vary
+    assert page.body is not None
+    nav = {a["href"] for a in page.select("nav[aria-label=Main] a")}
+    assert nav == {"/", "/audit"}
+    assert page.find("meta", attrs={"name": "csrf-token"})["content"]
+    scripts = [script["src"] for script in page.find_all("script")]
+    assert "/static/vendor/htmx-4.0.1.min.js" in scripts
+    assert all(src.startswith("/static/") for src in scripts)
+    assert page.select_one("#locks #live table caption")
+
+
+def test_poll_gets_the_live_fragment_only_uncached(operator):
+    response = operator.get("/?state=stale", headers={**HTMX, "HX-Target": "div#live"})
+    page = soup(response)
+    assert page.body is None
+    assert page.find("html") is None
+    live = page.find(id="live")
+    assert live is not None
+    assert page.find("form") is None  # the search form is outside the polled part
+    assert response.headers["Cache-Control"] == "no-store"
+    assert "HX-Request" in response.vary
+    assert live["hx-sync"] == "this:drop"
+    assert live["hx-trigger"] == "every 5s, locks-changed from:body"
+    assert live["hx-get"] == "/?state=stale"
+    assert live.get("hx-push-url") is None
+
+
+def test_tab_click_gets_search_and_table_fragment(operator):
+    page = soup(
+        operator.get("/?state=held", headers={**HTMX, "HX-Target": "section#locks"})
+    )
+    assert page.body is None
+    assert page.find(id="locks").find("form", attrs={"role": "search"})
+    assert page.find(id="live")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {**HTMX, "HX-Target": "div#live", "HX-History-Restore-Request": "true"},
+        {**HTMX, "HX-Target": "div#live", "HX-Request-Type": "full"},
+        {**HTMX, "HX-Target": "div#unknown"},
+    ],
+)
+def test_history_restore_and_full_requests_get_the_whole_page(operator, headers):
+    page = soup(operator.get("/?state=stale", headers=headers))
+    assert page.body is not None
+    assert page.find("nav")
+
+
+def test_counts_and_tabs_reflect_lock_states(operator, svc, clock):
+    svc.acquire("job:held", "w", ttl=600)
+    svc.acquire("job:expiring", "w", ttl=10)
+    svc.acquire("job:stale", "w", ttl=1)
+    clock.advance(5)
+    page = soup(operator.get("/"))
+    counts = {
+        li["class"][0].removeprefix("count-"): li.select_one(".count").get_text()
+        for li in page.select("ul.counts li")
+    }
+    assert counts == {"held": "1", "expiring": "1", "stale": "1"}
+    assert rows(page) == ["job:expiring", "job:held", "job:stale"]
+    stale_row = page.select_one("tr.state-stale")
+    assert stale_row.select_one("td.resource").get_text(strip=True) == "job:stale"
+    assert stale_row.select_one(".ttl-expired")
+    for state, expected in [
+        ("held", ["job:held"]),
+        ("expiring", ["job:expiring"]),
+        ("stale", ["job:stale"]),
+    ]:
+        tab_page = soup(operator.get(f"/?state={state}"))
+        assert rows(tab_page) == expected
+        current = tab_page.select_one(".tabs a[aria-current=page]")
+        assert current["href"] == f"/?state={state}"
+
+
+def test_ttl_is_rendered_for_the_countdown_script(operator, svc):
+    svc.acquire("job:1", "w", ttl=90)
+    ttl = soup(operator.get("/")).select_one("#live .ttl")
+    assert float(ttl["data-ttl"]) == 90
+    assert ttl.get_text() == "1 min 30 s"
+
+
+def test_search_by_prefix_and_owner_keeps_filters_in_the_url(operator, svc):
+    for resource, owner in [
+        ("job:1", "a"),
+        ("job:2", "b"),
+        ("report:1", "a"),
+        ("job_x", "a"),
+    ]:
+        svc.acquire(resource, owner, ttl=100)
+    page = soup(operator.get("/?prefix=job:&owner=a"))
+    assert rows(page) == ["job:1"]
+    form = page.find("form", attrs={"role": "search"})
+    assert form["method"] == "get"
+    assert form.find("input", attrs={"name": "prefix"})["value"] == "job:"
+    assert form.find("input", attrs={"name": "owner"})["value"] == "a"
+    for field in form.find_all("input", attrs={"id": True}):
+        assert form.find("label", attrs={"for": field["id"]})
+    tab = page.select_one(".tabs a[href*='state=stale']")["href"]
+    assert parse_qs(urlsplit(tab).query) == {
+        "state": ["stale"],
+        "prefix": ["job:"],
+        "owner": ["a"],
+    }
+    assert rows(soup(operator.get("/?prefix=job_"))) == ["job_x"]
+
+
+def test_pagination_walks_every_lock_once_in_order(operator, svc):
+    names = [f"job:{n:03d}" for n in range(60)]
+    for name in names:
+        svc.acquire(name, "w", ttl=100)
+    seen: list[str] = []
+    url = "/"
+    pages = 0
+    while url:
+        page = soup(operator.get(url))
+        seen.extend(rows(page))
+        pages += 1
+        link = page.select_one(".pager a[rel=next]")
+        url = link["href"] if link else None
+        if pages > 1:
+            assert page.select_one(".pager a")["href"] == "/"
+    assert seen == names
+    assert pages == 3
+
+
+def test_pause_stops_polling_and_survives_navigation(operator):
+    page = soup(operator.get("/?live=0"))
+    live = page.find(id="live")
+    assert "every" not in live["hx-trigger"]
+    switch = page.select_one(".live a")
+    assert switch.get_text() == "Resume"
+    assert switch["href"] == "/"
+    for link in page.select(".tabs a"):
+        assert "live=0" in link["href"]
+    assert page.find("form", attrs={"role": "search"}).find(
+        "input", attrs={"name": "live", "value": "0"}
+    )
+    playing = soup(operator.get("/"))
+    assert playing.select_one(".live a").get_text() == "Pause"
+    assert playing.select_one(".live a")["href"] == "/?live=0"
+
+
+@pytest.mark.parametrize(
+    "query", ["owner=%01bad", "state=sleeping", "cursor=not-a-cursor"]
+)
+def test_bad_filters_get_a_400_page_with_the_reason(operator, query):
+    response = operator.get(f"/?{query}")
+    assert response.status_code == 400
+    page = soup(response)
+    assert page.select(".field-error")
+    assert page.find(id="live")
+
+
+def test_last_refreshed_label_shows_the_service_clock(operator, clock):
+    label = soup(operator.get("/")).select_one(".live time")
+    assert label["datetime"] == "2026-11-30T09:00:00.000Z"
+
+
+@pytest.mark.parametrize("owner", HOSTILE_OWNERS)
+def test_hostile_owner_names_are_escaped_everywhere(operator, svc, owner):
+    svc.acquire("job:1", owner, ttl=100)
+    for url in ["/", "/locks/job:1", "/locks/job:1/release", "/locks/job:1/claim"]:
+        response = operator.get(url)
+        body = response.get_data(as_text=True)
+        assert owner not in body
+        page = soup(response)
+        assert all(script.get("src") for script in page.find_all("script"))
+        assert not page.find_all("img")
+        assert owner in page.get_text()
+
+
+def test_pages_have_no_inline_script_or_style(operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    for url in ["/", "/locks/job:1", "/locks/job:1/claim"]:
+        response = operator.get(url)
+        page = soup(response)
+        assert "default-src 'self'" in response.headers["Content-Security-Policy"]
+        assert not page.find_all("style")
+        assert not page.select("[style]")
+        assert not [
+            tag
+            for tag in page.find_all(True)
+            if any(attr.startswith(("on", "hx-on")) for attr in tag.attrs)
+        ]
+
+
+def test_every_input_has_a_label(operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    for url in ["/", "/locks/job:1/release", "/locks/job:1/claim"]:
+        page = soup(operator.get(url))
+        for field in page.select("main input:not([type=hidden]), main textarea"):
+            assert page.find("label", attrs={"for": field["id"]}), (url, field)
+
+
+# -- roles ---------------------------------------------------------------------------
+
+
+def test_viewer_sees_locks_but_no_action_controls(viewer, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    for url in ["/", "/locks/job:1"]:
+        page = soup(viewer.get(url))
+        assert "job:1" in page.get_text()
+        assert not page.select("a[href*='/release'], a[href*='/claim']")
+        assert not page.select("form[method=post][action^='/locks']")
+
+
+@pytest.mark.parametrize("action", ["release", "claim"])
+def test_viewer_gets_403_when_posting_an_action(app, viewer, svc, action):
+    svc.acquire("job:1", "w", ttl=100)
+    assert viewer.get(f"/locks/job:1/{action}").status_code == 403
+    response = post(viewer, f"/locks/job:1/{action}", {"reason": "because"})
+    assert response.status_code == 403
+    assert svc.get("job:1").owner == "w"
+    assert [e.action for e in events_of(app, "job:1")] == [Action.ACQUIRED]
+
+
+def test_anonymous_post_is_sent_to_login_and_changes_nothing(app, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    client = app.test_client()
+    token = csrf_token(client)
+    response = client.post(
+        "/locks/job:1/release", data={"csrf_token": token, "reason": "x"}
+    )
+    assert response.status_code == 302
+    assert response.headers["Location"].startswith("/login")
+    assert svc.get("job:1").owner == "w"
+
+
+# -- force release -------------------------------------------------------------------
+
+
+def test_release_confirmation_names_holder_and_fence(operator, svc):
+    fence = svc.acquire("job:1", "worker-7", ttl=100).lock.fence
+    page = soup(operator.get("/locks/job:1/release?next=/?state%3Dheld"))
+    text = page.get_text(" ", strip=True)
+    assert "worker-7" in text
+    assert f"fence {fence}" in text
+    form = page.find("form", attrs={"action": "/locks/job:1/release"})
+    assert form["method"] == "post"
+    assert form["hx-post"] == "/locks/job:1/release"
+    assert form.find("input", attrs={"name": "csrf_token"})["value"]
+    assert form.find("input", attrs={"name": "fence"})["value"] == str(fence)
+    assert form.find("input", attrs={"name": "next"})["value"] == "/?state=held"
+    assert form.find("textarea", attrs={"name": "reason"})
+
+
+def test_release_confirmation_as_htmx_fragment(operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    response = operator.get(
+        "/locks/job:1/release", headers={**HTMX, "HX-Target": "div#action-panel"}
+    )
+    page = soup(response)
+    assert page.body is None
+    assert page.find("form", attrs={"action": "/locks/job:1/release"})
+    assert "HX-Request" in response.vary
+
+
+def test_release_post_without_csrf_token_is_refused(operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    response = operator.post("/locks/job:1/release", data={"reason": "x"})
+    assert response.status_code == 400
+    assert "CSRF" in response.get_data(as_text=True)
+    assert svc.get("job:1").owner == "w"
+
+
+def test_release_without_javascript_redirects_back_with_a_message(app, operator, svc):
+    fence = svc.acquire("job:1", "w", ttl=100).lock.fence
+    response = post(
+        operator,
+        "/locks/job:1/release",
+        {"reason": "worker hung", "fence": str(fence), "next": "/?state=held"},
+    )
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/?state=held"
+    with pytest.raises(LockNotFound):
+        svc.get("job:1", include_stale=True)
+    event = events_of(app, "job:1")[0]
+    assert event.action is Action.FORCE_RELEASED
+    assert event.actor == "olga"
+    assert event.reason == "worker hung"
+    page = soup(operator.get("/?state=held"))
+    assert (
+        f"Released job:1 (was held by w, fence {fence})."
+        in page.select_one("#messages").get_text()
+    )
+
+
+def test_release_with_htmx_swaps_a_status_message_and_triggers_refresh(
+    app, operator, svc
+):
+    svc.acquire("job:1", "w", ttl=100)
+    response = post(operator, "/locks/job:1/release", {"reason": "stuck"}, htmx=True)
+    assert response.status_code == 200
+    assert response.headers["HX-Trigger"] == "locks-changed"
+    page = soup(response)
+    assert page.body is None
+    status = page.find(attrs={"role": "status"})
+    assert "Released job:1" in status.get_text()
+    assert events_of(app, "job:1")[0].actor == "olga"
+
+
+def test_release_accepts_the_csrf_token_as_htmx_header(operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    token = csrf_token(operator, "/")
+    response = operator.post(
+        "/locks/job:1/release",
+        data={"reason": "stuck"},
+        headers={**HTMX, "X-CSRFToken": token},
+    )
+    assert response.status_code == 200
+    with pytest.raises(LockNotFound):
+        svc.get("job:1", include_stale=True)
+
+
+def test_release_needs_a_reason(app, operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    response = post(operator, "/locks/job:1/release", {"reason": "  "}, htmx=True)
+    assert response.status_code == 400
+    page = soup(response)
+    assert page.select_one("#reason-error")
+    assert page.find("textarea", attrs={"name": "reason"})["aria-invalid"] == "true"
+    assert svc.get("job:1").owner == "w"
+    assert len(events_of(app, "job:1")) == 1
+
+
+def test_release_after_the_lock_changed_hands_asks_again(operator, svc, clock):
+    old = svc.acquire("job:1", "w1", ttl=1).lock.fence
+    clock.advance(2)
+    new = svc.acquire("job:1", "w2", ttl=100).lock.fence
+    response = post(
+        operator, "/locks/job:1/release", {"reason": "x", "fence": str(old)}
+    )
+    assert response.status_code == 409
+    text = soup(response).get_text(" ", strip=True)
+    assert f"held by w2 with fence {new}" in text
+    assert svc.get("job:1").owner == "w2"
+
+
+def test_release_of_free_resource_is_404(operator):
+    assert operator.get("/locks/job:9/release").status_code == 404
+    response = post(operator, "/locks/job:9/release", {"reason": "x"}, htmx=True)
+    assert response.status_code == 404
+    assert "not locked" in response.get_data(as_text=True)
+
+
+def test_release_of_stale_lock_is_allowed(app, operator, svc, clock):
+    svc.acquire("job:1", "w", ttl=1)
+    clock.advance(10)
+    response = post(operator, "/locks/job:1/release", {"reason": "tidy"})
+    assert response.status_code == 303
+    assert events_of(app, "job:1")[0].action is Action.FORCE_RELEASED
+
+
+# -- claim ---------------------------------------------------------------------------
+
+
+def test_claim_form_defaults_owner_to_the_operator(operator):
+    page = soup(operator.get("/locks/job:1/claim"))
+    form = page.find("form", attrs={"action": "/locks/job:1/claim"})
+    assert form.find("input", attrs={"name": "owner"})["value"] == "operator:olga"
+    assert form.find("input", attrs={"name": "ttl"})
+    assert not form.find("input", attrs={"name": "force"})
+
+
+def test_claim_of_free_resource_grants_it_and_records_the_operator(app, operator, svc):
+    response = post(operator, "/locks/job:1/claim", {"ttl": "120", "owner": ""})
+    assert response.status_code == 303
+    lock = svc.get("job:1")
+    assert lock.owner == "operator:olga"
+    assert lock.ttl_remaining == 120
+    event = events_of(app, "job:1")[0]
+    assert (event.action, event.actor) == (Action.CLAIMED, "olga")
+
+
+def test_claim_of_held_lock_needs_the_force_confirmation(app, operator, svc):
+    fence = svc.acquire("job:1", "worker-7", ttl=100).lock.fence
+    form = soup(operator.get("/locks/job:1/claim")).find(
+        "form", attrs={"action": "/locks/job:1/claim"}
+    )
+    force = form.find("input", attrs={"name": "force"})
+    assert force["type"] == "checkbox"
+    assert form.find("label", attrs={"for": force["id"]})
+    assert f"fence {fence}" in form.get_text(" ", strip=True)
+
+    refused = post(
+        operator, "/locks/job:1/claim", {"reason": "deploy", "fence": str(fence)}
+    )
+    assert refused.status_code == 409
+    assert "held by worker-7" in soup(refused).select_one("#force-error").get_text()
+    assert svc.get("job:1").owner == "worker-7"
+    assert len(events_of(app, "job:1")) == 1
+
+    taken = post(
+        operator,
+        "/locks/job:1/claim",
+        {"reason": "deploy", "fence": str(fence), "force": "yes", "owner": "me"},
+        htmx=True,
+    )
+    assert taken.status_code == 200
+    assert taken.headers["HX-Trigger"] == "locks-changed"
+    lock = svc.get("job:1")
+    assert lock.owner == "me"
+    assert lock.fence > fence
+    event = events_of(app, "job:1")[0]
+    assert (event.action, event.actor, event.reason, event.previous_owner) == (
+        Action.FORCE_CLAIMED,
+        "olga",
+        "deploy",
+        "worker-7",
+    )
+
+
+def test_claim_of_held_lock_needs_a_reason(operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    response = post(operator, "/locks/job:1/claim", {"force": "yes"})
+    assert response.status_code == 400
+    assert svc.get("job:1").owner == "w"
+
+
+@pytest.mark.parametrize(
+    ("ttl", "message"),
+    [
+        ("abc", "must be a number of seconds"),
+        ("-1", "positive"),
+        ("1e9", "at most"),
+        ("nan", "finite"),
+    ],
+)
+def test_claim_with_bad_ttl_is_refused_with_the_reason(operator, svc, ttl, message):
+    response = post(operator, "/locks/job:1/claim", {"ttl": ttl}, htmx=True)
+    assert response.status_code == 400
+    assert message in soup(response).select_one("#ttl-error").get_text()
+    with pytest.raises(LockNotFound):
+        svc.get("job:1", include_stale=True)
+
+
+def test_claim_with_control_characters_in_owner_is_refused(operator, svc):
+    response = post(operator, "/locks/job:1/claim", {"owner": "bad\x01owner"})
+    assert response.status_code == 400
+    assert soup(response).select_one("#owner-error")
+    with pytest.raises(LockNotFound):
+        svc.get("job:1", include_stale=True)
+
+
+# -- lock page -----------------------------------------------------------------------
+
+
+def test_lock_page_shows_row_history_and_timeline(operator, svc, clock):
+    svc.acquire("job:1", "w1", ttl=5)
+    clock.advance(10)
+    svc.acquire("job:1", "w2", ttl=100)
+    clock.advance(1)
+    svc.renew("job:1", "w2", ttl=100)
+    page = soup(operator.get("/locks/job:1"))
+    facts = page.select_one("#lock-summary dl").get_text(" ", strip=True)
+    assert "w2" in facts
+    assert "2026-11-30T09:00:10.000Z" in facts  # acquired_at, RFC 3339 with Z
+    actions = [
+        row.select("td")[1].get_text() for row in page.select("#history tbody tr")
+    ]
+    assert actions == ["renewed", "took over", "acquired"]
+    svg = page.select_one("svg.timeline")
+    assert svg["role"] == "img"
+    assert svg.find("title").get_text() == "Who held job:1 when"
+    assert len(svg.select("rect.tenure")) == 2
+    assert svg.select("path.marker-took_over")
+
+
+def test_lock_page_history_pages_newest_first_without_gaps(operator, svc, clock):
+    svc.acquire("job:1", "w", ttl=100)
+    for _ in range(44):
+        clock.advance(1)
+        svc.renew("job:1", "w", ttl=100)
+    seen = []
+    url = "/locks/job:1"
+    while url:
+        page = soup(operator.get(url, headers={**HTMX, "HX-Target": "section#history"}))
+        assert page.body is None
+        seen.extend(
+            row.select_one("time")["datetime"]
+            for row in page.select("#history tbody tr")
+        )
+        link = page.select_one("#history .pager a[rel=next]")
+        url = link["href"] if link else None
+    assert len(seen) == 45
+    assert seen == sorted(seen, reverse=True)
+    assert len(set(seen)) == 45
+
+
+def test_lock_page_of_free_resource_offers_a_claim(operator):
+    page = soup(operator.get("/locks/job:free"))
+    assert "Not locked" in page.select_one("#lock-summary").get_text()
+    assert page.select_one("#lock-summary a[href='/locks/job:free/claim']")
+    assert page.select_one("#history .empty")
+
+
+def test_lock_page_for_an_impossible_name_is_404(operator):
+    response = operator.get("/locks/bad%20name")
+    assert response.status_code == 404
+    assert "not a lock name" in response.get_data(as_text=True)
+
+
+def test_lock_summary_fragment_refreshes_after_actions(operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
+    response = operator.get(
+        "/locks/job:1", headers={**HTMX, "HX-Target": "section#lock-summary"}
+    )
+    page = soup(response)
+    assert page.body is None
+    summary = page.find(id="lock-summary")
+    assert summary["hx-trigger"] == "locks-changed from:body"
+
+
+def test_error_page_for_htmx_is_a_fragment(operator):
+    response = operator.get("/locks/job:9/release", headers=HTMX)
+    assert response.status_code == 404
+    assert soup(response).body is None
