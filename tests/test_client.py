@@ -347,7 +347,7 @@ def test_service_gone_mid_block_sets_lost_by_the_time_the_lock_expires(make_app)
         held.acquire()
     start = time.monotonic()
     assert held.lost.wait(3)
-    assert time.monotonic() - start <= 1.5
+    assert time.monotonic() - start < 2.5  # ttl 1 s, plus a retry or two
     assert "expired before it could be renewed" in held.lost_reason
     held.release()  # nothing to release, nothing raised
     lock_client.close()

@@ -32,6 +32,18 @@ def wait_for(path: Path, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def wait_until_catching(pid: int, signum: int, timeout: float = 10.0) -> None:
+    """Wait until process ``pid`` has a handler for ``signum`` (Linux /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(status.split("SigCgt:")[1].split()[0], 16)
+        if caught & (1 << (signum - 1)):
+            return
+        time.sleep(0.02)
+    pytest.fail(f"process {pid} never installed a handler for signal {signum}")
+
+
 @pytest.fixture
 def untouched(tmp_path) -> Path:
     """An instance folder that ``exec`` must never create (it needs no database)."""
@@ -263,6 +275,26 @@ def test_signal_to_exec_is_forwarded_to_the_command(
     assert not (tmp_path / "finished").exists()
     with pytest.raises(LockNotFound):
         lock_client.get("job:42")
+
+
+def test_signal_while_waiting_for_the_lock_exits_without_running_the_command(
+    start_exec, lock_client, tmp_path
+):
+    lock_client.acquire("job:42", "slow-worker", ttl=30)
+    process = start_exec(
+        "job:42",
+        "--wait",
+        "20",
+        "--",
+        *child("import pathlib; pathlib.Path('ran').touch()"),
+    )
+    wait_until_catching(process.pid, signal.SIGTERM)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "job:42" in stderr
+    assert not (tmp_path / "ran").exists()
+    assert lock_client.get("job:42").owner == "slow-worker"
 
 
 def test_command_killed_by_a_signal_exits_128_plus_the_signal(run_exec):
