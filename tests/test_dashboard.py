@@ -97,10 +97,12 @@ def test_poll_gets_the_live_fragment_only_uncached(operator):
     assert page.find("form") is None  # the search form is outside the polled part
     assert response.headers["Cache-Control"] == "no-store"
     assert "HX-Request" in response.vary
-    assert live["hx-sync"] == "this:drop"
-    assert live["hx-trigger"] == "every 5s, locks-changed from:body"
-    assert live["hx-get"] == "/?state=stale"
-    assert live.get("hx-push-url") is None
+    poller = live.select_one("[hx-trigger]")
+    assert poller["hx-sync"] == "this:drop"
+    assert poller["hx-trigger"] == "every 5s, locks-changed from:body"
+    assert poller["hx-get"] == "/?state=stale"
+    assert (poller["hx-target"], poller["hx-swap"]) == ("#live", "outerHTML")
+    assert poller.get("hx-push-url") is None
 
 
 def test_tab_click_gets_search_and_table_fragment(operator):
@@ -205,8 +207,8 @@ def test_pagination_walks_every_lock_once_in_order(operator, svc):
 
 def test_pause_stops_polling_and_survives_navigation(operator):
     page = soup(operator.get("/?live=0"))
-    live = page.find(id="live")
-    assert "every" not in live["hx-trigger"]
+    poller = page.select_one("#live [hx-trigger]")
+    assert "every" not in poller["hx-trigger"]
     switch = page.select_one(".live a")
     assert switch.get_text() == "Resume"
     assert switch["href"] == "/"
@@ -587,8 +589,9 @@ def test_lock_summary_fragment_refreshes_after_actions(operator, svc):
     )
     page = soup(response)
     assert page.body is None
-    summary = page.find(id="lock-summary")
-    assert summary["hx-trigger"] == "locks-changed from:body"
+    refresher = page.select_one("#lock-summary [hx-trigger]")
+    assert refresher["hx-trigger"] == "locks-changed from:body"
+    assert refresher["hx-target"] == "#lock-summary"
 
 
 def test_error_page_for_htmx_is_a_fragment(operator):
