@@ -55,8 +55,9 @@ if [[ -n "${SCHEMATHESIS_SEED:-}" ]]; then
   seed_option=(--seed "$SCHEMATHESIS_SEED")
 fi
 
+# Run from the throwaway folder: schemathesis keeps a cache in ./.schemathesis.
 status=0
-timeout --kill-after=10 "$ceiling" schemathesis run "$base/api/v1/openapi.json" \
+(cd "$workdir" && timeout --kill-after=10 "$ceiling" schemathesis run "$base/api/v1/openapi.json" \
   --url "$base" \
   -H "Authorization: Bearer $token" \
   --checks not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance,response_headers_conformance \
@@ -66,7 +67,7 @@ timeout --kill-after=10 "$ceiling" schemathesis run "$base/api/v1/openapi.json" 
   --generation-database none \
   --request-timeout 10 \
   --no-color \
-  "${seed_option[@]}" || status=$?
+  "${seed_option[@]}") || status=$?
 
 if [[ $status -ne 0 ]]; then
   if [[ $status -eq 124 ]]; then
