@@ -89,3 +89,14 @@ def test_openapi_document_needs_no_token(client):
     response = client.get("/api/v1/openapi.json")
     assert response.status_code == 200
     assert response.get_json()["openapi"].startswith("3.1")
+
+
+def test_database_outage_is_a_503_problem_not_a_500(make_app):
+    """Even the token check needs the database; when it does not answer, say so."""
+    app = make_app(LOCKKEEPER_DATABASE_URL="postgresql://postgres@127.0.0.1:1/gone")
+    response = app.test_client().get(
+        "/api/v1/locks", headers={"Authorization": "Bearer lk_anything"}
+    )
+    assert response.status_code == 503
+    assert response.mimetype == "application/problem+json"
+    assert response.headers["Retry-After"] == "1"
