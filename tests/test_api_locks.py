@@ -340,3 +340,16 @@ def test_list_pages_with_cursor(api):
 def test_list_with_bad_query_is_400_naming_the_parameter(api, query, field):
     body = assert_problem(api.get(f"/api/v1/locks{query}"), 400)
     assert field in [error["field"] for error in body["errors"]]
+
+
+def test_service_busy_is_a_503_problem_with_retry_after(api, monkeypatch):
+    from app.locks.errors import ServiceBusy
+
+    def busy(*args, **kwargs):
+        raise ServiceBusy("the database kept aborting the transaction; try again")
+
+    service = api.app.extensions["lockkeeper.locks"]
+    monkeypatch.setattr(service, "renew", busy)
+    response = api.patch("/api/v1/locks/job:42", json={"owner": "w-1"})
+    assert_problem(response, 503)
+    assert response.headers["Retry-After"] == "1"
