@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, multiprocess
@@ -388,6 +389,72 @@ def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
     assert server.returncode == 0, stderr
     assert '"request_id"' in stderr  # the structured request lines
     assert "Traceback" not in stderr
+
+
+def slow_wsgi_app(environ, start_response):
+    """Served by gunicorn in the graceful-shutdown test: /slow takes 3 seconds."""
+    if environ["PATH_INFO"] == "/slow":
+        Path(os.environ["SLOW_STARTED_FILE"]).touch()
+        time.sleep(3)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"done"]
+
+
+@pytest.mark.slow
+def test_gunicorn_finishes_requests_in_flight_on_sigterm(tmp_path):
+    port = free_port()
+    started = tmp_path / "slow-started"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            "python:app.gunicorn_conf",
+            "-w",
+            "1",
+            "-b",
+            f"127.0.0.1:{port}",
+            "--env",
+            f"SLOW_STARTED_FILE={started}",
+            "tests.test_ops:slow_wsgi_app",
+        ],
+        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/ready", timeout=5).close()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert server.poll() is None, server.communicate()[1]
+                assert time.monotonic() < deadline, "gunicorn did not come up"
+                time.sleep(0.2)
+
+        def slow_request():
+            with urllib.request.urlopen(f"{base}/slow", timeout=30) as reply:
+                return reply.status, reply.read()
+
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(slow_request)
+            while not started.exists():
+                assert not in_flight.done(), in_flight.result()
+                time.sleep(0.05)
+            server.send_signal(signal.SIGTERM)
+
+            assert in_flight.result(timeout=30) == (200, b"done")
+        _, stderr = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 0, stderr
 
 
 # -- request logs -----------------------------------------------------------
