@@ -410,6 +410,10 @@ class LockService:
             try:
                 after = decode_cursor(cursor)["resource"]
             except (ValueError, KeyError, TypeError):
+                after = None
+            # A cursor is client input: one that decodes to anything but a resource
+            # name (a number, a list, a NUL byte) would reach the SQL as a bad bind.
+            if validation.resource_error(after):
                 errors.append(("cursor", "is not a cursor this service handed out"))
         if errors:
             raise InvalidInput(errors)
@@ -423,6 +427,10 @@ class LockService:
             query = query.where(locks.c.resource.startswith(prefix, autoescape=True))
         if owner is not None:
             query = query.where(locks.c.owner == owner)
+            if self.dialect in ("mysql", "mariadb"):
+                # utf8mb4_bin is a PAD SPACE collation: 'w-1' = 'w-1 ' there.
+                # Equal under padding and of equal length means identical.
+                query = query.where(func.char_length(locks.c.owner) == len(owner))
         if after is not None:
             query = query.where(locks.c.resource > after)
         with self.engine.connect() as conn:

@@ -41,7 +41,13 @@ def ttl_error(value: Any, max_ttl: float) -> str | None:
     # bool is an int subclass: True must not pass as a one-second ttl.
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "must be a JSON number of seconds"
-    if not math.isfinite(value) or value <= 0:
+    if value <= 0:
+        return "must be a positive, finite number of seconds"
+    # An int beyond the float range (a JSON integer of 400 digits) cannot be
+    # asked isfinite(); it is above any max_ttl anyway.
+    if isinstance(value, int) and value > max_ttl:
+        return f"must be at most {max_ttl:g} seconds"
+    if not math.isfinite(value):
         return "must be a positive, finite number of seconds"
     if value > max_ttl:
         return f"must be at most {max_ttl:g} seconds"
