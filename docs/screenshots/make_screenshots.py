@@ -1,0 +1,142 @@
+"""Regenerate the dashboard screenshots in this folder.
+
+    /work/venv/bin/python docs/screenshots/make_screenshots.py
+
+Serves the app on a throwaway SQLite database filled with demo locks (their
+history written at earlier moments through a movable clock), logs in through the
+real form with Debian's Chromium driven by Playwright, and writes
+``<page>-<light|dark>.png``.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+from werkzeug.serving import make_server
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))
+
+from app import create_app  # noqa: E402
+from app.auth.service import create_user  # noqa: E402
+from app.locks.service import lock_service  # noqa: E402
+
+PASSWORD = "screenshot-password"
+CHROMIUM_ARGS = [
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+class DemoClock:
+    """The host clock shifted by ``offset``: history is written in the past."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    def at(self, minutes_ago: float) -> None:
+        self.offset = -timedelta(minutes=minutes_ago)
+
+
+def fill(app, clock: DemoClock) -> None:
+    with app.app_context():
+        create_user("admin", PASSWORD, "operator")
+        locks = lock_service()
+        history = "report:monthly-2026-05"
+        clock.at(180)
+        locks.acquire(history, "worker-a", ttl=600, actor="batch")
+        for minutes in (172, 164):
+            clock.at(minutes)
+            locks.renew(history, "worker-a", ttl=600, actor="batch")
+        clock.at(140)
+        locks.acquire(history, "worker-b", ttl=1800, actor="batch")
+        clock.at(115)
+        locks.release(history, "worker-b", actor="batch")
+        clock.at(90)
+        locks.acquire(history, "worker-c", ttl=7200, actor="batch")
+        clock.at(25)
+        locks.claim(
+            history,
+            "operator:admin",
+            3600,
+            actor="admin",
+            reason="worker-c hung on a locked table",
+            force=True,
+        )
+        clock.at(12)
+        locks.acquire("cache:warmup", "warmer-1", ttl=60, actor="batch")
+        locks.acquire("billing:invoice-run", "billing-2", ttl=300, actor="batch")
+        clock.at(4)
+        locks.acquire("job:nightly-etl", "etl@host-3", ttl=7200, actor="batch")
+        for n in range(1, 6):
+            locks.acquire(f"queue:emails.{n}", f"mailer-{n}", ttl=900, actor="batch")
+        clock.at(0)
+        locks.acquire("job:42", "worker-7@host-2", ttl=12, actor="batch")
+        locks.acquire("deploy:api", "ci-runner-18", ttl=1200, actor="ci")
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as instance:
+        clock = DemoClock()
+        app = create_app(
+            {
+                "LOCKKEEPER_INSTANCE_PATH": instance,
+                "LOCKKEEPER_BOOTSTRAP": False,
+                "LOCKKEEPER_CLOCK": clock,
+                "SECRET_KEY": "screenshots",
+            }
+        )
+        fill(app, clock)
+        server = make_server("127.0.0.1", 0, app, threaded=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        base = f"http://127.0.0.1:{server.server_port}"
+        pages = {
+            "overview": "/",
+            "lock": "/locks/report:monthly-2026-05",
+            "audit": "/audit",
+        }
+        try:
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(
+                    executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS
+                )
+                for scheme in ("light", "dark"):
+                    context = browser.new_context(
+                        viewport={"width": 1280, "height": 860},
+                        color_scheme=scheme,
+                        device_scale_factor=1,
+                    )
+                    page = context.new_page()
+                    page.goto(f"{base}/login")
+                    page.fill("#username", "admin")
+                    page.fill("#password", PASSWORD)
+                    page.click("button[type=submit]")
+                    page.wait_for_url(f"{base}/")
+                    for name, path in pages.items():
+                        response = page.goto(base + path)
+                        if response is None or response.status != 200:
+                            print(f"skipped {name}: {path} is not there yet")
+                            continue
+                        page.wait_for_load_state("networkidle")
+                        target = HERE / f"{name}-{scheme}.png"
+                        page.screenshot(path=str(target), full_page=True)
+                        print(f"wrote {target.relative_to(HERE.parent.parent)}")
+                    context.close()
+                browser.close()
+        finally:
+            server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
