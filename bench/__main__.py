@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 log,
             )
         if {"http", "contention", "memory"} & set(sections):
-            from bench.http import bench_http
+            from bench.http_api import bench_http
 
             found, http_notes, http_extra = bench_http(
                 databases, workdir, plan, sections, log

@@ -28,6 +28,15 @@ return 0
 """
 
 
+# Re-acquire by the same owner: extend only if the value is still ours.
+_REDIS_REACQUIRE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
 def _lock_json(row) -> dict:
     resource, owner, fence, acquired_at, expires_at = row[:5]
     return {
@@ -53,12 +62,13 @@ def create_app() -> Flask:
         return local.conn
 
     redis_client = None
-    redis_release = None
+    redis_release = redis_reacquire = None
     if os.environ.get("BENCH_REDIS_URL"):
         import redis
 
         redis_client = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
         redis_release = redis_client.register_script(_REDIS_RELEASE)
+        redis_reacquire = redis_client.register_script(_REDIS_REACQUIRE)
 
     @app.route("/floor", methods=["GET", "POST", "DELETE"])
     def floor():
@@ -97,7 +107,11 @@ def create_app() -> Flask:
     def redis_acquire(resource):
         owner, ttl = body()
         key = f"lock:{resource}"
-        if redis_client.set(key, owner, nx=True, px=int(ttl * 1000)):
+        ttl_ms = int(ttl * 1000)
+        if redis_client.set(key, owner, nx=True, px=ttl_ms):
+            return acquire_reply((resource, owner, None, None, None))
+        # A same-owner re-acquire is granted, as by the database designs.
+        if redis_reacquire(keys=[key], args=[owner, ttl_ms]):
             return acquire_reply((resource, owner, None, None, None))
         return acquire_reply(None)
 

@@ -1,0 +1,278 @@
+"""The JSON API through gunicorn against the bench-only baselines, plus the
+contention and memory runs that need a running server.
+
+For each database and gunicorn configuration, two servers run side by side:
+Lockkeeper (``app:create_app``) and the baseline app (``bench.baseline_app``).
+wrk (16 keep-alive connections, one per thread) drives one side at a time,
+alternating between them round after round.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+
+from bench.measure import Comparison, Sample, alternate, compare, median_of
+from bench.servers import (
+    RssSampler,
+    Server,
+    ServerConfig,
+    ToolMissing,
+    run_wrk,
+    server_configs,
+    wrk_path,
+)
+
+LOCKKEEPER_APP = 'app:create_app({"LOCKKEEPER_BOOTSTRAP": False})'
+BASELINE_APP = "bench.baseline_app:create_app()"
+REDIS_URL = os.environ.get("LOCKKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+HTTP_BACKENDS = ("sqlite", "postgresql")
+API_PREFIX = "/api/v1/locks/"
+
+
+def create_api_token(url: str, instance: Path) -> str:
+    from app import create_app
+    from app.auth.service import create_token
+    from app.extensions import db
+
+    app = create_app(
+        {
+            "LOCKKEEPER_DATABASE_URL": url,
+            "LOCKKEEPER_INSTANCE_PATH": str(instance),
+            "LOCKKEEPER_BOOTSTRAP": False,
+            "LOCKKEEPER_AUTO_MIGRATE": False,
+            "SECRET_KEY": "bench",
+        }
+    )
+    with app.app_context():
+        token = create_token(f"bench-{os.getpid()}-{len(str(instance))}")
+        db.session.remove()
+        db.engine.dispose()
+    return token
+
+
+def redis_available() -> str | None:
+    """None when Redis answers, else why not."""
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not here"
+        return f"Redis at {REDIS_URL}: {exc}"
+    return None
+
+
+def lockkeeper_env(url: str, instance: Path) -> dict[str, str]:
+    return {
+        "LOCKKEEPER_DATABASE_URL": url,
+        "LOCKKEEPER_INSTANCE_PATH": str(instance),
+        "LOCKKEEPER_SECRET_KEY": "bench",
+    }
+
+
+def wrk_sample(base_url, prefix, mode, tag, seconds, token="none") -> Sample:
+    result = run_wrk(base_url, prefix, mode, tag, seconds, token=token)
+    if result["bad_status"] or not result["acquires"]:
+        raise RuntimeError(f"{tag}: unexpected statuses in {result}")
+    return Sample(result["cycles_per_s"], result)
+
+
+def _latency_detail(samples, side, baseline) -> dict:
+    detail = {}
+    for who in (side, baseline):
+        for key in ("acquire_p50_ms", "acquire_p99_ms"):
+            value = median_of(samples[who], key)
+            if value is not None:
+                detail[f"{who}_{key}"] = round(value, 2)
+    return detail
+
+
+class Servers:
+    """Lockkeeper and the baselines in one gunicorn configuration."""
+
+    def __init__(self, backend, database, config: ServerConfig, workdir, redis_ok):
+        instance = workdir / f"instance-{backend}"
+        self.lockkeeper = Server(
+            LOCKKEEPER_APP,
+            config,
+            lockkeeper_env(database.url, instance),
+            workdir / f"gunicorn-lockkeeper-{backend}-{config.name}.log",
+        )
+        env = {"BENCH_DATABASE_URL": database.url}
+        if redis_ok:
+            env["BENCH_REDIS_URL"] = REDIS_URL
+        try:
+            self.baseline = Server(
+                BASELINE_APP,
+                config,
+                env,
+                workdir / f"gunicorn-baseline-{backend}-{config.name}.log",
+            )
+        except Exception:
+            self.lockkeeper.stop()
+            raise
+
+    def stop(self) -> None:
+        self.lockkeeper.stop()
+        self.baseline.stop()
+
+
+def bench_api(backend, database, config, workdir, token, plan, redis_ok, log):
+    servers = Servers(backend, database, config, workdir, redis_ok)
+    lk, base = servers.lockkeeper.base_url, servers.baseline.base_url
+    seconds = plan.http_seconds
+    tag = f"{backend}.{config.name}"
+    sides = {
+        "lockkeeper": partial(
+            wrk_sample, lk, API_PREFIX, "locks", f"lk.{tag}", seconds, token
+        ),
+        "floor": partial(wrk_sample, base, "/floor", "floor", "floor", seconds),
+        "ideal": partial(
+            wrk_sample, base, "/ideal/locks/", "locks", f"ideal.{tag}", seconds
+        ),
+    }
+    if backend == "postgresql":
+        sides["seed_design"] = partial(
+            wrk_sample, base, "/seed/locks/", "locks", f"seed.{tag}", seconds
+        )
+        if redis_ok:
+            sides["redis"] = partial(
+                wrk_sample, base, "/redis/locks/", "locks", f"redis.{tag}", seconds
+            )
+    try:
+        with (
+            RssSampler(servers.lockkeeper) as lk_rss,
+            RssSampler(servers.baseline) as base_rss,
+        ):
+            samples = alternate(sides, plan.http_rounds)
+    finally:
+        servers.stop()
+
+    suffix = "" if config.name == "sync" else f"_{config.name}"
+    comparisons = []
+    for baseline in sides:
+        if baseline == "lockkeeper":
+            continue
+        result = compare(
+            f"http_vs_{baseline}_{backend}{suffix}",
+            samples,
+            "lockkeeper",
+            baseline,
+            "cycles/s",
+            server=f"{config.worker_class} -w {config.workers}"
+            + (f" --threads {config.threads}" if config.threads > 1 else ""),
+            **_latency_detail(samples, "lockkeeper", baseline),
+        )
+        log(
+            f"{result.name}: {result.value:.0f} vs {baseline} "
+            f"{result.baseline:.0f} cycles/s -> {result.ratio:.2f}x"
+        )
+        comparisons.append(result)
+    lk_peak, base_peak = lk_rss.peak_per_worker(), base_rss.peak_per_worker()
+    comparisons.append(
+        Comparison(
+            name=f"memory_peak_rss_{backend}{suffix}",
+            value=lk_peak,
+            baseline=base_peak,
+            ratio=lk_peak / base_peak if base_peak else float("nan"),
+            unit="MB per worker",
+            baseline_name="baseline app",
+            detail={"note": "peak RSS of any one gunicorn worker during the runs"},
+        )
+    )
+    return comparisons
+
+
+def bench_memory_growth(backend, database, workdir, token, seconds, log):
+    """A long run against one Lockkeeper server: worker RSS after warm-up vs end."""
+    config = server_configs()[1]
+    server = Server(
+        LOCKKEEPER_APP,
+        config,
+        lockkeeper_env(database.url, workdir / f"instance-{backend}"),
+        workdir / f"gunicorn-memory-{backend}.log",
+    )
+    try:
+        with RssSampler(server, interval=max(1.0, seconds / 120)) as rss:
+            result = run_wrk(
+                server.base_url, API_PREFIX, "locks", "memory", seconds, token=token
+            )
+    finally:
+        server.stop()
+    series = rss.series
+    warm = [mb for t, mb in series if t >= seconds * 0.1] or [mb for _, mb in series]
+    start, end = warm[0], series[-1][1]
+    log(f"memory growth: {start:.1f} MB -> {end:.1f} MB per worker over {seconds} s")
+    step = max(1, len(series) // 20)
+    return Comparison(
+        name=f"memory_growth_{backend}",
+        value=end,
+        baseline=start,
+        ratio=end / start,
+        unit="MB per worker (mean)",
+        baseline_name="after warm-up",
+        detail={
+            "seconds": seconds,
+            "server": f"{config.worker_class} -w {config.workers}",
+            "cycles_per_s": round(result["cycles_per_s"], 1),
+            "peak_mb": round(rss.peak_per_worker(), 1),
+            "series_mb": [(round(t), round(mb, 1)) for t, mb in series[::step]],
+        },
+    )
+
+
+def bench_http(databases, workdir, plan, sections, log):
+    comparisons: list[Comparison] = []
+    notes: list[str] = []
+    extra: dict = {}
+    chosen = {b: databases[b] for b in HTTP_BACKENDS if b in databases}
+    tokens = {
+        backend: create_api_token(db.url, workdir / f"instance-{backend}")
+        for backend, db in chosen.items()
+    }
+    needs_wrk = {"http", "memory"} & set(sections)
+    if needs_wrk:
+        try:
+            wrk_path()
+        except ToolMissing as exc:
+            notes.append(f"skipped HTTP and memory runs: {exc}")
+            log(notes[-1])
+            sections = [s for s in sections if s not in ("http", "memory")]
+    redis_problem = redis_available()
+    if redis_problem:
+        notes.append(f"no Redis baseline: {redis_problem}")
+
+    if "http" in sections:
+        for backend, database in chosen.items():
+            for config in server_configs():
+                log(f"HTTP {backend} {config.name}")
+                comparisons += bench_api(
+                    backend,
+                    database,
+                    config,
+                    workdir,
+                    tokens[backend],
+                    plan,
+                    redis_problem is None,
+                    log,
+                )
+    if "contention" in sections:
+        from bench.contention import bench_contention
+
+        for backend, database in chosen.items():
+            comparisons += bench_contention(
+                backend, database, workdir, tokens[backend], plan, log
+            )
+    if "memory" in sections and "postgresql" in chosen:
+        comparisons.append(
+            bench_memory_growth(
+                "postgresql",
+                chosen["postgresql"],
+                workdir,
+                tokens["postgresql"],
+                plan.memory_seconds,
+                log,
+            )
+        )
+    return comparisons, notes, extra
