@@ -200,3 +200,24 @@ def test_audit_filter_narrows_the_events_and_the_csv_export(
         ("report:may", "released"),
         ("report:may", "acquired"),
     ]
+
+
+def test_the_harness_fails_on_csp_violations_and_script_errors(
+    operator_page: Page, problems: BrowserProblems
+):
+    page = operator_page
+    page.evaluate(
+        """() => {
+          const script = document.createElement("script");
+          script.textContent = "window.inlineRan = true";
+          document.body.append(script);
+          setTimeout(() => { throw new Error("boom from a timer"); }, 0);
+        }"""
+    )
+    page.wait_for_timeout(500)
+
+    assert page.evaluate("window.inlineRan") is None  # CSP blocked it
+    seen = "\n".join(problems.lines)
+    assert "CSP violation: script-src" in seen
+    assert "boom from a timer" in seen
+    problems.lines.clear()  # seen on purpose: don't fail this test at teardown
