@@ -158,6 +158,20 @@ def exec_command(resource, command, ttl, wait, url, token, owner, on_lost, grace
     sys.exit(code)
 
 
+def _sent_by_terminal(signum: int) -> bool:
+    """Ctrl-C at a terminal signals the whole foreground process group, the child
+    included: forwarding that SIGINT again would deliver it twice."""
+    if signum != signal.SIGINT:
+        return False
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 class _Runner:
     """The child process, the signals forwarded to it, and what a loss does to it."""
 
@@ -200,7 +214,7 @@ class _Runner:
                 self._pending.append(signum)
                 return
             raise _Interrupted(signum)
-        if self.child.poll() is None:
+        if self.child.poll() is None and not _sent_by_terminal(signum):
             self.child.send_signal(signum)
 
     def run(self, extra_env: dict[str, str]) -> int:
