@@ -332,7 +332,14 @@ def explain(app) -> None:
                 print("    " + " | ".join(str(v) for v in row))
 
 
-def bench(backend: str, n_locks: int, n_events: int, runs: int, show_plans: bool):
+def bench(
+    backend: str,
+    n_locks: int,
+    n_events: int,
+    runs: int,
+    show_plans: bool,
+    exports: bool = True,
+):
     from app.auth.service import create_user
     from app.setup import upgrade_schema
 
@@ -384,7 +391,7 @@ def bench(backend: str, n_locks: int, n_events: int, runs: int, show_plans: bool
         for label, query in (
             ("export, 1 in 8 events (prefix job:)", "?prefix=job:"),
             ("export, every event", ""),
-        ):
+        )[: 2 if exports else 0]:
             found = run_export(database.url, workdir, query)
             results[label] = found
             print(
@@ -408,6 +415,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--no-export", action="store_true", help="pages only")
     parser.add_argument("--export-child", nargs=3, metavar=("URL", "INSTANCE", "QUERY"))
     args = parser.parse_args()
     if args.export_child:
@@ -415,7 +423,14 @@ def main() -> None:
         return
     for backend in args.backend or ["sqlite", "postgresql"]:
         print(f"{backend}: {args.locks} locks, {args.events} events", flush=True)
-        bench(backend, args.locks, args.events, args.runs, args.explain)
+        bench(
+            backend,
+            args.locks,
+            args.events,
+            args.runs,
+            args.explain,
+            exports=not args.no_export,
+        )
 
 
 if __name__ == "__main__":
