@@ -17,11 +17,17 @@ fence_sequence = Sequence("lock_fence_seq", start=1, metadata=db.metadata)
 
 
 class DistributedLock(db.Model):
+    """One row per resource. A released row stays as a free row (``owner`` NULL,
+    ``expires_at`` = when it was released) until purged: the next grant then
+    updates a row it has locked, and draws its fence under that lock. Deleting
+    on release would let a grant that drew its fence before a whole
+    grant-and-release of a faster contender insert a smaller fence after it."""
+
     __tablename__ = "distributed_locks"
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
     resource: Mapped[str] = mapped_column(name_column(), unique=True)
-    owner: Mapped[str] = mapped_column(name_column())
+    owner: Mapped[str | None] = mapped_column(name_column())
     fence: Mapped[int] = mapped_column(BigInteger)
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

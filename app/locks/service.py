@@ -43,6 +43,7 @@ T = TypeVar("T")
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
 PURGE_BATCH = 500
+MIN_PURGE_AGE = timedelta(minutes=1)
 
 # PostgreSQL deadlock / serialization failure; MariaDB deadlock / lock wait timeout.
 _RETRYABLE_SQLSTATES = {"40P01", "40001"}
@@ -201,7 +202,7 @@ class LockService:
                     True, self._lock(outcome.row, outcome.now), outcome.action
                 )
             row = outcome.row
-            if row is not None and row.expires_at > outcome.now and row.owner != owner:
+            if _held_by_another(row, owner, outcome.now):
                 self.metrics.acquire_refused()
                 return AcquireResult(False, self._lock(row, outcome.now))
             # The row we were refused on is gone or expired: it changed under us.
@@ -233,7 +234,7 @@ class LockService:
             if outcome.done:
                 self.metrics.renewal("renewed")
                 return self._lock(row, now)
-            if row is None:
+            if row is None or row.owner is None:
                 self.metrics.renewal("not_found")
                 raise LockNotFound(resource)
             if row.expires_at <= now:
@@ -262,8 +263,9 @@ class LockService:
             if outcome.done:
                 self.metrics.release("released")
                 return self._lock(row, now)
-            if row is None or row.expires_at <= now:
-                self.metrics.release("not_found" if row is None else "expired")
+            if row is None or row.owner is None or row.expires_at <= now:
+                free = row is None or row.owner is None
+                self.metrics.release("not_found" if free else "expired")
                 raise LockNotFound(
                     resource, f"no valid lock on {resource!r} to release"
                 )
@@ -318,10 +320,16 @@ class LockService:
         return self._lock(outcome.row, outcome.now)
 
     def purge_stale(self, older_than: timedelta) -> list[str]:
-        """Delete rows expired for longer than ``older_than``; fences are unaffected
-        (they come from a database-wide sequence, not from the row)."""
-        if older_than < timedelta(0):
-            raise InvalidInput([("older_than", "must not be negative")])
+        """Delete rows expired (or released) longer than ``older_than`` ago; returns
+        the resources whose stale locks were removed.
+
+        Fences come from a database-wide sequence, not from the row, so they keep
+        increasing. The minimum age keeps purges away from grants in flight: a
+        first insert draws its fence before it owns the row, and must not find a
+        row that was granted, released and purged in that instant.
+        """
+        if older_than < MIN_PURGE_AGE:
+            raise InvalidInput([("older_than", "must be at least one minute")])
         cutoff = self.now() - older_than
         purged: list[str] = []
         while True:
@@ -330,7 +338,7 @@ class LockService:
                     conn, cutoff, PURGE_BATCH
                 )
             )
-            purged.extend(batch)
+            purged += [row.resource for row in batch if row.owner is not None]
             if len(batch) < PURGE_BATCH:
                 return purged
 
@@ -356,7 +364,7 @@ class LockService:
             row = conn.execute(
                 select(locks, now_column).where(locks.c.resource == resource)
             ).one_or_none()
-        if row is None:
+        if row is None or row.owner is None:
             raise LockNotFound(resource)
         lock = self._lock(row, row.now)
         if lock.state is LockState.STALE and not include_stale:
@@ -419,7 +427,12 @@ class LockService:
             raise InvalidInput(errors)
 
         now = self.now()
-        query = select(locks).order_by(locks.c.resource).limit(limit + 1)
+        query = (
+            select(locks)
+            .where(locks.c.owner.is_not(None))
+            .order_by(locks.c.resource)
+            .limit(limit + 1)
+        )
         condition = self._state_condition(state, now)
         if condition is not None:
             query = query.where(condition)
@@ -454,10 +467,19 @@ class LockService:
                 "expiring"
             ),
             func.count(case((expires_at <= now, 1))).label("stale"),
-        )
+        ).where(locks.c.owner.is_not(None))
         with self.engine.connect() as conn:
             row = conn.execute(query).one()
         return {state: getattr(row, state.value) for state in LockState}
+
+
+def _held_by_another(row, owner: str, now: datetime) -> bool:
+    return (
+        row is not None
+        and row.owner is not None
+        and row.expires_at > now
+        and row.owner != owner
+    )
 
 
 # -- cursors and page sizes: shared with the audit service ------------------

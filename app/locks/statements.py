@@ -7,7 +7,8 @@ Two strategies give the same answers:
     data-modifying CTE takes the row (insert, or conditional update/delete), writes
     the audit row and reports the outcome (or the current holder) in one round trip.
     A refused acquire locks and writes nothing: ``FOR UPDATE`` only touches a row
-    that is expired or already ours, and ``nextval`` is only reached by a grant.
+    that is free, expired or already ours, and ``nextval`` is only reached by a
+    grant. Release keeps the row, free (``owner`` NULL): see ``DistributedLock``.
 
 ``TransactionalStatements``
     SQLite, MariaDB/MySQL (and PostgreSQL's operator actions): one short
@@ -75,9 +76,11 @@ _PG_NOW_PARAM = "CAST(:now AS timestamptz)"
 _PG_ACQUIRE = """
 WITH clock AS (SELECT {now} AS now),
 prior AS (
-    SELECT l.id, l.owner, l.expires_at
+    SELECT l.id, l.owner, l.expires_at,
+           l.owner IS NOT NULL AND l.expires_at > clock.now AS valid
     FROM distributed_locks AS l, clock
-    WHERE l.resource = :resource AND (l.expires_at <= clock.now OR l.owner = :owner)
+    WHERE l.resource = :resource
+      AND (l.owner IS NULL OR l.expires_at <= clock.now OR l.owner = :owner)
     FOR UPDATE OF l
 ),
 updated AS (
@@ -85,14 +88,15 @@ updated AS (
     SET owner = :owner,
         acquired_at = clock.now,
         expires_at = clock.now + make_interval(secs => :ttl),
-        fence = CASE WHEN prior.expires_at <= clock.now
-                     THEN nextval('lock_fence_seq') ELSE l.fence END
+        fence = CASE WHEN prior.valid THEN l.fence
+                     ELSE nextval('lock_fence_seq') END
     FROM prior, clock
     WHERE l.id = prior.id
     RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
               prior.owner AS previous_owner,
-              CASE WHEN prior.expires_at <= clock.now
-                   THEN 'took_over' ELSE 'reacquired' END AS action
+              CASE WHEN prior.owner IS NULL THEN 'acquired'
+                   WHEN prior.valid THEN 'reacquired'
+                   ELSE 'took_over' END AS action
 ),
 inserted AS (
     INSERT INTO distributed_locks (resource, owner, fence, acquired_at, expires_at)
@@ -151,10 +155,12 @@ WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM renewed)
 _PG_RELEASE = """
 WITH clock AS (SELECT {now} AS now),
 released AS (
-    DELETE FROM distributed_locks AS l
-    USING clock
+    UPDATE distributed_locks AS l
+    SET owner = NULL, expires_at = clock.now
+    FROM clock
     WHERE l.resource = :resource AND l.owner = :owner AND l.expires_at > clock.now
-    RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at
+    RETURNING l.resource, CAST(:owner AS varchar) AS owner, l.fence, l.acquired_at,
+              l.expires_at
 ),
 logged AS (
     INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
@@ -308,7 +314,8 @@ class TransactionalStatements:
         else:
             conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
         granted = _LockRow(resource=resource, **values)
-        self._log(conn, action, granted, row.owner if row else None, actor, reason, now)
+        previous_owner = row.owner if row is not None else None
+        self._log(conn, action, granted, previous_owner, actor, reason, now)
         return Outcome(True, action, granted, now)
 
     def _log(self, conn, action, lock, previous_owner, actor, reason, now) -> None:
@@ -331,7 +338,7 @@ class TransactionalStatements:
 
     def acquire(self, conn, resource, owner, ttl, actor, now) -> Outcome:
         row, now = self.lock_row(conn, resource, now)
-        if row is None:
+        if row is None or row.owner is None:
             action, fence = Action.ACQUIRED, self._next_fence(conn)
         elif row.expires_at <= now:
             action, fence = Action.TOOK_OVER, self._next_fence(conn)
@@ -361,13 +368,18 @@ class TransactionalStatements:
 
     def force_release(self, conn, resource, actor, reason, now) -> Outcome:
         row, now = self.lock_row(conn, resource, now)
-        if row is None:
+        if row is None or row.owner is None:
             return Outcome(False, None, None, now)
         return self._remove(conn, row, Action.FORCE_RELEASED, actor, reason, now)
 
     def claim(self, conn, resource, owner, ttl, actor, reason, force, now) -> Outcome:
         row, now = self.lock_row(conn, resource, now)
-        held_by_other = row is not None and row.expires_at > now and row.owner != owner
+        held_by_other = (
+            row is not None
+            and row.owner is not None
+            and row.expires_at > now
+            and row.owner != owner
+        )
         if held_by_other and not force:
             return Outcome(False, None, row, now)
         action = Action.FORCE_CLAIMED if held_by_other else Action.CLAIMED
@@ -377,31 +389,32 @@ class TransactionalStatements:
         )
 
     def _remove(self, conn, row, action, actor, reason, now) -> Outcome:
-        conn.execute(delete(locks).where(locks.c.id == row.id))
-        self._log(conn, action, row, row.owner, actor, reason, now)
-        return Outcome(True, action, row, now)
+        """Free the row (see ``DistributedLock``); the event says when it ended."""
+        conn.execute(
+            update(locks).where(locks.c.id == row.id).values(owner=None, expires_at=now)
+        )
+        ended = _LockRow.of(row, expires_at=now)
+        self._log(conn, action, ended, row.owner, actor, reason, now)
+        return Outcome(True, action, ended, now)
 
-    def purge_stale_batch(self, conn, cutoff: datetime, batch: int) -> list[str]:
-        """Delete up to ``batch`` rows that expired at or before ``cutoff``.
+    def purge_stale_batch(self, conn, cutoff: datetime, batch: int) -> list[Row]:
+        """Delete up to ``batch`` rows that expired (or were released) at or before
+        ``cutoff``; returns their (resource, owner), owner None for free rows.
 
-        The DELETE re-checks the cutoff, so a row re-acquired since the SELECT
-        (its ``expires_at`` moved on) is left alone.
+        The rows are locked first, so a row re-acquired meanwhile is not taken.
         """
         candidates = conn.execute(
-            select(locks.c.id, locks.c.resource)
+            select(locks.c.id, locks.c.resource, locks.c.owner)
             .where(locks.c.expires_at <= cutoff)
             .order_by(locks.c.expires_at)
             .limit(batch)
+            .with_for_update()
         ).all()
-        if not candidates:
-            return []
-        conn.execute(
-            delete(locks).where(
-                locks.c.id.in_([c.id for c in candidates]),
-                locks.c.expires_at <= cutoff,
+        if candidates:
+            conn.execute(
+                delete(locks).where(locks.c.id.in_([c.id for c in candidates]))
             )
-        )
-        return [c.resource for c in candidates]
+        return candidates
 
 
 @dataclass(frozen=True, slots=True)

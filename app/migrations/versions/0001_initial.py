@@ -32,7 +32,7 @@ def upgrade():
         "distributed_locks",
         sa.Column("id", BigIntId, primary_key=True, autoincrement=True),
         sa.Column("resource", name_column(), nullable=False),
-        sa.Column("owner", name_column(), nullable=False),
+        sa.Column("owner", name_column(), nullable=True),  # NULL: released
         sa.Column("fence", sa.BigInteger(), nullable=False),
         sa.Column("acquired_at", UTCDateTime(), nullable=False),
         sa.Column("expires_at", UTCDateTime(), nullable=False),
