@@ -1,0 +1,117 @@
+"""How many statements and commits each hot-path operation sends, per database.
+
+These numbers are the README's round-trip table; a change that adds a query to
+acquire, renew or release fails here first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from sqlalchemy import event, text
+
+from app.extensions import db
+from app.locks.service import lock_service
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+# (statements, commits) per operation and database. SQLite's statements include
+# its BEGIN IMMEDIATE (in-process calls, not network round trips).
+EXPECTED = {
+    "postgresql": {
+        "acquire new": (1, 0),
+        "acquire free row": (1, 0),
+        "reacquire": (1, 0),
+        "refused acquire": (1, 0),
+        "renew": (1, 0),
+        "release": (1, 0),
+    },
+    "mariadb": {
+        "acquire new": (5, 1),  # locking read, clock, nextval, insert, event
+        "acquire free row": (4, 1),  # locking read, nextval, update, event
+        "reacquire": (3, 1),
+        "refused acquire": (1, 1),
+        "renew": (3, 1),
+        "release": (3, 1),
+    },
+    "sqlite": {
+        "acquire new": (5, 1),  # BEGIN IMMEDIATE, read, counter, insert, event
+        "acquire free row": (5, 1),
+        "reacquire": (4, 1),
+        "refused acquire": (2, 1),
+        "renew": (4, 1),
+        "release": (4, 1),
+    },
+}
+
+
+class RoundTrips:
+    def __init__(self, engine):
+        self.counts = Counter()
+        event.listen(engine, "before_cursor_execute", self._statement)
+        event.listen(engine, "commit", self._commit)
+
+    def _statement(self, *_args):
+        self.counts["statements"] += 1
+
+    def _commit(self, *_args):
+        self.counts["commits"] += 1
+
+    def measure(self, operation) -> tuple[int, int]:
+        self.counts.clear()
+        operation()
+        return self.counts["statements"], self.counts["commits"]
+
+
+def test_hot_path_round_trips_stay_as_documented(app, backend):
+    """On the production clock: the database's (PostgreSQL, MariaDB)."""
+    with app.app_context():
+        service = lock_service()
+        trips = RoundTrips(db.engine)
+        measured = {
+            "acquire new": trips.measure(lambda: service.acquire("rt:1", "w-1")),
+            "reacquire": trips.measure(lambda: service.acquire("rt:1", "w-1")),
+            "refused acquire": trips.measure(lambda: service.acquire("rt:1", "w-2")),
+            "renew": trips.measure(lambda: service.renew("rt:1", "w-1")),
+            "release": trips.measure(lambda: service.release("rt:1", "w-1")),
+            "acquire free row": trips.measure(lambda: service.acquire("rt:1", "w-2")),
+        }
+    assert measured == EXPECTED[backend]
+
+
+def _row_state(resource: str):
+    """Everything a write or a row lock would change (PostgreSQL's xmin/xmax)."""
+    with db.engine.connect() as conn:
+        if db.engine.dialect.name == "postgresql":
+            row = conn.execute(
+                text(
+                    "SELECT xmin::text, xmax::text, ctid::text, owner, fence, "
+                    "expires_at FROM distributed_locks WHERE resource = :r"
+                ),
+                {"r": resource},
+            ).one()
+            sequence = conn.scalar(text("SELECT last_value FROM lock_fence_seq"))
+        else:
+            row = conn.execute(
+                text(
+                    "SELECT owner, fence, acquired_at, expires_at "
+                    "FROM distributed_locks WHERE resource = :r"
+                ),
+                {"r": resource},
+            ).one()
+            sequence = None
+        events = conn.scalar(text("SELECT count(*) FROM lock_events"))
+    return tuple(row), sequence, events
+
+
+def test_refused_acquire_writes_and_locks_nothing(fake_app, clock):
+    """On PostgreSQL the row keeps its xmin (not rewritten), its xmax (not even
+    locked), its ctid, and the fence sequence does not move."""
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("rt:held", "w-1", ttl=60)
+        before = _row_state("rt:held")
+        for _ in range(5):
+            assert not service.acquire("rt:held", "w-2").acquired
+        assert _row_state("rt:held") == before
