@@ -91,7 +91,7 @@ def create_app() -> Flask:
     @app.delete("/ideal/locks/<resource>")
     def ideal_release(resource):
         owner, _ = body()
-        return ("", 204) if driver.ideal_release(conn(), resource, owner) else 404
+        return ("", 204) if driver.ideal_release(conn(), resource, owner) else ("", 404)
 
     @app.post("/seed/locks/<resource>")
     def seed_acquire(resource):
@@ -101,7 +101,7 @@ def create_app() -> Flask:
     @app.delete("/seed/locks/<resource>")
     def seed_release(resource):
         owner, _ = body()
-        return ("", 204) if driver.seed_release(conn(), resource, owner) else 404
+        return ("", 204) if driver.seed_release(conn(), resource, owner) else ("", 404)
 
     @app.post("/redis/locks/<resource>")
     def redis_acquire(resource):
@@ -119,6 +119,6 @@ def create_app() -> Flask:
     def redis_release_route(resource):
         owner, _ = body()
         released = redis_release(keys=[f"lock:{resource}"], args=[owner])
-        return ("", 204) if released else 404
+        return ("", 204) if released else ("", 404)
 
     return app

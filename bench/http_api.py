@@ -71,9 +71,16 @@ def lockkeeper_env(url: str, instance: Path) -> dict[str, str]:
     }
 
 
-def wrk_sample(base_url, prefix, mode, tag, seconds, token="none") -> Sample:
-    result = run_wrk(base_url, prefix, mode, tag, seconds, token=token)
-    if result["bad_status"] or not result["acquires"]:
+def wrk_sample(server: Server, prefix, mode, tag, *, seconds, token="none") -> Sample:
+    """One wrk run; also the server's CPU time per cycle, which other load on a
+    shared machine disturbs far less than the rate."""
+    cpu_before = server.cpu_seconds()
+    result = run_wrk(server.base_url, prefix, mode, tag, seconds, token=token)
+    cycles = min(result["acquires"], result["releases"])
+    result["server_cpu_ms_per_cycle"] = (
+        (server.cpu_seconds() - cpu_before) * 1000 / cycles if cycles else None
+    )
+    if result["bad_status"] or not cycles:
         raise RuntimeError(f"{tag}: unexpected statuses in {result}")
     return Sample(result["cycles_per_s"], result)
 
@@ -81,7 +88,7 @@ def wrk_sample(base_url, prefix, mode, tag, seconds, token="none") -> Sample:
 def _latency_detail(samples, side, baseline) -> dict:
     detail = {}
     for who in (side, baseline):
-        for key in ("acquire_p50_ms", "acquire_p99_ms"):
+        for key in ("acquire_p50_ms", "acquire_p99_ms", "server_cpu_ms_per_cycle"):
             value = median_of(samples[who], key)
             if value is not None:
                 detail[f"{who}_{key}"] = round(value, 2)
@@ -120,27 +127,31 @@ class Servers:
 
 def bench_api(backend, database, config, workdir, token, plan, redis_ok, log):
     servers = Servers(backend, database, config, workdir, redis_ok)
-    lk, base = servers.lockkeeper.base_url, servers.baseline.base_url
+    lk, base = servers.lockkeeper, servers.baseline
     seconds = plan.http_seconds
     tag = f"{backend}.{config.name}"
-    sides = {
+    # Each run is called with its duration: run(seconds=...).
+    runs = {
         "lockkeeper": partial(
-            wrk_sample, lk, API_PREFIX, "locks", f"lk.{tag}", seconds, token
+            wrk_sample, lk, API_PREFIX, "locks", f"lk.{tag}", token=token
         ),
-        "floor": partial(wrk_sample, base, "/floor", "floor", "floor", seconds),
-        "ideal": partial(
-            wrk_sample, base, "/ideal/locks/", "locks", f"ideal.{tag}", seconds
-        ),
+        "floor": partial(wrk_sample, base, "/floor", "floor", "floor"),
+        "ideal": partial(wrk_sample, base, "/ideal/locks/", "locks", f"ideal.{tag}"),
     }
     if backend == "postgresql":
-        sides["seed_design"] = partial(
-            wrk_sample, base, "/seed/locks/", "locks", f"seed.{tag}", seconds
+        runs["seed_design"] = partial(
+            wrk_sample, base, "/seed/locks/", "locks", f"seed.{tag}"
         )
         if redis_ok:
-            sides["redis"] = partial(
-                wrk_sample, base, "/redis/locks/", "locks", f"redis.{tag}", seconds
+            runs["redis"] = partial(
+                wrk_sample, base, "/redis/locks/", "locks", f"redis.{tag}"
             )
+    sides = {name: partial(run, seconds=seconds) for name, run in runs.items()}
     try:
+        # Warm every side first: each worker's first requests import lazily and
+        # fill SQLAlchemy's compiled cache, which is not what is being measured.
+        for run in runs.values():
+            run(seconds=1)
         with (
             RssSampler(servers.lockkeeper) as lk_rss,
             RssSampler(servers.baseline) as base_rss,

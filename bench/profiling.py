@@ -8,13 +8,28 @@ The full reports are written next to latest.json as ``profile-<backend>.txt``.
 
 from __future__ import annotations
 
+import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.http_api import create_api_token
 
 PROFILED = ("sqlite", "postgresql")
 WARMUP = 50
+
+
+@contextmanager
+def _stderr_to_devnull():
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _frames(session, top: int = 25) -> list[dict]:
@@ -65,15 +80,16 @@ def _profile_backend(backend, database, workdir, cycles, results_dir, log) -> di
                 f" / {released.status_code} {released.data!r}"
             )
 
-    for _ in range(WARMUP):
-        cycle()
-    profiler = Profiler(interval=0.0002)
-    started = time.perf_counter()
-    profiler.start()
-    for _ in range(cycles):
-        cycle()
-    profiler.stop()
-    elapsed = time.perf_counter() - started
+    with _stderr_to_devnull():  # the app logs every request; keep the console
+        for _ in range(WARMUP):
+            cycle()
+        profiler = Profiler(interval=0.0002)
+        started = time.perf_counter()
+        profiler.start()
+        for _ in range(cycles):
+            cycle()
+        profiler.stop()
+        elapsed = time.perf_counter() - started
     report = results_dir / f"profile-{backend}.txt"
     report.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
     log(

@@ -118,6 +118,18 @@ class Server:
         except OSError:
             return []
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time used so far by the workers alive now."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in self.worker_pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / ticks
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

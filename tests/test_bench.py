@@ -1,0 +1,133 @@
+"""Smoke tests of the benchmark suite's baselines (the suite itself is not a test).
+
+The driver-level statements are the yardsticks the service is measured against,
+so they must grant, refuse and release exactly as the service does, on the same
+schema, and the baseline WSGI app must answer like the API.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from app.extensions import db
+from app.locks.models import LockEvent
+from app.locks.service import lock_service
+from bench import baseline_app
+from bench.driver_sql import connect, driver_for
+from bench.measure import Sample, alternate, compare
+from bench.report import markdown
+
+
+def _opened(url):
+    return driver_for(url), connect(url)
+
+
+def _chosen(request, backend: str) -> None:
+    if backend not in request.config.getoption("--backends").split(","):
+        pytest.skip(f"{backend} not among --backends")
+
+
+@pytest.fixture
+def driver_conn(database_url):
+    driver, conn = _opened(database_url)
+    yield driver, conn
+    conn.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def http_database_url(request, databases, tmp_path):
+    """The databases the HTTP baselines (ideal, seed design) run on."""
+    _chosen(request, request.param)
+    return databases(request.param).fresh(tmp_path)
+
+
+@pytest.fixture
+def http_driver_conn(http_database_url):
+    driver, conn = _opened(http_database_url)
+    yield driver, conn
+    conn.close()
+
+
+@pytest.mark.usefixtures("backend")
+def test_service_statements_through_the_driver_decide_like_the_service(
+    driver_conn, app
+):
+    driver, conn = driver_conn
+    assert driver.service_acquire(conn, "job:1", "w-1", 30) is not None
+    assert driver.service_acquire(conn, "job:1", "w-2", 30) is None
+    with app.app_context():
+        lock = lock_service().get("job:1")
+        assert (lock.owner, lock.state.value) == ("w-1", "held")
+    assert not driver.service_release(conn, "job:1", "w-2")
+    assert driver.service_release(conn, "job:1", "w-1")
+    with app.app_context():
+        events = db.session.scalar(select(func.count()).select_from(LockEvent))
+    assert events == 2  # acquired + released, like the service writes
+
+
+def test_ideal_statements_grant_refuse_reacquire_and_release(
+    http_driver_conn, http_database_url, make_app
+):
+    driver, conn = http_driver_conn
+    app = make_app(LOCKKEEPER_DATABASE_URL=http_database_url)
+    first = driver.ideal_acquire(conn, "job:2", "w-1", 30)
+    assert first is not None
+    assert driver.ideal_acquire(conn, "job:2", "w-2", 30) is None
+    again = driver.ideal_acquire(conn, "job:2", "w-1", 30)
+    assert again[2] == first[2]  # same owner, still valid: same fence
+    with app.app_context():
+        assert lock_service().get("job:2").owner == "w-1"
+    assert not driver.ideal_release(conn, "job:2", "w-2")
+    assert driver.ideal_release(conn, "job:2", "w-1")
+    assert driver.ideal_acquire(conn, "job:2", "w-2", 30)[2] > first[2]
+
+
+def test_seed_design_grants_and_refuses(request, databases, tmp_path):
+    _chosen(request, "postgresql")
+    driver, conn = _opened(databases("postgresql").fresh(tmp_path))
+    assert driver.seed_acquire(conn, "job:3", "w-1", 30) is not None
+    assert driver.seed_acquire(conn, "job:3", "w-2", 30) is None
+    assert not driver.seed_release(conn, "job:3", "w-2")
+    assert driver.seed_release(conn, "job:3", "w-1")
+    conn.close()
+
+
+def test_baseline_app_answers_like_the_api(http_database_url, monkeypatch):
+    monkeypatch.setenv("BENCH_DATABASE_URL", http_database_url)
+    monkeypatch.delenv("BENCH_REDIS_URL", raising=False)
+    client = baseline_app.create_app().test_client()
+    assert client.get("/floor").json == {"ok": True}
+    granted = client.post("/ideal/locks/job:4", json={"owner": "w-1", "ttl": 30})
+    assert granted.status_code == 200
+    assert granted.json["lock"]["owner"] == "w-1"
+    refused = client.post("/ideal/locks/job:4", json={"owner": "w-2"})
+    assert refused.status_code == 409
+    assert client.delete("/ideal/locks/job:4", json={"owner": "w-2"}).status_code == 404
+    assert client.delete("/ideal/locks/job:4", json={"owner": "w-1"}).status_code == 204
+
+
+def test_comparison_is_the_median_ratio_of_alternating_runs():
+    rates = iter([100.0, 50.0, 300.0, 60.0, 200.0, 70.0])
+    samples = alternate(
+        {"ours": lambda: Sample(next(rates)), "base": lambda: Sample(next(rates))},
+        rounds=3,
+    )
+    result = compare("http_vs_ideal_sqlite", samples, "ours", "base", "cycles/s")
+    assert (result.value, result.baseline) == (200.0, 60.0)
+    assert result.ratio == pytest.approx(200 / 60)
+    table = markdown(
+        {
+            "mode": "quick",
+            "elapsed_seconds": 1,
+            "environment": {
+                "date": "2026-11-30T00:00:00Z",
+                "cpus": 2,
+                "load_average_at_start": [0.1],
+                "python": "3.11",
+                "sqlite": "3.40",
+            },
+            "comparisons": [result.as_json()],
+        }
+    )
+    assert "| http_vs_ideal_sqlite | 200 | 60 (base) | 3.33 | 0.8× met |" in table
