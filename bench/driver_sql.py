@@ -33,6 +33,7 @@ from app.config import normalize_database_url
 from app.locks.statements import _PG_ACQUIRE, _PG_NOW_SERVER, _PG_RELEASE
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
+RETRIES = 5  # as LOCKKEEPER_DEADLOCK_RETRIES
 
 
 def backend_of(url: str) -> str:
@@ -215,7 +216,21 @@ class _TransactionalDriver:
             (resource, action, owner, previous, fence, acq, exp, now),
         )
 
+    def _retrying(self, conn, attempt):
+        """Run ``attempt`` again after a deadlock, as ``LockService._run`` does."""
+        return attempt()
+
     def service_acquire(self, conn, resource, owner, ttl):
+        return self._retrying(
+            conn, lambda: self._service_acquire(conn, resource, owner, ttl)
+        )
+
+    def service_release(self, conn, resource, owner) -> bool:
+        return self._retrying(
+            conn, lambda: self._service_release(conn, resource, owner)
+        )
+
+    def _service_acquire(self, conn, resource, owner, ttl):
         cur = conn.cursor()
         self._begin(cur)
         row, now = self._read(cur, resource)
@@ -250,7 +265,7 @@ class _TransactionalDriver:
         self._commit(conn, cur)
         return (resource, owner, fence, now, expires)
 
-    def service_release(self, conn, resource, owner) -> bool:
+    def _service_release(self, conn, resource, owner) -> bool:
         cur = conn.cursor()
         self._begin(cur)
         row, now = self._read(cur, resource)
@@ -341,6 +356,18 @@ class MariadbDriver(_TransactionalDriver):
 
     def _begin(self, cur) -> None:
         pass  # pymysql without autocommit: the first statement opens it
+
+    def _retrying(self, conn, attempt):
+        import pymysql
+
+        for _ in range(RETRIES):
+            try:
+                return attempt()
+            except pymysql.err.OperationalError as exc:
+                conn.rollback()
+                if exc.args[0] not in (1213, 1205):  # deadlock, lock wait timeout
+                    raise
+        return attempt()
 
     def _commit(self, conn, cur) -> None:
         conn.commit()

@@ -9,6 +9,7 @@ is timed.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -60,10 +61,16 @@ _CYCLES = {"service": _service_cycle, "driver": _driver_cycle}
 
 
 def _worker(kind, url, instance, index, duration, barrier, results) -> None:
-    cycle = _CYCLES[kind](url, instance)
-    resource, owner = f"bench:{kind}:{index}", f"worker-{index}"
-    for _ in range(WARMUP_CYCLES):
-        cycle(resource, owner)
+    try:
+        cycle = _CYCLES[kind](url, instance)
+        resource, owner = f"bench:{kind}:{index}", f"worker-{index}"
+        for _ in range(WARMUP_CYCLES):
+            cycle(resource, owner)
+    except BaseException as exc:
+        # Tell the parent at once instead of leaving it at the barrier.
+        results.put(f"{kind} worker {index}: {exc!r}")
+        barrier.abort()
+        raise
     barrier.wait()
     done = failed = 0
     deadline = time.perf_counter() + duration
@@ -90,7 +97,10 @@ def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: floa
     for process in processes:
         process.start()
     try:
-        barrier.wait(timeout=120)
+        try:
+            barrier.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            raise RuntimeError(results.get(timeout=5)) from None
         outcomes = [results.get(timeout=duration + 120) for _ in processes]
     finally:
         for process in processes:
