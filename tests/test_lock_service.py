@@ -309,6 +309,14 @@ def test_prefix_search_treats_underscore_and_percent_literally(service):
     assert [lock.resource for lock in service.list_locks(prefix="a_").items] == ["a_b"]
 
 
+def test_prefix_search_is_case_exact(service):
+    service.acquire("job:1", "w")
+    service.acquire("JOB:2", "w")
+    assert [lock.resource for lock in service.list_locks(prefix="JOB").items] == [
+        "JOB:2"
+    ]
+
+
 def test_resource_names_are_case_sensitive(service):
     assert service.acquire("Job:1", "w-1").acquired
     assert service.acquire("job:1", "w-2").acquired

@@ -24,6 +24,7 @@ from app.locks.service import (
     encode_cursor,
     lock_service,
     page_limit_error,
+    starts_with,
 )
 from app.locks.state import Action
 
@@ -69,12 +70,7 @@ class EventFilter:
         if self.resource is not None:
             query = query.where(events.c.resource == self.resource)
         if self.prefix:
-            # LIKE lets an index narrow the range; the substr comparison keeps the
-            # match case-exact, as resources are, where LIKE is not (SQLite).
-            query = query.where(
-                events.c.resource.startswith(self.prefix, autoescape=True),
-                func.substr(events.c.resource, 1, len(self.prefix)) == self.prefix,
-            )
+            query = query.where(starts_with(events.c.resource, self.prefix))
         if self.owner is not None:
             query = query.where(events.c.owner == self.owner)
         if self.action is not None:
@@ -322,9 +318,9 @@ def prune_events(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> int:
 
     pruned = 0
     while True:
-        # _run: one write transaction (BEGIN IMMEDIATE on SQLite), retried on
-        # deadlock / lock-wait timeouts like every lock operation.
-        deleted = service._run(delete_batch)
+        # One short write transaction per batch (BEGIN IMMEDIATE on SQLite),
+        # retried on deadlocks and lock-wait timeouts like every lock operation.
+        deleted = service.run_transaction(delete_batch)
         pruned += deleted
         if deleted < batch:
             return pruned

@@ -34,7 +34,7 @@ from app.locks.errors import (
 )
 from app.locks.results import AcquireResult, Lock, Page
 from app.locks.state import Action, LockState
-from app.locks.statements import Outcome, locks, statements_for
+from app.locks.statements import locks, statements_for
 from app.metrics import NO_METRICS, NoMetrics
 from app.types import UTCDateTime
 
@@ -103,7 +103,9 @@ class LockService:
             return datetime.now(UTC)
         return now
 
-    def _run(self, work: Callable[[Connection], T], *, autocommit: bool = False) -> T:
+    def run_transaction(
+        self, work: Callable[[Connection], T], *, autocommit: bool = False
+    ) -> T:
         """Run ``work`` in its own transaction, retrying deadlocks and lost inserts."""
         for attempt in range(self.settings.retries + 1):
             try:
@@ -167,12 +169,6 @@ class LockService:
         if errors:
             raise InvalidInput(errors)
 
-    def _decide(
-        self, attempt: Callable[[Connection], Outcome], *, autocommit: bool
-    ) -> Outcome:
-        """One attempt of a hot-path operation."""
-        return self._run(attempt, autocommit=autocommit)
-
     # -- the worker's operations -------------------------------------------
 
     def acquire(
@@ -190,7 +186,7 @@ class LockService:
         ttl = self._ttl(ttl)
         outcome = None
         for _ in range(self.settings.retries + 1):
-            outcome = self._run(
+            outcome = self.run_transaction(
                 lambda conn: self.statements.acquire(
                     conn, resource, owner, ttl, actor, self._now()
                 ),
@@ -224,7 +220,7 @@ class LockService:
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor)
         ttl = self._ttl(ttl)
         for _ in range(self.settings.retries + 1):
-            outcome = self._run(
+            outcome = self.run_transaction(
                 lambda conn: self.statements.renew(
                     conn, resource, owner, ttl, actor, self._now()
                 ),
@@ -253,7 +249,7 @@ class LockService:
         """
         self.validate(resource=resource, owner=owner, actor=actor)
         for _ in range(self.settings.retries + 1):
-            outcome = self._run(
+            outcome = self.run_transaction(
                 lambda conn: self.statements.release(
                     conn, resource, owner, actor, self._now()
                 ),
@@ -281,7 +277,7 @@ class LockService:
     ) -> Lock:
         """Remove the row of ``resource`` whoever holds it, stale or not."""
         self.validate(resource=resource, actor=actor, reason=reason)
-        outcome = self._run(
+        outcome = self.run_transaction(
             lambda conn: self._transactional.force_release(
                 conn, resource, actor, reason, self._now()
             )
@@ -309,7 +305,7 @@ class LockService:
             resource=resource, owner=owner, ttl=ttl, actor=actor, reason=reason
         )
         ttl = self._ttl(ttl)
-        outcome = self._run(
+        outcome = self.run_transaction(
             lambda conn: self._transactional.claim(
                 conn, resource, owner, ttl, actor, reason, force, self._now()
             )
@@ -333,7 +329,7 @@ class LockService:
         cutoff = self.now() - older_than
         purged: list[str] = []
         while True:
-            batch = self._run(
+            batch = self.run_transaction(
                 lambda conn: self._transactional.purge_stale_batch(
                     conn, cutoff, PURGE_BATCH
                 )
@@ -437,7 +433,7 @@ class LockService:
         if condition is not None:
             query = query.where(condition)
         if prefix:
-            query = query.where(locks.c.resource.startswith(prefix, autoescape=True))
+            query = query.where(starts_with(locks.c.resource, prefix))
         if owner is not None:
             query = query.where(locks.c.owner == owner)
             if self.dialect in ("mysql", "mariadb"):
@@ -482,7 +478,19 @@ def _held_by_another(row, owner: str, now: datetime) -> bool:
     )
 
 
-# -- cursors and page sizes: shared with the audit service ------------------
+# -- query pieces shared with the audit service ----------------------------
+
+
+def starts_with(column, prefix: str):
+    """``column`` begins with ``prefix``, exactly.
+
+    LIKE lets an index narrow the range; the substr comparison keeps the match
+    case-exact, as resources are, where LIKE is not (SQLite).
+    """
+    return and_(
+        column.startswith(prefix, autoescape=True),
+        func.substr(column, 1, len(prefix)) == prefix,
+    )
 
 
 def encode_cursor(position: dict[str, Any]) -> str:
