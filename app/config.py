@@ -33,19 +33,31 @@ DEFAULTS: dict[str, Any] = {
     "SQLALCHEMY_ENGINE_OPTIONS": {},
 }
 
-# Environment variables read as numbers; everything else LOCKKEEPER_* is a string.
-_NUMERIC = {
+
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+# Environment variables read as numbers or switches; the others are strings.
+_PARSED = {
     "LOCKKEEPER_DEFAULT_TTL": float,
     "LOCKKEEPER_MAX_TTL": float,
     "LOCKKEEPER_EXPIRING_WITHIN": float,
     "LOCKKEEPER_DEADLOCK_RETRIES": int,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": int,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
+    # Off: no admin and token are created (and printed) on a first start.
+    "LOCKKEEPER_BOOTSTRAP": _boolean,
 }
 _ENV_KEYS = (
     "LOCKKEEPER_DATABASE_URL",
     "LOCKKEEPER_SECRET_KEY",
-    *_NUMERIC,
+    *_PARSED,
 )
 
 _DRIVERS = {
@@ -75,9 +87,9 @@ def load_config(app: Flask, test_config: Mapping[str, Any] | None) -> None:
         if key in os.environ:
             raw = os.environ[key]
             try:
-                app.config[key] = _NUMERIC[key](raw) if key in _NUMERIC else raw
+                app.config[key] = _PARSED[key](raw) if key in _PARSED else raw
             except ValueError as exc:
-                raise ConfigError(f"{key}={raw!r} is not a number") from exc
+                raise ConfigError(f"{key}={raw!r} cannot be read") from exc
     if test_config is not None:
         app.config.from_mapping(test_config)
 

@@ -64,6 +64,15 @@ def test_unusable_settings_stop_the_start_with_a_clear_message(
         create_app({"LOCKKEEPER_INSTANCE_PATH": str(tmp_path), **config})
 
 
+def test_bootstrap_can_be_switched_off_from_the_environment(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("LOCKKEEPER_BOOTSTRAP", "false")
+    app = create_app({"LOCKKEEPER_INSTANCE_PATH": str(tmp_path)})
+    assert app.config["LOCKKEEPER_BOOTSTRAP"] is False
+    assert "created operator" not in capsys.readouterr().err
+
+
 def test_non_numeric_environment_setting_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCKKEEPER_DEFAULT_TTL", "thirty")
     with pytest.raises(ConfigError, match="LOCKKEEPER_DEFAULT_TTL"):
