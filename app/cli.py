@@ -77,27 +77,16 @@ def tokens_revoke(name: str) -> None:
 
 
 def register_commands(app: Flask) -> None:
-    app.cli.add_command(tokens)
-    for module_name in (
-        "app.cli_users",
-        "app.cli_locks",
-        "app.cli_events",
-        "app.cli_exec",
-    ):
-        _add_optional(app, module_name)
-
-
-def _add_optional(app: Flask, module_name: str) -> None:
     """Command groups live beside the face that owns them."""
-    import importlib
+    from app import cli_events, cli_exec, cli_locks, cli_users
 
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        return
-    for command in module.COMMANDS:
+    for command in (
+        tokens,
+        *cli_users.COMMANDS,
+        *cli_locks.COMMANDS,
+        *cli_events.COMMANDS,
+        *cli_exec.COMMANDS,
+    ):
         app.cli.add_command(command)
 
 

@@ -30,28 +30,14 @@ def register_services(app: Flask) -> None:
 
 
 def register_blueprints(app: Flask) -> None:
-    """Each face is optional while it is being built; the core runs without any."""
-    import importlib
+    from app import ops, security
+    from app.api import bp as api
+    from app.audit.views import bp as audit
+    from app.auth.views import bp as auth
+    from app.dashboard import bp as dashboard
 
-    for module_name, attribute in (
-        ("app.ops", "bp"),
-        ("app.api", "bp"),
-        ("app.auth.views", "bp"),
-        ("app.dashboard", "bp"),
-        ("app.audit.views", "bp"),
-    ):
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        blueprint = getattr(module, attribute, None)
-        if blueprint is not None:
-            app.register_blueprint(blueprint)
-
-    from app import security
-
+    for blueprint in (ops.bp, api, auth, dashboard, audit):
+        app.register_blueprint(blueprint)
     security.init_app(app)
 
 
