@@ -1,0 +1,312 @@
+"""Checks a recorded history against the audit log: the properties of a lock.
+
+Inputs: the workers' records (see ``worker``), every row of ``lock_events``, and
+the outage probe. Timestamps are the database's clock throughout: the service's
+``acquired_at``/``expires_at`` and the events' ``occurred_at``.
+
+Unknown outcomes (Jepsen's "info" operations): a request whose reply never came
+may or may not have been applied. The checker never guesses:
+
+- an event caused by an unknown request (its owner names the attempt) is allowed
+  and counted as "indeterminate, took effect", never as invented;
+- a worker never believes it holds a lock from an unknown acquire, so an
+  indeterminate grant adds no believed interval (it cannot create an overlap in
+  what workers believed; the database-side replay below still checks it);
+- an unknown renew leaves the believed expiry where the last answered renew put
+  it: the real expiry can only be later, so a take-over can only come later.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+GRANT_ACTIONS = {"acquired", "took_over", "claimed", "force_claimed"}
+
+
+def ts(value: Any) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+@dataclass
+class Grant:
+    """One grant as a worker believed it."""
+
+    resource: str
+    owner: str
+    fence: int
+    acquired_at: datetime
+    expires_at: datetime  # extended by every answered renewal
+    released: bool = False
+    end: datetime | None = None  # the release's occurred_at, when released
+
+    @property
+    def until(self) -> datetime:
+        return self.end if self.end is not None else self.expires_at
+
+
+@dataclass
+class Report:
+    violations: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def violation(self, message: str) -> None:
+        self.violations.append(message)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check(
+    records: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    outage: dict[str, Any] | None = None,
+    *,
+    max_recovery: float = 5.0,
+) -> Report:
+    report = Report()
+    grants = _believed_grants(records, report)
+    events = sorted(events, key=lambda e: e["id"])
+    _match_events(records, grants, events, report)
+    _check_believed_intervals(grants, report)
+    _replay_audit_log(events, report)
+    _check_responses(records, report)
+    if outage is not None:
+        _check_outage(outage, report, max_recovery)
+    report.stats.update(_stats(records, events))
+    return report
+
+
+# -- what workers believed ------------------------------------------------------
+
+
+def _believed_grants(records, report) -> dict[tuple[str, str], Grant]:
+    grants: dict[tuple[str, str], Grant] = {}
+    for record in records:
+        kind = record["kind"]
+        key = (record.get("resource"), record.get("owner"))
+        if kind == "grant":
+            if key in grants:
+                report.violation(f"owner {key[1]} was granted {key[0]} twice")
+            grants[key] = Grant(
+                record["resource"],
+                record["owner"],
+                int(record["fence"]),
+                ts(record["acquired_at"]),
+                ts(record["expires_at"]),
+            )
+        elif kind == "renewed":
+            grant = grants.get(key)
+            if grant is None:
+                report.violation(f"renewal of {key} without a grant")
+                continue
+            if int(record["fence"]) != grant.fence:
+                report.violation(
+                    f"renewal of {key} changed fence {grant.fence} -> {record['fence']}"
+                )
+            grant.expires_at = max(grant.expires_at, ts(record["expires_at"]))
+        elif kind == "released" and key in grants:
+            grants[key].released = True
+    return grants
+
+
+def _check_believed_intervals(grants, report) -> None:
+    """Per resource: no two believed validity intervals overlap; fences increase."""
+    by_resource: dict[str, list[Grant]] = defaultdict(list)
+    for grant in grants.values():
+        by_resource[grant.resource].append(grant)
+    for resource, held in by_resource.items():
+        held.sort(key=lambda g: (g.acquired_at, g.fence))
+        previous: Grant | None = None
+        for grant in held:
+            if previous is not None:
+                if grant.acquired_at < previous.until:
+                    report.violation(
+                        f"{resource}: {grant.owner} (fence {grant.fence}) granted at "
+                        f"{grant.acquired_at.isoformat()} while {previous.owner} "
+                        f"(fence {previous.fence}) held it until "
+                        f"{previous.until.isoformat()}"
+                    )
+                if grant.fence <= previous.fence:
+                    report.violation(
+                        f"{resource}: fence {grant.fence} of {grant.owner} does not "
+                        f"exceed fence {previous.fence} granted before it"
+                    )
+            if previous is None or grant.until > previous.until:
+                previous = grant
+
+
+# -- the audit log against the history -------------------------------------------
+
+
+def _match_events(records, grants, events, report) -> None:
+    unknown_owners = {
+        (r["resource"], r["owner"]) for r in records if r["kind"] == "unknown"
+    }
+    grant_events: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    by_fence: dict[int, list[dict]] = defaultdict(list)
+    released: dict[tuple[str, int], dict] = {}
+    renewals: set[tuple[str, int, datetime]] = set()
+    for event in events:
+        key = (event["resource"], event["owner"])
+        if event["action"] in GRANT_ACTIONS:
+            grant_events[key].append(event)
+            by_fence[event["fence"]].append(event)
+        elif event["action"] == "released":
+            released[(event["resource"], event["fence"])] = event
+        elif event["action"] == "renewed":
+            renewals.add((event["resource"], event["fence"], ts(event["expires_at"])))
+
+    for fence, found in by_fence.items():
+        if len(found) > 1:
+            report.violation(f"fence {fence} was granted {len(found)} times: {found}")
+
+    # Every believed grant: exactly one grant event, the same one.
+    for key, grant in grants.items():
+        found = grant_events.get(key, [])
+        if len(found) != 1:
+            report.violation(f"grant {key} fence {grant.fence}: {len(found)} events")
+            continue
+        event = found[0]
+        if (event["fence"], ts(event["acquired_at"])) != (
+            grant.fence,
+            grant.acquired_at,
+        ):
+            report.violation(f"grant {key} does not match its event {event}")
+        release = released.get((grant.resource, grant.fence))
+        if grant.released and release is None:
+            report.violation(f"release of {key} answered 204 but left no event")
+        if release is not None:
+            grant.end = ts(release["occurred_at"])
+    for record in records:
+        if record["kind"] == "renewed":
+            renewal = (
+                record["resource"],
+                int(record["fence"]),
+                ts(record["expires_at"]),
+            )
+            if renewal not in renewals:
+                report.violation(f"renewal {renewal} answered 200 but left no event")
+
+    # Every grant event: a believed grant, or an attempt whose outcome was unknown.
+    indeterminate = 0
+    for key, found in grant_events.items():
+        if key in grants:
+            continue
+        if key in unknown_owners:
+            indeterminate += len(found)
+            continue
+        for event in found:
+            report.violation(f"event {event['id']} grants {key} that nobody asked for")
+    report.stats["indeterminate_grants_applied"] = indeterminate
+
+
+def _replay_audit_log(events, report) -> None:
+    """The database's own story, independent of what workers believed: replaying
+    the events per resource, no grant may come while another owner validly holds
+    the lock, and every new grant's fence exceeds every earlier one."""
+    holders: dict[str, dict] = {}
+    highest: dict[str, int] = defaultdict(int)
+    for event in events:
+        resource, action = event["resource"], event["action"]
+        holder = holders.get(resource)
+        if action in GRANT_ACTIONS or action == "reacquired":
+            at = ts(event["acquired_at"])
+            if (
+                holder is not None
+                and holder["expires_at"] > at
+                and action != "force_claimed"
+                and not (action == "reacquired" and holder["owner"] == event["owner"])
+            ):
+                report.violation(
+                    f"event {event['id']}: {resource} {action} by {event['owner']} at "
+                    f"{at.isoformat()} while {holder['owner']} held it until "
+                    f"{holder['expires_at'].isoformat()}"
+                )
+            if action == "reacquired":
+                if holder is None or holder["fence"] != event["fence"]:
+                    report.violation(f"event {event['id']}: reacquire changed fence")
+            elif event["fence"] <= highest[resource]:
+                report.violation(
+                    f"event {event['id']}: fence {event['fence']} on {resource} "
+                    f"after fence {highest[resource]}"
+                )
+            highest[resource] = max(highest[resource], event["fence"])
+            holders[resource] = {
+                "owner": event["owner"],
+                "fence": event["fence"],
+                "expires_at": ts(event["expires_at"]),
+            }
+        elif action == "renewed":
+            if holder is None or (holder["owner"], holder["fence"]) != (
+                event["owner"],
+                event["fence"],
+            ):
+                report.violation(f"event {event['id']}: renewal by a non-holder")
+            elif holder["expires_at"] <= ts(event["occurred_at"]):
+                report.violation(f"event {event['id']}: renewal of an expired lock")
+            else:
+                holder["expires_at"] = ts(event["expires_at"])
+        elif action in ("released", "force_released"):
+            if holder is None or holder["fence"] != event["fence"]:
+                report.violation(f"event {event['id']}: release of a lock not held")
+            holders.pop(resource, None)
+
+
+# -- responses and the outage ----------------------------------------------------
+
+
+def _check_responses(records, report) -> None:
+    for record in records:
+        if record["kind"] == "error":
+            report.violation(
+                f"{record['op']} {record['resource']} by {record['owner']}: "
+                f"HTTP {record.get('status')} {record.get('error')}"
+            )
+        elif record["kind"] == "unknown" and (record.get("status") or 0) == 500:
+            report.violation(f"a 500 answered {record}")
+
+
+def _check_outage(outage, report, max_recovery) -> None:
+    probes = outage.get("probes", [])
+    if not probes:
+        report.violation("the database outage was never probed")
+    for probe in probes:
+        if probe["status"] != 503:
+            report.violation(f"during the outage {probe['url']} answered {probe}")
+        elif probe["content_type"] != "application/problem+json":
+            report.violation(f"the outage 503 of {probe['url']} is not problem+json")
+    for name, seconds in outage.get("recovery", {}).items():
+        if seconds is None or seconds > max_recovery:
+            report.violation(
+                f"{name} took {seconds} s to serve again after the database came "
+                f"back (limit {max_recovery} s)"
+            )
+
+
+def _stats(records, events) -> dict[str, Any]:
+    kinds: dict[str, int] = defaultdict(int)
+    operations = 0
+    for record in records:
+        kinds[record["kind"]] += 1
+        if record["kind"] == "summary":
+            operations += sum(
+                n for op, n in record["counts"].items() if not op.startswith("pause")
+            )
+    actions: dict[str, int] = defaultdict(int)
+    for event in events:
+        actions[event["action"]] += 1
+    return {
+        "operations": operations,
+        "grants_believed": kinds["grant"],
+        "renewals": kinds["renewed"],
+        "releases": kinds["released"],
+        "losses_learned": kinds["lost"],
+        "unknown_outcomes": kinds["unknown"],
+        "events": len(events),
+        "events_by_action": dict(actions),
+        "take_overs": actions["took_over"],
+    }

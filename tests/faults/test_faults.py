@@ -1,0 +1,188 @@
+"""The bounded fault run (CI) and the checker's own tests.
+
+The checker tests feed it small hand-written histories, each breaking one
+property, to show it fails when it should: a checker that cannot fail would make
+the fault run prove nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.databases import unavailable
+from tests.faults.checker import check
+from tests.faults.instances import LIBFAKETIME
+
+T0 = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def grant(owner, fence, start, end, resource="hot:0"):
+    return {
+        "kind": "grant",
+        "resource": resource,
+        "owner": owner,
+        "fence": fence,
+        "acquired_at": at(start).isoformat(),
+        "expires_at": at(end).isoformat(),
+    }
+
+
+def event(id_, action, owner, fence, start, end, occurred=None, resource="hot:0"):
+    return {
+        "id": id_,
+        "resource": resource,
+        "action": action,
+        "owner": owner,
+        "previous_owner": None,
+        "fence": fence,
+        "acquired_at": at(start),
+        "expires_at": at(end),
+        "occurred_at": at(start if occurred is None else occurred),
+    }
+
+
+def clean_history():
+    records = [
+        grant("w00-1", 1, 0, 1),
+        {"kind": "released", "resource": "hot:0", "owner": "w00-1", "fence": 1},
+        grant("w01-1", 2, 0.5, 1.5),
+        grant("w02-1", 3, 1.5, 2.5),
+    ]
+    events = [
+        event(1, "acquired", "w00-1", 1, 0, 1),
+        event(2, "released", "w00-1", 1, 0, 1, occurred=0.5),
+        event(3, "acquired", "w01-1", 2, 0.5, 1.5),
+        event(4, "took_over", "w02-1", 3, 1.5, 2.5),
+    ]
+    return records, events
+
+
+def test_checker_accepts_a_correct_history():
+    records, events = clean_history()
+    report = check(records, events)
+    assert report.violations == []
+    assert report.stats["take_overs"] == 1
+
+
+def test_checker_finds_two_believed_holders_at_once():
+    records, events = clean_history()
+    records[3] = grant("w02-1", 3, 1.4, 2.5)
+    events[3] = event(4, "took_over", "w02-1", 3, 1.4, 2.5)
+    violations = check(records, events).violations
+    assert any("while w01-1" in v for v in violations)
+
+
+def test_checker_finds_a_fence_that_does_not_increase():
+    records, events = clean_history()
+    records[3] = grant("w02-1", 2, 1.5, 2.5)
+    events[3] = event(4, "took_over", "w02-1", 2, 1.5, 2.5)
+    violations = check(records, events).violations
+    assert any("does not exceed fence 2" in v for v in violations)
+    assert any("fence 2 was granted 2 times" in v for v in violations)
+
+
+def test_checker_finds_a_grant_the_audit_log_lost():
+    records, events = clean_history()
+    violations = check(records, events[:3]).violations
+    assert violations == ["grant ('hot:0', 'w02-1') fence 3: 0 events"]
+
+
+def test_checker_finds_an_invented_grant():
+    records, events = clean_history()
+    events.append(event(5, "acquired", "w09-9", 4, 3, 4))
+    violations = check(records, events).violations
+    assert violations == ["event 5 grants ('hot:0', 'w09-9') that nobody asked for"]
+
+
+def test_grant_of_an_unknown_outcome_request_is_indeterminate_not_invented():
+    records, events = clean_history()
+    records.append(
+        {"kind": "unknown", "op": "acquire", "resource": "hot:0", "owner": "w09-9"}
+    )
+    events.append(event(5, "acquired", "w09-9", 4, 3, 4))
+    report = check(records, events)
+    assert report.violations == []
+    assert report.stats["indeterminate_grants_applied"] == 1
+
+
+def test_checker_replays_the_audit_log_for_a_grant_over_a_valid_holder():
+    records, events = clean_history()
+    records.append(
+        {"kind": "unknown", "op": "acquire", "resource": "hot:0", "owner": "w09-9"}
+    )
+    events.append(event(5, "took_over", "w09-9", 4, 2.0, 3))
+    violations = check(records, events).violations
+    assert any("event 5: hot:0 took_over by w09-9" in v for v in violations)
+
+
+def test_checker_reports_every_500():
+    records, events = clean_history()
+    records.append(
+        {
+            "kind": "error",
+            "op": "renew",
+            "resource": "hot:0",
+            "owner": "w00-1",
+            "status": 500,
+            "error": "boom",
+        }
+    )
+    assert check(records, events).violations == ["renew hot:0 by w00-1: HTTP 500 boom"]
+
+
+def test_checker_requires_problem_503s_and_a_quick_recovery():
+    records, events = clean_history()
+    probe = {"url": "http://x/healthz", "method": "GET"}
+    outage = {
+        "probes": [
+            {**probe, "status": 503, "content_type": "application/problem+json"},
+            {**probe, "status": 500, "content_type": "application/problem+json"},
+            {**probe, "status": 503, "content_type": "text/html"},
+        ],
+        "recovery": {"app0": 0.4, "app1": 7.5, "app2": None},
+    }
+    violations = check(records, events, outage).violations
+    assert len(violations) == 4
+
+
+# -- the bounded run -------------------------------------------------------------
+
+
+def harness_prerequisites() -> str | None:
+    if not os.path.exists(LIBFAKETIME):
+        return f"{LIBFAKETIME} missing (apt-get install faketime)"
+    if not glob.glob("/usr/lib/postgresql/*/bin/initdb"):
+        return "PostgreSQL server binaries missing"
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        return "runuser missing (needed to run initdb as postgres)"
+    return None
+
+
+@pytest.mark.slow
+def test_bounded_fault_run_finds_no_violation():
+    """3 instances (one 5 minutes fast), 24 workers, SIGKILLs every few seconds,
+    one database restart: never two holders, nothing lost or invented, no 500."""
+    missing = harness_prerequisites()
+    if missing:
+        unavailable(f"fault harness: {missing}")
+    from tests.faults.run import RunConfig, run
+
+    report = run(RunConfig(duration=45.0), log=lambda message: None)
+    stats = report.stats
+    assert report.violations == [], stats
+    # The run must have exercised what it claims to.
+    assert stats["grants_believed"] >= 20
+    assert stats["take_overs"] >= 5
+    assert stats["losses_learned"] >= 1
+    assert stats["instance_kills"] >= 3
+    assert stats["database_restarts"] == 1
+    assert stats["outage_probes"] >= 9
