@@ -37,7 +37,7 @@ def _fail_on_invalid(exc) -> click.ClickException:
 @with_appcontext
 def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
     """Every matching lock, one per line, tab-separated, ordered by resource."""
-    from app.audit.export import format_timestamp
+    from app.formatting import rfc3339
     from app.locks.errors import InvalidInput
     from app.locks.service import MAX_PAGE, lock_service
 
@@ -59,8 +59,8 @@ def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
                         lock.owner,
                         str(lock.fence),
                         lock.state.value,
-                        format_timestamp(lock.acquired_at),
-                        format_timestamp(lock.expires_at),
+                        rfc3339(lock.acquired_at),
+                        rfc3339(lock.expires_at),
                         f"{lock.ttl_remaining:.1f}",
                     )
                 )

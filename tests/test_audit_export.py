@@ -14,10 +14,10 @@ from app.audit.export import (
     ROWS_PER_CHUNK,
     csv_chunks,
     event_record,
-    format_timestamp,
     jsonl_chunks,
 )
 from app.audit.service import parse_timestamp
+from app.formatting import rfc3339
 from app.locks.results import Event
 from app.locks.state import Action
 
@@ -46,10 +46,10 @@ def make_event(n: int, owner: str = "w-1", reason: str | None = None) -> Event:
 
 
 def test_timestamps_are_rfc3339_utc_with_z():
-    assert format_timestamp(datetime(2026, 11, 30, 9, 0, tzinfo=UTC)) == (
+    assert rfc3339(datetime(2026, 11, 30, 9, 0, tzinfo=UTC)) == (
         "2026-11-30T09:00:00.000000Z"
     )
-    assert format_timestamp(None) is None
+    assert rfc3339(None) is None
 
 
 def test_csv_starts_with_a_header_row():

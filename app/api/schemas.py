@@ -18,6 +18,7 @@ from urllib.parse import unquote_to_bytes
 
 from flask import Request
 
+from app.formatting import rfc3339
 from app.locks import validation
 from app.locks.errors import InvalidInput
 from app.locks.results import Event, Lock
@@ -32,14 +33,6 @@ _RFC3339 = re.compile(
 
 
 # -- responses ------------------------------------------------------------------
-
-
-def rfc3339(moment: datetime | None) -> str | None:
-    """``2026-11-30T09:00:00.123456Z``: UTC, always with microseconds."""
-    if moment is None:
-        return None
-    utc = moment.astimezone(UTC).replace(tzinfo=None)
-    return utc.isoformat(timespec="microseconds") + "Z"
 
 
 def lock_to_json(lock: Lock) -> dict[str, Any]:

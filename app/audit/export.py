@@ -11,10 +11,10 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from app.formatting import rfc3339
 from app.locks.results import Event
 
 COLUMNS = (
@@ -47,25 +47,18 @@ class ExportFormat(StrEnum):
         }[self]
 
 
-def format_timestamp(value: datetime | None) -> str | None:
-    """RFC 3339 in UTC with microseconds and a ``Z``."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def event_record(event: Event) -> dict[str, Any]:
     """The event as plain JSON-ready values, keyed in ``COLUMNS`` order."""
     return {
         "id": event.id,
-        "occurred_at": format_timestamp(event.occurred_at),
+        "occurred_at": rfc3339(event.occurred_at),
         "resource": event.resource,
         "action": event.action.value,
         "owner": event.owner,
         "previous_owner": event.previous_owner,
         "fence": event.fence,
-        "acquired_at": format_timestamp(event.acquired_at),
-        "expires_at": format_timestamp(event.expires_at),
+        "acquired_at": rfc3339(event.acquired_at),
+        "expires_at": rfc3339(event.expires_at),
         "actor": event.actor,
         "reason": event.reason,
     }

@@ -20,7 +20,7 @@ from flask import (
     url_for,
 )
 
-from app.audit.export import ExportFormat, chunks, format_timestamp
+from app.audit.export import ExportFormat, chunks
 from app.audit.service import (
     EventFilter,
     iter_events,
@@ -29,6 +29,7 @@ from app.audit.service import (
     tenures,
 )
 from app.auth.views import login_required
+from app.formatting import human_duration, rfc3339
 from app.locks.errors import InvalidInput
 from app.locks.service import DEFAULT_PAGE
 from app.locks.state import Action
@@ -39,19 +40,8 @@ FILTER_FIELDS = ("resource", "prefix", "owner", "action", "actor", "since", "unt
 
 
 def held_for(value: timedelta) -> str:
-    """A tenure's length for people: ``45 s``, ``3 min 20 s``, ``2 h 5 min``."""
-    seconds = value.total_seconds()
-    if seconds < 60:
-        return f"{seconds:.3g} s" if seconds < 10 else f"{seconds:.0f} s"
-    whole = int(seconds)
-    days, hours = divmod(whole, 86400)
-    hours, rest = divmod(hours, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    return f"{minutes} min {secs} s"
+    """A tenure's length: ``0.25 s``, ``45 s``, ``3 min 20 s``, ``2 h 5 min``."""
+    return human_duration(value.total_seconds(), sub_minute_digits=3)
 
 
 def datetime_local(value: datetime | None) -> str:
@@ -59,7 +49,7 @@ def datetime_local(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if value else ""
 
 
-bp.add_app_template_filter(format_timestamp, "audit_timestamp")
+bp.add_app_template_filter(rfc3339, "audit_timestamp")
 bp.add_app_template_filter(held_for, "held_for")
 bp.add_app_template_filter(datetime_local, "datetime_local")
 
