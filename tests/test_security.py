@@ -1,0 +1,354 @@
+"""Security properties, checked over every route the app has.
+
+Routes are enumerated from the URL map, so a route added later is covered
+without touching this file: no API route answers without a valid bearer token;
+the dashboard's session cookie is no API credential; every state-changing form
+needs its CSRF token; a viewer cannot act; tokens and passwords are never logged,
+stored or shown again after creation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask, url_for
+from sqlalchemy import func, select
+
+from app.extensions import db
+from app.locks.models import LockEvent
+from app.locks.service import lock_service
+from tests.dashboard_helpers import PASSWORD, csrf_token, log_in, make_user
+
+RESOURCE = "job:1"
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+# Everything a dashboard action form might carry, so that only the CSRF token (or
+# the role) can be the reason for a refusal.
+FULL_FORM = {
+    "reason": "security test",
+    "owner": "operator:mallory",
+    "ttl": "30",
+    "force": "yes",
+    "fence": "1",
+    "confirm": "yes",
+}
+
+
+def routes(app: Flask, *, api: bool) -> list[tuple[str, str, str]]:
+    """(endpoint, method, url) of every route under /api/v1 or outside it."""
+    found = []
+    with app.test_request_context():
+        for rule in app.url_map.iter_rules():
+            if rule.endpoint == "static":
+                continue
+            url = url_for(rule.endpoint, **dict.fromkeys(rule.arguments, RESOURCE))
+            if url.startswith("/api/") != api:
+                continue
+            for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+                found.append((rule.endpoint, method, url))
+    return found
+
+
+def api_routes(app: Flask) -> list[tuple[str, str, str]]:
+    return [r for r in routes(app, api=True) if r[0] != "api.openapi_json"]
+
+
+def form_posts(app: Flask, *, acting_only: bool = False) -> list[tuple[str, str]]:
+    """(endpoint, url) of every state-changing route outside the API."""
+    return [
+        (endpoint, url)
+        for endpoint, method, url in routes(app, api=False)
+        if method not in SAFE_METHODS
+        and not (acting_only and endpoint.startswith("auth."))
+    ]
+
+
+@pytest.fixture
+def csrf_app(make_app) -> Flask:
+    """CSRF on, as in production (the default of ``make_app`` too)."""
+    app = make_app()
+    assert app.config.get("WTF_CSRF_ENABLED", True)
+    make_user(app, "olga", "operator")
+    make_user(app, "victor", "viewer")
+    return app
+
+
+def held_lock(app: Flask):
+    with app.app_context():
+        service = lock_service()
+        service.acquire(RESOURCE, "worker-1", ttl=600)
+        return service.get(RESOURCE)
+
+
+def lock_state(app: Flask):
+    """The lock row and the number of events: what an action would change."""
+    with app.app_context():
+        lock = lock_service().get(RESOURCE, include_stale=True)
+        events = db.session.scalar(select(func.count()).select_from(LockEvent))
+        db.session.remove()
+    return (lock.owner, lock.fence, lock.expires_at), events
+
+
+def test_route_enumeration_finds_the_api_and_the_actions(csrf_app):
+    """Guards the tests below against vacuously passing over an empty list."""
+    api = {(endpoint, method) for endpoint, method, _ in api_routes(csrf_app)}
+    assert len(api) >= 6
+    assert {m for _, m in api} >= {"GET", "POST", "PATCH", "DELETE"}
+    acting = {endpoint for endpoint, _ in form_posts(csrf_app, acting_only=True)}
+    assert len(acting) >= 2
+
+
+# -- the API: bearer tokens only ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Bearer lk_not-a-real-token",
+        "Basic b2xnYTpjb3JyZWN0IGhvcnNlIGJhdHRlcnk=",
+        "Token {token}",
+        "Bearer {token}x",
+        "Bearer " + "A" * 5000,
+    ],
+)
+def test_no_api_route_answers_without_a_valid_token(csrf_app, authorization):
+    from app.auth.service import create_token
+
+    with csrf_app.app_context():
+        token = create_token("worker")
+    held = held_lock(csrf_app)
+    client = csrf_app.test_client()
+    before = lock_state(csrf_app)
+    for endpoint, method, url in api_routes(csrf_app):
+        headers = {}
+        if authorization is not None:
+            headers["Authorization"] = authorization.format(token=token)
+        response = client.open(
+            url, method=method, headers=headers, json={"owner": held.owner, "ttl": 5}
+        )
+        assert response.status_code == 401, (endpoint, method, response.status_code)
+        assert response.mimetype == "application/problem+json"
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        assert token not in response.get_data(as_text=True)
+    assert lock_state(csrf_app) == before
+
+
+def test_revoked_token_opens_no_api_route(csrf_app):
+    from app.auth.service import create_token, revoke_token
+
+    with csrf_app.app_context():
+        token = create_token("leaver")
+        revoke_token("leaver")
+    client = csrf_app.test_client()
+    for endpoint, method, url in api_routes(csrf_app):
+        response = client.open(
+            url,
+            method=method,
+            headers={"Authorization": f"Bearer {token}"},
+            json={"owner": "w", "ttl": 5},
+        )
+        assert response.status_code == 401, (endpoint, method)
+
+
+def test_operator_session_cookie_does_not_authenticate_the_api(csrf_app):
+    held = held_lock(csrf_app)
+    browser = csrf_app.test_client()
+    assert log_in(browser, "olga").status_code in (302, 303)
+    assert browser.get("/").status_code == 200  # the session is live
+    token = csrf_token(browser, "/")
+    before = lock_state(csrf_app)
+    for endpoint, method, url in api_routes(csrf_app):
+        response = browser.open(
+            url,
+            method=method,
+            headers={"X-CSRFToken": token},
+            json={"owner": held.owner, "ttl": 5},
+        )
+        assert response.status_code == 401, (endpoint, method, response.status_code)
+    assert lock_state(csrf_app) == before
+
+
+# -- the dashboard: CSRF and roles --------------------------------------------------
+
+
+@pytest.mark.parametrize("csrf", ["missing", "wrong", "another session's"])
+def test_state_changing_form_without_its_csrf_token_is_rejected(csrf_app, csrf):
+    held_lock(csrf_app)
+    operator = csrf_app.test_client()
+    log_in(operator, "olga")
+    form = dict(FULL_FORM, fence=str(held_lock(csrf_app).fence))
+    if csrf == "wrong":
+        form["csrf_token"] = "IjRhZjM4NTQ2ZGY5In0.not-a-token"
+    elif csrf == "another session's":
+        other = csrf_app.test_client()
+        log_in(other, "olga")
+        form["csrf_token"] = csrf_token(other, "/")
+    before = lock_state(csrf_app)
+    for endpoint, url in form_posts(csrf_app):
+        for headers in ({}, {"HX-Request": "true"}):
+            response = operator.post(url, data=form, headers=headers)
+            assert response.status_code == 400, (endpoint, headers, response.status)
+    assert lock_state(csrf_app) == before
+    assert operator.get("/").status_code == 200  # /logout did not log us out
+
+
+def test_csrf_token_in_the_form_lets_an_operator_act(csrf_app):
+    """The other side of the CSRF test: the same post with its token works."""
+    lock = held_lock(csrf_app)
+    operator = csrf_app.test_client()
+    log_in(operator, "olga")
+    response = operator.post(
+        f"/locks/{RESOURCE}/release",
+        data=dict(
+            FULL_FORM, fence=str(lock.fence), csrf_token=csrf_token(operator, "/")
+        ),
+    )
+    assert response.status_code in (200, 302, 303)
+    with csrf_app.app_context():
+        assert lock_service().counts()["held"] == 0
+
+
+def test_a_viewer_cannot_act_even_with_a_valid_csrf_token(csrf_app):
+    lock = held_lock(csrf_app)
+    viewer = csrf_app.test_client()
+    log_in(viewer, "victor")
+    token = csrf_token(viewer, "/")
+    before = lock_state(csrf_app)
+    for endpoint, url in form_posts(csrf_app, acting_only=True):
+        for headers in ({}, {"HX-Request": "true"}):
+            response = viewer.post(
+                url,
+                data=dict(FULL_FORM, fence=str(lock.fence), csrf_token=token),
+                headers=headers,
+            )
+            assert response.status_code == 403, (endpoint, headers, response.status)
+        assert viewer.get(url).status_code in (403, 405), endpoint
+    assert lock_state(csrf_app) == before
+
+
+def test_anonymous_posts_change_nothing(csrf_app):
+    held_lock(csrf_app)
+    anonymous = csrf_app.test_client()
+    token = csrf_token(anonymous, "/login")
+    before = lock_state(csrf_app)
+    for endpoint, url in form_posts(csrf_app, acting_only=True):
+        response = anonymous.post(url, data=dict(FULL_FORM, csrf_token=token))
+        assert response.status_code in (302, 303, 401), endpoint
+    assert lock_state(csrf_app) == before
+
+
+# -- secrets: never logged, stored or shown again ------------------------------------
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(self.format(record))
+        if record.exc_info:
+            self.lines.append(logging.Formatter().formatException(record.exc_info))
+
+
+@pytest.fixture
+def every_log_line() -> Iterator[list[str]]:
+    """Every record of every logger, at DEBUG, whatever its propagation."""
+    handler = _Collect()
+    loggers = [logging.getLogger()] + [
+        logger
+        for logger in logging.root.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger) and not logger.propagate
+    ]
+    levels = [(logger, logger.level) for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+    yield handler.lines
+    for logger, level in levels:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def stored_strings(app: Flask) -> str:
+    """Every value of every row of the user and token tables, as one text."""
+    from app.auth.models import ApiToken, User
+
+    with app.app_context():
+        values = []
+        for model in (User, ApiToken):
+            for row in db.session.execute(select(model.__table__)).all():
+                values.extend(str(value) for value in row)
+        db.session.remove()
+    return "\n".join(values)
+
+
+def test_api_token_is_shown_once_and_never_logged_or_stored(make_app, every_log_line):
+    app = make_app()
+    runner = app.test_cli_runner()
+    created = runner.invoke(args=["tokens", "create", "ci-worker"])
+    assert created.exit_code == 0, created.output
+    token = created.output.strip().splitlines()[-1]
+    assert token.startswith("lk_")
+    assert created.output.count(token) == 1
+
+    client = app.test_client()
+    auth = {"Authorization": f"Bearer {token}"}
+    assert client.post(f"/api/v1/locks/{RESOURCE}", json={"owner": "w"}, headers=auth)
+    client.get(f"/api/v1/locks/{RESOURCE}", headers=auth)
+    client.get("/api/v1/nope", headers=auth)
+    client.post(f"/api/v1/locks/{RESOURCE}", data="{", headers=auth)
+    client.get("/api/v1/locks", headers={"Authorization": f"Bearer {token}x"})
+    listed = runner.invoke(args=["tokens", "list"])
+
+    assert "ci-worker" in listed.output
+    assert token not in listed.output
+    assert every_log_line, "the request log wrote nothing: this test would be blind"
+    assert not [line for line in every_log_line if token in line]
+    assert token not in stored_strings(app)
+
+
+def test_passwords_are_never_echoed_logged_or_stored(make_app, every_log_line):
+    app = make_app()
+    runner = app.test_cli_runner()
+    secret = "s3cret-Passphrase-for-carol"
+    created = runner.invoke(
+        args=["users", "create", "carol", "--role", "operator", "--password-stdin"],
+        input=secret + "\n",
+    )
+    assert created.exit_code == 0, created.output
+    assert secret not in created.output
+
+    browser = app.test_client()
+    assert log_in(browser, "carol", secret).status_code in (302, 303)
+    refused = app.test_client()
+    log_in(refused, "carol", secret + "-wrong")
+    log_in(refused, "nobody", secret)
+    for page in ("/", "/audit", f"/locks/{RESOURCE}"):
+        assert secret not in browser.get(page).get_data(as_text=True)
+
+    assert every_log_line
+    assert not [line for line in every_log_line if secret in line]
+    assert secret not in stored_strings(app)
+    assert PASSWORD not in stored_strings(app)
+
+
+def test_first_start_secrets_go_to_the_console_once_never_to_the_log(
+    make_app, capsys, every_log_line
+):
+    app = make_app(LOCKKEEPER_BOOTSTRAP=True)
+    console = capsys.readouterr().err
+    password = console.split("password: ")[1].split()[0]
+    token = console.split("token: ")[1].split()[0]
+    assert token.startswith("lk_")
+    make_app(LOCKKEEPER_BOOTSTRAP=True)  # a second start shows nothing again
+    assert capsys.readouterr().err == ""
+    assert not [line for line in every_log_line if password in line or token in line]
+    stored = stored_strings(app)
+    assert password not in stored
+    assert token not in stored
