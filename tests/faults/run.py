@@ -40,7 +40,7 @@ class RunConfig:
     instances: int = 3
     skew: str = "+5m"
     kill_every: tuple[float, float] = (2.0, 5.0)
-    outage_at: float = 0.4  # fraction of the run
+    database_restarts: int = 1  # spread over the run, the first at 40 %
     outage: float = 3.0  # seconds the database stays down
     seed: int = 1
     keep: bool = False  # keep the work directory (logs, histories)
@@ -74,9 +74,14 @@ class FaultInjector(threading.Thread):
             self.failure = exc
 
     def _loop(self) -> None:
-        outage_due = time.time() + self.config.duration * self.config.outage_at
+        started, restarts = time.time(), self.config.database_restarts
+        outages_due = [
+            started + self.config.duration * (k + 0.4) / restarts
+            for k in range(restarts)
+        ]
         while not self._halt.is_set() and time.time() < self.stop_at - 1:
-            if self.database_restarts == 0 and time.time() >= outage_due:
+            if outages_due and time.time() >= outages_due[0]:
+                outages_due.pop(0)
                 self.restart_database()
                 continue
             if self._halt.wait(self.rng.uniform(*self.config.kill_every)):
@@ -125,13 +130,13 @@ class FaultInjector(threading.Thread):
             while pending and time.monotonic() - back < 30:
                 for name, instance in list(pending.items()):
                     if self._serves(http, instance, headers):
-                        self.outage["recovery"][name] = round(
-                            time.monotonic() - back, 3
+                        self.outage["recovery"][f"{name}#{self.database_restarts}"] = (
+                            round(time.monotonic() - back, 3)
                         )
                         del pending[name]
                 time.sleep(0.05)
             for name in pending:
-                self.outage["recovery"][name] = None
+                self.outage["recovery"][f"{name}#{self.database_restarts}"] = None
 
     @staticmethod
     def _serves(http, instance, headers) -> bool:
@@ -235,8 +240,11 @@ def run(config: RunConfig, log=print) -> Report:
             crashed_workers=sum(1 for p in processes if p.exitcode != 0),
             violations=len(report.violations),
         )
-        if injector.database_restarts != 1:
-            report.violation("the database was never restarted")
+        if injector.database_restarts != config.database_restarts:
+            report.violation(
+                f"the database was restarted {injector.database_restarts} times, "
+                f"not {config.database_restarts}"
+            )
         if injector.kills == 0:
             report.violation("no instance was ever killed")
         if report.stats["crashed_workers"]:
@@ -261,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=RunConfig.workers)
     parser.add_argument("--skew", default=RunConfig.skew, help="FAKETIME offset")
     parser.add_argument("--seed", type=int, default=RunConfig.seed)
+    parser.add_argument(
+        "--database-restarts", type=int, default=RunConfig.database_restarts
+    )
     parser.add_argument("--keep", action="store_true", help="keep logs, histories")
     parser.add_argument("--report", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -269,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         skew=args.skew,
         seed=args.seed,
+        database_restarts=args.database_restarts,
         keep=args.keep,
     )
     report = run(config)
