@@ -137,3 +137,117 @@ class PostgresCluster:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+class MariaDBServer:
+    """The same for MariaDB: ``mariadb-install-db`` into a temporary datadir,
+    ``mariadbd`` on 127.0.0.1 and a free port as the ``mysql`` OS user. ``stop``
+    is a SIGKILL (a crash: InnoDB recovers on start)."""
+
+    def __init__(self, *, user: str = "mysql"):
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="lk-faults-mariadb-"))
+        self.data = self.root / "data"
+        self.socket = self.root / "mysqld.sock"
+        self.log = self.root / "server.log"
+        self.user = user
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(user)
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        install = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
+        result = subprocess.run(
+            [
+                install,
+                "--no-defaults",
+                f"--user={user}",
+                f"--datadir={self.data}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ClusterError(f"mariadb-install-db failed: {result.stderr[-2000:]}")
+        self.process: subprocess.Popen | None = None
+        self._log = None
+        self.url = f"mariadb://root@127.0.0.1:{self.port}/lockkeeper"
+        self._created = False
+
+    def start(self) -> None:
+        import time
+
+        import pymysql
+
+        self._log = open(self.log, "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                shutil.which("mariadbd") or "/usr/sbin/mariadbd",
+                "--no-defaults",
+                f"--user={self.user}",
+                f"--datadir={self.data}",
+                f"--port={self.port}",
+                "--bind-address=127.0.0.1",
+                f"--socket={self.socket}",
+                f"--pid-file={self.root / 'mysqld.pid'}",
+                # Every login is root: a throwaway server on the loopback only.
+                "--skip-grant-tables",
+                "--skip-name-resolve",
+                "--innodb-buffer-pool-size=64M",
+                # Commits reach the OS at once: a killed server loses none of them.
+                "--innodb-flush-log-at-trx-commit=2",
+                "--max-connections=300",
+                "--character-set-server=utf8mb4",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = pymysql.connect(
+                    host="127.0.0.1", port=self.port, user="root", connect_timeout=1
+                )
+                break
+            except pymysql.err.OperationalError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"mariadbd did not start: see {self.log}"
+                    ) from None
+                time.sleep(0.1)
+        with conn:
+            if not self._created:
+                with conn.cursor() as cursor:
+                    cursor.execute(
+                        "CREATE DATABASE IF NOT EXISTS lockkeeper "
+                        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                    )
+                self._created = True
+
+    def stop(self, mode: str = "immediate") -> None:
+        import signal
+
+        if self.process is None:
+            return
+        os.killpg(
+            self.process.pid, signal.SIGKILL if mode == "immediate" else signal.SIGTERM
+        )
+        self.process.wait()
+        self.process = None
+        self._log.close()
+
+    def close(self) -> None:
+        try:
+            self.stop("immediate")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> MariaDBServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

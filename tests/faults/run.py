@@ -1,9 +1,10 @@
-"""One harness run: private PostgreSQL, 3 app instances (one clock-skewed), N
-worker processes, SIGKILL/restart of an instance every few seconds, one database
-restart with the API probed during the outage, then the checker.
+"""One harness run: a private PostgreSQL (or MariaDB) server, 3 app instances (one
+clock-skewed), N worker processes, SIGKILL/restart of an instance every few
+seconds, database restarts with the API probed during each outage, then the checker.
 
-    python -m tests.faults                    # bounded mode, as CI runs it
-    python -m tests.faults --duration 600     # long mode
+    python -m tests.faults                                  # bounded mode, as CI
+    python -m tests.faults --duration 600 --database-restarts 4 --report r.json
+    python -m tests.faults --database mariadb --duration 120
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sqlalchemy import create_engine, select
 from app.config import normalize_database_url
 from app.locks.models import LockEvent
 from tests.faults.checker import Report, check
-from tests.faults.cluster import PostgresCluster
+from tests.faults.cluster import MariaDBServer, PostgresCluster
 from tests.faults.instances import AppInstance, base_env, lockkeeper_cli
 from tests.faults.worker import WorkerConfig, worker_main
 
@@ -35,6 +36,7 @@ HOT_RESOURCES = [f"hot:{n}" for n in range(4)]
 
 @dataclass
 class RunConfig:
+    database: str = "postgresql"  # or "mariadb"
     duration: float = 45.0
     workers: int = 24
     instances: int = 3
@@ -174,7 +176,7 @@ def read_histories(directory: Path) -> list[dict]:
 
 def run(config: RunConfig, log=print) -> Report:
     workdir = Path(tempfile.mkdtemp(prefix="lk-faults-"))
-    cluster = PostgresCluster()
+    cluster = MariaDBServer() if config.database == "mariadb" else PostgresCluster()
     instances: list[AppInstance] = []
     processes = []
     started = time.monotonic()
@@ -229,6 +231,7 @@ def run(config: RunConfig, log=print) -> Report:
         events = [e for e in read_events(cluster.url) if e["resource"] in HOT_RESOURCES]
         report = check(records, events, injector.outage)
         report.stats.update(
+            database=config.database,
             duration_s=config.duration,
             workers=config.workers,
             instances=config.instances,
@@ -265,6 +268,9 @@ def run(config: RunConfig, log=print) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
+    parser.add_argument(
+        "--database", choices=["postgresql", "mariadb"], default=RunConfig.database
+    )
     parser.add_argument("--duration", type=float, default=RunConfig.duration)
     parser.add_argument("--workers", type=int, default=RunConfig.workers)
     parser.add_argument("--skew", default=RunConfig.skew, help="FAKETIME offset")
@@ -276,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
     config = RunConfig(
+        database=args.database,
         duration=args.duration,
         workers=args.workers,
         skew=args.skew,
