@@ -105,10 +105,12 @@ class Servers:
             config,
             lockkeeper_env(database.url, instance),
             workdir / f"gunicorn-lockkeeper-{backend}-{config.name}.log",
+            wait=False,  # both boot at once; waited for below
         )
         env = {"BENCH_DATABASE_URL": database.url}
         if redis_ok:
             env["BENCH_REDIS_URL"] = REDIS_URL
+        self.baseline = None
         try:
             self.baseline = Server(
                 BASELINE_APP,
@@ -116,13 +118,15 @@ class Servers:
                 env,
                 workdir / f"gunicorn-baseline-{backend}-{config.name}.log",
             )
+            self.lockkeeper.wait_ready()
         except Exception:
-            self.lockkeeper.stop()
+            self.stop()
             raise
 
     def stop(self) -> None:
         self.lockkeeper.stop()
-        self.baseline.stop()
+        if self.baseline is not None:
+            self.baseline.stop()
 
 
 def bench_api(backend, database, config, workdir, token, plan, redis_ok, log):

@@ -67,7 +67,14 @@ def server_configs() -> list[ServerConfig]:
 class Server:
     """A gunicorn master we started; ``stop()`` ends it and its workers."""
 
-    def __init__(self, app_spec: str, config: ServerConfig, env: dict, log: Path):
+    def __init__(
+        self,
+        app_spec: str,
+        config: ServerConfig,
+        env: dict,
+        log: Path,
+        wait: bool = True,
+    ):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._log = open(log, "ab")  # noqa: SIM115 - closed in stop()
@@ -88,9 +95,12 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        self._wait_ready(config.workers)
+        self.workers = config.workers
+        if wait:
+            self.wait_ready()
 
-    def _wait_ready(self, workers: int, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 60) -> None:
+        workers = self.workers
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
