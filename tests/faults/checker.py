@@ -120,23 +120,23 @@ def _check_believed_intervals(grants, report) -> None:
         by_resource[grant.resource].append(grant)
     for resource, held in by_resource.items():
         held.sort(key=lambda g: (g.acquired_at, g.fence))
-        previous: Grant | None = None
-        for grant in held:
-            if previous is not None:
-                if grant.acquired_at < previous.until:
-                    report.violation(
-                        f"{resource}: {grant.owner} (fence {grant.fence}) granted at "
-                        f"{grant.acquired_at.isoformat()} while {previous.owner} "
-                        f"(fence {previous.fence}) held it until "
-                        f"{previous.until.isoformat()}"
-                    )
-                if grant.fence <= previous.fence:
-                    report.violation(
-                        f"{resource}: fence {grant.fence} of {grant.owner} does not "
-                        f"exceed fence {previous.fence} granted before it"
-                    )
-            if previous is None or grant.until > previous.until:
-                previous = grant
+        # ``longest``: of the grants so far, the one believed valid the longest.
+        longest: Grant | None = None
+        for before, grant in zip([None, *held], held, strict=False):
+            if longest is not None and grant.acquired_at < longest.until:
+                report.violation(
+                    f"{resource}: {grant.owner} (fence {grant.fence}) granted at "
+                    f"{grant.acquired_at.isoformat()} while {longest.owner} "
+                    f"(fence {longest.fence}) held it until "
+                    f"{longest.until.isoformat()}"
+                )
+            if before is not None and grant.fence <= before.fence:
+                report.violation(
+                    f"{resource}: fence {grant.fence} of {grant.owner} does not "
+                    f"exceed fence {before.fence} granted before it"
+                )
+            if longest is None or grant.until > longest.until:
+                longest = grant
 
 
 # -- the audit log against the history -------------------------------------------
