@@ -6,7 +6,8 @@ Three designs, each as ``acquire(conn, resource, owner, ttl) -> row | None`` and
 ``service``
     the very statements ``LockService`` sends (the PostgreSQL CTEs are imported from
     ``app.locks.statements``; the SQLite/MariaDB transaction is the same sequence
-    written out), without Flask, SQLAlchemy or validation: the service's ceiling.
+    written out, releases leaving the row free), without Flask, SQLAlchemy or
+    validation: the service's ceiling.
 ``ideal``
     the best atomic statement, with no audit row: one upsert whose WHERE decides, one
     conditional DELETE. What a hand-tuned endpoint would send.
@@ -234,7 +235,7 @@ class _TransactionalDriver:
         cur = conn.cursor()
         self._begin(cur)
         row, now = self._read(cur, resource)
-        if row is None:
+        if row is None or row[1] is None:  # no row, or a free one (released)
             action, fence = "acquired", self._next_fence(cur)
         elif row[4] <= now:
             action, fence = "took_over", self._next_fence(cur)
@@ -272,10 +273,14 @@ class _TransactionalDriver:
         if row is None or row[1] != owner or row[4] <= now:
             self._commit(conn, cur)
             return False
-        cur.execute(self._q("DELETE FROM distributed_locks WHERE id = ?"), (row[0],))
-        self._event(
-            cur, "released", resource, owner, owner, row[2], row[3], row[4], now
+        # Released rows stay, free (owner NULL), as the service leaves them.
+        cur.execute(
+            self._q(
+                "UPDATE distributed_locks SET owner = NULL, expires_at = ? WHERE id = ?"
+            ),
+            (now, row[0]),
         )
+        self._event(cur, "released", resource, owner, owner, row[2], row[3], now, now)
         self._commit(conn, cur)
         return True
 
