@@ -46,14 +46,31 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
-def name_column(length: int = 255):
-    """A case- and accent-exact string: MariaDB/MySQL compare case-insensitively by
-    default, which would make ``Job:1`` and ``job:1`` one lock."""
-    return String(length).with_variant(
-        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"),
-        "mysql",
-        "mariadb",
-    )
+class ExactString(TypeDecorator[str]):
+    """A string compared byte for byte on every database.
+
+    MariaDB/MySQL compare case-insensitively by default (``Job:1`` and ``job:1``
+    would be one lock), and their ``_bin`` collations still ignore trailing spaces
+    (owner ``w-1 `` would pass for ``w-1``): use the binary NO PAD collation.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        if dialect.name in ("mysql", "mariadb"):
+            is_mariadb = dialect.name == "mariadb" or getattr(
+                dialect, "is_mariadb", False
+            )
+            collation = "utf8mb4_nopad_bin" if is_mariadb else "utf8mb4_0900_bin"
+            return dialect.type_descriptor(
+                mysql.VARCHAR(self.length, charset="utf8mb4", collation=collation)
+            )
+        return dialect.type_descriptor(String(self.length))
+
+
+def name_column(length: int = 255) -> ExactString:
+    return ExactString(length)
 
 
 # Every table: InnoDB and utf8mb4 on MariaDB/MySQL (the server default may be latin1).

@@ -14,6 +14,7 @@ from app.audit.service import (
     tenures,
 )
 from app.locks.errors import InvalidInput
+from app.locks.service import encode_cursor
 from app.locks.state import Action
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -158,9 +159,18 @@ def test_bad_filters_are_refused_with_the_field_named(service, filters, field):
     assert field in [f for f, _ in caught.value.errors]
 
 
-def test_foreign_cursor_is_refused(service):
-    with pytest.raises(InvalidInput):
-        list_events(EventFilter(), cursor="not-a-cursor")
+@pytest.mark.parametrize("position", [0, -1, 10**30, 2**63, True, "7", None])
+def test_foreign_cursor_is_refused(service, position):
+    for cursor in ("not-a-cursor", encode_cursor({"id": position})):
+        with pytest.raises(InvalidInput):
+            list_events(EventFilter(), cursor=cursor)
+
+
+def test_owner_and_actor_filters_are_exact_about_trailing_spaces(service):
+    service.acquire("job:1", "w-1 ", actor="tok ")
+    assert list_events(EventFilter(owner="w-1")).items == []
+    assert list_events(EventFilter(actor="tok")).items == []
+    assert len(list_events(EventFilter(owner="w-1 ", actor="tok ")).items) == 1
 
 
 # -- tenures --------------------------------------------------------------------

@@ -317,6 +317,13 @@ def test_prefix_search_is_case_exact(service):
     ]
 
 
+def test_owners_differing_only_in_trailing_space_are_different_owners(service):
+    service.acquire("job:1", "w-1 ")
+    assert not service.acquire("job:1", "w-1").acquired
+    assert service.list_locks(owner="w-1").items == []
+    assert [lock.owner for lock in service.list_locks(owner="w-1 ").items] == ["w-1 "]
+
+
 def test_resource_names_are_case_sensitive(service):
     assert service.acquire("Job:1", "w-1").acquired
     assert service.acquire("job:1", "w-2").acquired

@@ -91,7 +91,11 @@ def _cursor_id(cursor: str | None) -> int | None:
         position = decode_cursor(cursor)["id"]
     except (ValueError, KeyError, TypeError):
         position = None
-    if isinstance(position, bool) or not isinstance(position, int):
+    if (
+        isinstance(position, bool)
+        or not isinstance(position, int)
+        or not 0 < position < 2**63
+    ):
         raise InvalidInput([("cursor", "is not a cursor this service handed out")])
     return position
 

@@ -436,10 +436,6 @@ class LockService:
             query = query.where(starts_with(locks.c.resource, prefix))
         if owner is not None:
             query = query.where(locks.c.owner == owner)
-            if self.dialect in ("mysql", "mariadb"):
-                # utf8mb4_bin is a PAD SPACE collation: 'w-1' = 'w-1 ' there.
-                # Equal under padding and of equal length means identical.
-                query = query.where(func.char_length(locks.c.owner) == len(owner))
         if after is not None:
             query = query.where(locks.c.resource > after)
         with self.engine.connect() as conn:
