@@ -128,30 +128,51 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(databases[backend].close)
         log(f"databases ready: {', '.join(databases)}")
 
+        def section(name: str, run) -> None:
+            """A failing section is reported, and the others still run."""
+            try:
+                run()
+            except Exception as exc:  # noqa: BLE001 - keep the rest of the run
+                notes.append(f"section {name} failed: {exc!r}")
+                log(notes[-1])
+
         if "service" in sections:
             from bench.service_layer import bench_service_layer
 
-            comparisons += bench_service_layer(
-                databases,
-                workdir,
-                plan.service_workers,
-                plan.rounds,
-                plan.service_seconds,
-                log,
+            section(
+                "service",
+                lambda: comparisons.extend(
+                    bench_service_layer(
+                        databases,
+                        workdir,
+                        plan.service_workers,
+                        plan.rounds,
+                        plan.service_seconds,
+                        log,
+                    )
+                ),
             )
         if {"http", "contention", "memory"} & set(sections):
             from bench.http_api import bench_http
 
-            found, http_notes, http_extra = bench_http(
-                databases, workdir, plan, sections, log
-            )
-            comparisons += found
-            notes += http_notes
-            extra.update(http_extra)
+            def http() -> None:
+                found, http_notes, http_extra = bench_http(
+                    databases, workdir, plan, sections, log
+                )
+                comparisons.extend(found)
+                notes.extend(http_notes)
+                extra.update(http_extra)
+
+            section("http", http)
         if "profile" in sections:
             from bench.profiling import profile_hot_path
 
-            extra["profile"] = profile_hot_path(databases, workdir, plan, log)
+            section(
+                "profile",
+                lambda: extra.update(
+                    profile=profile_hot_path(databases, workdir, plan, log)
+                ),
+            )
 
     elapsed = time.monotonic() - started
     report = {

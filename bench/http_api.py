@@ -10,6 +10,7 @@ alternating between them round after round.
 from __future__ import annotations
 
 import os
+import uuid
 from functools import partial
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def create_api_token(url: str, instance: Path) -> str:
         }
     )
     with app.app_context():
-        token = create_token(f"bench-{os.getpid()}-{len(str(instance))}")
+        token = create_token(f"bench-{uuid.uuid4().hex[:12]}")
         db.session.remove()
         db.engine.dispose()
     return token
