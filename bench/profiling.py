@@ -47,6 +47,7 @@ def _frames(session, top: int = 25) -> list[dict]:
         return []
     walk(root)
     whole = root.time or 1.0
+    totals = {k: v for k, v in totals.items() if not k.startswith("[self]")}
     ranked = sorted(totals.items(), key=lambda kv: kv[1], reverse=True)[:top]
     return [{"function": k, "self_share": round(v / whole, 4)} for k, v in ranked]
 
