@@ -53,8 +53,29 @@ def install_engine_events(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection):
-        immediate = connection.get_execution_options().get("sqlite_immediate")
+        options = connection.get_execution_options()
+        if options.get("sqlite_autocommit"):
+            return  # each statement is its own transaction: no reader left open
+        immediate = options.get("sqlite_immediate")
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def autocommit(engine: Engine) -> Engine:
+    """``engine`` for single-statement work: no BEGIN/COMMIT round trips, and no
+    read transaction held open (which on SQLite would stall WAL checkpoints)."""
+    try:
+        return engine._lockkeeper_autocommit  # type: ignore[attr-defined]
+    except AttributeError:
+        # SQLite: not SQLAlchemy's AUTOCOMMIT level, whose reset on checkin would
+        # hand the driver back its own implicit (lossy) transaction handling.
+        options = (
+            {"sqlite_autocommit": True}
+            if engine.dialect.name == "sqlite"
+            else {"isolation_level": "AUTOCOMMIT"}
+        )
+        shared = engine.execution_options(**options)
+        engine._lockkeeper_autocommit = shared  # type: ignore[attr-defined]
+        return shared
 
 
 def begin_write(session: Session) -> None:

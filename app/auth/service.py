@@ -7,12 +7,12 @@ import hmac
 import secrets
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from app.auth.models import ROLES, ApiToken, User
-from app.database import begin_write
+from app.database import autocommit, begin_write
 from app.extensions import db
 from app.locks import validation
 
@@ -52,6 +52,11 @@ def create_token(name: str) -> str:
     return token
 
 
+_LIVE_TOKEN = select(ApiToken.name, ApiToken.token_hash).where(
+    ApiToken.token_hash == bindparam("digest"), ApiToken.revoked_at.is_(None)
+)
+
+
 def verify_token(token: str) -> str | None:
     """The name of the live token ``token``, or None.
 
@@ -61,11 +66,10 @@ def verify_token(token: str) -> str | None:
     if not token or len(token) > 512:
         return None
     digest = hash_token(token)
-    row = db.session.execute(
-        select(ApiToken.name, ApiToken.token_hash).where(
-            ApiToken.token_hash == digest, ApiToken.revoked_at.is_(None)
-        )
-    ).one_or_none()
+    # One autocommit statement, outside the ORM session: it runs before every API
+    # call, and a session would add BEGIN/ROLLBACK and hold a reader open.
+    with autocommit(db.engine).connect() as conn:
+        row = conn.execute(_LIVE_TOKEN, {"digest": digest}).one_or_none()
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
     return row.name

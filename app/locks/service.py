@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine, and_, case, func, literal, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.clock import Clock, DatabaseClock, SystemClock
-from app.database import SERVER_CLOCK_DIALECTS
+from app.database import SERVER_CLOCK_DIALECTS, autocommit
 from app.locks import validation
 from app.locks.errors import (
     InvalidInput,
@@ -91,7 +91,7 @@ class LockService:
         self.statements = statements_for(self.dialect)
         self._transactional = getattr(self.statements, "transactional", self.statements)
         self._has_server_clock = self.dialect in SERVER_CLOCK_DIALECTS
-        self._autocommit_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._autocommit_engine = autocommit(engine)
         self._write_engine = engine.execution_options(sqlite_immediate=True)
 
     # -- plumbing ------------------------------------------------------------
@@ -345,7 +345,7 @@ class LockService:
         now = self._now()
         if now is not None:
             return now
-        with self.engine.connect() as conn:
+        with self._autocommit_engine.connect() as conn:
             return self._transactional.read_now(conn)
 
     def get(self, resource: str, *, include_stale: bool = False) -> Lock:
@@ -356,7 +356,7 @@ class LockService:
         now_column = (
             literal(now, UTCDateTime()) if now is not None else self._server_now()
         ).label("now")
-        with self.engine.connect() as conn:
+        with self._autocommit_engine.connect() as conn:
             row = conn.execute(
                 select(locks, now_column).where(locks.c.resource == resource)
             ).one_or_none()
@@ -438,7 +438,7 @@ class LockService:
             query = query.where(locks.c.owner == owner)
         if after is not None:
             query = query.where(locks.c.resource > after)
-        with self.engine.connect() as conn:
+        with self._autocommit_engine.connect() as conn:
             rows = conn.execute(query).all()
         items = [self._lock(row, now) for row in rows[:limit]]
         next_cursor = (
@@ -460,7 +460,7 @@ class LockService:
             ),
             func.count(case((expires_at <= now, 1))).label("stale"),
         ).where(locks.c.owner.is_not(None))
-        with self.engine.connect() as conn:
+        with self._autocommit_engine.connect() as conn:
             row = conn.execute(query).one()
         return {state: getattr(row, state.value) for state in LockState}
 
