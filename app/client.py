@@ -216,6 +216,9 @@ class LockClient:
     :param retries: attempts after the first for a transient failure.
     :param backoff: the first retry window in seconds; each further retry doubles it
         (full jitter: the delay is uniform in ``[0, window]``) up to ``max_backoff``.
+    :param max_lock_poll: the largest window while waiting for a held lock. Kept
+        short: a waiter whose window had grown to seconds would lose every race to
+        one that just released and polls again within ``backoff``.
     :param rng: the source of jitter (tests pass a seeded or fixed one).
     """
 
@@ -228,6 +231,7 @@ class LockClient:
         retries: int = 4,
         backoff: float = 0.1,
         max_backoff: float = 5.0,
+        max_lock_poll: float = 0.5,
         rng: random.Random | None = None,
         transport: httpx.BaseTransport | None = None,
     ):
@@ -239,6 +243,7 @@ class LockClient:
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.max_lock_poll = max_lock_poll
         self.rng = rng or random.Random()
         self._http = httpx.Client(
             base_url=root + API_PREFIX,
@@ -638,7 +643,9 @@ class HeldLock:
         result: AcquireResult = state.outcome.result()
         client = self.client
         window = min(
-            client.max_backoff, client.backoff * 2 ** (state.attempt_number - 1)
+            client.max_backoff,
+            client.max_lock_poll,
+            client.backoff * 2 ** (state.attempt_number - 1),
         )
         delay = client.rng.uniform(0, window)
         if result.retry_after:
