@@ -121,8 +121,9 @@ class LockService:
             except DBAPIError as exc:
                 if exc.connection_invalidated and attempt == 0:
                     # A pooled connection died (database restart): the pool is
-                    # invalidated; one more try gets a fresh connection. Every
-                    # operation is safe to repeat for the same owner.
+                    # invalidated; one more try gets a fresh connection. Acquire
+                    # and renew repeat safely for the same owner; a release that
+                    # had landed repeats as "not found" (the lock is gone either way).
                     continue
                 if not _is_retryable(exc):
                     raise
