@@ -18,6 +18,7 @@ from urllib.parse import unquote_to_bytes
 
 from flask import Request
 
+from app.audit.export import event_record
 from app.formatting import rfc3339
 from app.locks import validation
 from app.locks.errors import InvalidInput
@@ -48,19 +49,8 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
 
 
 def event_to_json(event: Event) -> dict[str, Any]:
-    return {
-        "id": event.id,
-        "resource": event.resource,
-        "action": event.action.value,
-        "owner": event.owner,
-        "previous_owner": event.previous_owner,
-        "fence": event.fence,
-        "acquired_at": rfc3339(event.acquired_at),
-        "expires_at": rfc3339(event.expires_at),
-        "actor": event.actor,
-        "reason": event.reason,
-        "occurred_at": rfc3339(event.occurred_at),
-    }
+    """The same object the JSON Lines export writes, one per line."""
+    return event_record(event)
 
 
 # -- the raw request --------------------------------------------------------------
