@@ -37,7 +37,6 @@ from sqlalchemy import (
     delete,
     func,
     insert,
-    literal,
     select,
     text,
     update,
@@ -294,11 +293,6 @@ class TransactionalStatements:
         if self._server_now is None:
             raise RuntimeError("SQLite has no server clock: pass the host's time")
         return conn.scalar(select(self._server_now().cast(UTCDateTime())))
-
-    def _now_column(self, now: datetime | None):
-        if now is None:
-            return self._server_now().cast(UTCDateTime()).label("now")
-        return literal(now, UTCDateTime()).label("now")
 
     def lock_row(
         self, conn: Connection, resource: str, now: datetime | None
