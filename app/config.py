@@ -22,6 +22,9 @@ DEFAULTS: dict[str, Any] = {
     "LOCKKEEPER_LOGIN_MAX_FAILURES": 5,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": 300,
     "LOCKKEEPER_BOOTSTRAP": True,
+    # The lock quota a new API token gets unless `tokens create --max-locks` says
+    # otherwise; 0: no limit.
+    "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": 10000,
     "MAX_CONTENT_LENGTH": 64 * 1024,
     "SESSION_COOKIE_HTTPONLY": True,
     "SESSION_COOKIE_SAMESITE": "Lax",
@@ -51,6 +54,7 @@ _PARSED = {
     "LOCKKEEPER_DEADLOCK_RETRIES": int,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": int,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
+    "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
     # Off: no admin and token are created (and printed) on a first start.
     "LOCKKEEPER_BOOTSTRAP": _boolean,
 }
@@ -118,6 +122,8 @@ def _validate(config: Mapping[str, Any]) -> None:
             raise ConfigError(f"{key} must be a positive number, not {value!r}")
     if default_ttl > max_ttl:
         raise ConfigError("LOCKKEEPER_DEFAULT_TTL must not exceed LOCKKEEPER_MAX_TTL")
+    if int(config["LOCKKEEPER_MAX_LOCKS_PER_TOKEN"]) < 0:
+        raise ConfigError("LOCKKEEPER_MAX_LOCKS_PER_TOKEN must be 0 (no limit) or more")
     if not (math.isfinite(window) and window >= 0):
         raise ConfigError("LOCKKEEPER_EXPIRING_WITHIN must be zero or more seconds")
 

@@ -140,18 +140,19 @@ def service(fake_app):
 class ApiClient:
     """A test client that sends the bearer token of its own API token."""
 
-    def __init__(self, app: Flask, token_name: str = "worker"):
+    def __init__(self, app: Flask, token_name: str = "worker", **options: Any):
         from app.auth.service import create_token
 
         with app.app_context():
-            self.token = create_token(token_name)
+            self.token = create_token(token_name, **options)
         self.app = app
         self.token_name = token_name
         self.client = app.test_client()
 
-    def with_token(self, token_name: str) -> ApiClient:
-        """Another client of the same app, under a new token ``token_name``."""
-        return ApiClient(self.app, token_name)
+    def with_token(self, token_name: str, **options: Any) -> ApiClient:
+        """Another client of the same app, under a new token ``token_name``
+        (``options``: its scope, expiry and quota, as ``create_token`` takes)."""
+        return ApiClient(self.app, token_name, **options)
 
     def open(self, method: str, path: str, **kwargs):
         headers = {"Authorization": f"Bearer {self.token}"}

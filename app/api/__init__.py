@@ -31,14 +31,21 @@ def bearer_token() -> str | None:
 @bp.before_request
 def authenticate():
     """Every endpoint but the OpenAPI document needs a live token; its name is
-    recorded as the actor of the events the request causes."""
+    recorded as the actor of the events the request causes.
+
+    The token's scope is enforced here, once for every route, before any
+    resource is looked up: a read-only token sends only GETs, and a request on
+    a resource outside the token's prefixes is refused without a word about the
+    resource. Lists and event queries are narrowed to the prefixes by the
+    services (``g.token.prefixes``).
+    """
     if request.endpoint in PUBLIC_ENDPOINTS:
         return None
     from app.auth.service import verify_token
 
     token = bearer_token()
-    name = verify_token(token) if token else None
-    if name is None:
+    identity = verify_token(token) if token else None
+    if identity is None:
         response = problem(
             401,
             "Unauthorized",
@@ -46,7 +53,17 @@ def authenticate():
         )
         response.headers["WWW-Authenticate"] = AUTHENTICATE
         return response
-    g.actor = name
+    g.token = identity
+    g.actor = identity.name
+    if not identity.may_send(request.method):
+        return problem(403, "Forbidden", "this API token is read-only")
+    resources = [(request.view_args or {}).get("resource")]
+    resources.append(request.args.get("resource"))
+    for resource in resources:
+        if resource is not None and not identity.covers(resource):
+            return problem(
+                403, "Forbidden", "the resource is outside this API token's scope"
+            )
     errors = raw_input_errors(request)
     if errors:
         return problems.validation_problem(errors)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import jsonify, request
+from flask import g, jsonify, request
 
 from app.api import bp
 from app.api.schemas import QueryArgs, event_to_json
@@ -23,7 +23,7 @@ def _page(filters: EventFilter, query: QueryArgs):
 @bp.get("/locks/<resource>/events")
 def resource_events(resource: str):
     query = QueryArgs(request.args, allowed=("limit", "cursor"))
-    return _page(EventFilter(resource=resource), query)
+    return _page(EventFilter(resource=resource, scope=g.token.prefixes), query)
 
 
 @bp.get("/events")
@@ -50,5 +50,6 @@ def all_events():
         actor=query.text("actor"),
         since=query.timestamp("since"),
         until=query.timestamp("until"),
+        scope=g.token.prefixes,
     )
     return _page(filters, query)

@@ -88,6 +88,7 @@ def list_locks():
         owner=query.text("owner"),
         limit=limit,
         cursor=query.text("cursor"),
+        scope=g.token.prefixes,
     )
     return jsonify(
         locks=[lock_to_json(lock) for lock in page.items],

@@ -25,6 +25,7 @@ from app.locks.service import (
     lock_service,
     page_limit_error,
     starts_with,
+    within,
 )
 from app.locks.state import Action
 
@@ -40,6 +41,8 @@ class EventFilter:
     actor: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    # The prefixes of the asking API token: events of other resources are not seen.
+    scope: tuple[str, ...] | None = None
 
     def validate(self) -> None:
         errors: list[tuple[str, str]] = []
@@ -71,6 +74,8 @@ class EventFilter:
             query = query.where(events.c.resource == self.resource)
         if self.prefix:
             query = query.where(starts_with(events.c.resource, self.prefix))
+        if self.scope is not None:
+            query = query.where(within(events.c.resource, self.scope))
         if self.owner is not None:
             query = query.where(events.c.owner == self.owner)
         if self.action is not None:

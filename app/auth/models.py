@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from flask_login import UserMixin
-from sqlalchemy import Integer, String
+from sqlalchemy import Boolean, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.extensions import db
@@ -42,3 +42,9 @@ class ApiToken(db.Model):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Scope: newline-separated resource prefixes (NULL: every resource).
+    prefixes: Mapped[str | None] = mapped_column(Text)
+    read_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Most live (held or expiring) locks the token may hold at once; NULL: no limit.
+    max_locks: Mapped[int | None] = mapped_column(Integer)

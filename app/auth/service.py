@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from datetime import UTC, datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
+from flask import current_app
 from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from werkzeug.security import check_password_hash, generate_password_hash
@@ -28,6 +31,14 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def token_clock() -> datetime:
+    """Token expiry is judged on the host's clock (or a test's fake clock): days
+    and hours, where the seconds between hosts do not matter."""
+    from app.locks.service import lock_service
+
+    return lock_service().clock.now() or _now()
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -38,12 +49,79 @@ def _check_name(name: str, what: str) -> None:
         raise AuthError(f"{what} {error or 'must be at most 80 characters'}")
 
 
-def create_token(name: str) -> str:
-    """Create the API token ``name``; returns the token, which is never shown again."""
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIdentity:
+    """A live API token as a request sees it: its name and what it may do."""
+
+    name: str
+    prefixes: tuple[str, ...] | None = None  # None: every resource
+    read_only: bool = False
+    expires_at: datetime | None = None
+    max_locks: int | None = None  # None: no limit
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+    def covers(self, resource: str) -> bool:
+        """``resource`` is inside the token's scope."""
+        return self.prefixes is None or resource.startswith(self.prefixes)
+
+    def may_send(self, method: str) -> bool:
+        return not self.read_only or method in READ_METHODS
+
+
+def prefix_error(prefix: object) -> str | None:
+    """A scope prefix is the start of a resource name: the same characters."""
+    if not isinstance(prefix, str) or not prefix:
+        return "must be a non-empty string"
+    if not validation.RESOURCE_PATTERN.fullmatch(prefix):
+        return "may contain only A-Z a-z 0-9 and . _ : @ = + - (at most 255)"
+    return None
+
+
+def create_token(
+    name: str,
+    *,
+    prefixes: Iterable[str] = (),
+    read_only: bool = False,
+    expires_in: timedelta | None = None,
+    max_locks: int | None = None,
+) -> str:
+    """Create the API token ``name``; returns the token, which is never shown again.
+
+    ``prefixes``: the resources it may see and act on (none given: all of them).
+    ``max_locks``: its quota of live locks; None takes
+    ``LOCKKEEPER_MAX_LOCKS_PER_TOKEN``, 0 means no limit.
+    """
     _check_name(name, "token name")
+    prefixes = tuple(dict.fromkeys(prefixes))
+    for prefix in prefixes:
+        error = prefix_error(prefix)
+        if error:
+            raise AuthError(f"prefix {prefix!r} {error}")
+    if expires_in is not None and expires_in <= timedelta(0):
+        raise AuthError("the expiry must be a positive duration")
+    if max_locks is None:
+        max_locks = int(current_app.config["LOCKKEEPER_MAX_LOCKS_PER_TOKEN"])
+    if isinstance(max_locks, bool) or not isinstance(max_locks, int) or max_locks < 0:
+        raise AuthError("the lock quota must be a whole number, 0 for no limit")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    now = _now()
     begin_write(db.session)
-    db.session.add(ApiToken(name=name, token_hash=hash_token(token), created_at=_now()))
+    db.session.add(
+        ApiToken(
+            name=name,
+            token_hash=hash_token(token),
+            created_at=now,
+            prefixes="\n".join(prefixes) if prefixes else None,
+            read_only=read_only,
+            expires_at=token_clock() + expires_in if expires_in is not None else None,
+            max_locks=max_locks or None,
+        )
+    )
     try:
         db.session.commit()
     except IntegrityError as exc:
@@ -52,16 +130,32 @@ def create_token(name: str) -> str:
     return token
 
 
-_LIVE_TOKEN = select(ApiToken.name, ApiToken.token_hash).where(
-    ApiToken.token_hash == bindparam("digest"), ApiToken.revoked_at.is_(None)
-)
+_LIVE_TOKEN = select(
+    ApiToken.name,
+    ApiToken.token_hash,
+    ApiToken.prefixes,
+    ApiToken.read_only,
+    ApiToken.expires_at,
+    ApiToken.max_locks,
+).where(ApiToken.token_hash == bindparam("digest"), ApiToken.revoked_at.is_(None))
 
 
-def verify_token(token: str) -> str | None:
-    """The name of the live token ``token``, or None.
+def identity_of(row) -> TokenIdentity:
+    return TokenIdentity(
+        name=row.name,
+        prefixes=tuple(row.prefixes.split("\n")) if row.prefixes else None,
+        read_only=bool(row.read_only),
+        expires_at=row.expires_at,
+        max_locks=row.max_locks,
+    )
+
+
+def verify_token(token: str, now: datetime | None = None) -> TokenIdentity | None:
+    """The live token ``token`` (not revoked, not expired at ``now``), or None.
 
     Lookup is by SHA-256 digest (an index probe, not a scan) and the digest is
     compared again in constant time, so timing says nothing about near misses.
+    Expiry is judged here, not in the SQL, so a cached identity can be judged again.
     """
     if not token or len(token) > 512:
         return None
@@ -72,7 +166,10 @@ def verify_token(token: str) -> str | None:
         row = conn.execute(_LIVE_TOKEN, {"digest": digest}).one_or_none()
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
-    return row.name
+    identity = identity_of(row)
+    if identity.expired(now or token_clock()):
+        return None
+    return identity
 
 
 def list_tokens() -> list[ApiToken]:
@@ -137,8 +234,15 @@ def bootstrap() -> tuple[str, str] | None:
     )
     has_token = db.session.scalar(select(ApiToken.id).limit(1)) is not None
     if not has_token:
+        quota = int(current_app.config["LOCKKEEPER_MAX_LOCKS_PER_TOKEN"])
         db.session.add(
-            ApiToken(name="bootstrap", token_hash=hash_token(token), created_at=_now())
+            ApiToken(
+                name="bootstrap",
+                token_hash=hash_token(token),
+                created_at=_now(),
+                read_only=False,
+                max_locks=quota or None,
+            )
         )
     try:
         db.session.commit()

@@ -15,6 +15,10 @@ from app.types import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
 # increasing even after its row is released or purged and inserted anew.
 fence_sequence = Sequence("lock_fence_seq", start=1, metadata=db.metadata)
 
+# ``DistributedLock.token`` of a grant bound to no token (an operator's claim):
+# no token name is empty, so no worker matches it.
+NO_TOKEN = ""
+
 
 class DistributedLock(db.Model):
     """One row per resource. A released row stays as a free row (``owner`` NULL,
@@ -28,11 +32,19 @@ class DistributedLock(db.Model):
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
     resource: Mapped[str] = mapped_column(name_column(), unique=True)
     owner: Mapped[str | None] = mapped_column(name_column())
+    # The holder is (token, owner): the name of the API token that made the grant;
+    # NO_TOKEN for an operator's claim bound to no token; NULL for a grant made
+    # before tokens were recorded (any token with the owner may act on it).
+    token: Mapped[str | None] = mapped_column(name_column(80))
     fence: Mapped[int] = mapped_column(BigInteger)
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
 
-    __table_args__ = (Index("ix_distributed_locks_owner", "owner"), MYSQL_TABLE_ARGS)
+    __table_args__ = (
+        Index("ix_distributed_locks_owner", "owner"),
+        Index("ix_distributed_locks_token_expires_at", "token", "expires_at"),
+        MYSQL_TABLE_ARGS,
+    )
 
 
 class LockEvent(db.Model):
@@ -45,6 +57,7 @@ class LockEvent(db.Model):
     action: Mapped[str] = mapped_column(String(32))
     owner: Mapped[str | None] = mapped_column(name_column())
     previous_owner: Mapped[str | None] = mapped_column(name_column())
+    token: Mapped[str | None] = mapped_column(name_column(80))
     fence: Mapped[int | None] = mapped_column(BigInteger)
     acquired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from flask import current_app
-from sqlalchemy import Connection, Engine, and_, case, func, literal, select
+from sqlalchemy import Connection, Engine, and_, case, false, func, literal, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.clock import Clock, DatabaseClock, SystemClock
@@ -390,8 +390,10 @@ class LockService:
         owner: str | None = None,
         limit: int = DEFAULT_PAGE,
         cursor: str | None = None,
+        scope: tuple[str, ...] | None = None,
     ) -> Page[Lock]:
-        """Locks ordered by resource, a page at a time (keyset on resource)."""
+        """Locks ordered by resource, a page at a time (keyset on resource);
+        ``scope``: the asking token's prefixes, outside which nothing is listed."""
         errors = []
         if state not in (None, "all"):
             try:
@@ -435,6 +437,8 @@ class LockService:
             query = query.where(condition)
         if prefix:
             query = query.where(starts_with(locks.c.resource, prefix))
+        if scope is not None:
+            query = query.where(within(locks.c.resource, scope))
         if owner is not None:
             query = query.where(locks.c.owner == owner)
         if after is not None:
@@ -488,6 +492,11 @@ def starts_with(column, prefix: str):
         column.startswith(prefix, autoescape=True),
         func.substr(column, 1, len(prefix)) == prefix,
     )
+
+
+def within(column, prefixes: tuple[str, ...]):
+    """``column`` begins with one of ``prefixes`` (none: nothing matches)."""
+    return or_(false(), *(starts_with(column, prefix) for prefix in prefixes))
 
 
 def encode_cursor(position: dict[str, Any]) -> str:
