@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     # The lock quota a new API token gets unless `tokens create --max-locks` says
     # otherwise; 0: no limit.
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": 10000,
+    # A worker trusts a token it looked up for this long: a revoked token keeps
+    # working in other workers for at most this many seconds; 0: look up every call.
+    "LOCKKEEPER_TOKEN_CACHE_SECONDS": 2.0,
     "MAX_CONTENT_LENGTH": 64 * 1024,
     "SESSION_COOKIE_HTTPONLY": True,
     "SESSION_COOKIE_SAMESITE": "Lax",
@@ -55,6 +58,7 @@ _PARSED = {
     "LOCKKEEPER_LOGIN_MAX_FAILURES": int,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
+    "LOCKKEEPER_TOKEN_CACHE_SECONDS": float,
     # Off: no admin and token are created (and printed) on a first start.
     "LOCKKEEPER_BOOTSTRAP": _boolean,
 }
@@ -124,6 +128,9 @@ def _validate(config: Mapping[str, Any]) -> None:
         raise ConfigError("LOCKKEEPER_DEFAULT_TTL must not exceed LOCKKEEPER_MAX_TTL")
     if int(config["LOCKKEEPER_MAX_LOCKS_PER_TOKEN"]) < 0:
         raise ConfigError("LOCKKEEPER_MAX_LOCKS_PER_TOKEN must be 0 (no limit) or more")
+    cache = config["LOCKKEEPER_TOKEN_CACHE_SECONDS"]
+    if not (math.isfinite(cache) and 0 <= cache <= 60):
+        raise ConfigError("LOCKKEEPER_TOKEN_CACHE_SECONDS must be 0 to 60 seconds")
     if not (math.isfinite(window) and window >= 0):
         raise ConfigError("LOCKKEEPER_EXPIRING_WITHIN must be zero or more seconds")
 
