@@ -21,6 +21,12 @@ DEFAULTS: dict[str, Any] = {
     "LOCKKEEPER_DEADLOCK_RETRIES": 5,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": 5,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": 300,
+    "LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS": 20,
+    "LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS": 60,
+    "LOCKKEEPER_SESSION_HOURS": 12.0,
+    # Reverse proxies in front of the app whose X-Forwarded-For/-Proto to trust
+    # (werkzeug's ProxyFix); 0: the socket's peer is the client.
+    "LOCKKEEPER_PROXY_COUNT": 0,
     "LOCKKEEPER_BOOTSTRAP": True,
     # The lock quota a new API token gets unless `tokens create --max-locks` says
     # otherwise; 0: no limit.
@@ -59,6 +65,10 @@ _PARSED = {
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
     "LOCKKEEPER_TOKEN_CACHE_SECONDS": float,
+    "LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS": int,
+    "LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS": float,
+    "LOCKKEEPER_SESSION_HOURS": float,
+    "LOCKKEEPER_PROXY_COUNT": int,
     # Off: no admin and token are created (and printed) on a first start.
     "LOCKKEEPER_BOOTSTRAP": _boolean,
 }
@@ -133,6 +143,13 @@ def _validate(config: Mapping[str, Any]) -> None:
         raise ConfigError("LOCKKEEPER_TOKEN_CACHE_SECONDS must be 0 to 60 seconds")
     if not (math.isfinite(window) and window >= 0):
         raise ConfigError("LOCKKEEPER_EXPIRING_WITHIN must be zero or more seconds")
+    for key in ("LOCKKEEPER_SESSION_HOURS", "LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS"):
+        value = float(config[key])
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{key} must be a positive number, not {value!r}")
+    for key in ("LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS", "LOCKKEEPER_PROXY_COUNT"):
+        if int(config[key]) < 0:
+            raise ConfigError(f"{key} must be zero or more")
 
 
 def load_or_create_secret_key(instance: Path) -> str:

@@ -9,6 +9,7 @@ stylesheet) and we use no ``hx-on`` or trigger filters, which would need
 from __future__ import annotations
 
 from flask import Flask, Response
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; "
@@ -33,3 +34,9 @@ def add_security_headers(response: Response) -> Response:
 
 def init_app(app: Flask) -> None:
     app.after_request(add_security_headers)
+    proxies = int(app.config["LOCKKEEPER_PROXY_COUNT"])
+    if proxies:
+        # The client address (login limits, request log) and scheme from the
+        # X-Forwarded-* entries the last ``proxies`` hops added; more entries
+        # than that were written by the client and are ignored.
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)

@@ -32,7 +32,14 @@ SERVER_URLS = {
         "LOCKKEEPER_TEST_MARIADB_URL", "mariadb://root@127.0.0.1:3306/test"
     ),
 }
-TABLES = ("lock_events", "distributed_locks", "api_tokens", "users")
+TABLES = (
+    "lock_events",
+    "distributed_locks",
+    "user_sessions",
+    "login_address_windows",
+    "api_tokens",
+    "users",
+)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

@@ -2,8 +2,9 @@
 
 Both formats are generators of text chunks fed by ``iter_events`` (which streams
 with ``yield_per``), so memory stays flat however many events match. The web view
-and ``lockkeeper events export`` share them, so both emit the same rows.
-"""
+and ``lockkeeper events export`` share them, so both emit the same rows. JSON Lines
+carries every value as it is; CSV cells that a spreadsheet would run as a formula
+are prefixed with ``'``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ COLUMNS = (
     "actor",
     "reason",
 )
+# A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
+# injection"): an owner like =HYPERLINK(...) would act in the auditor's sheet.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 # Rows gathered per chunk handed to the server: far fewer writes than one per row,
 # still a few hundred kilobytes at most.
 ROWS_PER_CHUNK = 500
@@ -64,15 +68,26 @@ def event_record(event: Event) -> dict[str, Any]:
     }
 
 
+def csv_cell(value: Any) -> Any:
+    """``value`` as a CSV cell that no spreadsheet evaluates: text that would start
+    a formula gets a leading ``'`` (shown as text, the value otherwise intact)."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def csv_chunks(events: Iterable[Event]) -> Iterator[str]:
-    """A header row, then one row per event (RFC 4180 quoting; empty = null)."""
+    """A header row, then one row per event (RFC 4180 quoting; empty = null;
+    formula-like text neutralised by ``csv_cell``)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\r\n")
     writer.writerow(COLUMNS)
     pending = 1
     for event in events:
         record = event_record(event)
-        writer.writerow("" if record[c] is None else record[c] for c in COLUMNS)
+        writer.writerow(csv_cell(record[c]) for c in COLUMNS)
         pending += 1
         if pending >= ROWS_PER_CHUNK:
             yield _drain(buffer)

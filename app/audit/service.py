@@ -152,7 +152,11 @@ def parse_timestamp(text: str) -> datetime:
     value = datetime.fromisoformat(text.strip())
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        # 0001-01-01T00:00+01:00 is a valid text for an instant before year 1.
+        raise ValueError("is out of range") from None
 
 
 # -- how long each grant of ownership lasted -------------------------------------

@@ -4,20 +4,29 @@ After ``LOCKKEEPER_LOGIN_MAX_FAILURES`` wrong passwords in a row an account is
 locked for ``LOCKKEEPER_LOGIN_LOCKOUT_SECONDS``; while locked, even the right
 password is refused, so guessing cannot continue at full speed. A success resets
 the count.
+
+Every attempt is counted as a failure *before* its password is hashed, by one
+conditional UPDATE that only matches an account that is not locked: parallel
+guesses queue on that row, so at most ``max_failures`` of them ever reach the hash
+in one lockout period, and any attempt that arrives once the account is locked is
+refused without hashing, whatever its password. A right password then takes its
+attempt back (resets the count and any lock).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import select, update
+from sqlalchemy import case, literal, null, or_, select, update
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from app.auth.models import User
 from app.database import begin_write
 from app.extensions import db
+from app.types import UTCDateTime
 
 # Compared against when the username is unknown, so a miss costs as much time as
 # a wrong password and timing does not tell which usernames exist.
@@ -40,59 +49,100 @@ class LoginLocked(LoginRefused):
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    user_id: int
+    password_hash: str
+    #: This attempt's failure was the one that locked the account.
+    locks_account: bool
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _count_attempt(username: str, now: datetime) -> _Attempt | None:
+    """Count one failure for ``username`` unless it is locked; None if unknown or
+    disabled.
+
+    :raise LoginLocked: the account is locked; nothing was counted.
+    """
+    max_failures = int(current_app.config["LOCKKEEPER_LOGIN_MAX_FAILURES"])
+    lockout = timedelta(
+        seconds=int(current_app.config["LOCKKEEPER_LOGIN_LOCKOUT_SECONDS"])
+    )
+    reaches_limit = User.failed_logins + 1 >= max_failures
+    db.session.commit()  # end the request's read transaction, if any
+    begin_write(db.session)
+    counted = db.session.execute(
+        update(User)
+        .where(
+            User.username == username,
+            User.disabled_at.is_(None),
+            or_(User.locked_until.is_(None), User.locked_until <= now),
+        )
+        # MariaDB assigns left to right, each seeing the columns set before it:
+        # locked_until must be computed from the old failed_logins.
+        .ordered_values(
+            (
+                User.locked_until,
+                case(
+                    (reaches_limit, literal(now + lockout, UTCDateTime())),
+                    else_=null(),
+                ),
+            ),
+            (
+                User.failed_logins,
+                case((reaches_limit, 0), else_=User.failed_logins + 1),
+            ),
+        )
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    # Our UPDATE holds the row until commit: this reads what it wrote.
+    row = db.session.execute(
+        select(User.id, User.password_hash, User.locked_until, User.disabled_at).where(
+            User.username == username
+        )
+    ).one_or_none()
+    db.session.commit()
+    if row is None or row.disabled_at is not None:
+        return None
+    if not counted:
+        left = (row.locked_until - now).total_seconds() if row.locked_until else 0
+        raise LoginLocked(max(1, math.ceil(left)))
+    return _Attempt(
+        user_id=row.id,
+        password_hash=row.password_hash,
+        locks_account=row.locked_until is not None and row.locked_until > now,
+    )
 
 
 def authenticate(username: str, password: str) -> User:
     """The user named ``username`` if ``password`` is right and it is not locked.
 
     :raise LoginLocked: the account is locked (also raised by the failure that
-        locks it). :raise LoginRefused: unknown user or wrong password.
+        locks it). :raise LoginRefused: unknown or disabled user, or wrong
+        password.
     """
-    max_failures = int(current_app.config["LOCKKEEPER_LOGIN_MAX_FAILURES"])
-    lockout = timedelta(
-        seconds=int(current_app.config["LOCKKEEPER_LOGIN_LOCKOUT_SECONDS"])
-    )
-    # Read, then hash with no transaction open: scrypt takes tens of milliseconds
-    # and must not hold SQLite's write lock.
-    found = db.session.execute(
-        select(User.id, User.password_hash, User.locked_until).where(
-            User.username == username
-        )
-    ).one_or_none()
-    db.session.rollback()
-    if found is None:
+    now = _now()
+    attempt = _count_attempt(username, now)
+    # The hash runs with no transaction open: scrypt takes tens of milliseconds
+    # and must not hold SQLite's write lock or a row lock.
+    if attempt is None:
         check_password_hash(_DUMMY_HASH, password)
         raise LoginRefused("wrong username or password")
-    now = _now()
-    if found.locked_until is not None and found.locked_until > now:
-        raise LoginLocked(math.ceil((found.locked_until - now).total_seconds()))
-    if check_password_hash(found.password_hash, password):
-        begin_write(db.session)
-        db.session.execute(
-            update(User)
-            .where(User.id == found.id)
-            .values(failed_logins=0, locked_until=None)
-        )
-        db.session.commit()
-        return db.session.get(User, found.id)
-    # Counted in SQL, so concurrent guesses cannot lose increments.
+    if not check_password_hash(attempt.password_hash, password):
+        if attempt.locks_account:
+            raise LoginLocked(
+                int(current_app.config["LOCKKEEPER_LOGIN_LOCKOUT_SECONDS"])
+            )
+        raise LoginRefused("wrong username or password")
     begin_write(db.session)
     db.session.execute(
         update(User)
-        .where(User.id == found.id)
-        .values(failed_logins=User.failed_logins + 1)
+        .where(User.id == attempt.user_id)
+        .values(failed_logins=0, locked_until=None)
+        .execution_options(synchronize_session=False)
     )
-    failures = db.session.scalar(select(User.failed_logins).where(User.id == found.id))
-    locked = failures >= max_failures
-    if locked:
-        db.session.execute(
-            update(User)
-            .where(User.id == found.id)
-            .values(failed_logins=0, locked_until=now + lockout)
-        )
     db.session.commit()
-    if locked:
-        raise LoginLocked(int(lockout.total_seconds()))
-    raise LoginRefused("wrong username or password")
+    return db.session.get(User, attempt.user_id)

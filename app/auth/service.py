@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from flask import current_app
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from app.auth.models import ROLES, ApiToken, User
+from app.auth.models import ROLES, ApiToken, User, UserSession
 from app.database import autocommit, begin_write
 from app.extensions import db
 from app.locks import validation
@@ -253,8 +253,7 @@ def create_user(username: str, password: str, role: str) -> User:
     _check_name(username, "username")
     if role not in ROLES:
         raise AuthError(f"role must be one of {', '.join(ROLES)}")
-    if len(password) < MIN_PASSWORD:
-        raise AuthError(f"password must be at least {MIN_PASSWORD} characters")
+    _check_password_length(password)
     begin_write(db.session)
     user = User(
         username=username,
@@ -270,6 +269,56 @@ def create_user(username: str, password: str, role: str) -> User:
         db.session.rollback()
         raise AuthError(f"a user named {username!r} exists already") from exc
     return user
+
+
+def _check_password_length(password: str) -> None:
+    if len(password) < MIN_PASSWORD:
+        raise AuthError(f"password must be at least {MIN_PASSWORD} characters")
+
+
+def _user_for_update(username: str) -> User:
+    begin_write(db.session)
+    user = db.session.scalar(
+        select(User).where(User.username == username).with_for_update()
+    )
+    if user is None:
+        db.session.rollback()
+        raise AuthError(f"no user named {username!r}")
+    return user
+
+
+def _end_sessions(user: User) -> None:
+    db.session.execute(delete(UserSession).where(UserSession.user_id == user.id))
+
+
+def set_password(username: str, password: str) -> None:
+    """Give ``username`` a new password, unlock it and end all of its sessions
+    (a stolen session must not outlive the password change that answers it)."""
+    _check_password_length(password)
+    password_hash = generate_password_hash(password)
+    user = _user_for_update(username)
+    user.password_hash = password_hash
+    user.failed_logins = 0
+    user.locked_until = None
+    _end_sessions(user)
+    db.session.commit()
+
+
+def disable_user(username: str) -> None:
+    """No more logins for ``username``, and every session of it ends now."""
+    user = _user_for_update(username)
+    if user.disabled_at is None:
+        user.disabled_at = _now()
+    _end_sessions(user)
+    db.session.commit()
+
+
+def enable_user(username: str) -> None:
+    user = _user_for_update(username)
+    user.disabled_at = None
+    user.failed_logins = 0
+    user.locked_until = None
+    db.session.commit()
 
 
 def check_password(user: User, password: str) -> bool:

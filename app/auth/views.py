@@ -22,9 +22,11 @@ from flask import (
 from flask_login import current_user, login_user, logout_user
 from flask_login import login_required as _flask_login_required
 
+from app.auth import address_limit
 from app.auth.login import LoginLocked, LoginRefused, authenticate
 from app.auth.models import User
-from app.extensions import db, login_manager
+from app.auth.sessions import end_session, load_session, start_session
+from app.extensions import login_manager
 
 bp = Blueprint("auth", __name__)
 
@@ -36,11 +38,9 @@ login_manager.session_protection = "strong"
 
 
 @login_manager.user_loader
-def load_user(user_id: str) -> User | None:
-    try:
-        return db.session.get(User, int(user_id))
-    except ValueError:
-        return None
+def load_user(session_token: str) -> User | None:
+    """The user of the live server-side session the cookie names."""
+    return load_session(session_token)
 
 
 @login_manager.unauthorized_handler
@@ -83,8 +83,13 @@ def operator_required(view):
 
 
 def safe_next(target: str | None) -> str | None:
-    """A local path to return to after login, never another site."""
-    if not target:
+    """A local path to return to after login, never another site.
+
+    Control characters are refused outright: CR/LF would split the Location
+    header, and browsers drop tabs and newlines from URLs (``/\t/evil.example``
+    would become ``//evil.example``).
+    """
+    if not target or any(ord(c) < 32 or ord(c) == 127 for c in target):
         return None
     parts = urlsplit(target)
     if parts.scheme or parts.netloc:
@@ -108,7 +113,15 @@ def login():
     if request.method == "POST":
         username = request.form.get("username", "").strip()
         password = request.form.get("password", "")
-        if not username or not password:
+        wait = address_limit.count_attempt(request.remote_addr)
+        if wait is not None:
+            error, status, retry_after = (
+                "Too many login attempts from your address; "
+                f"try again in {wait} seconds.",
+                429,
+                wait,
+            )
+        elif not username or not password:
             error, status = "Enter your username and password.", 400
         else:
             try:
@@ -121,6 +134,7 @@ def login():
             else:
                 # A fresh session on every login: nothing planted before survives.
                 session.clear()
+                start_session(user)
                 login_user(user)
                 return redirect(next_url or "/", 303)
     response = make_response(
@@ -136,6 +150,9 @@ def login():
 
 @bp.post("/logout")
 def logout():
+    if current_user.is_authenticated:
+        # Ends the session on the server: a copy of the cookie opens nothing.
+        end_session(current_user.get_id())
     logout_user()
     session.clear()
     flash("You have been logged out.", "info")
