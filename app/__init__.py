@@ -26,6 +26,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         static_folder=str(STATIC_DIR),
     )
     config.load_config(app, test_config)
+    setup.secure_files(app)
     extensions.init_app(app)
     setup.register_services(app)
     setup.register_blueprints(app)

@@ -12,6 +12,8 @@ from typing import Any
 from flask import Flask
 from sqlalchemy.engine import make_url
 
+from app.paths import make_private_dir, restrict_to_owner
+
 DEFAULTS: dict[str, Any] = {
     "LOCKKEEPER_DEFAULT_TTL": 30.0,
     "LOCKKEEPER_MAX_TTL": 86400.0,
@@ -160,14 +162,18 @@ def load_or_create_secret_key(instance: Path) -> str:
     """
     path = instance / "secret_key"
     if not path.exists():
-        instance.mkdir(parents=True, exist_ok=True)
+        make_private_dir(instance)
         tmp = instance / f".secret_key.{os.getpid()}.{secrets.token_hex(4)}"
-        tmp.write_text(secrets.token_hex(32))
-        tmp.chmod(0o600)
+        # Created 0600: the key is never readable by others, not even briefly.
+        with os.fdopen(
+            os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w"
+        ) as f:
+            f.write(secrets.token_hex(32))
         try:
             os.link(tmp, path)
         except FileExistsError:
             pass
         finally:
             tmp.unlink()
+    restrict_to_owner(path, 0o600)
     return path.read_text().strip()

@@ -1,4 +1,5 @@
-"""Security headers for every response, and a strict policy for HTML pages.
+"""Security headers for every response, a strict policy for HTML pages, and no
+state-changing dashboard request from another site.
 
 The dashboard loads only its own files: no inline script or style, no CDN, no
 frames. htmx 4 needs no ``unsafe-inline`` (its indicator CSS is a constructable
@@ -8,7 +9,9 @@ stylesheet) and we use no ``hx-on`` or trigger filters, which would need
 
 from __future__ import annotations
 
-from flask import Flask, Response
+from urllib.parse import urlsplit
+
+from flask import Flask, Response, abort, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 CONTENT_SECURITY_POLICY = (
@@ -19,6 +22,40 @@ CONTENT_SECURITY_POLICY = (
     "form-action 'self'; "
     "frame-ancestors 'none'"
 )
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Fetch Metadata values a browser sends for a request this site itself made (or
+# one the user typed): anything else (cross-site, same-site) is another origin.
+OWN_SITE = frozenset({"same-origin", "none"})
+CROSS_SITE_REFUSED = (
+    "This request came from another site. Changes can only be made from "
+    "Lockkeeper's own pages: reload the page and try again."
+)
+
+
+def refuse_cross_site_changes() -> None:
+    """403 for a state-changing dashboard request sent from another origin.
+
+    In addition to the CSRF token: a browser's ``Sec-Fetch-Site`` says who made
+    the request and cannot be set by a page. Browsers without Fetch Metadata are
+    judged by ``Origin`` (its host must be the one the request was sent to; the
+    proxy passes ``Host`` through). A request with neither is no browser's
+    cross-site request: curl and scripts still need the session and the CSRF
+    token. The API takes bearer tokens only, which no other site can send.
+    """
+    if request.method in SAFE_METHODS or request.blueprint == "api":
+        return
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None:
+        if site not in OWN_SITE:
+            abort(403, description=CROSS_SITE_REFUSED)
+        return
+    origin = request.headers.get("Origin")
+    if origin is not None and (
+        origin == "null" or urlsplit(origin).netloc != request.host
+    ):
+        abort(403, description=CROSS_SITE_REFUSED)
 
 
 def add_security_headers(response: Response) -> Response:
@@ -33,6 +70,14 @@ def add_security_headers(response: Response) -> Response:
 
 
 def init_app(app: Flask) -> None:
+    # Ahead of the CSRF check, so a cross-site post is told why rather than
+    # "CSRF token missing"; after the request log's start, so it is logged.
+    hooks = app.before_request_funcs.setdefault(None, [])
+    csrf_at = next(
+        (n for n, f in enumerate(hooks) if f.__module__.startswith("flask_wtf")),
+        len(hooks),
+    )
+    hooks.insert(csrf_at, refuse_cross_site_changes)
     app.after_request(add_security_headers)
     proxies = int(app.config["LOCKKEEPER_PROXY_COUNT"])
     if proxies:

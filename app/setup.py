@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,8 +11,34 @@ from pathlib import Path
 from alembic import command
 from flask import Flask
 from sqlalchemy import inspect
+from sqlalchemy.engine import make_url
 
 from app.extensions import db, migrate
+from app.paths import make_private_dir, make_private_file, restrict_to_owner
+
+
+def secure_files(app: Flask) -> None:
+    """The instance folder 0700; a SQLite database and its -wal/-shm 0600.
+
+    They hold password and token hashes and the session signing key. Done before
+    the first connection, so the file SQLite opens (and the -wal/-shm it creates
+    with the same permissions) is private from its first byte, and an existing
+    0644 database from an older version is tightened.
+    """
+    instance = Path(app.instance_path)
+    if instance.exists():
+        make_private_dir(instance)
+    url = make_url(app.config["SQLALCHEMY_DATABASE_URI"])
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return
+    database = Path(url.database)
+    if database.parent == instance:
+        make_private_dir(instance)
+    if not database.parent.is_dir():
+        return  # SQLite will say so
+    make_private_file(database)
+    for suffix in ("-wal", "-shm", "-journal"):
+        restrict_to_owner(database.with_name(database.name + suffix), 0o600)
 
 
 def register_services(app: Flask) -> None:
@@ -51,8 +78,9 @@ def register_cli(app: Flask) -> None:
 def startup_lock(instance_path: str):
     """Serialise first-start work between workers of one host (gunicorn -w N)."""
     path = Path(instance_path)
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / ".startup.lock", "w") as handle:
+    make_private_dir(path)
+    lock_file = os.open(path / ".startup.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(lock_file, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -4,7 +4,10 @@ Routes are enumerated from the URL map, so a route added later is covered
 without touching this file: no API route answers without a valid bearer token;
 the dashboard's session cookie is no API credential; every state-changing form
 needs its CSRF token; a viewer cannot act; tokens and passwords are never logged,
-stored or shown again after creation.
+stored or shown again after creation. Every dashboard route is checked with each
+kind of browser credential: none, an ended (logged out), expired or disabled
+user's session, a viewer, an operator, and an operator's browser driven by
+another site.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 from flask import Flask, url_for
+from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
 from app.extensions import db
@@ -352,3 +356,185 @@ def test_first_start_secrets_go_to_the_console_once_never_to_the_log(
     stored = stored_strings(app)
     assert password not in stored
     assert token not in stored
+
+
+# -- the dashboard: each kind of browser credential over every route ------------------
+
+
+def dashboard_routes(app: Flask) -> list[tuple[str, str, str]]:
+    """Every route of the dashboard proper: not the API, login/logout or ops."""
+    return [
+        (endpoint, method, url)
+        for endpoint, method, url in routes(app, api=False)
+        if not endpoint.startswith(("auth.", "ops."))
+    ]
+
+
+def acting_endpoints(app: Flask) -> set[str]:
+    return {endpoint for endpoint, _ in form_posts(app, acting_only=True)}
+
+
+def ended_session(app: Flask) -> FlaskClient:
+    """A copy of an operator's cookie (with its CSRF token) taken before logout."""
+    browser = app.test_client()
+    log_in(browser, "olga")
+    token = csrf_token(browser, "/")
+    copy = app.test_client()
+    copy.set_cookie("session", browser.get_cookie("session").value)
+    browser.post("/logout", data={"csrf_token": token})
+    copy.csrf = token
+    return copy
+
+
+def disabled_user(app: Flask) -> FlaskClient:
+    browser = app.test_client()
+    log_in(browser, "olga")
+    browser.csrf = csrf_token(browser, "/")
+    result = app.test_cli_runner().invoke(args=["users", "disable", "olga"])
+    assert result.exit_code == 0, result.output
+    return browser
+
+
+def expired_session(app: Flask) -> FlaskClient:
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from app.auth.models import UserSession
+
+    browser = app.test_client()
+    log_in(browser, "olga")
+    browser.csrf = csrf_token(browser, "/")
+    with app.app_context():
+        db.session.execute(
+            update(UserSession).values(
+                expires_at=datetime.now(UTC) - timedelta(seconds=1)
+            )
+        )
+        db.session.commit()
+    return browser
+
+
+def no_session(app: Flask) -> FlaskClient:
+    browser = app.test_client()
+    browser.csrf = csrf_token(browser, "/login")
+    return browser
+
+
+@pytest.mark.parametrize(
+    "credential", [no_session, ended_session, disabled_user, expired_session]
+)
+def test_without_a_live_session_every_dashboard_route_sends_to_login(
+    csrf_app, credential
+):
+    lock = held_lock(csrf_app)
+    browser = credential(csrf_app)
+    before = lock_state(csrf_app)
+    for endpoint, method, url in dashboard_routes(csrf_app):
+        form = dict(FULL_FORM, fence=str(lock.fence), csrf_token=browser.csrf)
+        page = browser.open(url, method=method, data=form)
+        assert page.status_code in (302, 303), (endpoint, method, page.status_code)
+        assert page.headers["Location"].startswith("/login"), endpoint
+        htmx = browser.open(
+            url, method=method, data=form, headers={"HX-Request": "true"}
+        )
+        assert htmx.status_code == 401, (endpoint, method, htmx.status_code)
+        assert htmx.headers["HX-Redirect"].startswith("/login")
+    assert lock_state(csrf_app) == before
+
+
+def test_a_viewer_reads_every_page_and_opens_no_action(csrf_app):
+    held_lock(csrf_app)
+    viewer = csrf_app.test_client()
+    log_in(viewer, "victor")
+    acting = acting_endpoints(csrf_app)
+    for endpoint, method, url in dashboard_routes(csrf_app):
+        if method != "GET":
+            continue
+        status = viewer.get(url).status_code
+        if endpoint in acting:
+            assert status in (403, 405), (endpoint, status)
+        else:
+            assert status == 200, (endpoint, status)
+
+
+def test_an_operator_opens_every_page_and_form(csrf_app):
+    held_lock(csrf_app)
+    operator = csrf_app.test_client()
+    log_in(operator, "olga")
+    for endpoint, method, url in dashboard_routes(csrf_app):
+        if method == "GET":
+            assert operator.get(url).status_code == 200, endpoint
+
+
+CROSS_SITE = [
+    {"Sec-Fetch-Site": "cross-site"},
+    {"Sec-Fetch-Site": "same-site"},
+    {"Origin": "https://evil.example"},
+    {"Origin": "null"},
+    {"Origin": "http://localhost.evil.example"},
+]
+
+
+@pytest.mark.parametrize("headers", CROSS_SITE)
+def test_a_state_changing_request_from_another_site_is_refused(csrf_app, headers):
+    """An operator's browser, with the session and the right CSRF token, sent by
+    another site's page: refused before anything runs, and the page says why."""
+    lock = held_lock(csrf_app)
+    operator = csrf_app.test_client()
+    log_in(operator, "olga")
+    form = dict(FULL_FORM, fence=str(lock.fence), csrf_token=csrf_token(operator, "/"))
+    before = lock_state(csrf_app)
+    posts = form_posts(csrf_app)
+    assert "auth.login" in {endpoint for endpoint, _ in posts}
+    for endpoint, url in posts:
+        response = operator.post(url, data=form, headers=headers)
+        assert response.status_code == 403, (endpoint, response.status_code)
+        assert "came from another site" in response.get_data(as_text=True)
+    assert lock_state(csrf_app) == before
+    assert operator.get("/").status_code == 200  # /logout did not log us out
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Sec-Fetch-Site": "same-origin"},
+        {"Sec-Fetch-Site": "none"},
+        {"Origin": "http://localhost"},
+        # Fetch Metadata decides when present: Origin is the fallback.
+        {"Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1:5000"},
+        {},
+    ],
+)
+def test_the_same_post_from_our_own_pages_is_carried_out(csrf_app, headers):
+    lock = held_lock(csrf_app)
+    operator = csrf_app.test_client()
+    log_in(operator, "olga")
+    response = operator.post(
+        f"/locks/{RESOURCE}/release",
+        data=dict(
+            FULL_FORM, fence=str(lock.fence), csrf_token=csrf_token(operator, "/")
+        ),
+        headers=headers,
+    )
+    assert response.status_code == 303
+    with csrf_app.app_context():
+        assert lock_service().counts()["held"] == 0
+
+
+def test_the_api_ignores_the_site_headers(csrf_app):
+    """Bearer tokens are never sent by a browser on its own: no site check."""
+    from app.auth.service import create_token
+
+    with csrf_app.app_context():
+        token = create_token("worker")
+    response = csrf_app.test_client().post(
+        "/api/v1/locks/job:2",
+        json={"owner": "w"},
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Sec-Fetch-Site": "cross-site",
+            "Origin": "https://evil.example",
+        },
+    )
+    assert response.status_code == 200
