@@ -49,6 +49,19 @@ def html_error(exc: HTTPException):
     return response
 
 
+def _session_gone(exc: HTTPException) -> bool:
+    """A form posted from a page whose session has ended fails its CSRF check
+    first; the operator needs the login page, not "CSRF token missing"."""
+    from flask_login import current_user
+    from flask_wtf.csrf import CSRFError
+
+    return (
+        isinstance(exc, CSRFError)
+        and not current_user.is_authenticated
+        and request.endpoint != "auth.login"
+    )
+
+
 def register_error_handlers(app: Flask) -> None:
     register_database_error_handlers(app)
 
@@ -60,6 +73,10 @@ def register_error_handlers(app: Flask) -> None:
                 if exc.get_response().headers.get(header):
                     response.headers[header] = exc.get_response().headers[header]
             return response
+        if _session_gone(exc):
+            from app.extensions import login_manager
+
+            return login_manager.unauthorized()
         return html_error(exc)
 
     @app.errorhandler(Exception)

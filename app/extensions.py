@@ -1,5 +1,6 @@
 """Extensions created without an app and bound in ``create_app`` (no import cycles)."""
 
+from flask_compress import Compress
 from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
@@ -17,6 +18,21 @@ db = SQLAlchemy(model_class=Base)
 migrate = Migrate(directory=str(MIGRATIONS_DIR), render_as_batch=True)
 csrf = CSRFProtect()
 login_manager = LoginManager()
+compress = Compress()
+
+# Text the dashboard, the API and the exports send; gunicorn compresses nothing.
+COMPRESS_MIMETYPES = [
+    "text/html",
+    "text/css",
+    "text/plain",
+    "text/javascript",
+    "application/javascript",
+    "application/json",
+    "application/problem+json",
+    "image/svg+xml",
+    "text/csv",
+    "application/jsonl",
+]
 
 
 def init_app(app) -> None:
@@ -29,3 +45,5 @@ def init_app(app) -> None:
     migrate.init_app(app, db)
     csrf.init_app(app)
     login_manager.init_app(app)
+    app.config.setdefault("COMPRESS_MIMETYPES", COMPRESS_MIMETYPES)
+    compress.init_app(app)

@@ -61,11 +61,13 @@ def register_blueprints(app: Flask) -> None:
     from app.api import bp as api
     from app.audit.views import bp as audit
     from app.auth.views import bp as auth
+    from app.dashboard import assets
     from app.dashboard import bp as dashboard
 
     for blueprint in (ops.bp, api, auth, dashboard, audit):
         app.register_blueprint(blueprint)
     security.init_app(app)
+    assets.init_app(app)
 
 
 def register_cli(app: Flask) -> None:

@@ -3,18 +3,210 @@
 (function () {
   "use strict";
 
+  // Polls give up after this long, so a hung server shows as offline within
+  // about one poll interval instead of the 15 s default timeout.
+  var POLL_TIMEOUT = "4s";
+  // How long "Reconnected" stays up once requests work again.
+  var RECOVERED_MS = 6000;
+
+  function csrfToken() {
+    var meta = document.querySelector('meta[name="csrf-token"]');
+    return meta ? meta.content : null;
+  }
+
   // CSRF: every htmx request carries the token of <meta name="csrf-token">, in
   // one place, whatever htmx 4's attribute inheritance would do.
   document.addEventListener("htmx:config:request", function (event) {
-    var meta = document.querySelector('meta[name="csrf-token"]');
     var ctx = event.detail && event.detail.ctx;
-    if (meta && ctx && ctx.request && ctx.request.headers) {
-      ctx.request.headers["X-CSRFToken"] = meta.content;
+    if (!ctx || !ctx.request) return;
+    var token = csrfToken();
+    if (token && ctx.request.headers) ctx.request.headers["X-CSRFToken"] = token;
+    var source = ctx.sourceElement;
+    if (source && source.classList && source.classList.contains("poller")) {
+      ctx.request.timeout = POLL_TIMEOUT;
     }
   });
 
+  // -- connection state -------------------------------------------------------
+  // A failed request (network error, timeout, 502/503/504 from a proxy or the
+  // server) turns the page offline: a banner, the live indicator says so, the
+  // actions are disabled. The next request that works turns it back and says so.
+
+  var offlineSince = null;
+  var recoveredTimer = null;
+
+  function clock(date) {
+    return date.toISOString().slice(11, 19) + "Z";
+  }
+
+  function banner() {
+    return document.getElementById("connection");
+  }
+
+  function setActionsDisabled(disabled) {
+    document.querySelectorAll("[data-needs-connection]").forEach(function (el) {
+      if (el.tagName === "BUTTON") {
+        el.disabled = disabled;
+      } else if (disabled) {
+        el.setAttribute("aria-disabled", "true");
+      } else {
+        el.removeAttribute("aria-disabled");
+      }
+    });
+  }
+
+  function showLiveStatus() {
+    document.querySelectorAll(".live").forEach(function (status) {
+      var text = status.querySelector(".live-text");
+      if (!text) return;
+      if (offlineSince) {
+        if (!text.dataset.liveText) text.dataset.liveText = text.textContent;
+        text.textContent = "Offline since " + clock(offlineSince) + ", retrying.";
+        status.classList.add("live-offline");
+      } else if (text.dataset.liveText) {
+        text.textContent = text.dataset.liveText;
+        delete text.dataset.liveText;
+        status.classList.remove("live-offline");
+      }
+    });
+  }
+
+  function goOffline(why) {
+    var box = banner();
+    if (!offlineSince) offlineSince = new Date();
+    clearTimeout(recoveredTimer);
+    document.documentElement.classList.add("offline");
+    if (box) {
+      box.className = "connection-banner connection-offline";
+      box.querySelector(".connection-title").textContent = "Offline.";
+      box.querySelector(".connection-text").textContent =
+        "Lockkeeper has not answered since " + clock(offlineSince) + " (" + why +
+        "). What you see may be out of date, and actions are disabled until " +
+        "the connection is back; the page keeps retrying.";
+      box.hidden = false;
+    }
+    setActionsDisabled(true);
+    showLiveStatus();
+  }
+
+  function goOnline() {
+    if (!offlineSince) return;
+    var box = banner();
+    var was = offlineSince;
+    offlineSince = null;
+    document.documentElement.classList.remove("offline");
+    setActionsDisabled(false);
+    showLiveStatus();
+    if (box) {
+      box.className = "connection-banner connection-restored";
+      box.querySelector(".connection-title").textContent = "Reconnected.";
+      box.querySelector(".connection-text").textContent =
+        "The connection is back (it was lost from " + clock(was) + " to " +
+        clock(new Date()) + "); the page shows current data again.";
+      box.hidden = false;
+      recoveredTimer = setTimeout(function () { box.hidden = true; }, RECOVERED_MS);
+    }
+  }
+
+  document.addEventListener("htmx:error", function (event) {
+    var error = event.detail && event.detail.error;
+    var reason = error && (error.name === "AbortError" || String(error).indexOf("timeout") >= 0)
+      ? "no answer in time" : "no connection";
+    // Requests the page itself abandons (navigating away) are no outage.
+    if (error && error.name === "AbortError" && document.visibilityState === "hidden") return;
+    goOffline(reason);
+  });
+
+  document.addEventListener("htmx:after:request", function (event) {
+    var ctx = event.detail && event.detail.ctx;
+    var status = ctx && ctx.response && ctx.response.status;
+    if (!status) return;
+    if (status === 502 || status === 503 || status === 504) {
+      goOffline("the server answered " + status);
+      return;
+    }
+    goOnline();
+    var source = ctx.sourceElement;
+    if (source && source.classList && source.classList.contains("poller")) {
+      var region = source.closest(".live-region");
+      var checked = region && region.querySelector(".checked-at");
+      if (checked) {
+        var now = new Date();
+        checked.textContent = clock(now);
+        checked.setAttribute("datetime", now.toISOString());
+      }
+    }
+  });
+
+  // A disabled action link does nothing (a link cannot be disabled natively).
+  document.addEventListener("click", function (event) {
+    var action = event.target.closest && event.target.closest("[data-needs-connection]");
+    if (action && offlineSince) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+      var box = banner();
+      if (box) box.focus && box.focus();
+    }
+  }, true);
+
+  // -- the confirmation dialog ------------------------------------------------
+  // htmx swaps a release or claim form into #action-panel inside <dialog>; we
+  // open it modally with focus in the reason field, and give focus back to the
+  // button that opened it when it closes. A success message leaves the dialog
+  // for the page's message area.
+
+  var opener = null;
+
+  document.addEventListener("click", function (event) {
+    var link = event.target.closest && event.target.closest('[hx-target="#action-panel"]');
+    if (link) opener = link.id || link;
+    var cancel = event.target.closest && event.target.closest("#action-dialog [data-close-dialog]");
+    if (cancel) {
+      event.preventDefault();
+      document.getElementById("action-dialog").close();
+    }
+  });
+
+  function focusField(panel) {
+    var field = panel.querySelector('[aria-invalid="true"]') ||
+      panel.querySelector("textarea[name=reason]") ||
+      panel.querySelector("[autofocus]") ||
+      panel.querySelector("input:not([type=hidden]), textarea, button");
+    if (field) field.focus();
+  }
+
+  document.addEventListener("htmx:after:swap", function (event) {
+    var ctx = event.detail && event.detail.ctx;
+    var target = ctx && ctx.target;
+    if (!target || target.id !== "action-panel") return;
+    var dialog = document.getElementById("action-dialog");
+    var success = target.querySelector(".message-success");
+    if (success) {
+      var messages = document.getElementById("messages");
+      if (messages) messages.replaceChildren(success);
+      if (dialog && dialog.open) dialog.close();
+      return;
+    }
+    if (!dialog) return;
+    var heading = target.querySelector("h1, h2");
+    if (heading && heading.id) dialog.setAttribute("aria-labelledby", heading.id);
+    if (!dialog.open) dialog.showModal();
+    focusField(target);
+  });
+
+  document.addEventListener("close", function (event) {
+    if (event.target.id !== "action-dialog") return;
+    var panel = document.getElementById("action-panel");
+    if (panel) panel.replaceChildren();
+    var back = typeof opener === "string" ? document.getElementById(opener) : opener;
+    opener = null;
+    if (back && back.isConnected) back.focus();
+  }, true);
+
+  // -- times that move -------------------------------------------------------
   // Remaining ttl: each <span class="ttl" data-ttl="seconds"> counts down from the
   // moment it arrived (page load or swap), so client clock skew does not matter.
+  // Ages (<time data-age="seconds">, "3 min ago", "stale for 2 min") count up.
   var arrived = new WeakMap();
 
   function format(seconds) {
@@ -28,14 +220,35 @@
     return m + " min " + r + " s";
   }
 
+  function formatAge(seconds) {
+    seconds = Math.max(seconds, 0);
+    if (seconds < 60) return seconds.toFixed(0) + " s";
+    if (seconds < 3600) return Math.floor(seconds / 60) + " min";
+    return format(seconds);
+  }
+
+  function since(el, now, value) {
+    // A morph may keep the element but change its value: restart the clock.
+    var seen = arrived.get(el);
+    if (!seen || seen.value !== value) {
+      seen = { at: now, value: value };
+      arrived.set(el, seen);
+    }
+    return (now - seen.at) / 1000;
+  }
+
   function tick() {
     var now = performance.now();
     document.querySelectorAll(".ttl[data-ttl]").forEach(function (el) {
-      if (!arrived.has(el)) arrived.set(el, now);
-      var left = parseFloat(el.dataset.ttl) - (now - arrived.get(el)) / 1000;
+      var left = parseFloat(el.dataset.ttl) - since(el, now, el.dataset.ttl);
       var text = format(left);
       if (el.textContent !== text) el.textContent = text;
       el.classList.toggle("ttl-expired", left <= 0);
+    });
+    document.querySelectorAll("time[data-age]").forEach(function (el) {
+      var age = parseFloat(el.dataset.age) + since(el, now, el.dataset.age);
+      var text = (el.dataset.prefix || "") + formatAge(age) + (el.dataset.suffix || "");
+      if (el.textContent !== text) el.textContent = text;
     });
   }
 

@@ -5,6 +5,7 @@ CSRF protection is on (the app's default), so every post carries a real token.
 
 from __future__ import annotations
 
+import json
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -81,7 +82,7 @@ def test_overview_is_a_full_page_with_nav_csrf_meta_and_vendored_htmx(operator):
     nav = {a["href"] for a in page.select("nav[aria-label=Main] a")}
     assert nav == {"/", "/audit"}
     assert page.find("meta", attrs={"name": "csrf-token"})["content"]
-    scripts = [script["src"] for script in page.find_all("script")]
+    scripts = [script["src"].partition("?")[0] for script in page.find_all("script")]
     assert "/static/vendor/htmx-4.0.1.min.js" in scripts
     assert all(src.startswith("/static/") for src in scripts)
     assert page.select_one("#locks #live table caption")
@@ -100,8 +101,9 @@ def test_poll_gets_the_live_fragment_only_uncached(operator):
     poller = live.select_one("[hx-trigger]")
     assert poller["hx-sync"] == "this:drop"
     assert poller["hx-trigger"] == "every 5s, locks-changed from:body"
-    assert poller["hx-get"] == "/?state=stale"
-    assert (poller["hx-target"], poller["hx-swap"]) == ("#live", "outerHTML")
+    assert poller["hx-get"] == "/?state=stale&live=1"
+    assert (poller["hx-target"], poller["hx-swap"]) == ("#live", "outerMorph")
+    assert json.loads(poller["hx-headers"])["Lockkeeper-Shown"]
     assert poller.get("hx-push-url") is None
 
 
@@ -205,21 +207,27 @@ def test_pagination_walks_every_lock_once_in_order(operator, svc):
     assert pages == 3
 
 
-def test_pause_stops_polling_and_survives_navigation(operator):
+def test_pause_stops_polling_and_survives_navigation(operator, svc):
+    svc.acquire("job:1", "w", ttl=100)
     page = soup(operator.get("/?live=0"))
     poller = page.select_one("#live [hx-trigger]")
     assert "every" not in poller["hx-trigger"]
     switch = page.select_one(".live a")
     assert switch.get_text() == "Resume"
-    assert switch["href"] == "/"
-    for link in page.select(".tabs a"):
-        assert "live=0" in link["href"]
-    assert page.find("form", attrs={"role": "search"}).find(
-        "input", attrs={"name": "live", "value": "0"}
-    )
-    playing = soup(operator.get("/"))
+    assert switch["href"] == "/?live=1"
+    # The pause is remembered: the header's Overview link, tabs and lock pages
+    # keep it without carrying it in their URLs.
+    for url in ("/", "/?state=held", "/locks/job:1"):
+        again = soup(operator.get(url))
+        assert "every" not in again.select_one(".poller")["hx-trigger"], url
+        assert again.select_one(".live a").get_text() == "Resume", url
+    # A poll of a live tab elsewhere does not undo it; Resume does.
+    operator.get("/?live=1", headers={**HTMX, "HX-Target": "div#live"})
+    assert "every" not in soup(operator.get("/")).select_one(".poller")["hx-trigger"]
+    playing = soup(operator.get("/?live=1"))
     assert playing.select_one(".live a").get_text() == "Pause"
     assert playing.select_one(".live a")["href"] == "/?live=0"
+    assert "every 5s" in soup(operator.get("/")).select_one(".poller")["hx-trigger"]
 
 
 @pytest.mark.parametrize(
@@ -556,7 +564,7 @@ def test_lock_page_history_pages_newest_first_without_gaps(operator, svc, clock)
     seen = []
     url = "/locks/job:1"
     while url:
-        page = soup(operator.get(url, headers={**HTMX, "HX-Target": "section#history"}))
+        page = soup(operator.get(url, headers={**HTMX, "HX-Target": "div#lock-live"}))
         assert page.body is None
         seen.extend(
             row.select_one("time")["datetime"]
@@ -582,16 +590,20 @@ def test_lock_page_for_an_impossible_name_is_404(operator):
     assert "not a lock name" in response.get_data(as_text=True)
 
 
-def test_lock_summary_fragment_refreshes_after_actions(operator, svc):
+def test_lock_page_polls_and_refreshes_after_actions(operator, svc):
     svc.acquire("job:1", "w", ttl=100)
     response = operator.get(
-        "/locks/job:1", headers={**HTMX, "HX-Target": "section#lock-summary"}
+        "/locks/job:1", headers={**HTMX, "HX-Target": "div#lock-live"}
     )
     page = soup(response)
     assert page.body is None
-    refresher = page.select_one("#lock-summary [hx-trigger]")
-    assert refresher["hx-trigger"] == "locks-changed from:body"
-    assert refresher["hx-target"] == "#lock-summary"
+    assert page.select_one("#lock-live #lock-summary")
+    assert page.select_one("#lock-live #history")
+    assert page.select_one("#lock-live svg.timeline")
+    poller = page.select_one("#lock-live .poller")
+    assert poller["hx-trigger"] == "every 5s, locks-changed from:body"
+    assert (poller["hx-target"], poller["hx-swap"]) == ("#lock-live", "outerMorph")
+    assert poller["hx-get"] == "/locks/job:1?live=1"
 
 
 def test_error_page_for_htmx_is_a_fragment(operator):

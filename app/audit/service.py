@@ -128,6 +128,20 @@ def list_events(
     return Page(items, next_cursor)
 
 
+def newest_event_id(resource: str | None = None) -> int:
+    """The id of the newest event (of ``resource``), 0 when there is none.
+
+    Ids only grow, so this is a cheap version of "what the log holds": the
+    dashboard's polls compare it to skip re-rendering an unchanged page. One
+    index lookup (the primary key, or ``(resource, id)``).
+    """
+    query = select(func.max(events.c.id))
+    if resource is not None:
+        query = query.where(events.c.resource == resource)
+    with db.engine.connect() as conn:
+        return conn.execute(query).scalar() or 0
+
+
 def iter_events(
     filters: EventFilter | None = None, *, batch: int = 1000
 ) -> Iterator[Event]:

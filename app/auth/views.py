@@ -33,6 +33,8 @@ bp = Blueprint("auth", __name__)
 login_manager.login_view = "auth.login"
 login_manager.login_message = "Please log in to see this page."
 login_manager.login_message_category = "info"
+# What a page that was open (polling, or an action) says when its session is gone.
+SESSION_ENDED_MESSAGE = "Your session has ended; log in again to go on."
 # "strong" drops the session when the client's address or agent changes.
 login_manager.session_protection = "strong"
 
@@ -57,7 +59,8 @@ def unauthorized():
         # A polled fragment URL is no page to come back to: use the page shown.
         current = request.headers.get("HX-Current-URL")
         next_url = safe_next(current) if current else None
-        response = make_response("Your session has expired; please log in.", 401)
+        flash(SESSION_ENDED_MESSAGE, "info")
+        response = make_response(SESSION_ENDED_MESSAGE, 401)
         response.headers["HX-Redirect"] = url_for("auth.login", next=next_url)
         return response
     flash(login_manager.login_message, login_manager.login_message_category)

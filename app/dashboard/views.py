@@ -8,25 +8,29 @@ a 303 back to the page, htmx gets the result swapped in place and an
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import Any
 from urllib.parse import urlencode
 
 from flask import (
+    Response,
     abort,
     flash,
     make_response,
     redirect,
     render_template,
     request,
+    session,
     url_for,
 )
 from flask_login import current_user
 
-from app.audit.service import EventFilter, list_events
+from app.audit.service import EventFilter, list_events, newest_event_id
 from app.auth.views import login_required, operator_required, safe_next
 from app.dashboard import bp, timeline
-from app.dashboard.htmx import is_htmx, render_page_or_fragment
+from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
 from app.locks import validation
 from app.locks.errors import InvalidInput, LockHeld, LockNotFound
 from app.locks.results import Lock
@@ -40,6 +44,12 @@ TIMELINE_EVENTS = 300
 POLL_SECONDS = 5
 TABS = ("all", "held", "expiring", "stale")
 LOCKS_CHANGED = "locks-changed"
+# The version of the data a page shows; its polls send it back, and an unchanged
+# version is answered 204 (htmx swaps nothing, the page keeps its place).
+SHOWN_VERSION_HEADER = "Lockkeeper-Shown"
+# The fragments that polls ask for; a poll never changes the remembered pause.
+POLL_TARGETS = ("live", "lock-live")
+PAUSED_KEY = "dashboard_paused"
 
 
 def _text_arg(name: str) -> str | None:
@@ -53,6 +63,35 @@ def _overview_url(**params: Any) -> str:
     return "/" + (f"?{urlencode(query)}" if query else "")
 
 
+def is_live() -> bool:
+    """Polling on or paused: ``?live=0|1`` decides and is remembered for the
+    session, so the header's links and the lock pages keep a pause."""
+    raw = request.args.get("live")
+    if raw in ("0", "1"):
+        paused = raw == "0"
+        if htmx_target() not in POLL_TARGETS and session.get(PAUSED_KEY) != paused:
+            session[PAUSED_KEY] = paused
+        return not paused
+    return not session.get(PAUSED_KEY, False)
+
+
+def shown_version(*parts: Any) -> str:
+    """A short, stable digest of what a page shows (see ``_unchanged``)."""
+    raw = json.dumps([*parts, current_user.role], default=str, separators=(",", ":"))
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+
+
+def _unchanged(version: str) -> Response | None:
+    """204 for an htmx poll whose page already shows ``version``."""
+    if not is_htmx() or request.headers.get(SHOWN_VERSION_HEADER) != version:
+        return None
+    response = make_response("", 204)
+    response.headers["Cache-Control"] = "no-store"
+    response.vary.add("HX-Request")
+    response.vary.add("HX-Target")
+    return response
+
+
 @bp.get("/")
 @login_required
 def overview():
@@ -60,9 +99,27 @@ def overview():
     prefix = _text_arg("prefix")
     owner = _text_arg("owner")
     cursor = _text_arg("cursor")
-    live = request.args.get("live") != "0"
+    live = is_live()
     filters = {"state": state, "prefix": prefix, "owner": owner}
     service = lock_service()
+
+    def url(**changes: Any) -> str:
+        params = {**filters, **changes}
+        if params.get("state") == "all":
+            params["state"] = None
+        return _overview_url(**params)
+
+    here = url(cursor=cursor)
+    # Read the version before the rows: a change in between makes the next poll
+    # fetch again, never miss.
+    counts = service.counts()
+    version = shown_version(
+        newest_event_id(), [counts[s] for s in LockState], here, live
+    )
+    unchanged = _unchanged(version)
+    if unchanged is not None:
+        return unchanged
+
     errors: list[tuple[str, str]] = []
     status = 200
     try:
@@ -71,13 +128,6 @@ def overview():
         )
     except InvalidInput as exc:
         errors, status, page = exc.errors, 400, None
-    counts = service.counts()
-
-    def url(**changes: Any) -> str:
-        params = {**filters, "live": None if live else "0", **changes}
-        if params.get("state") == "all":
-            params["state"] = None
-        return _overview_url(**params)
 
     return render_page_or_fragment(
         "dashboard/overview.html",
@@ -93,12 +143,14 @@ def overview():
         live=live,
         tabs=TABS,
         url=url,
-        here=url(cursor=cursor),
-        switch_url=url(live="0" if live else None, cursor=cursor),
+        here=here,
+        poll_url=url(cursor=cursor, live="1" if live else "0"),
+        switch_url=url(live="0" if live else "1", cursor=cursor),
         first_url=url() if cursor else None,
         next_url=url(cursor=page.next_cursor) if page and page.next_cursor else None,
         refreshed_at=service.now(),
         poll_seconds=POLL_SECONDS,
+        version=version,
     )
 
 
@@ -121,8 +173,25 @@ def _current_lock(resource: str) -> Lock | None:
 def lock_page(resource: str):
     _checked_resource(resource)
     cursor = _text_arg("cursor")
+    live = is_live()
     service = lock_service()
+    page_url = url_for("dashboard.lock_page", resource=resource)
+
+    def url(**params: Any) -> str:
+        query = {k: v for k, v in params.items() if v not in (None, "")}
+        return page_url + (f"?{urlencode(query)}" if query else "")
+
+    newest = newest_event_id(resource)
     lock = _current_lock(resource)
+    version = shown_version(
+        newest,
+        lock and [lock.fence, lock.owner, lock.expires_at, lock.state],
+        cursor,
+        live,
+    )
+    unchanged = _unchanged(version)
+    if unchanged is not None:
+        return unchanged
     try:
         history = list_events(
             EventFilter(resource=resource), limit=HISTORY_PAGE_SIZE, cursor=cursor
@@ -131,25 +200,24 @@ def lock_page(resource: str):
         abort(400, description=str(exc))
     now = service.now()
     recent = list_events(EventFilter(resource=resource), limit=TIMELINE_EVENTS).items
-    here = url_for("dashboard.lock_page", resource=resource)
     return render_page_or_fragment(
         "dashboard/lock.html",
-        {
-            "history": "dashboard/_history.html",
-            "lock-summary": "dashboard/_lock_summary.html",
-        },
+        {"lock-live": "dashboard/_lock_live.html"},
         resource=resource,
         lock=lock,
         history=history,
-        first_url=here if cursor else None,
-        next_url=(
-            f"{here}?{urlencode({'cursor': history.next_cursor})}"
-            if history.next_cursor
-            else None
-        ),
+        here=url(cursor=cursor),
+        poll_url=url(cursor=cursor, live="1" if live else "0"),
+        switch_url=url(cursor=cursor, live="0" if live else "1"),
+        live=live,
+        poll_seconds=POLL_SECONDS,
+        version=version,
+        first_url=url() if cursor else None,
+        next_url=url(cursor=history.next_cursor) if history.next_cursor else None,
         timeline=timeline.build(recent, now),
         timeline_truncated=len(recent) == TIMELINE_EVENTS,
         now=now,
+        refreshed_at=now,
     )
 
 

@@ -128,7 +128,12 @@ def test_force_release_asks_for_confirmation_and_updates_the_row_in_place(
     panel.get_by_label("Reason").fill("worker-9 hung on a dead NFS mount")
     panel.get_by_role("button", name=re.compile("^Release")).click()
 
-    expect(panel.locator(".message-success")).to_contain_text("Released job:stuck")
+    # The result goes to the page's message area; the dialog closes and focus
+    # returns to the row's button.
+    expect(page.locator("#messages .message-success")).to_contain_text(
+        "Released job:stuck"
+    )
+    expect(page.locator("#action-dialog")).not_to_be_visible()
     expect(lock_row(page, "job:stuck")).to_have_count(0)
     expect(page.locator("#live .count-held .count")).to_have_text("0")
     assert_same_document(page)
@@ -157,7 +162,7 @@ def test_claiming_a_stale_lock_gives_it_to_the_operator(
     panel.get_by_label(re.compile("^Reason")).fill("finish the nightly run by hand")
     panel.get_by_role("button", name="Claim").click()
 
-    expect(panel.locator(".message-success")).to_be_visible()
+    expect(page.locator("#messages .message-success")).to_be_visible()
     row = lock_row(page, "job:orphan")
     expect(row.locator(".owner")).to_have_text(f"operator:{OPERATOR}")
     expect(row.locator(".badge")).to_have_text("held")

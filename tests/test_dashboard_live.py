@@ -1,0 +1,208 @@
+"""What polling costs and what it keeps: 204 for an unchanged page, compression,
+cached static files, and the way back to login when a session ends."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+
+import brotli
+import pytest
+
+from app.dashboard.assets import UNVERSIONED_MAX_AGE, YEAR
+from app.locks.service import lock_service
+from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
+
+HTMX = {"HX-Request": "true"}
+
+
+@pytest.fixture
+def app(fake_app):
+    make_user(fake_app, "olga", "operator")
+    return fake_app
+
+
+@pytest.fixture
+def svc(app):
+    with app.app_context():
+        yield lock_service()
+
+
+@pytest.fixture
+def operator(app):
+    client = app.test_client()
+    assert log_in(client, "olga").status_code == 303
+    return client
+
+
+def shown_version(page) -> str:
+    return json.loads(page.select_one(".poller")["hx-headers"])["Lockkeeper-Shown"]
+
+
+def poll(client, url: str, target: str, version: str):
+    return client.get(
+        url,
+        headers={**HTMX, "HX-Target": f"div#{target}", "Lockkeeper-Shown": version},
+    )
+
+
+def test_unchanged_overview_poll_is_204_and_a_change_is_a_new_fragment(
+    operator, svc, clock
+):
+    svc.acquire("job:1", "w-1", ttl=60)
+    page = soup(operator.get("/"))
+    version = shown_version(page)
+    poll_url = page.select_one(".poller")["hx-get"]
+
+    unchanged = poll(operator, poll_url, "live", version)
+    assert unchanged.status_code == 204
+    assert unchanged.get_data() == b""
+    assert unchanged.headers["Cache-Control"] == "no-store"
+    assert "HX-Request" in unchanged.vary
+
+    clock.advance(5)  # time passes, nothing changes state
+    assert poll(operator, poll_url, "live", version).status_code == 204
+
+    svc.acquire("job:2", "w-2", ttl=60)
+    changed = poll(operator, poll_url, "live", version)
+    assert changed.status_code == 200
+    fragment = soup(changed)
+    assert fragment.body is None
+    assert shown_version(fragment) != version
+    assert {
+        row.select_one("td.resource").get_text(strip=True)
+        for row in fragment.select("#live tbody tr")
+    } == {"job:1", "job:2"}
+
+
+def test_a_lock_that_crosses_into_expiring_or_stale_changes_the_version(
+    operator, svc, clock
+):
+    svc.acquire("job:1", "w-1", ttl=60)
+    version = shown_version(soup(operator.get("/")))
+    clock.advance(50)  # held -> expiring, without any event
+    changed = poll(operator, "/?live=1", "live", version)
+    assert changed.status_code == 200
+    assert soup(changed).select_one("#live tbody .badge").get_text() == "expiring"
+
+
+def test_a_poll_of_another_view_never_gets_204_for_this_ones_version(operator, svc):
+    svc.acquire("job:1", "w-1", ttl=60)
+    version = shown_version(soup(operator.get("/")))
+    assert poll(operator, "/?state=stale&live=1", "live", version).status_code == 200
+
+
+def test_unchanged_lock_page_poll_is_204_until_the_lock_changes(operator, svc, clock):
+    svc.acquire("job:1", "w-1", ttl=60)
+    page = soup(operator.get("/locks/job:1"))
+    version = shown_version(page)
+    poll_url = page.select_one(".poller")["hx-get"]
+    assert poll(operator, poll_url, "lock-live", version).status_code == 204
+
+    svc.renew("job:1", "w-1", ttl=120)
+    changed = poll(operator, poll_url, "lock-live", version)
+    assert changed.status_code == 200
+    actions = [
+        row.select("td")[1].get_text()
+        for row in soup(changed).select("#history tbody tr")
+    ]
+    assert actions[0] == "renewed"
+
+    version = shown_version(soup(changed))
+    clock.advance(121)  # runs out: stale, no event
+    stale = poll(operator, poll_url, "lock-live", version)
+    assert stale.status_code == 200
+    assert soup(stale).select_one("#lock-state .badge").get_text() == "stale"
+    assert "stale for" in soup(stale).select_one("#lock-remaining").get_text()
+
+
+def test_pages_are_compressed_and_vary_keeps_hx_request(operator, svc):
+    for n in range(30):
+        svc.acquire(f"job:{n}", f"worker-{n}", ttl=60)
+    plain = operator.get("/", headers={"Accept-Encoding": "identity"})
+    squeezed = operator.get("/", headers={"Accept-Encoding": "gzip"})
+    assert squeezed.headers["Content-Encoding"] == "gzip"
+    body = gzip.decompress(squeezed.get_data())
+    # The pages differ only in their CSRF token's signature timestamp, if at all.
+    assert len(body) == pytest.approx(len(plain.get_data()), abs=64)
+    assert len(squeezed.get_data()) * 4 < len(plain.get_data())
+    vary = {v.strip().lower() for v in squeezed.headers["Vary"].split(",")}
+    assert {"hx-request", "accept-encoding"} <= vary
+
+    fragment = operator.get(
+        "/", headers={**HTMX, "HX-Target": "div#live", "Accept-Encoding": "br"}
+    )
+    assert fragment.headers["Content-Encoding"] == "br"
+    assert b'id="live"' in brotli.decompress(fragment.get_data())
+
+
+def test_exports_still_stream_when_compressed(operator, svc):
+    for n in range(50):
+        svc.acquire(f"job:{n}", "w", ttl=60)
+    response = operator.get(
+        "/audit/export.csv", headers={"Accept-Encoding": "br"}, buffered=False
+    )
+    assert response.is_streamed
+    assert response.headers["Content-Encoding"] == "br"
+    assert "Content-Length" not in response.headers
+    data = b"".join(response.response)
+    response.close()
+    rows = list(csv.DictReader(io.StringIO(brotli.decompress(data).decode())))
+    assert len(rows) == 50
+
+
+def test_static_files_have_versioned_urls_and_long_lifetimes(operator, app):
+    page = soup(operator.get("/"))
+    css = page.select_one("link[rel=stylesheet]")["href"]
+    assert re.fullmatch(r"/static/app\.css\?v=[0-9a-f]{12}", css)
+    versioned = operator.get(css)
+    assert versioned.status_code == 200
+    cache = versioned.cache_control
+    assert cache.max_age == YEAR
+    assert cache.immutable
+    versioned.close()
+    stale = operator.get("/static/app.css?v=000000000000")
+    assert stale.cache_control.max_age == UNVERSIONED_MAX_AGE
+    assert not stale.cache_control.immutable
+    stale.close()
+    for script in page.find_all("script"):
+        assert "?v=" in script["src"]
+
+
+def test_a_poll_after_the_session_ended_goes_to_login_with_a_message(operator):
+    token = csrf_token(operator, "/")
+    operator.post("/logout", data={"csrf_token": token})
+    response = operator.get(
+        "/?live=1",
+        headers={
+            **HTMX,
+            "HX-Target": "div#live",
+            "HX-Current-URL": "http://localhost/?state=stale",
+        },
+    )
+    assert response.status_code == 401
+    assert response.headers["HX-Redirect"].startswith("/login")
+    login = operator.get(response.headers["HX-Redirect"])
+    assert "Your session has ended" in login.get_data(as_text=True)
+
+
+def test_an_action_posted_after_the_session_ended_goes_to_login(operator, svc):
+    svc.acquire("job:1", "w", ttl=60)
+    token = csrf_token(operator, "/")
+    operator.post("/logout", data={"csrf_token": token})
+    # The old page's token no longer matches any session.
+    response = operator.post(
+        "/locks/job:1/release",
+        data={"csrf_token": token, "reason": "stuck"},
+        headers={**HTMX, "HX-Target": "div#action-panel"},
+    )
+    assert response.status_code == 401
+    assert response.headers["HX-Redirect"].startswith("/login")
+    plain = operator.post(
+        "/locks/job:1/release", data={"csrf_token": token, "reason": "stuck"}
+    )
+    assert plain.status_code == 302
+    assert "/login" in plain.headers["Location"]
