@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Flask
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -60,9 +60,32 @@ def install_engine_events(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+def attach_autocommit_engine(engine: Engine, options: dict[str, Any]) -> None:
+    """Give ``engine`` its autocommit twin (see ``autocommit``) and dispose of the
+    twin whenever ``engine`` is disposed."""
+    if engine.dialect.name == "sqlite":
+        return
+    twin = create_engine(
+        engine.url,
+        **{
+            **options,
+            "isolation_level": "AUTOCOMMIT",
+            # Always in autocommit: no transaction can be left to roll back.
+            "pool_reset_on_return": None,
+        },
+    )
+    engine._lockkeeper_autocommit = twin  # type: ignore[attr-defined]
+    event.listen(engine, "engine_disposed", lambda _engine: twin.dispose())
+
+
 def autocommit(engine: Engine) -> Engine:
     """``engine`` for single-statement work: no BEGIN/COMMIT round trips, and no
-    read transaction held open (which on SQLite would stall WAL checkpoints)."""
+    read transaction held open (which on SQLite would stall WAL checkpoints).
+
+    PostgreSQL and MariaDB: a second engine whose pooled connections are created
+    in autocommit and stay so, so checking one out and in costs no isolation-level
+    switch and no reset (about a tenth of a lock operation's CPU otherwise).
+    """
     try:
         return engine._lockkeeper_autocommit  # type: ignore[attr-defined]
     except AttributeError:

@@ -36,12 +36,17 @@ COMPRESS_MIMETYPES = [
 
 
 def init_app(app) -> None:
-    from app.database import engine_options, install_engine_events
+    from app.database import (
+        attach_autocommit_engine,
+        engine_options,
+        install_engine_events,
+    )
 
     app.config["SQLALCHEMY_ENGINE_OPTIONS"] = engine_options(app)
     db.init_app(app)
     with app.app_context():
         install_engine_events(db.engine)
+        attach_autocommit_engine(db.engine, app.config["SQLALCHEMY_ENGINE_OPTIONS"])
     migrate.init_app(app, db)
     csrf.init_app(app)
     login_manager.init_app(app)

@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 from sqlalchemy import event, text
 
+from app.database import autocommit
 from app.extensions import db
 from app.locks.service import lock_service
 
@@ -47,10 +48,14 @@ EXPECTED = {
 
 
 class RoundTrips:
+    """Counts what reaches the driver through the engine and its autocommit twin
+    (where single statements and PostgreSQL's hot path run)."""
+
     def __init__(self, engine):
         self.counts = Counter()
-        event.listen(engine, "before_cursor_execute", self._statement)
-        event.listen(engine, "commit", self._commit)
+        for each in {engine, autocommit(engine)}:
+            event.listen(each, "before_cursor_execute", self._statement)
+            event.listen(each, "commit", self._commit)
 
     def _statement(self, *_args):
         self.counts["statements"] += 1

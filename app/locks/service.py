@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from app.clock import Clock, DatabaseClock, SystemClock
 from app.database import SERVER_CLOCK_DIALECTS, autocommit
 from app.locks import validation
+from app.locks.driver import DriverConnection
 from app.locks.errors import (
     InvalidInput,
     LockExpired,
@@ -92,6 +93,7 @@ class LockService:
         self._transactional = getattr(self.statements, "transactional", self.statements)
         self._has_server_clock = self.dialect in SERVER_CLOCK_DIALECTS
         self._autocommit_engine = autocommit(engine)
+        self._driver = DriverConnection(self._autocommit_engine)
         self._write_engine = engine.execution_options(sqlite_immediate=True)
 
     # -- plumbing ------------------------------------------------------------
@@ -106,12 +108,14 @@ class LockService:
     def run_transaction(
         self, work: Callable[[Connection], T], *, autocommit: bool = False
     ) -> T:
-        """Run ``work`` in its own transaction, retrying deadlocks and lost inserts."""
+        """Run ``work`` in its own transaction, retrying deadlocks and lost inserts.
+
+        ``autocommit``: ``work`` is one statement and gets the ``DriverConnection``.
+        """
         for attempt in range(self.settings.retries + 1):
             try:
                 if autocommit:
-                    with self._autocommit_engine.connect() as conn:
-                        return work(conn)
+                    return work(self._driver)
                 with self._write_engine.connect() as conn, conn.begin():
                     return work(conn)
             except IntegrityError:

@@ -38,11 +38,10 @@ from sqlalchemy import (
     func,
     insert,
     select,
-    text,
     update,
 )
-from sqlalchemy.types import Boolean, String
 
+from app.locks.driver import DriverConnection, DriverSQL
 from app.locks.models import DistributedLock, FenceCounter, LockEvent, fence_sequence
 from app.locks.state import Action
 from app.types import UTCDateTime
@@ -178,29 +177,24 @@ FROM distributed_locks AS l, clock
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM released)
 """
 
-_OUTCOME_COLUMNS = {
-    "done": Boolean(),
-    "action": String(),
-    "acquired_at": UTCDateTime(),
-    "expires_at": UTCDateTime(),
-    "now": UTCDateTime(),
-}
+_PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
 
 
-def _pg_statements(template: str) -> dict[bool, Any]:
+def _pg_statements(template: str) -> dict[bool, DriverSQL]:
     """The same SQL twice, keyed by "reads the server clock": with ``clock_timestamp()``
     (production), and with a ``:now`` parameter (a test's fake clock)."""
-    server = text(template.format(now=_PG_NOW_SERVER)).columns(**_OUTCOME_COLUMNS)
-    given = (
-        text(template.format(now=_PG_NOW_PARAM))
-        .bindparams(bindparam("now", type_=UTCDateTime()))
-        .columns(**_OUTCOME_COLUMNS)
-    )
-    return {True: server, False: given}
+    return {
+        True: DriverSQL(template.format(now=_PG_NOW_SERVER)),
+        False: DriverSQL(template.format(now=_PG_NOW_PARAM)),
+    }
 
 
 class PostgresStatements:
-    """Single-statement acquire/renew/release; operator actions as transactions."""
+    """Single-statement acquire/renew/release; operator actions as transactions.
+
+    The hot operations take a ``DriverConnection`` (``app.locks.driver``), not a
+    SQLAlchemy connection: their SQL is fixed, so it goes to the driver's cursor.
+    """
 
     autocommit = True
 
@@ -210,12 +204,12 @@ class PostgresStatements:
         self._release = _pg_statements(_PG_RELEASE)
         self.transactional = TransactionalStatements("postgresql")
 
-    def _run(self, conn, statements, now, **params) -> Outcome:
+    def _run(self, conn: DriverConnection, statements, now, **params) -> Outcome:
         if now is not None:
             params["now"] = now
-        row = conn.execute(statements[now is None], params).one_or_none()
+        row = conn.one(statements[now is None], params)
         if row is None:
-            return Outcome(False, None, None, now or self.transactional.read_now(conn))
+            return Outcome(False, None, None, now or conn.one(_PG_READ_NOW, {}).now)
         action = Action(row.action) if row.done else None
         return Outcome(bool(row.done), action, row, row.now)
 
