@@ -194,6 +194,31 @@ def test_address_limit_answers_429_before_hashing_unknown_users(make_app, monkey
     assert log_in(other, "nobody", "a password").status_code == 401
 
 
+def test_parallel_posts_from_one_address_hash_at_most_the_limit(make_app, monkeypatch):
+    """Sixteen unknown-user logins at once from one address, limit five: the
+    count is decided by the database, so exactly five are hashed."""
+    app = make_app(LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS=5)
+    hashes = CountedHashes(monkeypatch)
+    with serve(app) as server:
+        clients = [browser(server.url) for _ in range(16)]
+        start = threading.Barrier(16)
+        statuses: list[int] = []
+
+        def attempt(client, token, n):
+            start.wait(DEADLINE)
+            statuses.append(post_login(client, token, f"nobody-{n}", "pw").status_code)
+
+        threads = [
+            threading.Thread(target=attempt, args=(*clients[n], n)) for n in range(16)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(DEADLINE)
+    assert Counter(statuses) == {401: 5, 429: 11}
+    assert hashes.count == 5
+
+
 def test_address_limit_window_ends(make_app):
     app = make_app(
         LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS=1,
