@@ -34,7 +34,7 @@ from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
 from app.locks import validation
 from app.locks.errors import InvalidInput, LockHeld, LockNotFound
 from app.locks.results import Lock
-from app.locks.service import lock_service
+from app.locks.service import OwnerCounts, lock_service
 from app.locks.state import LockState
 
 PAGE_SIZE = 25
@@ -43,6 +43,14 @@ HISTORY_PAGE_SIZE = 20
 TIMELINE_EVENTS = 300
 POLL_SECONDS = 5
 TABS = ("all", "held", "expiring", "stale")
+# Column -> the service's sort key; the table's headers link to these.
+SORTABLE = {
+    "resource": "resource",
+    "owner": "owner",
+    "acquired": "acquired",
+    "remaining": "expires",
+}
+GROUPS = ("owner", "host")
 LOCKS_CHANGED = "locks-changed"
 # The version of the data a page shows; its polls send it back, and an unchanged
 # version is answered 204 (htmx swaps nothing, the page keeps its place).
@@ -99,15 +107,26 @@ def overview():
     prefix = _text_arg("prefix")
     owner = _text_arg("owner")
     cursor = _text_arg("cursor")
+    sort = _text_arg("sort") or "resource"
+    group = _text_arg("group")
     live = is_live()
-    filters = {"state": state, "prefix": prefix, "owner": owner}
+    filters = {"state": state, "prefix": prefix, "owner": owner, "sort": sort}
+    if group:
+        filters["group"] = group
     service = lock_service()
 
     def url(**changes: Any) -> str:
         params = {**filters, **changes}
         if params.get("state") == "all":
             params["state"] = None
+        if params.get("sort") == "resource":
+            params["sort"] = None
         return _overview_url(**params)
+
+    def sort_url(column: str) -> str:
+        """The header link: sort by ``column``, or reverse it if it is the order."""
+        key = SORTABLE[column]
+        return url(sort=f"-{key}" if sort == key else key, cursor=None)
 
     here = url(cursor=cursor)
     # Read the version before the rows: a change in between makes the next poll
@@ -122,10 +141,20 @@ def overview():
 
     errors: list[tuple[str, str]] = []
     status = 200
+    page = groups = None
     try:
+        if group is not None and group not in GROUPS:
+            raise InvalidInput([("group", "must be owner or host")])
         page = service.list_locks(
-            state=state, prefix=prefix, owner=owner, limit=PAGE_SIZE, cursor=cursor
+            state=state,
+            prefix=prefix,
+            owner_contains=owner,
+            limit=PAGE_SIZE,
+            cursor=cursor,
+            sort=sort,
         )
+        if group:
+            groups = group_counts(service.owner_counts(prefix=prefix), group, owner)
     except InvalidInput as exc:
         errors, status, page = exc.errors, 400, None
 
@@ -143,6 +172,10 @@ def overview():
         live=live,
         tabs=TABS,
         url=url,
+        sort=sort,
+        sort_url=sort_url,
+        group=group,
+        groups=groups,
         here=here,
         poll_url=url(cursor=cursor, live="1" if live else "0"),
         switch_url=url(live="0" if live else "1", cursor=cursor),
@@ -152,6 +185,36 @@ def overview():
         poll_seconds=POLL_SECONDS,
         version=version,
     )
+
+
+def host_of(owner: str) -> str:
+    """The host part of an owner: the client's default owners are
+    ``host:pid:random``; ``name@host`` is the other common shape."""
+    if ":" in owner:
+        return owner.split(":", 1)[0]
+    if "@" in owner:
+        return owner.rsplit("@", 1)[1]
+    return owner
+
+
+def group_counts(
+    by_owner: list[OwnerCounts], group: str, owner_filter: str | None
+) -> list[OwnerCounts]:
+    """Per owner (as the service counts them) or summed per host, most stale
+    first; an owner search narrows the groups too."""
+    if owner_filter:
+        needle = owner_filter.lower()
+        by_owner = [g for g in by_owner if needle in g.name.lower()]
+    if group == "owner":
+        return by_owner
+    hosts: dict[str, list[int]] = {}
+    for counts in by_owner:
+        total = hosts.setdefault(host_of(counts.name), [0, 0, 0])
+        total[0] += counts.held
+        total[1] += counts.expiring
+        total[2] += counts.stale
+    summed = [OwnerCounts(host, *numbers) for host, numbers in hosts.items()]
+    return sorted(summed, key=lambda g: (-g.stale, -g.total, g.name))
 
 
 def _checked_resource(resource: str) -> str:

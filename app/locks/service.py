@@ -395,10 +395,25 @@ class LockService:
         limit: int = DEFAULT_PAGE,
         cursor: str | None = None,
         scope: tuple[str, ...] | None = None,
+        owner_contains: str | None = None,
+        sort: str = "resource",
     ) -> Page[Lock]:
-        """Locks ordered by resource, a page at a time (keyset on resource);
-        ``scope``: the asking token's prefixes, outside which nothing is listed."""
+        """Locks a page at a time, ordered by ``sort`` (a key of ``SORT_KEYS``,
+        ``-`` first for descending; ties by resource) with a keyset cursor;
+        ``scope``: the asking token's prefixes, outside which nothing is listed;
+        ``owner_contains``: owners containing this text, ignoring case."""
         errors = []
+        descending = sort.startswith("-")
+        sort_key = sort.removeprefix("-")
+        if sort_key not in SORT_KEYS:
+            errors.append(("sort", "must be one of " + ", ".join(SORT_KEYS)))
+            sort_key = "resource"
+        sort_column = SORT_KEYS[sort_key]
+        if owner_contains is not None and (
+            len(owner_contains) > validation.MAX_NAME
+            or validation.has_control_characters(owner_contains)
+        ):
+            errors.append(("owner", "must be at most 255 printable characters"))
         if state not in (None, "all"):
             try:
                 state = LockState(state)
@@ -416,10 +431,13 @@ class LockService:
         limit_error = page_limit_error(limit)
         if limit_error:
             errors.append(("limit", limit_error))
-        after = None
+        after = after_key = None
         if cursor is not None:
             try:
-                after = decode_cursor(cursor)["resource"]
+                position = decode_cursor(cursor)
+                after = position["resource"]
+                if sort_key != "resource":
+                    after_key = _sort_value(sort_key, position["key"])
             except (ValueError, KeyError, TypeError):
                 after = None
             # A cursor is client input: one that decodes to anything but a resource
@@ -430,10 +448,15 @@ class LockService:
             raise InvalidInput(errors)
 
         now = self.now()
+        order = (
+            [sort_column, locks.c.resource]
+            if sort_key != "resource"
+            else [locks.c.resource]
+        )
         query = (
             select(locks)
             .where(locks.c.owner.is_not(None))
-            .order_by(locks.c.resource)
+            .order_by(*(c.desc() if descending else c.asc() for c in order))
             .limit(limit + 1)
         )
         condition = self._state_condition(state, now)
@@ -445,17 +468,62 @@ class LockService:
             query = query.where(within(locks.c.resource, scope))
         if owner is not None:
             query = query.where(locks.c.owner == owner)
+        if owner_contains:
+            query = query.where(
+                func.lower(locks.c.owner).contains(
+                    owner_contains.lower(), autoescape=True
+                )
+            )
         if after is not None:
-            query = query.where(locks.c.resource > after)
+            later = (lambda c, v: c < v) if descending else (lambda c, v: c > v)
+            if sort_key == "resource":
+                query = query.where(later(locks.c.resource, after))
+            else:
+                query = query.where(
+                    or_(
+                        later(sort_column, after_key),
+                        and_(sort_column == after_key, later(locks.c.resource, after)),
+                    )
+                )
         with self._autocommit_engine.connect() as conn:
             rows = conn.execute(query).all()
         items = [self._lock(row, now) for row in rows[:limit]]
-        next_cursor = (
-            encode_cursor({"resource": items[-1].resource})
-            if len(rows) > limit
-            else None
-        )
+        next_cursor = None
+        if len(rows) > limit:
+            last = rows[limit - 1]
+            position: dict[str, Any] = {"resource": last.resource}
+            if sort_key != "resource":
+                value = getattr(last, sort_column.name)
+                position["key"] = (
+                    value.isoformat() if isinstance(value, datetime) else value
+                )
+            next_cursor = encode_cursor(position)
         return Page(items, next_cursor)
+
+    def owner_counts(self, *, prefix: str | None = None) -> list[OwnerCounts]:
+        """Each owner of a lock with how many it holds in each state, most stale
+        first (what needs attention), then most locks."""
+        now = self.now()
+        soon = now + timedelta(seconds=self.settings.expiring_within)
+        expires_at = locks.c.expires_at
+        query = (
+            select(
+                locks.c.owner,
+                func.count(case((expires_at > soon, 1))).label("held"),
+                func.count(case((and_(expires_at > now, expires_at <= soon), 1))).label(
+                    "expiring"
+                ),
+                func.count(case((expires_at <= now, 1))).label("stale"),
+            )
+            .where(locks.c.owner.is_not(None))
+            .group_by(locks.c.owner)
+        )
+        if prefix:
+            query = query.where(starts_with(locks.c.resource, prefix))
+        with self._autocommit_engine.connect() as conn:
+            rows = conn.execute(query).all()
+        groups = [OwnerCounts(r.owner, r.held, r.expiring, r.stale) for r in rows]
+        return sorted(groups, key=lambda g: (-g.stale, -g.total, g.name))
 
     def counts(self) -> dict[LockState, int]:
         """How many rows are in each state right now."""
@@ -472,6 +540,44 @@ class LockService:
         with self._autocommit_engine.connect() as conn:
             row = conn.execute(query).one()
         return {state: getattr(row, state.value) for state in LockState}
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerCounts:
+    """Locks per state of one owner (or one host, summed over its owners)."""
+
+    name: str
+    held: int
+    expiring: int
+    stale: int
+
+    @property
+    def total(self) -> int:
+        return self.held + self.expiring + self.stale
+
+
+# The orders the lock list offers: remaining time and "stale since" are both
+# the expiry (ascending: the least time left, or the longest stale, first).
+SORT_KEYS = {
+    "resource": locks.c.resource,
+    "owner": locks.c.owner,
+    "acquired": locks.c.acquired_at,
+    "expires": locks.c.expires_at,
+}
+
+
+def _sort_value(key: str, raw: Any) -> Any:
+    """A cursor's sort value back as the column's type (client input: checked)."""
+    if key in ("acquired", "expires"):
+        if not isinstance(raw, str):
+            raise ValueError("bad cursor")
+        value = datetime.fromisoformat(raw)
+        if value.tzinfo is None:
+            raise ValueError("bad cursor")
+        return value
+    if not isinstance(raw, str) or validation.name_error(raw):
+        raise ValueError("bad cursor")
+    return raw
 
 
 def _held_by_another(row, owner: str, now: datetime) -> bool:

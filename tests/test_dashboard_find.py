@@ -1,0 +1,146 @@
+"""Finding what needs attention: sorting, owner search, grouping (service and pages)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.locks.errors import InvalidInput
+from app.locks.service import lock_service
+from tests.dashboard_helpers import log_in, make_user, soup
+
+
+@pytest.fixture
+def app(fake_app):
+    make_user(fake_app, "olga", "operator")
+    return fake_app
+
+
+@pytest.fixture
+def svc(app):
+    with app.app_context():
+        yield lock_service()
+
+
+@pytest.fixture
+def operator(app):
+    client = app.test_client()
+    assert log_in(client, "olga").status_code == 303
+    return client
+
+
+@pytest.fixture
+def spread(svc, clock):
+    """Nine locks acquired a second apart, with ttls that do not follow the
+    order of names or of acquisition, some of them run out."""
+    ttls = [50, 5, 300, 20, 5, 120, 3, 60, 5]
+    owners = ["web1:1:a", "web1:2:b", "DB2:7:c", "web1:1:a", "db2:7:d", "x@web1"] + [
+        "batch"
+    ] * 3
+    for n, (ttl, owner) in enumerate(zip(ttls, owners, strict=True)):
+        svc.acquire(f"job:{(n * 4) % 9}", owner, ttl=ttl)
+        clock.advance(1)
+    clock.advance(4)
+    return svc
+
+
+def all_pages(svc, **query):
+    seen, cursor = [], None
+    while True:
+        page = svc.list_locks(limit=2, cursor=cursor, **query)
+        seen.extend(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            return seen
+
+
+@pytest.mark.parametrize(
+    ("sort", "key", "reverse"),
+    [
+        ("resource", lambda lock: lock.resource, False),
+        ("-resource", lambda lock: lock.resource, True),
+        ("expires", lambda lock: (lock.expires_at, lock.resource), False),
+        ("-expires", lambda lock: (lock.expires_at, lock.resource), True),
+        ("acquired", lambda lock: (lock.acquired_at, lock.resource), False),
+        ("-owner", lambda lock: (lock.owner, lock.resource), True),
+    ],
+)
+def test_every_sort_pages_through_all_locks_in_order_without_gaps(
+    spread, sort, key, reverse
+):
+    everything = spread.list_locks(limit=100).items
+    paged = all_pages(spread, sort=sort)
+    assert [lock.resource for lock in paged] == [
+        lock.resource for lock in sorted(everything, key=key, reverse=reverse)
+    ]
+
+
+def test_stale_sorted_by_expiry_puts_the_longest_stale_first(spread):
+    stale = all_pages(spread, state="stale", sort="expires")
+    assert len(stale) == 4
+    assert stale == sorted(stale, key=lambda lock: lock.ttl_remaining)
+
+
+def test_owner_search_finds_a_substring_ignoring_case(spread):
+    found = spread.list_locks(owner_contains="DB2", limit=100).items
+    assert sorted(lock.owner for lock in found) == ["DB2:7:c", "db2:7:d"]
+    assert spread.list_locks(owner_contains="%", limit=100).items == []
+    assert len(spread.list_locks(owner_contains="web1", limit=100).items) == 4
+
+
+def test_a_bad_sort_or_cursor_is_a_named_error(spread):
+    with pytest.raises(InvalidInput) as error:
+        spread.list_locks(sort="fence")
+    assert error.value.errors[0][0] == "sort"
+    # A cursor of the resource order has no expiry to continue from.
+    cursor = spread.list_locks(limit=2).next_cursor
+    with pytest.raises(InvalidInput) as error:
+        spread.list_locks(limit=2, sort="expires", cursor=cursor)
+    assert error.value.errors[0][0] == "cursor"
+
+
+def test_owner_counts_put_the_owners_with_stale_locks_first(spread):
+    counts = spread.owner_counts()
+    assert counts[0].name == "batch"
+    assert (counts[0].held, counts[0].expiring, counts[0].stale) == (1, 0, 2)
+    by_name = {c.name: c for c in counts}
+    assert by_name["web1:1:a"].total == 2
+
+
+def test_sort_headers_link_both_ways_and_mark_the_order(operator, spread):
+    page = soup(operator.get("/?state=stale&sort=expires"))
+    header = page.select_one("th[aria-sort]")
+    assert header["aria-sort"] == "ascending"
+    assert "Stale since" in header.get_text()
+    assert "sort=-expires" in header.a["href"]
+    remaining = [
+        row.select_one("td.remaining").get_text(strip=True)
+        for row in page.select("#live tbody tr")
+    ]
+    assert all(text.startswith("stale for") for text in remaining)
+    assert remaining[0] == "stale for 7 s"  # job acquired at t=1 for 5 s, now t=13
+    times = page.select("#live tbody td.remaining time")
+    assert all(t["title"].startswith("expired 20") for t in times)
+
+
+def test_grouped_by_host_counts_each_hosts_locks(operator, spread):
+    page = soup(operator.get("/?group=host"))
+    rows = {
+        row.select_one("td.owner").get_text(strip=True): [
+            int(td.get_text()) for td in row.select("td.number")
+        ]
+        for row in page.select("#groups-table tbody tr")
+    }
+    # web1 has owners web1:1:a (2 locks), web1:2:b, x@web1.
+    assert rows["web1"][3] == 4
+    assert rows["batch"] == [1, 0, 2, 3]
+    assert list(rows)[0] == "batch"  # most stale first
+    link = page.select_one("#groups-table a[title=web1]")["href"]
+    assert "owner=web1" in link
+    assert "group" not in link
+
+
+def test_owner_search_on_the_page_is_a_substring(operator, spread):
+    page = soup(operator.get("/?owner=db2"))
+    owners = sorted(td.get_text(strip=True) for td in page.select("#live td.owner"))
+    assert owners == ["DB2:7:c", "db2:7:d"]
+    assert "owner contains" in page.select_one("#live caption").get_text()
