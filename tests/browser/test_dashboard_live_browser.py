@@ -1,0 +1,293 @@
+"""The dashboard's second round in Chromium: offline and back, a poll that keeps
+focus and selection, the live lock page, the confirmation dialog, sorting, owner
+search and grouping, a phone's width, and axe-core on every page in both schemes.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page, expect
+from werkzeug.serving import make_server
+
+from tests.browser.conftest import OPERATOR, OPERATOR_PASSWORD, BrowserProblems, Site
+
+pytestmark = pytest.mark.browser
+
+POLL_WAIT_MS = 15_000
+# First failed poll: at most one interval (5 s) plus the poll timeout (4 s).
+OFFLINE_WAIT_MS = 12_000
+
+
+def log_in(page: Page, url: str) -> None:
+    page.set_default_timeout(10_000)
+    page.goto(url + "/")
+    page.get_by_label("Username").fill(OPERATOR)
+    page.get_by_label("Password").fill(OPERATOR_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.get_by_role("heading", name="Locks").wait_for()
+
+
+def lock_row(page: Page, resource: str):
+    return page.locator("#live table.locks tbody tr").filter(
+        has=page.get_by_role("link", name=resource, exact=True)
+    )
+
+
+# -- a server this test can stop and start again on the same port ----------------
+
+
+class RestartableServer:
+    def __init__(self, app) -> None:
+        self.app = app
+        self.port = 0
+        self._server = None
+        self._thread = None
+
+    def start(self) -> None:
+        self._server = make_server("127.0.0.1", self.port, self.app, threaded=True)
+        self.port = self._server.server_port
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def restartable(make_app) -> Iterator[tuple[RestartableServer, httpx.Client]]:
+    from app.auth.service import create_token, create_user
+
+    app = make_app()
+    with app.app_context():
+        create_user(OPERATOR, OPERATOR_PASSWORD, "operator")
+        token = create_token("restartable")
+    server = RestartableServer(app)
+    server.start()
+    try:
+        with httpx.Client(
+            base_url=server.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        ) as api:
+            yield server, api
+    finally:
+        server.stop()
+
+
+def test_offline_banner_within_one_poll_and_recovery_shown(
+    page: Page, make_app, problems: BrowserProblems
+):
+    with restartable(make_app) as (server, api):
+        api.post("/api/v1/locks/job:1", json={"owner": "w-1", "ttl": 300})
+        log_in(page, server.url)
+        release = lock_row(page, "job:1").get_by_role("link", name="Release…")
+        expect(release).to_be_visible()
+        banner = page.locator("#connection")
+        expect(banner).to_be_hidden()
+
+        server.stop()
+        expect(banner).to_be_visible(timeout=OFFLINE_WAIT_MS)
+        expect(banner).to_contain_text("Offline")
+        expect(page.locator("#live .live")).to_contain_text("Offline since")
+        expect(release).to_have_attribute("aria-disabled", "true")
+        release.click(force=True)  # does nothing while offline
+        expect(page.locator("#action-dialog")).to_be_hidden()
+
+        server.start()
+        expect(banner).to_contain_text("Reconnected", timeout=POLL_WAIT_MS)
+        expect(page.locator("#live .live")).to_contain_text("Live, every 5 s")
+        expect(release).not_to_have_attribute("aria-disabled", "true")
+        # The failed polls were the point of this test; nothing else went wrong.
+        assert problems.lines
+        refused = ("ERR_CONNECTION_REFUSED", "Failed to fetch")
+        assert all(any(sign in line for sign in refused) for line in problems.lines), (
+            problems.lines
+        )
+        problems.lines.clear()
+
+
+def test_polls_keep_focus_and_selection(operator_page: Page, site: Site):
+    for n in range(3):
+        site.acquire(f"job:{n}", f"worker-{n}", ttl=600)
+    page = operator_page
+    page.reload()
+    button = lock_row(page, "job:1").get_by_role("link", name="Claim…")
+    button.focus()
+    page.evaluate("document.activeElement.__kept = true")
+    # Select an owner's text, as an operator copying it would.
+    page.evaluate(
+        """() => {
+          const cell = document.querySelector('#live tbody tr:nth-child(3) td.owner');
+          const range = document.createRange();
+          range.selectNodeContents(cell);
+          getSelection().removeAllRanges();
+          getSelection().addRange(range);
+        }"""
+    )
+    for poll in ("job:a", "job:b"):  # two polls that change the table
+        site.acquire(poll, "worker-new", ttl=600)
+        expect(lock_row(page, poll)).to_have_count(1, timeout=POLL_WAIT_MS)
+    assert page.evaluate("document.activeElement.__kept === true")
+    assert page.evaluate("document.activeElement.id") == button.get_attribute("id")
+    assert page.evaluate("getSelection().toString()") == "worker-2"
+
+
+def test_lock_page_is_live_and_shows_an_action_at_once(operator_page: Page, site: Site):
+    site.acquire("job:live", "worker-1", ttl=600)
+    page = operator_page
+    page.goto(site.url + "/locks/job:live")
+    expect(page.locator("#lock-state")).to_contain_text("held")
+
+    # A worker releases: the page follows by polling.
+    site.release("job:live", "worker-1")
+    expect(page.locator("#lock-state")).to_contain_text(
+        "Not locked", timeout=POLL_WAIT_MS
+    )
+    expect(page.locator("#history tbody tr").first).to_contain_text("released")
+
+    site.acquire("job:live", "worker-2", ttl=600)
+    expect(page.locator("#lock-summary")).to_contain_text(
+        "worker-2", timeout=POLL_WAIT_MS
+    )
+
+    # The operator acts: the dialog opens with focus in the reason field, and
+    # the page shows the new state before the next poll could.
+    opener = page.get_by_role("link", name="Force release…")
+    opener.click()
+    dialog = page.locator("#action-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog.get_by_label("Reason")).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    expect(opener).to_be_focused()
+
+    opener.press("Enter")
+    expect(dialog.get_by_label("Reason")).to_be_focused()
+    page.keyboard.type("worker-2 is gone")
+    dialog.get_by_role("button", name=re.compile("^Release")).click()
+    expect(page.locator("#lock-state")).to_contain_text("Not locked", timeout=2_000)
+    expect(page.locator("#history tbody tr").first).to_contain_text(
+        "force released", timeout=2_000
+    )
+    expect(page.locator("#messages")).to_contain_text("Released job:live")
+
+
+def test_sorting_owner_search_and_grouping(operator_page: Page, site: Site):
+    site.acquire("job:a", "web1:1:x", ttl=600)
+    site.acquire("job:b", "web1:2:y", ttl=60)
+    site.acquire("job:c", "db7:1:z", ttl=300)
+    page = operator_page
+    page.reload()
+    resources = page.locator("#live tbody td.resource")
+    expect(resources).to_have_text(["job:a", "job:b", "job:c"])
+
+    page.get_by_role("link", name="Remaining").click()
+    expect(resources).to_have_text(["job:b", "job:c", "job:a"])
+    expect(page).to_have_url(re.compile(r"sort=expires"))
+    page.get_by_role("link", name=re.compile("^Remaining")).click()
+    expect(resources).to_have_text(["job:a", "job:c", "job:b"])
+
+    page.get_by_label("Owner contains").fill("WEB1")
+    page.get_by_role("button", name="Search").click()
+    expect(resources).to_have_text(["job:a", "job:b"])
+
+    page.get_by_role("link", name="By host").click()
+    groups = page.locator("#groups-table tbody tr")
+    expect(groups).to_have_count(1)
+    expect(groups.first).to_contain_text("web1")
+    page.get_by_label("Owner contains").fill("")
+    page.get_by_role("button", name="Search").click()
+    expect(groups).to_have_count(2)
+    expect(page).to_have_url(re.compile(r"group=host"))
+
+
+def test_phone_width_keeps_state_remaining_and_actions_in_view(
+    operator_page: Page, site: Site
+):
+    long_name = "job:" + "very-long-resource-name-" * 8
+    site.acquire(long_name, "worker-" + "x" * 120, ttl=600)
+    site.acquire("job:short", "w", ttl=5)
+    page = operator_page
+    page.set_viewport_size({"width": 390, "height": 844})
+    for url in ("/", f"/locks/{long_name}", "/audit"):
+        page.goto(site.url + url)
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - window.innerWidth"
+        )
+        assert overflow <= 0, f"{url} overflows by {overflow}px"
+    page.goto(site.url + "/")
+    for resource in (long_name, "job:short"):
+        row = lock_row(page, resource)
+        for part in (
+            ".badge",
+            ".ttl",
+            "a:has-text('Release…')",
+            "a:has-text('Claim…')",
+        ):
+            box = row.locator(part).bounding_box()
+            assert box is not None, part
+            assert box["x"] >= 0, (resource, part)
+            assert box["x"] + box["width"] <= 390, (resource, part)
+    cell = lock_row(page, long_name).locator("td.resource a")
+    assert cell.get_attribute("title") == long_name
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_axe_finds_no_serious_violation_on_any_page(
+    operator_page: Page, site: Site, scheme: str
+):
+    site.acquire("job:held", "worker-1", ttl=600)
+    site.acquire("job:expiring", "worker-2", ttl=10)
+    site.acquire("job:stale", "worker-3", ttl=0.2)
+    page = operator_page
+    page.emulate_media(color_scheme=scheme)
+    axe = Axe()
+    found = {}
+
+    def check(label: str) -> None:
+        results = axe.run(page)
+        bad = [
+            f"{v['id']} ({v['impact']}): {v['nodes'][0]['target']}"
+            for v in results.response["violations"]
+            if v["impact"] in ("serious", "critical")
+        ]
+        if bad:
+            found[label] = bad
+
+    for url in (
+        "/",
+        "/?state=stale&sort=expires",
+        "/?group=host",
+        "/locks/job:held",
+        "/locks/job:held/release",
+        "/locks/job:stale/claim",
+        "/audit",
+    ):
+        page.goto(site.url + url)
+        check(url)
+    page.goto(site.url + "/")
+    lock_row(page, "job:held").get_by_role("link", name="Release…").click()
+    expect(page.locator("#action-dialog")).to_be_visible()
+    check("release dialog")
+    page.keyboard.press("Escape")
+    page.get_by_role("button", name="Log out").click()
+    page.get_by_role("heading", name="Log in").wait_for()
+    check("/login")
+    assert not found, found
