@@ -21,6 +21,14 @@ DEFAULTS: dict[str, Any] = {
     # Statements that lose a deadlock (MariaDB 1213) or a serialization race are
     # retried by the service this many times before the caller sees a 503.
     "LOCKKEEPER_DEADLOCK_RETRIES": 5,
+    # Acquires may wait in line ("wait" seconds) up to this long.
+    "LOCKKEEPER_MAX_WAIT": 30.0,
+    # Waiting acquires one server worker holds at once (each holds a thread);
+    # past it a waiting acquire is answered 503 and the client polls instead.
+    "LOCKKEEPER_MAX_WAITERS": 16,
+    # SQLite/MariaDB: how often a waiting acquire looks whether its turn has come
+    # (PostgreSQL is woken by NOTIFY instead).
+    "LOCKKEEPER_WAIT_POLL_INTERVAL": 0.05,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": 5,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": 300,
     "LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS": 20,
@@ -63,6 +71,9 @@ _PARSED = {
     "LOCKKEEPER_MAX_TTL": float,
     "LOCKKEEPER_EXPIRING_WITHIN": float,
     "LOCKKEEPER_DEADLOCK_RETRIES": int,
+    "LOCKKEEPER_MAX_WAIT": float,
+    "LOCKKEEPER_MAX_WAITERS": int,
+    "LOCKKEEPER_WAIT_POLL_INTERVAL": float,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": int,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
@@ -77,6 +88,9 @@ _PARSED = {
 _ENV_KEYS = (
     "LOCKKEEPER_DATABASE_URL",
     "LOCKKEEPER_SECRET_KEY",
+    # PostgreSQL's LISTEN connection for waiting acquires, when the database URL
+    # goes through a transaction-pooling PgBouncer (default: the database URL).
+    "LOCKKEEPER_LISTEN_DATABASE_URL",
     *_PARSED,
 )
 
@@ -143,6 +157,14 @@ def _validate(config: Mapping[str, Any]) -> None:
     cache = config["LOCKKEEPER_TOKEN_CACHE_SECONDS"]
     if not (math.isfinite(cache) and 0 <= cache <= 60):
         raise ConfigError("LOCKKEEPER_TOKEN_CACHE_SECONDS must be 0 to 60 seconds")
+    max_wait = config["LOCKKEEPER_MAX_WAIT"]
+    if not (math.isfinite(max_wait) and max_wait >= 0):
+        raise ConfigError("LOCKKEEPER_MAX_WAIT must be zero or more seconds")
+    if int(config["LOCKKEEPER_MAX_WAITERS"]) < 0:
+        raise ConfigError("LOCKKEEPER_MAX_WAITERS must be zero or more")
+    poll = config["LOCKKEEPER_WAIT_POLL_INTERVAL"]
+    if not (math.isfinite(poll) and 0 < poll <= 5):
+        raise ConfigError("LOCKKEEPER_WAIT_POLL_INTERVAL must be in (0, 5] seconds")
     if not (math.isfinite(window) and window >= 0):
         raise ConfigError("LOCKKEEPER_EXPIRING_WITHIN must be zero or more seconds")
     for key in ("LOCKKEEPER_SESSION_HOURS", "LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS"):

@@ -66,6 +66,15 @@ class NoMetrics:
     def operator_action(self, action: Action) -> None:
         pass
 
+    def wait_started(self) -> None:
+        pass
+
+    def wait_ended(self, outcome: str, seconds: float) -> None:
+        pass
+
+    def handed_over(self, seconds: float) -> None:
+        pass
+
 
 NO_METRICS = NoMetrics()
 

@@ -33,6 +33,7 @@ SERVER_URLS = {
     ),
 }
 TABLES = (
+    "lock_waiters",
     "lock_events",
     "distributed_locks",
     "user_sessions",

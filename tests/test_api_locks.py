@@ -52,6 +52,7 @@ def test_acquire_of_free_resource_grants_it(api):
         "expires_at": "2026-11-30T09:00:30.000000Z",
         "ttl_remaining": 30.0,
         "state": "held",
+        "waiters": 0,
     }
     assert isinstance(lock["fence"], int)
     assert lock["fence"] >= 1

@@ -8,12 +8,21 @@ from flask import Response, g, jsonify, request
 
 from app.api import bp
 from app.api.problems import validation_problem
-from app.api.schemas import NUMBER, QueryArgs, lock_to_json, parse_json_body, ttl_value
+from app.api.schemas import (
+    NUMBER,
+    QueryArgs,
+    lock_to_json,
+    parse_json_body,
+    seconds_value,
+    ttl_value,
+)
 from app.errors import problem
 from app.locks.errors import InvalidInput
+from app.locks.queue import client_still_there
 from app.locks.service import DEFAULT_PAGE, lock_service
 
 OWNER_AND_TTL = {"owner": str, "ttl": NUMBER}
+ACQUIRE_FIELDS = {**OWNER_AND_TTL, "wait": NUMBER}
 OWNER_ONLY = {"owner": str}
 
 
@@ -26,11 +35,26 @@ def _owner_and_ttl() -> tuple[str, float | None]:
 
 @bp.post("/locks/<resource>")
 def acquire_lock(resource: str):
-    owner, ttl = _owner_and_ttl()
+    body = parse_json_body(request, fields=ACQUIRE_FIELDS) or {}
+    if "owner" not in body:
+        raise InvalidInput([("owner", "is required")])
     QueryArgs(request.args, allowed=()).raise_errors()
-    result = lock_service().acquire(resource, owner, ttl, actor=g.actor)
+    result = lock_service().acquire(
+        resource,
+        body["owner"],
+        ttl_value(body.get("ttl")),
+        actor=g.actor,
+        wait=seconds_value("wait", body.get("wait")),
+        still_wanted=client_still_there(request.environ),
+    )
     if result.acquired:
         return jsonify(acquired=True, lock=lock_to_json(result.lock))
+    if result.lock is None and result.waiters:
+        # Free for a moment, but others are in line first.
+        response = jsonify(acquired=False, lock=None, waiters=result.waiters)
+        response.status_code = 409
+        response.headers["Retry-After"] = "1"
+        return response
     if result.lock is None:
         # The holder we were refused by vanished while we looked: free again.
         response = problem(
@@ -38,7 +62,9 @@ def acquire_lock(resource: str):
         )
         response.headers["Retry-After"] = "1"
         return response
-    response = jsonify(acquired=False, lock=lock_to_json(result.lock))
+    response = jsonify(
+        acquired=False, lock=lock_to_json(result.lock), waiters=result.waiters
+    )
     response.status_code = 409
     response.headers["Retry-After"] = str(max(1, math.ceil(result.lock.ttl_remaining)))
     return response

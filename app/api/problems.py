@@ -13,6 +13,7 @@ from app.locks.errors import (
     LockNotFound,
     NotOwner,
     ServiceBusy,
+    WaitersFull,
 )
 
 # (status, title) per exception; the message of the exception is the detail.
@@ -23,6 +24,7 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
     NotOwner: (409, "Lock held by another owner"),
     LockHeld: (409, "Lock held by another owner"),
     ServiceBusy: (503, "Service busy"),
+    WaitersFull: (503, "Too many waiting acquires"),
 }
 
 # Release by a non-owner is forbidden (403, SPEC); a renewal by one is a conflict.

@@ -45,6 +45,7 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
         "expires_at": rfc3339(lock.expires_at),
         "ttl_remaining": round(lock.ttl_remaining, 3),
         "state": lock.state.value,
+        "waiters": lock.waiters,
     }
 
 
@@ -170,12 +171,17 @@ NUMBER = (int, float)
 def ttl_value(value: Any) -> float | None:
     """A JSON number as seconds; an integer too large for a float is refused here
     because the range check compares it with floats."""
+    return seconds_value("ttl", value)
+
+
+def seconds_value(field: str, value: Any) -> float | None:
+    """``field``'s JSON number as float seconds (None when absent)."""
     if value is None:
         return None
     try:
         return float(value)
     except OverflowError as exc:
-        raise InvalidInput([("ttl", "is too large")]) from exc
+        raise InvalidInput([(field, "is too large")]) from exc
 
 
 # -- query strings ---------------------------------------------------------------

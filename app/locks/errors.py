@@ -55,3 +55,13 @@ class LockHeld(LockError):
 
 class ServiceBusy(LockError):
     """The database kept refusing for reasons that are not the caller's (deadlocks)."""
+
+
+class WaitersFull(LockError):
+    """This server worker already has as many acquires waiting as it may."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        super().__init__(
+            f"this server already has {limit} acquires waiting; poll instead"
+        )

@@ -84,3 +84,27 @@ class FenceCounter(db.Model):
     value: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (MYSQL_TABLE_ARGS,)
+
+
+class LockWaiter(db.Model):
+    """One acquire waiting in line for ``resource`` (see ``app.locks.queue``).
+
+    ``id`` is the arrival order; ``deadline`` (on the deciding clock) is when the
+    request gives up: a row whose deadline has passed no longer counts, so a row
+    left by a killed app instance holds no one up for longer than that.
+    """
+
+    __tablename__ = "lock_waiters"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    resource: Mapped[str] = mapped_column(name_column())
+    owner: Mapped[str] = mapped_column(name_column())
+    token: Mapped[str | None] = mapped_column(name_column(80))
+    enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    deadline: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index("ix_lock_waiters_resource_id", "resource", "id"),
+        Index("ix_lock_waiters_deadline", "deadline"),
+        {"sqlite_autoincrement": True, **MYSQL_TABLE_ARGS},
+    )

@@ -18,6 +18,7 @@ class Lock:
     expires_at: datetime
     ttl_remaining: float
     state: LockState
+    waiters: int = 0  # acquires queued for the resource
 
     @classmethod
     def from_row(cls, row, now: datetime, expiring_within: float) -> Lock:
@@ -30,6 +31,7 @@ class Lock:
             expires_at=row.expires_at,
             ttl_remaining=max(remaining, 0.0),
             state=classify(remaining, expiring_within),
+            waiters=getattr(row, "waiters", None) or 0,
         )
 
 
@@ -37,13 +39,15 @@ class Lock:
 class AcquireResult:
     """``acquired`` with the caller's lock, or not, with the current holder.
 
-    ``lock`` is None only when a refused acquire found no holder to name: the
-    holder released between our attempt and our look (rare; retry at once).
+    ``lock`` is None when a refused acquire found no holder to name: the lock is
+    free but others wait in line first (``waiters``), or the holder released
+    between our attempt and our look (rare; retry at once).
     """
 
     acquired: bool
     lock: Lock | None
     action: Action | None = None
+    waiters: int = 0
 
 
 @dataclass(frozen=True, slots=True)

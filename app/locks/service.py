@@ -18,7 +18,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from flask import current_app
-from sqlalchemy import Connection, Engine, and_, case, false, func, literal, or_, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    case,
+    false,
+    func,
+    literal,
+    or_,
+    select,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.clock import Clock, DatabaseClock, SystemClock
@@ -33,9 +43,10 @@ from app.locks.errors import (
     NotOwner,
     ServiceBusy,
 )
+from app.locks.queue import WaitQueue
 from app.locks.results import AcquireResult, Lock, Page
 from app.locks.state import Action, LockState
-from app.locks.statements import locks, statements_for
+from app.locks.statements import locks, queue_columns, statements_for
 from app.metrics import NO_METRICS, NoMetrics
 from app.types import UTCDateTime
 
@@ -65,6 +76,10 @@ class LockSettings:
     max_ttl: float = 86400.0
     expiring_within: float = 15.0
     retries: int = 5
+    max_wait: float = 30.0
+    max_waiters: int = 16
+    wait_poll_interval: float = 0.05
+    listen_url: str | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LockSettings:
@@ -73,6 +88,10 @@ class LockSettings:
             max_ttl=float(config["LOCKKEEPER_MAX_TTL"]),
             expiring_within=float(config["LOCKKEEPER_EXPIRING_WITHIN"]),
             retries=int(config["LOCKKEEPER_DEADLOCK_RETRIES"]),
+            max_wait=float(config["LOCKKEEPER_MAX_WAIT"]),
+            max_waiters=int(config["LOCKKEEPER_MAX_WAITERS"]),
+            wait_poll_interval=float(config["LOCKKEEPER_WAIT_POLL_INTERVAL"]),
+            listen_url=config.get("LOCKKEEPER_LISTEN_DATABASE_URL") or None,
         )
 
 
@@ -95,6 +114,13 @@ class LockService:
         self._autocommit_engine = autocommit(engine)
         self._driver = DriverConnection(self._autocommit_engine)
         self._write_engine = engine.execution_options(sqlite_immediate=True)
+        self.queue = WaitQueue(
+            self,
+            engine,
+            max_waiters=settings.max_waiters,
+            poll_interval=settings.wait_poll_interval,
+            listen_url=settings.listen_url,
+        )
 
     # -- plumbing ------------------------------------------------------------
 
@@ -148,6 +174,7 @@ class LockService:
         ttl: Any = ...,
         reason: Any = ...,
         actor: Any = ...,
+        wait: Any = ...,
     ) -> None:
         """Raise ``InvalidInput`` naming every bad field among those given."""
         errors: list[tuple[str, str]] = []
@@ -163,6 +190,15 @@ class LockService:
                     None
                     if v is None
                     else validation.ttl_error(v, self.settings.max_ttl)
+                ),
+            ),
+            (
+                "wait",
+                wait,
+                lambda v: (
+                    None
+                    if v is None
+                    else validation.wait_error(v, self.settings.max_wait)
                 ),
             ),
         )
@@ -182,32 +218,61 @@ class LockService:
         owner: str,
         ttl: float | None = None,
         actor: str | None = None,
+        *,
+        wait: float | None = None,
+        still_wanted: Callable[[], bool] | None = None,
     ) -> AcquireResult:
-        """Take ``resource`` for ``owner`` if it is free, stale, or already ours.
+        """Take ``resource`` for ``owner`` if it is free, stale, or already ours,
+        and no one waits in line before us.
 
-        Never blocks. A refusal names the current holder and writes nothing.
+        ``wait`` = 0 (or None) never blocks, and a refusal names the current
+        holder and writes nothing. ``wait`` > 0 waits in line up to that many
+        seconds (see ``app.locks.queue``) while ``still_wanted()`` holds.
+
+        :raise WaitersFull: ``wait`` > 0 and this worker's waiting room is full.
         """
-        self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor)
+        self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
         ttl = self._ttl(ttl)
-        outcome = None
+        result = self._attempt(resource, owner, ttl, actor, None)
+        if not result.acquired and wait:
+            result = self.queue.wait(
+                lambda waiter: self._attempt(resource, owner, ttl, actor, waiter),
+                resource,
+                owner,
+                actor,
+                wait,
+                still_wanted or (lambda: True),
+            )
+        if result.acquired:
+            self.metrics.acquired(result.action)
+        else:
+            self.metrics.acquire_refused()
+        return result
+
+    def _attempt(
+        self, resource: str, owner: str, ttl: float, actor, waiter: int | None
+    ) -> AcquireResult:
+        """One decision; ``waiter``: our place in line, None for "not in line"."""
         for _ in range(self.settings.retries + 1):
             outcome = self.run_transaction(
                 lambda conn: self.statements.acquire(
-                    conn, resource, owner, ttl, actor, self._now()
+                    conn, resource, owner, ttl, actor, self._now(), waiter
                 ),
                 autocommit=self.statements.autocommit,
             )
             if outcome.done:
-                self.metrics.acquired(outcome.action)
                 return AcquireResult(
                     True, self._lock(outcome.row, outcome.now), outcome.action
                 )
             row = outcome.row
+            queued = getattr(row, "waiters", 0) or 0
             if _held_by_another(row, owner, outcome.now):
-                self.metrics.acquire_refused()
-                return AcquireResult(False, self._lock(row, outcome.now))
+                return AcquireResult(False, self._lock(row, outcome.now), None, queued)
+            if row is not None and queued:
+                # Free or expired, but others are in line before us.
+                holder = self._lock(row, outcome.now) if row.owner else None
+                return AcquireResult(False, holder, None, queued)
             # The row we were refused on is gone or expired: it changed under us.
-        self.metrics.acquire_refused()
         return AcquireResult(False, None)
 
     def renew(
@@ -263,6 +328,7 @@ class LockService:
             row, now = outcome.row, outcome.now
             if outcome.done:
                 self.metrics.release("released")
+                self.queue.notify_released(resource, getattr(row, "waiters", 0))
                 return self._lock(row, now)
             if row is None or row.owner is None or row.expires_at <= now:
                 free = row is None or row.owner is None
@@ -290,6 +356,7 @@ class LockService:
         if not outcome.done:
             raise LockNotFound(resource)
         self.metrics.operator_action(outcome.action)
+        self.queue.notify_released(resource, getattr(outcome.row, "waiters", 0))
         return self._lock(outcome.row, outcome.now)
 
     def claim(
@@ -361,9 +428,10 @@ class LockService:
         now_column = (
             literal(now, UTCDateTime()) if now is not None else self._server_now()
         ).label("now")
+        waiting, _ = queue_columns(locks.c.resource, now_column.element)
         with self._autocommit_engine.connect() as conn:
             row = conn.execute(
-                select(locks, now_column).where(locks.c.resource == resource)
+                select(locks, now_column, waiting).where(locks.c.resource == resource)
             ).one_or_none()
         if row is None or row.owner is None:
             raise LockNotFound(resource)
@@ -453,8 +521,10 @@ class LockService:
             if sort_key != "resource"
             else [locks.c.resource]
         )
+        at_now = literal(now, UTCDateTime())
+        waiting, _ = queue_columns(locks.c.resource, at_now)
         query = (
-            select(locks)
+            select(locks, waiting)
             .where(locks.c.owner.is_not(None))
             .order_by(*(c.desc() if descending else c.asc() for c in order))
             .limit(limit + 1)

@@ -31,24 +31,55 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Row,
+    and_,
     bindparam,
     delete,
     func,
     insert,
+    or_,
     select,
     update,
 )
 
 from app.locks.driver import DriverConnection, DriverSQL
-from app.locks.models import DistributedLock, FenceCounter, LockEvent, fence_sequence
+from app.locks.models import (
+    DistributedLock,
+    FenceCounter,
+    LockEvent,
+    LockWaiter,
+    fence_sequence,
+)
 from app.locks.state import Action
 from app.types import UTCDateTime
 
 locks = DistributedLock.__table__
 events = LockEvent.__table__
 fence_counter = FenceCounter.__table__
+waiters = LockWaiter.__table__
+
+
+def queue_columns(resource, now, waiter=None):
+    """The Lock's ``waiters`` (live waiters of ``resource``, ``waiter``'s own row
+    excluded) and ``ahead`` (those in line before ``waiter``; everyone when
+    ``waiter`` is None or binds NULL), as scalar subqueries. A row past its
+    deadline never counts: it belongs to a request that gave up or an app
+    instance that died."""
+    live = and_(waiters.c.resource == resource, waiters.c.deadline > now)
+    count = select(func.count()).select_from(waiters)
+    if waiter is None:
+        everyone = count.where(live).scalar_subquery()
+        return everyone.label("waiters"), everyone.label("ahead")
+    return (
+        count.where(live, or_(waiter.is_(None), waiters.c.id != waiter))
+        .scalar_subquery()
+        .label("waiters"),
+        count.where(live, or_(waiter.is_(None), waiters.c.id < waiter))
+        .scalar_subquery()
+        .label("ahead"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +110,7 @@ prior AS (
     FROM distributed_locks AS l, clock
     WHERE l.resource = :resource
       AND (l.owner IS NULL OR l.expires_at <= clock.now OR l.owner = :owner)
+      AND ((l.owner = :owner AND l.expires_at > clock.now) OR NOT EXISTS ({ahead}))
     FOR UPDATE OF l
 ),
 updated AS (
@@ -113,14 +145,19 @@ logged AS (
     SELECT g.resource, g.action, g.owner, g.previous_owner, g.fence,
            g.acquired_at, g.expires_at, :actor, clock.now
     FROM granted AS g, clock
-)
+),
+dequeued AS (
+    DELETE FROM lock_waiters
+    WHERE id = CAST(:waiter AS bigint) AND EXISTS (SELECT 1 FROM granted)
+),
+{queue}
 SELECT true AS done, g.action, g.resource, g.owner, g.fence,
-       g.acquired_at, g.expires_at, clock.now
-FROM granted AS g, clock
+       g.acquired_at, g.expires_at, clock.now, queue.waiters
+FROM granted AS g, clock, queue
 UNION ALL
 SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now
-FROM distributed_locks AS l, clock
+       clock.now, queue.waiters
+FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM granted)
 """
 
@@ -139,14 +176,15 @@ logged AS (
     SELECT r.resource, 'renewed', r.owner, r.owner, r.fence,
            r.acquired_at, r.expires_at, :actor, clock.now
     FROM renewed AS r, clock
-)
+),
+{queue}
 SELECT true AS done, 'renewed' AS action, r.resource, r.owner, r.fence,
-       r.acquired_at, r.expires_at, clock.now
-FROM renewed AS r, clock
+       r.acquired_at, r.expires_at, clock.now, queue.waiters
+FROM renewed AS r, clock, queue
 UNION ALL
 SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now
-FROM distributed_locks AS l, clock
+       clock.now, queue.waiters
+FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM renewed)
 """
 
@@ -166,26 +204,42 @@ logged AS (
     SELECT r.resource, 'released', r.owner, r.owner, r.fence,
            r.acquired_at, r.expires_at, :actor, clock.now
     FROM released AS r, clock
-)
+),
+{queue}
 SELECT true AS done, 'released' AS action, r.resource, r.owner, r.fence,
-       r.acquired_at, r.expires_at, clock.now
-FROM released AS r, clock
+       r.acquired_at, r.expires_at, clock.now, queue.waiters
+FROM released AS r, clock, queue
 UNION ALL
 SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now
-FROM distributed_locks AS l, clock
+       clock.now, queue.waiters
+FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM released)
 """
 
 _PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
 
+# Live waiters queued for the resource (a waiter's own row excluded): the Lock's
+# ``waiters``. Rows past their deadline (a killed app instance's) never count.
+_PG_QUEUE = """queue AS (
+    SELECT count(*) AS waiters FROM lock_waiters AS w, clock
+    WHERE w.resource = :resource AND w.deadline > clock.now
+      AND w.id IS DISTINCT FROM CAST(:waiter AS bigint)
+)"""
+
+# Someone is in line before this acquire: anyone for a non-waiting acquire
+# (:waiter NULL), the waiters that arrived earlier for a waiting one.
+_PG_AHEAD = """SELECT 1 FROM lock_waiters AS w
+        WHERE w.resource = :resource AND w.deadline > clock.now
+          AND (CAST(:waiter AS bigint) IS NULL OR w.id < CAST(:waiter AS bigint))"""
+
 
 def _pg_statements(template: str) -> dict[bool, DriverSQL]:
     """The same SQL twice, keyed by "reads the server clock": with ``clock_timestamp()``
     (production), and with a ``:now`` parameter (a test's fake clock)."""
+    pieces = {"queue": _PG_QUEUE, "ahead": _PG_AHEAD}
     return {
-        True: DriverSQL(template.format(now=_PG_NOW_SERVER)),
-        False: DriverSQL(template.format(now=_PG_NOW_PARAM)),
+        True: DriverSQL(template.format(now=_PG_NOW_SERVER, **pieces)),
+        False: DriverSQL(template.format(now=_PG_NOW_PARAM, **pieces)),
     }
 
 
@@ -204,7 +258,10 @@ class PostgresStatements:
         self._release = _pg_statements(_PG_RELEASE)
         self.transactional = TransactionalStatements("postgresql")
 
-    def _run(self, conn: DriverConnection, statements, now, **params) -> Outcome:
+    def _run(
+        self, conn: DriverConnection, statements, now, waiter=None, **params
+    ) -> Outcome:
+        params["waiter"] = waiter
         if now is not None:
             params["now"] = now
         row = conn.one(statements[now is None], params)
@@ -213,11 +270,12 @@ class PostgresStatements:
         action = Action(row.action) if row.done else None
         return Outcome(bool(row.done), action, row, row.now)
 
-    def acquire(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+    def acquire(self, conn, resource, owner, ttl, actor, now, waiter=None) -> Outcome:
         return self._run(
             conn,
             self._acquire,
             now,
+            waiter,
             resource=resource,
             owner=owner,
             ttl=ttl,
@@ -260,18 +318,30 @@ class TransactionalStatements:
         # The hot statements are built once: building Core constructs on every
         # call cost about a fifth of an acquire+release cycle's CPU on SQLite.
         by_resource = locks.c.resource == bindparam("resource")
+        waiter = bindparam("waiter", type_=BigInteger())
+        given_now = bindparam("now", type_=UTCDateTime())
         self._lock_row_given = (
-            select(locks, bindparam("now", type_=UTCDateTime()).label("now"))
+            select(
+                locks,
+                given_now.label("now"),
+                *queue_columns(bindparam("resource"), given_now, waiter),
+            )
             .where(by_resource)
             .with_for_update()
         )
-        self._lock_row_server = (
-            select(locks, self._server_now().cast(UTCDateTime()).label("now"))
-            .where(by_resource)
-            .with_for_update()
-            if self._server_now is not None
-            else None
-        )
+        if self._server_now is not None:
+            server_now = self._server_now().cast(UTCDateTime())
+            self._lock_row_server = (
+                select(
+                    locks,
+                    server_now.label("now"),
+                    *queue_columns(bindparam("resource"), server_now, waiter),
+                )
+                .where(by_resource)
+                .with_for_update()
+            )
+        else:
+            self._lock_row_server = None
         self._next_fence_statement = (
             select(fence_sequence.next_value())
             if self.uses_sequence
@@ -289,13 +359,20 @@ class TransactionalStatements:
         return conn.scalar(select(self._server_now().cast(UTCDateTime())))
 
     def lock_row(
-        self, conn: Connection, resource: str, now: datetime | None
+        self,
+        conn: Connection,
+        resource: str,
+        now: datetime | None,
+        waiter: int | None = None,
     ) -> tuple[Row | None, datetime]:
-        """The row of ``resource``, locked until commit, and the deciding clock."""
+        """The row of ``resource``, locked until commit, and the deciding clock;
+        the row also carries its queue (``waiters``, and ``ahead`` of ``waiter``)."""
         if now is None:
-            query, params = self._lock_row_server, {"resource": resource}
+            query = self._lock_row_server
+            params = {"resource": resource, "waiter": waiter}
         else:
-            query, params = self._lock_row_given, {"resource": resource, "now": now}
+            query = self._lock_row_given
+            params = {"resource": resource, "now": now, "waiter": waiter}
         row = conn.execute(query, params).one_or_none()
         if row is not None:
             return row, row.now
@@ -319,7 +396,11 @@ class TransactionalStatements:
             conn.execute(insert(locks).values(resource=resource, **values))
         else:
             conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
-        granted = _LockRow(resource=resource, **values)
+        granted = _LockRow(
+            resource=resource,
+            waiters=row.waiters if row is not None else 0,
+            **values,
+        )
         previous_owner = row.owner if row is not None else None
         self._log(conn, action, granted, previous_owner, actor, reason, now)
         return Outcome(True, action, granted, now)
@@ -343,8 +424,17 @@ class TransactionalStatements:
 
     # -- operations ---------------------------------------------------------
 
-    def acquire(self, conn, resource, owner, ttl, actor, now) -> Outcome:
-        row, now = self.lock_row(conn, resource, now)
+    def acquire(self, conn, resource, owner, ttl, actor, now, waiter=None) -> Outcome:
+        row, now = self.lock_row(conn, resource, now, waiter)
+        valid_ours = row is not None and row.owner == owner and row.expires_at > now
+        if row is not None and row.ahead and not valid_ours:
+            return Outcome(False, None, row, now)  # others are in line first
+        outcome = self._decide_acquire(conn, row, resource, owner, ttl, actor, now)
+        if outcome.done and waiter is not None:
+            conn.execute(delete(waiters).where(waiters.c.id == waiter))
+        return outcome
+
+    def _decide_acquire(self, conn, row, resource, owner, ttl, actor, now):
         if row is None or row.owner is None:
             action, fence = Action.ACQUIRED, self._next_fence(conn)
         elif row.expires_at <= now:
@@ -431,10 +521,11 @@ class _LockRow:
     fence: int
     acquired_at: datetime
     expires_at: datetime
+    waiters: int = 0
 
     @classmethod
     def of(cls, row, **changes) -> _LockRow:
-        values = {name: getattr(row, name) for name in cls.__slots__}
+        values = {name: getattr(row, name, 0) for name in cls.__slots__}
         values.update(changes)
         return cls(**values)
 

@@ -64,3 +64,16 @@ def reason_error(value: Any) -> str | None:
     if _CONTROL.search(value.replace("\r", "").replace("\n", "").replace("\t", "")):
         return "must not contain control characters"
     return None
+
+
+def wait_error(value: Any, max_wait: float) -> str | None:
+    """``wait``: how long an acquire may wait in line, 0 (do not wait) to max."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "must be a JSON number of seconds"
+    if isinstance(value, int) and value > max_wait:
+        return f"must be at most {max_wait:g} seconds"
+    if not math.isfinite(value) or value < 0:
+        return "must be zero or a positive, finite number of seconds"
+    if value > max_wait:
+        return f"must be at most {max_wait:g} seconds"
+    return None

@@ -1,0 +1,470 @@
+"""Waiting in line: a fair, blocking acquire (``"wait": seconds``).
+
+A waiting acquire is a row of ``lock_waiters`` (resource, owner, token, arrival
+order ``id``, ``deadline``), so every app instance and every worker sees one queue
+per resource. The grant itself stays the lock statement's decision: the acquire
+statement refuses anyone with live waiters ahead of it (a non-waiting acquire has
+everyone ahead of it), and a waiter's grant deletes its own row in the same
+statement or transaction. Mutual exclusion is untouched: the queue only decides
+*who* may take a free row, never whether two may hold it.
+
+Hand-over:
+
+* PostgreSQL: a release or force-release that leaves waiters behind sends
+  ``NOTIFY lockkeeper_waiters, '<resource>'``. One listening connection per
+  process (``NotificationListener``, a daemon thread started by the first waiter)
+  wakes that process's waiting requests for the resource.
+* SQLite, MariaDB: each waiting request looks every ``poll_interval`` (50 ms) with
+  a plain read, and attempts the grant only when it is first in line and the lock
+  is free or expired. A release inside the same process wakes its waiters at once.
+* Expiry: a waiter sleeps until the holder's ``expires_at`` (the distance is read
+  on the deciding clock) and attempts then.
+
+A waiting request leaves the queue when it is granted (same statement), when its
+wait runs out, or when its client has gone; a request lost with its app instance
+stops counting at ``deadline`` (judged by the deciding clock in every statement).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select as select_module
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import BigInteger, bindparam, delete, func, insert, select, text
+from sqlalchemy.engine import make_url
+
+from app.locks.errors import WaitersFull
+from app.locks.models import DistributedLock, LockWaiter
+from app.locks.results import AcquireResult
+from app.types import UTCDateTime
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from app.locks.service import LockService
+
+log = logging.getLogger(__name__)
+
+waiters = LockWaiter.__table__
+locks = DistributedLock.__table__
+
+CHANNEL = "lockkeeper_waiters"
+# A row outlives its request by this much, so it never lapses while the request
+# still waits (the two clocks are read at slightly different moments).
+DEADLINE_SLACK = timedelta(seconds=1)
+# How often a waiting request looks at its client's socket at the least.
+CLIENT_CHECK_INTERVAL = 0.25
+# PostgreSQL: a waiter whose holder is valid re-checks this often even without a
+# notification (a notification lost while the listener reconnects).
+NOTIFY_SAFETY_INTERVAL = 1.0
+# Past the holder's expires_at by this much, so the attempt finds it expired.
+EXPIRY_MARGIN = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """One request in line, as the dashboard shows it."""
+
+    id: int
+    resource: str
+    owner: str
+    token: str | None
+    enqueued_at: datetime
+    deadline: datetime
+
+
+# -- waking waiting requests in this process ------------------------------------
+
+
+class Wakeups:
+    """The waiting requests of this process, by resource: ``wake(resource)`` sets
+    each one's event. Fed by local releases and, on PostgreSQL, by the listener."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_resource: dict[str, set[threading.Event]] = {}
+
+    @contextmanager
+    def subscribe(self, resource: str):
+        event = threading.Event()
+        with self._lock:
+            self._by_resource.setdefault(resource, set()).add(event)
+        try:
+            yield event
+        finally:
+            with self._lock:
+                found = self._by_resource.get(resource)
+                if found is not None:
+                    found.discard(event)
+                    if not found:
+                        del self._by_resource[resource]
+
+    def wake(self, resource: str) -> None:
+        with self._lock:
+            events = list(self._by_resource.get(resource, ()))
+        for event in events:
+            event.set()
+
+    def wake_all(self) -> None:
+        with self._lock:
+            events = [e for found in self._by_resource.values() for e in found]
+        for event in events:
+            event.set()
+
+    def waiting(self) -> int:
+        with self._lock:
+            return sum(len(found) for found in self._by_resource.values())
+
+
+class NotificationListener:
+    """One dedicated PostgreSQL connection per process that LISTENs for releases.
+
+    It is not taken from the pool (it stays in LISTEN for good) and must reach
+    PostgreSQL directly or through a session-pooling entry: NOTIFY does not pass a
+    transaction-pooling PgBouncer. While it is down, ``healthy`` is false and the
+    waiters poll; after a reconnect every waiter looks once (a release may have
+    been missed).
+    """
+
+    def __init__(self, conninfo: str, wakeups: Wakeups):
+        self.conninfo = conninfo
+        self.wakeups = wakeups
+        self.healthy = False
+        self.pid = os.getpid()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="lockkeeper-listen", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        import psycopg
+
+        backoff = 0.1
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self.healthy = True
+                    backoff = 0.1
+                    self.wakeups.wake_all()
+                    while not self._stopped.is_set():
+                        for notify in conn.notifies(timeout=1.0):
+                            self.wakeups.wake(notify.payload)
+            except Exception as exc:  # noqa: BLE001 - reconnect on any failure
+                if not self._stopped.is_set():
+                    log.warning("waiter listener lost its connection: %s", exc)
+            self.healthy = False
+            self.wakeups.wake_all()
+            self._stopped.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+
+_listeners: dict[tuple[int, str], NotificationListener] = {}
+_listeners_lock = threading.Lock()
+
+
+def listener_for(conninfo: str, wakeups: Wakeups) -> NotificationListener:
+    """This process's listener for ``conninfo`` (a fork starts its own)."""
+    key = (os.getpid(), conninfo)
+    with _listeners_lock:
+        found = _listeners.get(key)
+        if found is None:
+            found = _listeners[key] = NotificationListener(conninfo, wakeups)
+        return found
+
+
+# -- the client's socket ----------------------------------------------------------
+
+
+def client_still_there(environ: dict[str, Any]) -> Callable[[], bool]:
+    """A check that the HTTP client of this request has not hung up.
+
+    A client waiting for its answer sends nothing; a readable socket that reads as
+    end-of-file means it closed the connection. Servers that do not expose the
+    socket (or TLS sockets) are taken as "still there": the wait then ends at its
+    deadline.
+    """
+    sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
+    if not isinstance(sock, socket.socket) or hasattr(sock, "getpeercert"):
+        return lambda: True
+
+    def still_there() -> bool:
+        try:
+            readable, _, _ = select_module.select([sock], [], [], 0)
+            if not readable:
+                return True
+            return sock.recv(1, socket.MSG_PEEK) != b""
+        except (OSError, ValueError):
+            return False
+
+    return still_there
+
+
+# -- the queue --------------------------------------------------------------------
+
+
+class WaitQueue:
+    """The rows of ``lock_waiters`` and the waiting loop, for one ``LockService``."""
+
+    def __init__(
+        self,
+        service: LockService,
+        engine: Engine,
+        *,
+        max_waiters: int,
+        poll_interval: float,
+        listen_url: str | None,
+    ):
+        self.service = service
+        self.dialect = engine.dialect.name
+        self.max_waiters = max_waiters
+        self.poll_interval = poll_interval
+        self.wakeups = Wakeups()
+        self._slots = threading.BoundedSemaphore(max_waiters) if max_waiters else None
+        self._notifies = self.dialect == "postgresql"
+        url = make_url(listen_url) if listen_url else engine.url
+        self._listen_url = url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        waiter = bindparam("waiter", type_=BigInteger())
+        self._leave = delete(waiters).where(waiters.c.id == waiter)
+        self._notify = text("SELECT pg_notify(:channel, :resource)")
+        self._peek = {
+            given: self._peek_statement(
+                bindparam("now", type_=UTCDateTime())
+                if given
+                else service._server_now()
+            )
+            for given in ((True, False) if service._has_server_clock else (True,))
+        }
+
+    def _peek_statement(self, now):
+        waiter = bindparam("waiter", type_=BigInteger())
+        resource = bindparam("resource")
+        holder = select(locks.c.owner, locks.c.expires_at).where(
+            locks.c.resource == resource
+        )
+        return select(
+            now.label("now"),
+            holder.with_only_columns(locks.c.owner).scalar_subquery().label("owner"),
+            holder.with_only_columns(locks.c.expires_at)
+            .scalar_subquery()
+            .label("expires_at"),
+            select(func.count())
+            .select_from(waiters)
+            .where(
+                waiters.c.resource == resource,
+                waiters.c.deadline > now,
+                waiters.c.id < waiter,
+            )
+            .scalar_subquery()
+            .label("ahead"),
+        )
+
+    # -- rows --------------------------------------------------------------
+
+    def join(self, resource: str, owner: str, token: str | None, wait: float) -> int:
+        """Add a waiter at the end of ``resource``'s line; returns its place (id).
+
+        The same transaction drops the resource's rows whose deadline has passed
+        (left by requests of app instances that died)."""
+        now = self.service.now()
+
+        def work(conn):
+            conn.execute(
+                delete(waiters).where(
+                    waiters.c.resource == resource, waiters.c.deadline <= now
+                )
+            )
+            result = conn.execute(
+                insert(waiters).values(
+                    resource=resource,
+                    owner=owner,
+                    token=token,
+                    enqueued_at=now,
+                    deadline=now + timedelta(seconds=wait) + DEADLINE_SLACK,
+                )
+            )
+            return result.inserted_primary_key[0]
+
+        return self.service.run_transaction(work)
+
+    def leave(self, waiter_id: int, resource: str) -> None:
+        """Take a waiter out of line; the next in line may be free to go now."""
+
+        def work(conn):
+            conn.execute(self._leave, {"waiter": waiter_id})
+            if self._notifies:
+                conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
+
+        self.service.run_transaction(work)
+        if not self._notifies:
+            self.wakeups.wake(resource)
+
+    def line(self, resource: str) -> list[Waiter]:
+        """Who waits for ``resource``, first in line first."""
+        now = self.service.now()
+        query = (
+            select(waiters)
+            .where(waiters.c.resource == resource, waiters.c.deadline > now)
+            .order_by(waiters.c.id)
+        )
+        with self.service._autocommit_engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [
+            Waiter(r.id, r.resource, r.owner, r.token, r.enqueued_at, r.deadline)
+            for r in rows
+        ]
+
+    def released(self, conn, resource: str, waiting: int) -> None:
+        """A lock with ``waiting`` waiters was released or force-released: wake
+        them (``conn``: the releasing connection, on PostgreSQL right after it)."""
+        if waiting <= 0:
+            return
+        if self._notifies:
+            conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
+        else:
+            self.wakeups.wake(resource)
+
+    def notify_released(self, resource: str, waiting: int) -> None:
+        """``released`` for a release that already committed."""
+        if waiting <= 0:
+            return
+        if not self._notifies:
+            self.wakeups.wake(resource)
+            return
+        with self.service._autocommit_engine.connect() as conn:
+            conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
+
+    # -- waiting -----------------------------------------------------------
+
+    def wait(
+        self,
+        attempt: Callable[[int | None], AcquireResult],
+        resource: str,
+        owner: str,
+        token: str | None,
+        wait: float,
+        still_wanted: Callable[[], bool],
+    ) -> AcquireResult:
+        """Wait in line up to ``wait`` seconds; ``attempt(waiter_id)`` is the
+        service's acquire for one place in line.
+
+        :raise WaitersFull: this worker already has ``max_waiters`` requests
+            waiting.
+        """
+        if self._slots is None or not self._slots.acquire(blocking=False):
+            raise WaitersFull(self.max_waiters)
+        started = time.monotonic()
+        metrics = self.service.metrics
+        metrics.wait_started()
+        outcome = "timeout"
+        try:
+            listener = (
+                listener_for(self._listen_url, self.wakeups) if self._notifies else None
+            )
+            with self.wakeups.subscribe(resource) as woken:
+                waiter_id = self.join(resource, owner, token, wait)
+                result = None
+                try:
+                    result = self._wait_in_line(
+                        attempt,
+                        resource,
+                        waiter_id,
+                        woken,
+                        started + wait,
+                        still_wanted,
+                        listener,
+                    )
+                finally:
+                    if result is not None and result.acquired:
+                        outcome = "granted"  # the grant took the row out of line
+                    else:
+                        if not still_wanted():
+                            outcome = "gone"
+                        self.leave(waiter_id, resource)
+            return result
+        finally:
+            metrics.wait_ended(outcome, time.monotonic() - started)
+            self._slots.release()
+
+    def _wait_in_line(
+        self, attempt, resource, waiter_id, woken, deadline, still_wanted, listener
+    ) -> AcquireResult:
+        result = attempt(waiter_id)
+        woken_at = None
+        while not result.acquired:
+            now = time.monotonic()
+            if now >= deadline or not still_wanted():
+                return result
+            pause = self._pause(result, listener)
+            next_look = now + pause
+            while True:
+                timeout = min(next_look, deadline) - time.monotonic()
+                if timeout <= 0:
+                    woken_at = time.monotonic()
+                    break
+                if woken.wait(min(timeout, CLIENT_CHECK_INTERVAL)):
+                    woken_at = time.monotonic()
+                    break
+                if not still_wanted():
+                    return result
+            woken.clear()
+            if self._notifies:
+                result = attempt(waiter_id)
+            else:
+                result = self._look_then_attempt(attempt, resource, waiter_id, result)
+        if woken_at is not None:
+            self.service.metrics.handed_over(time.monotonic() - woken_at)
+        return result
+
+    def _pause(self, refusal: AcquireResult, listener) -> float:
+        """How long to sleep after ``refusal`` unless woken."""
+        holder = refusal.lock
+        until_expiry = (
+            holder.ttl_remaining + EXPIRY_MARGIN
+            if holder is not None and holder.ttl_remaining > 0
+            else None
+        )
+        if listener is not None and listener.healthy and until_expiry is not None:
+            return min(until_expiry, NOTIFY_SAFETY_INTERVAL)
+        if until_expiry is not None:
+            return min(until_expiry, self.poll_interval)
+        return self.poll_interval
+
+    def _look_then_attempt(self, attempt, resource, waiter_id, refusal):
+        """SQLite, MariaDB: a plain read first; the (writing) attempt only when
+        this waiter is first in line and the lock is free or expired."""
+        now = self.service._now()
+        params = {"resource": resource, "waiter": waiter_id}
+        if now is not None:
+            params["now"] = now
+        with self.service._autocommit_engine.connect() as conn:
+            seen = conn.execute(self._peek[now is not None], params).one()
+        now = seen.now
+        free = seen.owner is None or seen.expires_at is None or seen.expires_at <= now
+        if seen.ahead == 0 and free:
+            return attempt(waiter_id)
+        if not free and refusal.lock is not None and seen.owner == refusal.lock.owner:
+            return _with_remaining(refusal, (seen.expires_at - now).total_seconds())
+        return AcquireResult(False, None, waiters=refusal.waiters)
+
+
+def _with_remaining(refusal: AcquireResult, remaining: float) -> AcquireResult:
+    from dataclasses import replace
+
+    lock = replace(refusal.lock, ttl_remaining=max(remaining, 0.0))
+    return AcquireResult(False, lock, waiters=refusal.waiters)

@@ -1,0 +1,342 @@
+"""Waiting in line: ``"wait"`` on acquire, on every database, with real threads,
+sockets and gunicorn processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from app.locks.models import LockEvent
+from app.locks.service import lock_service
+from tests.conftest import ApiClient
+from tests.live_server import serve
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def locks(app):
+    with app.app_context():
+        yield lock_service()
+
+
+def line(locks, resource: str) -> list[str]:
+    return [waiter.owner for waiter in locks.queue.line(resource)]
+
+
+def event_count(locks, resource: str) -> int:
+    events = LockEvent.__table__
+    with locks.engine.connect() as conn:
+        return conn.scalar(
+            select(func.count())
+            .select_from(events)
+            .where(events.c.resource == resource)
+        )
+
+
+class Waiters:
+    """Waiting acquires in threads; each holds its grant until told to let go."""
+
+    def __init__(self, locks, resource: str):
+        self.locks = locks
+        self.resource = resource
+        self.granted: list[str] = []
+        self.results: dict[str, object] = {}
+        self._threads: list[threading.Thread] = []
+        self.release_after_grant = threading.Event()
+        self.release_after_grant.set()
+
+    def start(self, owner: str, wait: float = 20.0) -> None:
+        def run():
+            result = self.locks.acquire(self.resource, owner, ttl=30, wait=wait)
+            self.results[owner] = result
+            if result.acquired:
+                self.granted.append(owner)
+                self.release_after_grant.wait(30)
+                self.locks.release(self.resource, owner)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(60)
+            assert not thread.is_alive()
+
+
+def test_waiters_are_granted_in_order_of_arrival(locks):
+    assert locks.acquire("q:1", "holder", ttl=30).acquired
+    waiters = Waiters(locks, "q:1")
+    names = [f"w-{i}" for i in range(6)]
+    for count, name in enumerate(names, start=1):
+        waiters.start(name)
+        wait_until(lambda n=count: len(line(locks, "q:1")) == n, what=f"{name} queued")
+    assert line(locks, "q:1") == names
+    assert locks.get("q:1").waiters == len(names)
+
+    locks.release("q:1", "holder")
+    waiters.join()
+
+    assert waiters.granted == names
+    fences = [waiters.results[name].lock.fence for name in names]
+    assert fences == sorted(fences)
+    assert len(set(fences)) == len(fences)
+    assert line(locks, "q:1") == []
+
+
+def test_a_non_waiting_acquire_does_not_jump_the_line(locks):
+    assert locks.acquire("q:2", "holder", ttl=30).acquired
+    waiters = Waiters(locks, "q:2")
+    waiters.release_after_grant.clear()
+    waiters.start("patient")
+    wait_until(lambda: line(locks, "q:2") == ["patient"], what="the waiter queued")
+
+    refused = locks.acquire("q:2", "barger", ttl=30)
+    assert not refused.acquired
+    assert refused.waiters == 1
+    # The holder itself may still re-acquire: it is not "another holder".
+    again = locks.acquire("q:2", "holder", ttl=30)
+    assert again.acquired
+    assert again.lock.waiters == 1
+
+    locks.release("q:2", "holder")
+    # Whenever the barger tries now, the waiter is still in line or holds it.
+    assert not locks.acquire("q:2", "barger", ttl=30).acquired
+    wait_until(lambda: waiters.granted == ["patient"], what="the hand-over")
+    assert not locks.acquire("q:2", "barger", ttl=30).acquired
+    waiters.release_after_grant.set()
+    waiters.join()
+    assert locks.acquire("q:2", "barger", ttl=30).acquired
+
+
+def test_a_free_lock_with_a_line_is_refused_to_a_non_waiting_acquire(api, fake_app):
+    assert api.post("/api/v1/locks/q:3", json={"owner": "before"}).status_code == 200
+    released = api.delete("/api/v1/locks/q:3", json={"owner": "before"})
+    assert released.status_code == 204
+    with fake_app.app_context():
+        queue = lock_service().queue
+        place = queue.join("q:3", "ghost", None, 5)
+    response = api.post("/api/v1/locks/q:3", json={"owner": "barger"})
+    assert response.status_code == 409
+    assert response.get_json() == {"acquired": False, "lock": None, "waiters": 1}
+    assert response.headers["Retry-After"] == "1"
+    with fake_app.app_context():
+        queue.leave(place, "q:3")
+    assert api.post("/api/v1/locks/q:3", json={"owner": "barger"}).status_code == 200
+
+
+def test_a_wait_that_runs_out_leaves_the_line_and_writes_nothing(locks):
+    assert locks.acquire("q:4", "holder", ttl=30).acquired
+    events_before = event_count(locks, "q:4")
+    started = time.monotonic()
+    result = locks.acquire("q:4", "late", ttl=30, wait=0.3)
+    elapsed = time.monotonic() - started
+    assert not result.acquired
+    assert result.lock.owner == "holder"
+    assert 0.3 <= elapsed < 2.0
+    assert line(locks, "q:4") == []
+    assert event_count(locks, "q:4") == events_before
+
+
+def test_an_expiry_hands_over_to_the_head_of_the_line(locks):
+    holder = locks.acquire("q:5", "holder", ttl=0.8).lock
+    result = locks.acquire("q:5", "next", ttl=30, wait=10)
+    assert result.acquired
+    assert result.action.value == "took_over"
+    late = (result.lock.acquired_at - holder.expires_at).total_seconds()
+    assert 0 <= late < 0.25, f"handed over {late:.3f} s after expiry"
+
+
+def test_a_dead_instances_waiter_blocks_no_longer_than_its_deadline(locks):
+    assert locks.acquire("q:6", "before", ttl=30).acquired
+    locks.release("q:6", "before")
+    dead = locks.queue.join("q:6", "ghost", None, 0.2)
+    deadline = next(w.deadline for w in locks.queue.line("q:6") if w.id == dead)
+    result = locks.acquire("q:6", "alive", ttl=30, wait=10)
+    assert result.acquired
+    late = (result.lock.acquired_at - deadline).total_seconds()
+    assert 0 <= late < 0.5, f"granted {late:.3f} s after the dead waiter's deadline"
+
+
+def test_wait_is_validated(api):
+    for wait in ("5", -1, 31, True, 1e300, None):
+        response = api.post("/api/v1/locks/q:7", json={"owner": "w", "wait": wait})
+        assert response.status_code == 400, wait
+        fields = [error["field"] for error in response.get_json()["errors"]]
+        assert fields == ["wait"], wait
+    ok = api.post("/api/v1/locks/q:7", json={"owner": "w", "wait": 0})
+    assert ok.status_code == 200
+    assert ok.get_json()["lock"]["waiters"] == 0
+
+
+def test_past_the_cap_a_waiting_acquire_gets_503(make_app):
+    app = make_app(LOCKKEEPER_MAX_WAITERS=1)
+    api = ApiClient(app)
+    assert api.post("/api/v1/locks/q:8", json={"owner": "holder"}).status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(
+            api.with_token("first").post,
+            "/api/v1/locks/q:8",
+            json={"owner": "first", "wait": 20},
+        )
+        with app.app_context():
+            wait_until(lambda: line(lock_service(), "q:8") == ["first"])
+        second = api.post("/api/v1/locks/q:8", json={"owner": "second", "wait": 5})
+        assert second.status_code == 503
+        assert second.headers["Retry-After"] == "1"
+        assert second.content_type == "application/problem+json"
+        # A non-waiting acquire is never capped.
+        assert api.post("/api/v1/locks/q:8", json={"owner": "x"}).status_code == 409
+        released = api.delete("/api/v1/locks/q:8", json={"owner": "holder"})
+        assert released.status_code == 204
+        assert first.result(timeout=30).status_code == 200
+
+
+def test_a_client_that_hangs_up_leaves_the_line(app):
+    with serve(app) as server, app.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:9", "holder", ttl=30).acquired
+        body = json.dumps({"owner": "impatient", "wait": 25}).encode()
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(
+                b"POST /api/v1/locks/q:9 HTTP/1.1\r\n"
+                + f"Host: {host}\r\nAuthorization: Bearer {server.token}\r\n".encode()
+                + b"Content-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            wait_until(lambda: line(locks, "q:9") == ["impatient"], what="queued")
+        started = time.monotonic()
+        wait_until(lambda: line(locks, "q:9") == [], timeout=5, what="left the line")
+        assert time.monotonic() - started < 2
+        # Nothing was granted to the one that left.
+        assert locks.get("q:9").owner == "holder"
+
+
+# -- several processes ------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Gunicorn:
+    def __init__(self, database_url: str, directory: Path, workers: int):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log = open(directory / "gunicorn.log", "wb")  # noqa: SIM115
+        env = {
+            **os.environ,
+            "LOCKKEEPER_DATABASE_URL": database_url,
+            "LOCKKEEPER_INSTANCE_PATH": str(directory / "instance"),
+            "LOCKKEEPER_SECRET_KEY": "test-secret",
+            "LOCKKEEPER_BOOTSTRAP": "false",
+            "PROMETHEUS_MULTIPROC_DIR": str(directory / "metrics"),
+        }
+        self.process = subprocess.Popen(
+            [
+                str(VENV_BIN / "gunicorn"),
+                "-c",
+                "python:app.gunicorn_conf",
+                "-w",
+                str(workers),
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "app:create_app()",
+            ],
+            env=env,
+            cwd=PROJECT_ROOT,
+            stdout=self.log,
+            stderr=self.log,
+        )
+
+    def wait_ready(self) -> None:
+        def up() -> bool:
+            assert self.process.poll() is None, "gunicorn exited"
+            try:
+                return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout=60, what="gunicorn")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@pytest.mark.slow
+def test_waiters_on_two_instances_are_served_in_one_order(app, database_url, tmp_path):
+    from app.auth.service import create_token
+
+    with app.app_context():
+        token = create_token("fleet")
+        locks = lock_service()
+    servers = [
+        Gunicorn(database_url, tmp_path / name, workers=2) for name in ("a", "b")
+    ]
+    try:
+        for server in servers:
+            server.wait_ready()
+        headers = {"Authorization": f"Bearer {token}"}
+        assert locks.acquire("q:10", "holder", ttl=30).acquired
+        granted: list[str] = []
+        pids: set[int] = set()
+
+        def wait_in_line(index: int, name: str) -> None:
+            url = f"{servers[index % 2].url}/api/v1/locks/q:10"
+            with httpx.Client(headers=headers, timeout=60) as http:
+                reply = http.post(url, json={"owner": name, "wait": 25})
+                assert reply.status_code == 200, reply.text
+                granted.append(name)
+                released = http.request("DELETE", url, json={"owner": name})
+                assert released.status_code == 204
+
+        names = [f"w-{i}" for i in range(6)]
+        with ThreadPoolExecutor(len(names)) as pool:
+            futures = []
+            for count, name in enumerate(names, start=1):
+                futures.append(pool.submit(wait_in_line, count, name))
+                wait_until(lambda n=count: len(line(locks, "q:10")) == n, what=name)
+            locks.release("q:10", "holder")
+            for future in futures:
+                future.result(timeout=60)
+        assert granted == names
+        for server in servers:
+            pids.add(server.process.pid)
+        assert len(pids) == 2
+    finally:
+        for server in servers:
+            server.stop()
