@@ -167,7 +167,7 @@ def test_an_expiry_hands_over_to_the_head_of_the_line(locks):
     assert result.acquired
     assert result.action.value == "took_over"
     late = (result.lock.acquired_at - holder.expires_at).total_seconds()
-    assert 0 <= late < 0.25, f"handed over {late:.3f} s after expiry"
+    assert 0 <= late < 0.5, f"handed over {late:.3f} s after expiry"
 
 
 def test_a_dead_instances_waiter_blocks_no_longer_than_its_deadline(locks):
@@ -178,7 +178,7 @@ def test_a_dead_instances_waiter_blocks_no_longer_than_its_deadline(locks):
     result = locks.acquire("q:6", "alive", ttl=30, wait=10)
     assert result.acquired
     late = (result.lock.acquired_at - deadline).total_seconds()
-    assert 0 <= late < 0.5, f"granted {late:.3f} s after the dead waiter's deadline"
+    assert 0 <= late < 1.0, f"granted {late:.3f} s after the dead waiter's deadline"
 
 
 def test_wait_is_validated(api):
