@@ -9,6 +9,13 @@ transaction handling is switched off, WAL is on, and a write transaction asks fo
 
 MariaDB/MySQL: READ COMMITTED, so a locking read sees the latest committed row and
 takes no gap locks (which deadlock concurrent first inserts).
+
+PostgreSQL behind a failover manager (Patroni): a pooled connection can outlive its
+server's role. After a switchover or failover it may point at a server that is now a
+standby (every write fails with ``read_only_sql_transaction``) or one shutting down
+(``admin_shutdown``). Such errors are treated as a lost connection: SQLAlchemy drops
+the whole pool, and the service's one retry reconnects through the multi-host URL
+(``target_session_attrs=read-write``) to whichever server is the primary now.
 """
 
 from __future__ import annotations
@@ -35,10 +42,38 @@ def engine_options(app: Flask) -> dict[str, Any]:
     return options
 
 
+# read_only_sql_transaction, admin_shutdown, crash_shutdown, cannot_connect_now:
+# this server cannot take our writes now; another one (or this one later) can.
+SERVER_GONE_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+
+
+def server_gone(exc: BaseException) -> bool:
+    """True when ``exc`` (a DBAPI or SQLAlchemy error) says the server we talk to
+    is no primary we can write to: a standby, a server shutting down."""
+    orig = getattr(exc, "orig", exc)
+    return getattr(orig, "sqlstate", None) in SERVER_GONE_SQLSTATES
+
+
 def install_engine_events(engine: Engine) -> None:
-    if engine.dialect.name != "sqlite" or getattr(engine, "_lockkeeper_events", False):
+    if getattr(engine, "_lockkeeper_events", False):
         return
     engine._lockkeeper_events = True  # type: ignore[attr-defined]
+    if engine.dialect.name == "postgresql":
+        _install_postgresql_events(engine)
+    elif engine.dialect.name == "sqlite":
+        _install_sqlite_events(engine)
+
+
+def _install_postgresql_events(engine: Engine) -> None:
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context):
+        if server_gone(context.original_exception):
+            # Invalidates the pool: its other connections lead to the same server.
+            context.is_disconnect = True
+            context.invalidate_pool_on_disconnect = True
+
+
+def _install_sqlite_events(engine: Engine) -> None:
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):
@@ -74,6 +109,7 @@ def attach_autocommit_engine(engine: Engine, options: dict[str, Any]) -> None:
             "pool_reset_on_return": None,
         },
     )
+    install_engine_events(twin)
     engine._lockkeeper_autocommit = twin  # type: ignore[attr-defined]
     event.listen(engine, "engine_disposed", lambda _engine: twin.dispose())
 

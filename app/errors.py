@@ -79,21 +79,27 @@ def register_error_handlers(app: Flask) -> None:
             return login_manager.unauthorized()
         return html_error(exc)
 
-    @app.errorhandler(Exception)
-    def _unexpected(exc: Exception):
-        from app.extensions import db
+    app.register_error_handler(Exception, internal_error)
 
-        db.session.rollback()
-        app.logger.exception("unhandled error on %s %s", request.method, request.path)
-        if wants_problem():
-            return problem(500, "Internal Server Error", "an unexpected error occurred")
-        return html_error(InternalServerError())
+
+def internal_error(exc: Exception):
+    from app.extensions import db
+
+    db.session.rollback()
+    current_app.logger.exception(
+        "unhandled error on %s %s", request.method, request.path
+    )
+    if wants_problem():
+        return problem(500, "Internal Server Error", "an unexpected error occurred")
+    return html_error(InternalServerError())
 
 
 def register_database_error_handlers(app: Flask) -> None:
-    """A database that does not answer is a 503 (retry later), never a 500."""
-    from sqlalchemy.exc import InterfaceError, OperationalError
+    """A database that does not answer is a 503 (retry later), never a 500. So is
+    one that answers as a standby or while shutting down (a failover under way)."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+    from app.database import server_gone
     from app.locks.errors import ServiceBusy
 
     def _unavailable(exc: Exception):
@@ -110,6 +116,13 @@ def register_database_error_handlers(app: Flask) -> None:
         response.headers["Retry-After"] = "1"
         return response
 
+    def _database_error(exc: DBAPIError):
+        # e.g. read_only_sql_transaction is an InternalError: a lost primary, not a bug.
+        if exc.connection_invalidated or server_gone(exc):
+            return _unavailable(exc)
+        return internal_error(exc)
+
     app.register_error_handler(OperationalError, _unavailable)
     app.register_error_handler(InterfaceError, _unavailable)
+    app.register_error_handler(DBAPIError, _database_error)
     app.register_error_handler(ServiceBusy, _unavailable)

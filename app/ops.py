@@ -17,26 +17,38 @@ from app.metrics import app_metrics
 bp = Blueprint("ops", __name__)
 
 
-def database_answers() -> bool:
-    """True when a round trip to the lock database succeeds right now."""
+def database_problem() -> str | None:
+    """Why the lock database cannot take writes right now, or None when it can.
+
+    On PostgreSQL the one round trip also asks whether the server is read-only: a
+    connection left on a standby (a demoted primary after a failover) answers
+    queries but refuses every write, and must not be reported healthy.
+    """
     try:
         with db.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+            if conn.dialect.name != "postgresql":
+                conn.execute(text("SELECT 1"))
+                return None
+            read_only = conn.execute(text("SHOW transaction_read_only")).scalar()
+            if read_only == "on":
+                # Next time, a fresh connection finds the primary of the moment.
+                conn.invalidate()
+                current_app.logger.warning("health check: the database is read-only")
+                return "the lock database is read-only (a standby, or failing over)"
     except SQLAlchemyError as exc:
         # The driver's message says what failed (refused, no such file); the URL,
         # which may carry a password, is not part of it.
         reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         current_app.logger.warning("health check: database unavailable: %s", reason)
-        return False
-    return True
+        return "the lock database is not answering"
+    return None
 
 
 @bp.get("/healthz")
 def healthz():
-    if not database_answers():
-        response = problem(
-            503, "Service Unavailable", "the lock database is not answering"
-        )
+    failure = database_problem()
+    if failure is not None:
+        response = problem(503, "Service Unavailable", failure)
         response.headers["Retry-After"] = "5"
         response.headers["Cache-Control"] = "no-store"
         return response

@@ -27,6 +27,8 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from app.database import server_gone
+
 _NAMED_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
 
 
@@ -75,7 +77,10 @@ class DriverConnection:
                 for value in raw
             )
         except self._dbapi_error as exc:
-            disconnect = self.dialect.is_disconnect(exc, fairy.dbapi_connection, cursor)
+            # server_gone: a standby or a server shutting down (a failover).
+            disconnect = server_gone(exc) or self.dialect.is_disconnect(
+                exc, fairy.dbapi_connection, cursor
+            )
             if disconnect:
                 fairy.invalidate(exc)
                 self.engine.pool.dispose()  # the others died with the server too
