@@ -30,7 +30,11 @@ bind = os.environ.get("LOCKKEEPER_BIND", "127.0.0.1:8000").split(",")
 # a long audit export.
 workers = _env_int("LOCKKEEPER_WORKERS", min(2 * (os.cpu_count() or 1), 8))
 worker_class = "gthread"
-threads = _env_int("LOCKKEEPER_THREADS", 4)
+# A waiting acquire ("wait" > 0) holds its thread until it is granted or gives up:
+# each worker keeps 4 threads for everything else on top of the waiting room
+# (LOCKKEEPER_MAX_WAITERS, 16 by default), so waiters never starve the releases
+# they wait for. See docs/deploy.md, "Sizing".
+threads = _env_int("LOCKKEEPER_THREADS", 4 + _env_int("LOCKKEEPER_MAX_WAITERS", 16))
 # Each worker opens its own pool after the fork; nothing is shared across it.
 preload_app = False
 

@@ -19,6 +19,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -33,6 +34,9 @@ from app.locks.state import Action, LockState
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED_ROUTE = "<unmatched>"
+WAIT_OUTCOMES = ("granted", "timeout", "gone")
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+HANDOVER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # Outcomes of a renewal or release. "expired" and "not_owner" are late calls from a
@@ -119,6 +123,38 @@ class LockMetrics(NoMetrics):
         self._renewals = {o: renewals.labels(o) for o in RENEWAL_OUTCOMES}
         self._releases = {o: releases.labels(o) for o in RELEASE_OUTCOMES}
         self._operator = {a: operator.labels(a.value) for a in OPERATOR_ACTIONS}
+        self._waiting = Gauge(
+            "lockkeeper_waiting_requests",
+            "Acquires waiting in line in this server's workers right now.",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        waited = Histogram(
+            "lockkeeper_wait_seconds",
+            "How long waiting acquires waited, by outcome: granted, timeout (the "
+            "wait ran out), gone (the client hung up).",
+            ["outcome"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self._waited = {o: waited.labels(o) for o in WAIT_OUTCOMES}
+        self._handover = Histogram(
+            "lockkeeper_handover_seconds",
+            "From the moment a waiter is woken (NOTIFY, its poll, or the holder's "
+            "expiry) to its grant.",
+            buckets=HANDOVER_BUCKETS,
+            registry=registry,
+        )
+
+    def wait_started(self) -> None:
+        self._waiting.inc()
+
+    def wait_ended(self, outcome: str, seconds: float) -> None:
+        self._waiting.dec()
+        self._waited[outcome].observe(seconds)
+
+    def handed_over(self, seconds: float) -> None:
+        self._handover.observe(seconds)
 
     def acquired(self, action: Action) -> None:
         self._granted[action].inc()
@@ -148,13 +184,17 @@ class LockStateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
-            counts = self.app.extensions["lockkeeper.locks"].counts()
+            service = self.app.extensions["lockkeeper.locks"]
+            counts = service.counts()
+            queued = service.queue.queued()
         except (SQLAlchemyError, LockError):
-            counts = None
-        yield from self._families(counts)
+            counts = queued = None
+        yield from self._families(counts, queued)
 
     @staticmethod
-    def _families(counts: dict[LockState, int] | None = None):
+    def _families(
+        counts: dict[LockState, int] | None = None, queued: int | None = None
+    ):
         locks = GaugeMetricFamily(
             "lockkeeper_locks",
             "Lock rows by state (held, expiring, stale) at scrape time.",
@@ -168,7 +208,13 @@ class LockStateCollector(Collector):
             "1 when the lock database answered the scrape's count, else 0.",
             value=0 if counts is None else 1,
         )
-        return locks, up
+        waiters = GaugeMetricFamily(
+            "lockkeeper_queued_waiters",
+            "Acquires waiting in line, every instance, counted at scrape time.",
+        )
+        if queued is not None:
+            waiters.add_metric([], queued)
+        return locks, up, waiters
 
 
 class AppMetrics:

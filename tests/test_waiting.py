@@ -340,3 +340,21 @@ def test_waiters_on_two_instances_are_served_in_one_order(app, database_url, tmp
     finally:
         for server in servers:
             server.stop()
+
+
+def test_waits_show_in_the_metrics(app, locks):
+    assert locks.acquire("q:11", "holder", ttl=30).acquired
+    assert not locks.acquire("q:11", "late", ttl=30, wait=0.1).acquired
+    waiters = Waiters(locks, "q:11")
+    waiters.start("next")
+    wait_until(lambda: line(locks, "q:11") == ["next"], what="queued")
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    assert 'lockkeeper_wait_seconds_count{outcome="timeout"} 1.0' in text
+    assert "lockkeeper_waiting_requests 1.0" in text
+    assert "lockkeeper_queued_waiters 1.0" in text
+    locks.release("q:11", "holder")
+    waiters.join()
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    assert 'lockkeeper_wait_seconds_count{outcome="granted"} 1.0' in text
+    assert "lockkeeper_handover_seconds_count 1.0" in text
+    assert "lockkeeper_waiting_requests 0.0" in text

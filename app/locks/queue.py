@@ -329,6 +329,13 @@ class WaitQueue:
             for r in rows
         ]
 
+    def queued(self) -> int:
+        """Live waiters of every resource."""
+        now = self.service.now()
+        query = select(func.count()).where(waiters.c.deadline > now)
+        with self.service._autocommit_engine.connect() as conn:
+            return conn.scalar(query)
+
     def released(self, conn, resource: str, waiting: int) -> None:
         """A lock with ``waiting`` waiters was released or force-released: wake
         them (``conn``: the releasing connection, on PostgreSQL right after it)."""
