@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import random
+import re
 import secrets
 import socket
 import threading
@@ -95,6 +96,13 @@ class AcquireResult:
     acquired: bool
     lock: Lock | None
     retry_after: float | None = None
+    # A waiting acquire found the server's waiting room full (503): poll instead.
+    waiting_room_full: bool = False
+
+
+# The title of the server's 503 for "too many waiting acquires in this worker".
+WAITING_ROOM_FULL = "Too many waiting acquires"
+_MAX_WAIT_MESSAGE = re.compile(r"must be at most ([0-9.]+) seconds")
 
 
 def parse_timestamp(text: str) -> datetime:
@@ -220,6 +228,10 @@ class LockClient:
         short: a waiter whose window had grown to seconds would lose every race to
         one that just released and polls again within ``backoff``.
     :param rng: the source of jitter (tests pass a seeded or fixed one).
+    :param max_server_wait: ``lock()`` waits in the server's line in requests of at
+        most this many seconds (the server's ``LOCKKEEPER_MAX_WAIT``, 30 by
+        default; a smaller server maximum is learnt from its 400). 0: never wait
+        server-side, poll.
     """
 
     def __init__(
@@ -232,6 +244,7 @@ class LockClient:
         backoff: float = 0.1,
         max_backoff: float = 5.0,
         max_lock_poll: float = 0.5,
+        max_server_wait: float = 30.0,
         rng: random.Random | None = None,
         transport: httpx.BaseTransport | None = None,
     ):
@@ -244,6 +257,7 @@ class LockClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.max_lock_poll = max_lock_poll
+        self.max_server_wait = max_server_wait
         self.rng = rng or random.Random()
         self._http = httpx.Client(
             base_url=root + API_PREFIX,
@@ -267,9 +281,19 @@ class LockClient:
     # -- single requests ---------------------------------------------------------
 
     def acquire(
-        self, resource: str, owner: str, ttl: float | None = None
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        *,
+        wait: float | None = None,
     ) -> AcquireResult:
-        """Try once to take ``resource`` for ``owner``; never waits for a holder.
+        """Try once to take ``resource`` for ``owner``.
+
+        Without ``wait`` it never waits for a holder. With ``wait`` > 0 the server
+        keeps the request in the resource's line (granted in order of arrival) for
+        up to ``wait`` seconds; when that server worker's waiting room is full the
+        result has ``waiting_room_full`` set and the caller should poll.
 
         A same-owner acquire of a still-valid lock keeps its fence, so a retry of an
         acquire whose reply was lost does not fence out its own caller.
@@ -277,7 +301,18 @@ class LockClient:
         body: dict[str, Any] = {"owner": owner}
         if ttl is not None:
             body["ttl"] = ttl
-        response, _ = self._send("POST", resource, json=body)
+        if wait:
+            body["wait"] = wait
+        response, _ = self._send(
+            "POST", resource, json=body, waiting=float(wait or 0.0)
+        )
+        if response.status_code == 503:  # only returned for a full waiting room
+            return AcquireResult(
+                False,
+                None,
+                parse_retry_after(response.headers.get("Retry-After")),
+                waiting_room_full=True,
+            )
         if response.status_code == 200:
             data = self._json(response, resource)
             return AcquireResult(True, self._lock_from(data.get("lock"), resource))
@@ -395,12 +430,15 @@ class LockClient:
         *,
         json: dict[str, Any] | None = None,
         retry_until: float | None = None,
+        waiting: float = 0.0,
     ) -> tuple[httpx.Response, bool]:
         """One API call with transient failures retried.
 
         Returns the response and whether an earlier attempt may have reached the
         server and been applied (its reply lost): only a refused connection or a
-        503 (the app's "database not answering") proves it was not.
+        503 (the app's "database not answering") proves it was not. ``waiting``:
+        the seconds a waiting acquire may stay at the server (added to the
+        timeout); its "waiting room full" 503 is returned, not retried.
         """
         path = "/locks/" + quote(resource, safe="")
         maybe_applied = False
@@ -432,8 +470,10 @@ class LockClient:
                     if retry_until is not None:
                         timeout = min(timeout, max(retry_until - time.monotonic(), 0.1))
                     response = self._http.request(
-                        method, path, json=json, timeout=timeout
+                        method, path, json=json, timeout=timeout + waiting
                     )
+                    if waiting and _is_waiting_room_full(response):
+                        return response, maybe_applied
                     if response.status_code in TRANSIENT_STATUSES:
                         raise _Transient(response)
         except _Transient as exc:
@@ -501,6 +541,25 @@ class LockClient:
         return UnexpectedResponse(resource, message, status)
 
 
+def _server_max_wait(exc: InvalidRequest) -> float | None:
+    """The server's largest ``wait`` from its 400, or None when it names none
+    (an older server that does not know ``wait``)."""
+    for field, message in exc.errors:
+        if field == "wait":
+            found = _MAX_WAIT_MESSAGE.search(message)
+            return float(found.group(1)) if found else None
+    return None
+
+
+def _is_waiting_room_full(response: httpx.Response) -> bool:
+    if response.status_code != 503:
+        return False
+    try:
+        return response.json().get("title") == WAITING_ROOM_FULL
+    except (ValueError, AttributeError):
+        return False
+
+
 def default_owner() -> str:
     """A fresh owner token: readable on the dashboard, unguessable by other workers."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
@@ -521,10 +580,13 @@ class HeldLock:
       cannot reach the service is logged (the lock then ends with its ttl), and an
       exception raised inside the block propagates unchanged.
 
-    Waiting for a held lock uses exponential backoff with full jitter, each delay
-    capped by the ``Retry-After`` of the refusal (the holder's remaining ttl):
-    sleeping past the moment the lock expires only wastes time, while an earlier
-    release is found by the backoff polls. It never waits longer than ``wait``.
+    Waiting for a held lock happens in the server's line (requests with
+    ``"wait"``, each at most ``client.max_server_wait`` seconds): the server grants
+    in order of arrival and hands a released lock over at once. When the server's
+    waiting room is full (503), or the server does not wait (an older server), it
+    polls instead: exponential backoff with full jitter, each delay capped by the
+    ``Retry-After`` of the refusal (the holder's remaining ttl). It never waits
+    longer than ``wait``.
     """
 
     def __init__(
@@ -585,14 +647,64 @@ class HeldLock:
         :raise LockNotAcquired: another owner held it for the whole wait.
         :raise ServiceUnavailable: the service could not be reached in that time.
         """
+        deadline = time.monotonic() + self.wait
+        result = self._wait_in_line(deadline)
+        if result is None:
+            result = self._poll(deadline)
+        self._granted(result.lock, sent_at=self._sent_at)
+        self._renewer = threading.Thread(
+            target=self._renew_until_stopped,
+            name=f"lockkeeper-renew:{self.resource}",
+            daemon=True,
+        )
+        self._renewer.start()
+
+    def _wait_in_line(self, deadline: float) -> AcquireResult | None:
+        """Wait in the server's line in chunks until granted or ``deadline``.
+
+        Returns the grant, or None when the rest of the wait must poll (the
+        waiting room is full, the server does not wait, or no wait was asked).
+        :raise LockNotAcquired: the whole wait ran out in line.
+        """
+        client = self.client
+        last: AcquireResult | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            chunk = min(remaining, client.max_server_wait)
+            if chunk < 0.001:
+                if last is None:
+                    return None  # wait=0: one plain try, by the polling path
+                holder = f" by {last.lock.owner!r}" if last.lock else ""
+                raise LockNotAcquired(
+                    self.resource,
+                    f"lock {self.resource!r} stayed held{holder} for {self.wait:g} s",
+                    last.lock,
+                )
+            self._sent_at = time.monotonic()
+            try:
+                last = client.acquire(self.resource, self.owner, self.ttl, wait=chunk)
+            except InvalidRequest as exc:
+                server_max = _server_max_wait(exc)
+                if server_max is None or server_max >= client.max_server_wait:
+                    client.max_server_wait = 0.0  # the server does not wait: poll
+                    return None
+                client.max_server_wait = server_max
+                continue
+            except ServiceUnavailable:
+                return None  # the polling path retries for the rest of the wait
+            if last.acquired:
+                return last
+            if last.waiting_room_full:
+                return None
+
+    def _poll(self, deadline: float) -> AcquireResult:
         retrying = Retrying(
             retry=retry_if_result(lambda result: not result.acquired),
             wait=self._contention_delay,
-            stop=stop_after_delay(self.wait),
+            stop=stop_after_delay(max(deadline - time.monotonic(), 0.0)),
         )
-        deadline = time.monotonic() + self.wait
         try:
-            result = retrying(self._attempt, deadline)
+            return retrying(self._attempt, deadline)
         except RetryError as exc:
             last = exc.last_attempt.result()
             if last.lock is None and self._unreachable is not None:
@@ -603,13 +715,6 @@ class HeldLock:
                 f"lock {self.resource!r} stayed held{holder} for {self.wait:g} s",
                 last.lock,
             ) from None
-        self._granted(result.lock, sent_at=self._sent_at)
-        self._renewer = threading.Thread(
-            target=self._renew_until_stopped,
-            name=f"lockkeeper-renew:{self.resource}",
-            daemon=True,
-        )
-        self._renewer.start()
 
     def release(self) -> None:
         """Stop renewing and release the lock, unless it was lost already."""

@@ -358,3 +358,55 @@ def test_waits_show_in_the_metrics(app, locks):
     assert 'lockkeeper_wait_seconds_count{outcome="granted"} 1.0' in text
     assert "lockkeeper_handover_seconds_count 1.0" in text
     assert "lockkeeper_waiting_requests 0.0" in text
+
+
+# -- the worker client ------------------------------------------------------------
+
+
+def test_the_client_waits_in_the_servers_line(app):
+    from app.client import LockClient
+
+    with serve(app) as server, app.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:12", "holder", ttl=30).acquired
+        got: list[int] = []
+        with LockClient(server.url, server.token) as client:
+
+            def take():
+                with client.lock("q:12", ttl=30, wait=20, owner="patient") as held:
+                    got.append(held.fence)
+
+            thread = threading.Thread(target=take, daemon=True)
+            thread.start()
+            wait_until(lambda: line(locks, "q:12") == ["patient"], what="in line")
+            locks.release("q:12", "holder")
+            thread.join(30)
+        assert len(got) == 1
+
+
+def test_the_client_polls_when_the_waiting_room_is_full(make_app):
+    from app.client import LockClient
+
+    app = make_app(LOCKKEEPER_MAX_WAITERS=0)
+    with serve(app) as server, app.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:13", "holder", ttl=0.5).acquired
+        with LockClient(server.url, server.token) as client:
+            refused = client.acquire("q:13", "x", wait=5)
+            assert refused.waiting_room_full
+            with client.lock("q:13", ttl=30, wait=10, owner="poller") as held:
+                assert held.fence > 0
+        assert line(locks, "q:13") == []
+
+
+def test_the_client_waits_in_chunks_of_the_servers_max_wait(make_app):
+    from app.client import LockClient
+
+    app = make_app(LOCKKEEPER_MAX_WAIT=0.3)
+    with serve(app) as server, app.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:14", "holder", ttl=1.0).acquired
+        with LockClient(server.url, server.token) as client:
+            with client.lock("q:14", ttl=30, wait=10, owner="chunked") as held:
+                assert held.current.owner == "chunked"
+            assert client.max_server_wait == 0.3
