@@ -114,8 +114,14 @@ def test_geometry_maps_time_linearly_onto_the_plot():
     assert bar.x == timeline.LABEL_WIDTH
     assert bar.width == plot / 2
     assert drawn.now_x == timeline.LABEL_WIDTH + plot
-    assert [t.x for t in drawn.ticks][0] == timeline.LABEL_WIDTH
-    assert len(drawn.ticks) == timeline.TICKS + 1
+    # 100 s: a tick every 30 s, on the round instants.
+    assert [t.label for t in drawn.ticks] == [
+        "09:00:00Z",
+        "09:00:30Z",
+        "09:01:00Z",
+        "09:01:30Z",
+    ]
+    assert drawn.ticks[0].x == timeline.LABEL_WIDTH
     assert drawn.height == timeline.TOP + timeline.LANE_HEIGHT + timeline.AXIS_HEIGHT
 
 
@@ -153,3 +159,50 @@ def test_only_the_most_recent_owners_get_lanes():
     assert len(drawn.lanes) == timeline.MAX_LANES
     assert drawn.hidden_owners == 3
     assert drawn.lanes[-1].owner == f"w{timeline.MAX_LANES + 2}"
+
+
+def test_ticks_fall_on_round_minutes_none_skipped():
+    # The span of the report: 16:05:17 to 16:13:02 used to give 16:06, 16:08
+    # with 16:07 skipped (equal fractions truncated to the minute).
+    start = datetime(2026, 11, 30, 16, 5, 17, tzinfo=UTC)
+    end = datetime(2026, 11, 30, 16, 13, 2, tzinfo=UTC)
+    labels = [label for _, label in timeline.ticks(start, end)]
+    assert labels == ["16:06Z", "16:08Z", "16:10Z", "16:12Z"]
+    moments = [moment for moment, _ in timeline.ticks(start, end)]
+    assert all(m.second == 0 and m.minute % 2 == 0 for m in moments)
+
+
+def test_tick_steps_are_round_and_few_at_every_scale():
+    for seconds in (60, 61, 300, 3599, 7200, 86400, 3 * 86400, 90 * 86400):
+        start = T0 + timedelta(seconds=13.7)
+        end = start + timedelta(seconds=seconds)
+        found = timeline.ticks(start, end)
+        assert 2 <= len(found) <= timeline.MAX_TICKS, seconds
+        assert all(start <= moment <= end for moment, _ in found)
+        steps = {b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)}
+        assert len(steps) == 1
+        [step] = steps
+        assert step in timeline.ROUND_STEPS or step % timedelta(days=30) == timedelta()
+        assert len({label for _, label in found}) == len(found), seconds
+
+
+def test_a_fresh_lock_gets_the_minimum_span_not_milliseconds():
+    events = [event("acquired", 0, "a", ttl=30)]
+    drawn = timeline.build(events, at(0.028))
+    assert drawn.end - drawn.start == timeline.MIN_SPAN
+    assert len(drawn.ticks) >= 2
+    bar = drawn.bars[0]
+    assert bar.x + bar.width <= timeline.WIDTH - timeline.RIGHT_PAD + 0.01
+
+
+def test_long_owner_labels_are_cut_to_fit_left_of_the_bars():
+    owner = "worker-" + "x" * 200
+    drawn = timeline.build([event("acquired", 0, owner, ttl=30)], at(10))
+    lane = drawn.lanes[0]
+    assert lane.owner == owner
+    assert len(lane.label) == timeline.LABEL_CHARS
+    assert lane.label.endswith("…")
+    # 7 px a character at 12 px from x = 8 ends before the plot starts.
+    assert 8 + 7 * len(lane.label) <= timeline.LABEL_WIDTH
+    short = timeline.build([event("acquired", 0, "w-1", ttl=30)], at(10))
+    assert short.lanes[0].label == "w-1"

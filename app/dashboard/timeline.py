@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from app.locks.results import Event
 from app.locks.state import Action
@@ -37,7 +37,20 @@ LANE_HEIGHT = 28
 BAR_HEIGHT = 16
 AXIS_HEIGHT = 26
 MAX_LANES = 12
-TICKS = 5
+# At most this many ticks; their step is the smallest round one that fits.
+MAX_TICKS = 7
+# A fresh lock still gets an axis a person can read (not a 28 ms one).
+MIN_SPAN = timedelta(minutes=1)
+# Lane labels are cut to what fits left of the plot at 12 px (about 7 px a
+# character); the full owner is in the label's <title>.
+LABEL_CHARS = (LABEL_WIDTH - 16) // 7
+ROUND_STEPS = (
+    [timedelta(seconds=n) for n in (1, 2, 5, 10, 15, 30)]
+    + [timedelta(minutes=n) for n in (1, 2, 5, 10, 15, 30)]
+    + [timedelta(hours=n) for n in (1, 2, 3, 6, 12)]
+    + [timedelta(days=n) for n in (1, 2, 7, 14, 30)]
+)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +88,7 @@ class Lane:
     owner: str
     y: float
     label_y: float
+    label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +197,9 @@ def build(events: Sequence[Event], now: datetime) -> Timeline:
         return Timeline(width=WIDTH, height=TOP + AXIS_HEIGHT, start=None, end=None)
     start = min(min(t.start for t in spans), min(e.occurred_at for e in events))
     end = max(now, max(t.end for t in spans))
-    total = (end - start).total_seconds() or 1.0
+    if end - start < MIN_SPAN:
+        start = end - MIN_SPAN
+    total = (end - start).total_seconds()
     plot = WIDTH - LABEL_WIDTH - RIGHT_PAD
 
     def x_of(moment: datetime) -> float:
@@ -207,12 +223,20 @@ def build(events: Sequence[Event], now: datetime) -> Timeline:
     )
     for owner in recent:
         y = lane_y[owner]
-        timeline.lanes.append(Lane(owner=owner, y=y, label_y=y + LANE_HEIGHT / 2 + 4))
+        timeline.lanes.append(
+            Lane(
+                owner=owner,
+                y=y,
+                label_y=y + LANE_HEIGHT / 2 + 4,
+                label=truncate_label(owner),
+            )
+        )
     pad = (LANE_HEIGHT - BAR_HEIGHT) / 2
     for tenure in spans:
         if tenure.owner not in lane_y:
             continue
-        x = x_of(tenure.start)
+        # A bar that starts at the very end still shows its minimum width.
+        x = min(x_of(tenure.start), LABEL_WIDTH + plot - 2.0)
         css = "tenure"
         if tenure.forced:
             css += " tenure-forced"
@@ -251,17 +275,39 @@ def build(events: Sequence[Event], now: datetime) -> Timeline:
             )
         )
     timeline.axis_y = TOP + len(recent) * LANE_HEIGHT
-    for index in range(TICKS + 1):
-        moment = start + (end - start) * index / TICKS
-        timeline.ticks.append(Tick(x=x_of(moment), label=_tick_label(moment, total)))
+    for moment, label in ticks(start, end):
+        timeline.ticks.append(Tick(x=x_of(moment), label=label))
     return timeline
 
 
-def _tick_label(moment: datetime, span_seconds: float) -> str:
-    if span_seconds >= 2 * 86400:
-        return moment.strftime("%m-%d %H:%MZ")
-    if span_seconds >= 120:
-        return moment.strftime("%H:%MZ")
-    if span_seconds >= 10:
-        return moment.strftime("%H:%M:%SZ")
-    return moment.strftime("%H:%M:%S.%f")[:-3] + "Z"
+def tick_step(span: timedelta) -> timedelta:
+    """The smallest round step that puts at most ``MAX_TICKS`` ticks on ``span``."""
+    for step in ROUND_STEPS:
+        if span / step <= MAX_TICKS - 1:
+            return step
+    return ROUND_STEPS[-1] * (span // (ROUND_STEPS[-1] * (MAX_TICKS - 1)) + 1)
+
+
+def ticks(start: datetime, end: datetime) -> list[tuple[datetime, str]]:
+    """Ticks on round instants (whole multiples of the step, in UTC) between
+    ``start`` and ``end``, labelled as precisely as the step needs."""
+    step = tick_step(end - start)
+    first = EPOCH + -((EPOCH - start) // step) * step
+    if first < start:
+        first += step
+    if step < timedelta(minutes=1):
+        fmt = "%H:%M:%SZ"
+    elif step < timedelta(days=1):
+        fmt = "%H:%MZ" if end - start < timedelta(days=1) else "%m-%d %H:%MZ"
+    else:
+        fmt = "%Y-%m-%d"
+    result = []
+    moment = first
+    while moment <= end:
+        result.append((moment, moment.astimezone(UTC).strftime(fmt)))
+        moment += step
+    return result
+
+
+def truncate_label(owner: str, limit: int = LABEL_CHARS) -> str:
+    return owner if len(owner) <= limit else owner[: limit - 1] + "…"
