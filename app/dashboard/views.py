@@ -27,9 +27,14 @@ from flask import (
 )
 from flask_login import current_user
 
-from app.audit.service import EventFilter, list_events, newest_event_id
+from app.audit.service import (
+    EventFilter,
+    events_between,
+    list_events,
+    newest_event_id,
+)
 from app.auth.views import login_required, operator_required, safe_next
-from app.dashboard import bp, timeline
+from app.dashboard import bp, charts, timeline
 from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
 from app.locks import validation
 from app.locks.errors import InvalidInput, LockHeld, LockNotFound
@@ -158,6 +163,7 @@ def overview():
     except InvalidInput as exc:
         errors, status, page = exc.errors, 400, None
 
+    extra = {} if is_htmx() else activity_context(live)
     return render_page_or_fragment(
         "dashboard/overview.html",
         {"locks": "dashboard/_locks.html", "live": "dashboard/_live.html"},
@@ -184,6 +190,7 @@ def overview():
         refreshed_at=service.now(),
         poll_seconds=POLL_SECONDS,
         version=version,
+        **extra,
     )
 
 
@@ -215,6 +222,48 @@ def group_counts(
         total[2] += counts.stale
     summed = [OwnerCounts(host, *numbers) for host, numbers in hosts.items()]
     return sorted(summed, key=lambda g: (-g.stale, -g.total, g.name))
+
+
+ACTIVITY_POLL_SECONDS = 60
+
+
+@bp.get("/activity")
+@login_required
+def activity():
+    """The last hour as two small charts; part of the overview, polled slowly."""
+    live = is_live()
+    service = lock_service()
+    now = service.now()
+    # A new event or a new minute changes the picture; nothing else does.
+    version = shown_version(newest_event_id(), now.replace(second=0, microsecond=0))
+    unchanged = _unchanged(version)
+    if unchanged is not None:
+        return unchanged
+    return render_page_or_fragment(
+        "dashboard/activity.html",
+        {"activity": "dashboard/_activity.html"},
+        **activity_context(live, version),
+    )
+
+
+def activity_context(live: bool, version: str | None = None) -> dict[str, Any]:
+    service = lock_service()
+    now = service.now()
+    if version is None:
+        version = shown_version(newest_event_id(), now.replace(second=0, microsecond=0))
+    found, truncated = events_between(now - charts.WINDOW, now)
+    return {
+        "activity": charts.build(
+            found,
+            service.current_grants(),
+            now,
+            service.settings.expiring_within,
+            truncated,
+        ),
+        "activity_live": live,
+        "activity_version": version,
+        "activity_poll_seconds": ACTIVITY_POLL_SECONDS,
+    }
 
 
 def _checked_resource(resource: str) -> str:
