@@ -50,11 +50,9 @@ def upgrade():
 
 
 def downgrade():
-    op.drop_index(
-        "ix_login_address_windows_window_start", table_name="login_address_windows"
-    )
+    # Dropping a table drops its indexes; MariaDB refuses to drop the user_id index
+    # first while the foreign key needs it.
     op.drop_table("login_address_windows")
-    op.drop_index("ix_user_sessions_user_id", table_name="user_sessions")
     op.drop_table("user_sessions")
     with op.batch_alter_table("users") as batch:
         batch.drop_column("disabled_at")
