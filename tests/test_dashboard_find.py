@@ -10,7 +10,8 @@ from tests.dashboard_helpers import log_in, make_user, soup
 
 
 @pytest.fixture
-def app(fake_app):
+def app(backend, fake_app):
+    """On every database: the sorts, keyset cursors and case-folding are SQL."""
     make_user(fake_app, "olga", "operator")
     return fake_app
 
