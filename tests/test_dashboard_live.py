@@ -206,3 +206,49 @@ def test_an_action_posted_after_the_session_ended_goes_to_login(operator, svc):
     )
     assert plain.status_code == 302
     assert "/login" in plain.headers["Location"]
+
+
+def wire_bytes(response) -> int:
+    """What the response costs on the wire: status line, headers, body."""
+    head = len(f"HTTP/1.1 {response.status}\r\n")
+    head += sum(len(f"{name}: {value}\r\n") for name, value in response.headers)
+    return head + 2 + len(response.get_data())
+
+
+def test_an_idle_overview_costs_ten_times_fewer_bytes_a_minute(operator, svc, clock):
+    """Twelve polls (a minute at 5 s) of an overview of 150 locks where nothing
+    changes: before, each poll got the whole fragment uncompressed; now each
+    gets a 204. Printed for the record (pytest -s)."""
+    for n in range(150):
+        svc.acquire(f"job:{n:03d}", f"host-{n % 7}:{1000 + n}:abcdef", ttl=3600)
+    page = soup(operator.get("/"))
+    poll_url = page.select_one(".poller")["hx-get"]
+    version = shown_version(page)
+    poll = {**HTMX, "HX-Target": "div#live", "HX-Current-URL": "http://localhost/"}
+    browser_encodings = {"Accept-Encoding": "gzip, deflate, br, zstd"}
+
+    before = after = changing = 0
+    for _ in range(12):
+        clock.advance(5)
+        old = operator.get(poll_url, headers={**poll, "Accept-Encoding": "identity"})
+        assert old.status_code == 200
+        before += wire_bytes(old)
+        new = operator.get(
+            poll_url,
+            headers={**poll, **browser_encodings, "Lockkeeper-Shown": version},
+        )
+        assert new.status_code == 204
+        after += wire_bytes(new)
+        # The worst case: something changed before every poll (compressed).
+        busy = operator.get(
+            poll_url, headers={**poll, **browser_encodings, "Lockkeeper-Shown": "x"}
+        )
+        changing += wire_bytes(busy)
+    print(
+        f"\nidle overview, 150 locks, 12 polls: before {before} B/min, "
+        f"after {after} B/min ({before / after:.0f}x less); "
+        f"changing every poll, compressed: {changing} B/min "
+        f"({before / changing:.1f}x less)"
+    )
+    assert before >= 10 * after
+    assert before >= 4 * changing
