@@ -5,7 +5,8 @@
 Serves the app on a throwaway SQLite database filled with demo locks (their
 history written at earlier moments through a movable clock), logs in through the
 real form with Debian's Chromium driven by Playwright, and writes
-``<page>-<light|dark>.png``.
+``<page>-<light|dark>.png`` at 1280×860 and ``<page>-phone-<light|dark>.png`` at
+390×844 (a phone).
 """
 
 from __future__ import annotations
@@ -74,6 +75,15 @@ def fill(app, clock: DemoClock) -> None:
             reason="worker-c hung on a locked table",
             force=True,
         )
+        clock.at(40)
+        locks.acquire("job:reindex", "indexer@host-9", ttl=300, actor="batch")
+        clock.at(30)
+        locks.acquire(
+            "storage:compaction.tenant-0042.partition-2026-11-30-segment-17",
+            "compactor-7@storage-node-12.eu-west.internal:48213:3f9a2c1d",
+            ttl=240,
+            actor="batch",
+        )
         clock.at(12)
         locks.acquire("cache:warmup", "warmer-1", ttl=60, actor="batch")
         locks.acquire("billing:invoice-run", "billing-2", ttl=300, actor="batch")
@@ -111,9 +121,17 @@ def main() -> None:
                 browser = playwright.chromium.launch(
                     executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS
                 )
-                for scheme in ("light", "dark"):
+                shots = [
+                    (scheme, suffix, viewport)
+                    for scheme in ("light", "dark")
+                    for suffix, viewport in (
+                        ("", {"width": 1280, "height": 860}),
+                        ("-phone", {"width": 390, "height": 844}),
+                    )
+                ]
+                for scheme, suffix, viewport in shots:
                     context = browser.new_context(
-                        viewport={"width": 1280, "height": 860},
+                        viewport=viewport,
                         color_scheme=scheme,
                         device_scale_factor=1,
                     )
@@ -124,12 +142,14 @@ def main() -> None:
                     page.click("button[type=submit]")
                     page.wait_for_url(f"{base}/")
                     for name, path in pages.items():
+                        if suffix and name == "audit":
+                            continue
                         response = page.goto(base + path)
                         if response is None or response.status != 200:
                             print(f"skipped {name}: {path} is not there yet")
                             continue
                         page.wait_for_load_state("networkidle")
-                        target = HERE / f"{name}-{scheme}.png"
+                        target = HERE / f"{name}{suffix}-{scheme}.png"
                         page.screenshot(path=str(target), full_page=True)
                         print(f"wrote {target.relative_to(HERE.parent.parent)}")
                     context.close()
