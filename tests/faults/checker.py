@@ -310,3 +310,130 @@ def _stats(records, events) -> dict[str, Any]:
         "events_by_action": dict(actions),
         "take_overs": actions["took_over"],
     }
+
+
+# -- across a primary failover (Patroni) -------------------------------------------
+
+
+def check_failovers(
+    records: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    final_locks: list[dict[str, Any]],
+    failovers: list[dict[str, Any]],
+    report: Report,
+    *,
+    # Strict synchronous mode: a promoted primary commits only once a standby
+    # follows it, so recovery includes that re-attachment, not just the promotion.
+    max_recovery: float = 20.0,
+) -> None:
+    """What a promotion must not change, judged against the final database.
+
+    ``failovers``: one entry per primary change, with ``kind`` ("failover" for a
+    killed primary, "switchover"), ``killed_at``/``promoted_at`` (wall clock),
+    ``old``/``new`` member, the ``probes`` answered in between and ``recovery``
+    (seconds from the promotion until each instance served again).
+
+    - every grant, renewal and release acknowledged before a promotion is still in
+      the final audit log, and an acknowledged release never comes back as held;
+    - no grant acknowledged after a promotion reuses a fence (a fence sequence
+      replayed from a standby that was behind would);
+    - while no primary was reachable every answer was a 503 problem, never a 500;
+    - every instance served again within ``max_recovery`` of the promotion.
+    """
+    grant_events = {
+        (e["resource"], e["owner"], e["fence"])
+        for e in events
+        if e["action"] in GRANT_ACTIONS
+    }
+    release_events = {
+        (e["resource"], e["fence"]) for e in events if e["action"] == "released"
+    }
+    renewal_events = {
+        (e["resource"], e["fence"], ts(e["expires_at"]))
+        for e in events
+        if e["action"] == "renewed"
+    }
+    acknowledged = [r for r in records if r["kind"] in ("grant", "renewed", "released")]
+    for number, failover in enumerate(failovers, 1):
+        name = f"{failover['kind']} #{number} ({failover['old']} -> {failover['new']})"
+        if failover["new"] is None or failover["new"] == failover["old"]:
+            report.violation(f"{name}: no other member was promoted")
+            continue
+        before = [r for r in acknowledged if r["t"] < failover["killed_at"]]
+        for record in before:
+            resource, fence = record["resource"], int(record["fence"])
+            if record["kind"] == "grant":
+                lost = (resource, record["owner"], fence) not in grant_events
+            elif record["kind"] == "released":
+                lost = (resource, fence) not in release_events
+            else:
+                lost = (resource, fence, ts(record["expires_at"])) not in renewal_events
+            if lost:
+                report.violation(
+                    f"{name}: acknowledged {record['kind']} of {resource} by "
+                    f"{record['owner']} (fence {fence}) is not in the final database"
+                )
+        highest_before = max(
+            (int(r["fence"]) for r in before if r["kind"] == "grant"), default=0
+        )
+        for record in acknowledged:
+            if (
+                record["kind"] == "grant"
+                and record["t"] > failover["promoted_at"]
+                and int(record["fence"]) <= highest_before
+            ):
+                report.violation(
+                    f"{name}: fence {record['fence']} granted to {record['owner']} "
+                    f"after the promotion, but fence {highest_before} had been "
+                    "acknowledged before it (the sequence went back)"
+                )
+        _check_failover_probes(name, failover, report)
+        for instance, seconds in failover.get("recovery", {}).items():
+            if seconds is None or seconds > max_recovery:
+                report.violation(
+                    f"{name}: {instance} took {seconds} s after the promotion to "
+                    f"serve again (limit {max_recovery} s)"
+                )
+    _check_releases_stay_released(records, final_locks, report)
+
+
+def _check_failover_probes(name, failover, report) -> None:
+    for probe in failover.get("probes", []):
+        status = probe["status"]
+        if status is None:  # the instance killed with the primary: no answer
+            continue
+        if status == 503:
+            if probe["content_type"] != "application/problem+json":
+                report.violation(f"{name}: a 503 of {probe['url']} is no problem+json")
+        elif status not in (200, 204, 409):
+            report.violation(f"{name}: {probe['method']} {probe['url']} -> {probe}")
+
+
+def _check_releases_stay_released(records, final_locks, report) -> None:
+    """An acknowledged release must not come back as held in the final rows, and
+    a lock still held by a grant whose renewal was acknowledged keeps that expiry."""
+    released = {
+        (r["resource"], int(r["fence"])) for r in records if r["kind"] == "released"
+    }
+    renewed: dict[tuple[str, int], datetime] = {}
+    for record in records:
+        if record["kind"] == "renewed":
+            key = (record["resource"], int(record["fence"]))
+            renewed[key] = max(
+                renewed.get(key, ts(record["expires_at"])), ts(record["expires_at"])
+            )
+    for row in final_locks:
+        if row["owner"] is None:
+            continue
+        key = (row["resource"], int(row["fence"]))
+        if key in released:
+            report.violation(
+                f"{row['resource']}: released fence {row['fence']} is held again by "
+                f"{row['owner']} in the final database"
+            )
+        if key in renewed and ts(row["expires_at"]) < renewed[key]:
+            report.violation(
+                f"{row['resource']}: fence {row['fence']} expires at "
+                f"{ts(row['expires_at']).isoformat()}, before its acknowledged "
+                f"renewal to {renewed[key].isoformat()}"
+            )

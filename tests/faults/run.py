@@ -5,6 +5,13 @@ seconds, database restarts with the API probed during each outage, then the chec
     python -m tests.faults                                  # bounded mode, as CI
     python -m tests.faults --duration 600 --database-restarts 4 --report r.json
     python -m tests.faults --database mariadb --duration 120
+    python -m tests.faults --database patroni                 # failover, as CI
+    python -m tests.faults --database patroni --duration 600 --failovers 10
+
+``--database patroni``: three PostgreSQL servers under Patroni and etcd, the app
+instances on a libpq multi-host URL; instead of restarts, the primary's PostgreSQL
+is SIGKILLed (Patroni promotes the synchronous standby) and planned switchovers
+alternate with those failovers, each with an app instance killed at the same time.
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ import httpx
 from sqlalchemy import create_engine, select
 
 from app.config import normalize_database_url
-from app.locks.models import LockEvent
-from tests.faults.checker import Report, check
+from app.locks.models import DistributedLock, LockEvent
+from tests.faults.checker import Report, check, check_failovers
 from tests.faults.cluster import MariaDBServer, PostgresCluster
 from tests.faults.instances import AppInstance, base_env, lockkeeper_cli
+from tests.faults.patroni import PatroniCluster
 from tests.faults.worker import WorkerConfig, worker_main
 
 HOT_RESOURCES = [f"hot:{n}" for n in range(4)]
@@ -36,7 +44,7 @@ HOT_RESOURCES = [f"hot:{n}" for n in range(4)]
 
 @dataclass
 class RunConfig:
-    database: str = "postgresql"  # or "mariadb"
+    database: str = "postgresql"  # or "mariadb", "patroni"
     duration: float = 45.0
     workers: int = 24
     instances: int = 3
@@ -45,6 +53,10 @@ class RunConfig:
     database_restarts: int = 1  # spread over the run, the first at 40 %
     outage: float = 3.0  # seconds the database stays down
     seed: int = 1
+    # patroni: primary changes spread over the run, alternating a killed primary
+    # (the first) and a planned switchover.
+    failovers: int = 2
+    synchronous: bool = True  # off: the misconfiguration the checker must catch
     keep: bool = False  # keep the work directory (logs, histories)
 
 
@@ -154,6 +166,146 @@ class FaultInjector(threading.Thread):
         return health.status_code == 200 and acquire.status_code in (200, 409)
 
 
+class FailoverInjector(FaultInjector):
+    """For a Patroni cluster: the primary changes ``config.failovers`` times, a
+    SIGKILL of its PostgreSQL and a switchover in turn, with an app instance
+    SIGKILLed at the same moment; the instances are probed until a new primary is
+    writable, and each instance's recovery is timed from that promotion. Between
+    primary changes, instances are killed and restarted as in the plain mode."""
+
+    def __init__(self, config, instances, cluster, token, stop_at, *, before_kill=None):
+        super().__init__(config, instances, cluster, token, stop_at)
+        self.failovers: list[dict] = []
+        # A hook run just before a primary is killed; what it returns (if not
+        # None) is called right after (the misconfiguration test stalls
+        # replication there).
+        self.before_kill = before_kill
+
+    def _loop(self) -> None:
+        started, count = time.time(), self.config.failovers
+        due = [started + self.config.duration * (k + 0.3) / count for k in range(count)]
+        while not self._halt.is_set() and time.time() < self.stop_at - 1:
+            if due and time.time() >= due[0]:
+                due.pop(0)
+                kind = "failover" if len(self.failovers) % 2 == 0 else "switchover"
+                self.change_primary(kind)
+                continue
+            if self._halt.wait(self.rng.uniform(*self.config.kill_every)):
+                return
+            victim = self.rng.choice(self.instances)
+            victim.kill()
+            self.kills += 1
+            self._halt.wait(self.rng.uniform(0.2, 1.0))
+            victim.start()
+            victim.wait_ready()
+
+    def change_primary(self, kind: str) -> None:
+        for instance in self.instances:
+            instance.wait_ready()
+        self.cluster.wait_healthy()
+        victim = self.rng.choice(self.instances)
+        entry: dict = {"kind": kind, "victim": victim.name, "probes": []}
+        after_kill = None
+        if kind == "failover" and self.before_kill is not None:
+            after_kill = self.before_kill(self.cluster)
+        victim.kill()
+        self.kills += 1
+        entry["killed_at"] = time.time()
+        killed = time.monotonic()
+        if kind == "failover":
+            old = self.cluster.kill_primary_postgres()
+            if after_kill is not None:
+                after_kill()
+            switch = None
+        else:
+            old = self.cluster.leader()
+            switch = threading.Thread(target=self._switchover, args=(entry,))
+            switch.start()
+        entry["old"] = old.name if old else None
+        found: dict = {}
+        waiter = threading.Thread(
+            target=lambda: found.update(
+                zip(
+                    ("new", "at"),
+                    self.cluster.wait_for_leader(other_than=old),
+                    strict=True,
+                )
+            ),
+            daemon=True,
+        )
+        waiter.start()
+        headers = {"Authorization": f"Bearer {self.token}"}
+        with httpx.Client(timeout=5) as http:
+            while waiter.is_alive():
+                self._probe(http, headers, entry)
+                time.sleep(0.1)
+            if switch is not None:
+                switch.join(timeout=60)
+            # No promotion within the wait: the checker reports it.
+            new, promoted = found.get("new"), found.get("at", time.monotonic())
+            entry["new"] = new.name if new else None
+            entry["promoted_at"] = time.time() - (time.monotonic() - promoted)
+            entry["promotion_s"] = round(promoted - killed, 3)
+            victim.start()
+            entry["recovery"] = {}
+            pending = {instance.name: instance for instance in self.instances}
+            while pending and time.monotonic() - promoted < 60:
+                for name, instance in list(pending.items()):
+                    if self._serves(http, instance, headers):
+                        entry["recovery"][name] = round(time.monotonic() - promoted, 3)
+                        del pending[name]
+                time.sleep(0.05)
+            for name in pending:
+                entry["recovery"][name] = None
+        self.failovers.append(entry)
+
+    def _switchover(self, entry: dict) -> None:
+        try:
+            self.cluster.switchover()
+        except Exception as exc:  # noqa: BLE001 - the checker reports it
+            entry["switchover_error"] = str(exc)
+
+    def _probe(self, http, headers, entry) -> None:
+        for instance in self.instances:
+            for method, path, body in (
+                ("GET", "/healthz", None),
+                (
+                    "POST",
+                    f"/api/v1/locks/probe:{instance.name}",
+                    {"owner": "p", "ttl": 0.1},
+                ),
+                ("GET", "/api/v1/locks", None),
+            ):
+                try:
+                    response = http.request(
+                        method, instance.url + path, json=body, headers=headers
+                    )
+                except httpx.TransportError:
+                    status, content_type = None, None  # killed, or restarting
+                else:
+                    status = response.status_code
+                    content_type = response.headers.get("content-type")
+                entry["probes"].append(
+                    {
+                        "url": instance.url + path,
+                        "method": method,
+                        "status": status,
+                        "content_type": content_type,
+                        "t": time.time(),
+                    }
+                )
+
+
+def read_final_locks(database_url: str) -> list[dict]:
+    engine = create_engine(normalize_database_url(database_url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(DistributedLock.__table__)).all()
+    finally:
+        engine.dispose()
+    return [dict(row._mapping) for row in rows]
+
+
 def read_events(database_url: str) -> list[dict]:
     engine = create_engine(normalize_database_url(database_url))
     try:
@@ -174,9 +326,23 @@ def read_histories(directory: Path) -> list[dict]:
     return records
 
 
-def run(config: RunConfig, log=print) -> Report:
+def make_cluster(config: RunConfig):
+    if config.database == "mariadb":
+        return MariaDBServer()
+    if config.database == "patroni":
+        return PatroniCluster(
+            synchronous=config.synchronous,
+            # Asynchronous: let Patroni promote a standby however far behind,
+            # which is what a large maximum_lag_on_failover allows.
+            maximum_lag_on_failover=1048576 if config.synchronous else 1 << 30,
+        )
+    return PostgresCluster()
+
+
+def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
     workdir = Path(tempfile.mkdtemp(prefix="lk-faults-"))
-    cluster = MariaDBServer() if config.database == "mariadb" else PostgresCluster()
+    cluster = make_cluster(config)
+    patroni = config.database == "patroni"
     instances: list[AppInstance] = []
     processes = []
     started = time.monotonic()
@@ -215,7 +381,12 @@ def run(config: RunConfig, log=print) -> Report:
             process.start()
             processes.append(process)
         time.sleep(max(0.0, start_at - time.time()))
-        injector = FaultInjector(config, instances, cluster, token, deadline)
+        if patroni:
+            injector = FailoverInjector(
+                config, instances, cluster, token, deadline, before_kill=before_kill
+            )
+        else:
+            injector = FaultInjector(config, instances, cluster, token, deadline)
         injector.start()
         for process in processes:
             process.join(timeout=max(deadline - time.time(), 0) + 60)
@@ -229,7 +400,59 @@ def run(config: RunConfig, log=print) -> Report:
 
         records = read_histories(histories)
         events = [e for e in read_events(cluster.url) if e["resource"] in HOT_RESOURCES]
-        report = check(records, events, injector.outage)
+        report = check(records, events, None if patroni else injector.outage)
+        if patroni:
+            check_failovers(
+                records,
+                events,
+                [
+                    r
+                    for r in read_final_locks(cluster.url)
+                    if r["resource"] in HOT_RESOURCES
+                ],
+                injector.failovers,
+                report,
+            )
+            failovers = injector.failovers
+            report.stats.update(
+                failovers=sum(1 for f in failovers if f["kind"] == "failover"),
+                switchovers=sum(1 for f in failovers if f["kind"] == "switchover"),
+                primary_changes=[
+                    {
+                        key: f.get(key)
+                        for key in (
+                            "kind",
+                            "old",
+                            "new",
+                            "victim",
+                            "promotion_s",
+                            "recovery",
+                        )
+                    }
+                    for f in failovers
+                ],
+                failover_probes=sum(len(f["probes"]) for f in failovers),
+                failover_503s=sum(
+                    1 for f in failovers for p in f["probes"] if p["status"] == 503
+                ),
+                worst_promotion_s=max(
+                    (f["promotion_s"] for f in failovers), default=None
+                ),
+                worst_recovery_from_promotion_s=max(
+                    (
+                        s
+                        for f in failovers
+                        for s in f["recovery"].values()
+                        if s is not None
+                    ),
+                    default=None,
+                ),
+            )
+            for failover in failovers:
+                if "switchover_error" in failover:
+                    report.violation(
+                        f"switchover failed: {failover['switchover_error']}"
+                    )
         report.stats.update(
             database=config.database,
             duration_s=config.duration,
@@ -243,7 +466,12 @@ def run(config: RunConfig, log=print) -> Report:
             crashed_workers=sum(1 for p in processes if p.exitcode != 0),
             violations=len(report.violations),
         )
-        if injector.database_restarts != config.database_restarts:
+        if patroni and len(injector.failovers) != config.failovers:
+            report.violation(
+                f"the primary changed {len(injector.failovers)} times, "
+                f"not {config.failovers}"
+            )
+        if not patroni and injector.database_restarts != config.database_restarts:
             report.violation(
                 f"the database was restarted {injector.database_restarts} times, "
                 f"not {config.database_restarts}"
@@ -269,7 +497,20 @@ def run(config: RunConfig, log=print) -> Report:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
     parser.add_argument(
-        "--database", choices=["postgresql", "mariadb"], default=RunConfig.database
+        "--database",
+        choices=["postgresql", "mariadb", "patroni"],
+        default=RunConfig.database,
+    )
+    parser.add_argument(
+        "--failovers",
+        type=int,
+        default=RunConfig.failovers,
+        help="patroni: primary changes (killed primary and switchover in turn)",
+    )
+    parser.add_argument(
+        "--asynchronous",
+        action="store_true",
+        help="patroni: asynchronous replication (unsafe; for showing the checker)",
     )
     parser.add_argument("--duration", type=float, default=RunConfig.duration)
     parser.add_argument("--workers", type=int, default=RunConfig.workers)
@@ -288,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         skew=args.skew,
         seed=args.seed,
         database_restarts=args.database_restarts,
+        failovers=args.failovers,
+        synchronous=not args.asynchronous,
         keep=args.keep,
     )
     report = run(config)

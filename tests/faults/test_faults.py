@@ -10,13 +10,16 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.databases import unavailable
-from tests.faults.checker import check
+from tests.faults.checker import Report, check, check_failovers
 from tests.faults.instances import LIBFAKETIME
+from tests.faults.patroni import patroni_prerequisites
 
 T0 = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
 
@@ -154,6 +157,96 @@ def test_checker_requires_problem_503s_and_a_quick_recovery():
     assert len(violations) == 4
 
 
+# -- the checker across a failover -------------------------------------------------
+
+
+def failover_history():
+    """``clean_history`` with wall-clock times; the primary dies at t=10 and a new
+    one is writable at t=12."""
+    records, events = clean_history()
+    for n, record in enumerate(records):
+        record["t"] = 5.0 + n  # 5..8: all acknowledged before the failover
+    failover = {
+        "kind": "failover",
+        "old": "pg0",
+        "new": "pg1",
+        "killed_at": 10.0,
+        "promoted_at": 12.0,
+        "probes": [
+            {
+                "url": "http://x/healthz",
+                "method": "GET",
+                "status": 503,
+                "content_type": "application/problem+json",
+            },
+            {
+                "url": "http://x/healthz",
+                "method": "GET",
+                "status": None,
+                "content_type": None,
+            },
+        ],
+        "recovery": {"app0": 1.5},
+    }
+    return records, events, failover
+
+
+def failover_violations(records, events, final_locks, failover) -> list[str]:
+    report = Report()
+    check_failovers(records, events, final_locks, [failover], report)
+    return report.violations
+
+
+def test_failover_checker_accepts_a_correct_history():
+    records, events, failover = failover_history()
+    final = [{"resource": "hot:0", "owner": "w02-1", "fence": 3, "expires_at": at(2.5)}]
+    assert failover_violations(records, events, final, failover) == []
+
+
+def test_failover_checker_finds_a_grant_lost_in_the_promotion():
+    records, events, failover = failover_history()
+    violations = failover_violations(records, events[:3], [], failover)
+    assert violations == [
+        "failover #1 (pg0 -> pg1): acknowledged grant of hot:0 by w02-1 (fence 3)"
+        " is not in the final database"
+    ]
+
+
+def test_failover_checker_finds_a_fence_handed_out_again_after_the_promotion():
+    records, events, failover = failover_history()
+    records.append({**grant("w03-1", 2, 3, 4), "t": 13.0})
+    violations = failover_violations(records, events, [], failover)
+    assert any("fence 2 granted to w03-1 after the promotion" in v for v in violations)
+
+
+def test_failover_checker_finds_a_release_that_came_back_as_held():
+    records, events, failover = failover_history()
+    final = [{"resource": "hot:0", "owner": "w00-1", "fence": 1, "expires_at": at(1)}]
+    violations = failover_violations(records, events, final, failover)
+    assert violations == [
+        "hot:0: released fence 1 is held again by w00-1 in the final database"
+    ]
+
+
+def test_failover_checker_requires_503_problems_and_a_promotion():
+    records, events, failover = failover_history()
+    failover["probes"].append(
+        {
+            "url": "http://x/api/v1/locks/a",
+            "method": "POST",
+            "status": 500,
+            "content_type": "application/problem+json",
+        }
+    )
+    failover["recovery"]["app1"] = None
+    violations = failover_violations(records, events, [], failover)
+    assert len(violations) == 2
+    failover["new"] = "pg0"
+    assert failover_violations(records, events, [], failover) == [
+        "failover #1 (pg0 -> pg0): no other member was promoted"
+    ]
+
+
 # -- the bounded run -------------------------------------------------------------
 
 
@@ -186,3 +279,73 @@ def test_bounded_fault_run_finds_no_violation():
     assert stats["instance_kills"] >= 2
     assert stats["database_restarts"] == 1
     assert stats["outage_probes"] >= 9
+
+
+# -- the bounded failover run (Patroni + etcd) ---------------------------------------
+
+
+def require_patroni() -> None:
+    missing = harness_prerequisites() or patroni_prerequisites()
+    if missing:
+        unavailable(f"failover harness: {missing}")
+
+
+@pytest.mark.slow
+def test_bounded_failover_run_loses_nothing():
+    """A three-member Patroni cluster in strict synchronous mode: the primary's
+    PostgreSQL SIGKILLed, then a planned switchover, each with an app instance
+    SIGKILLed at the same moment. Nothing acknowledged is lost, no fence comes
+    back, 503 problems (never 500) while no primary answers, recovery timed."""
+    require_patroni()
+    from tests.faults.run import RunConfig, run
+
+    report = run(
+        RunConfig(database="patroni", duration=45.0, failovers=2),
+        log=lambda message: None,
+    )
+    stats = report.stats
+    assert report.violations == [], stats
+    assert stats["failovers"] == 1
+    assert stats["switchovers"] == 1
+    assert stats["grants_believed"] >= 20
+    assert stats["failover_503s"] >= 1  # the window without a primary was probed
+    assert stats["instance_kills"] >= 2
+    assert stats["worst_recovery_from_promotion_s"] is not None
+
+
+def stall_standbys(cluster):
+    """Before the kill: the standbys stop receiving WAL for 3 s of traffic; after
+    it, their receivers die without reading what is still in their sockets."""
+    stopped = cluster.stall_replication()
+    time.sleep(3.0)
+
+    def drop_receivers():
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    return drop_receivers
+
+
+@pytest.mark.slow
+def test_asynchronous_replication_with_a_lagging_standby_is_caught():
+    """The misconfiguration: synchronous_mode off and a standby behind when the
+    primary dies. Patroni promotes it (within maximum_lag_on_failover), and the
+    grants it never received are lost and their fences handed out again. The
+    checker must say so: this is what synchronous_mode_strict prevents."""
+    require_patroni()
+    from tests.faults.run import RunConfig, run
+
+    report = run(
+        RunConfig(database="patroni", duration=30.0, failovers=1, synchronous=False),
+        log=lambda message: None,
+        before_kill=stall_standbys,
+    )
+    caught = [
+        v
+        for v in report.violations
+        if "is not in the final database" in v or "the sequence went back" in v
+    ]
+    assert caught, report.violations
