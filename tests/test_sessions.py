@@ -11,7 +11,7 @@ from sqlalchemy import func, select, update
 from app.auth.models import UserSession
 from app.extensions import db
 from app.locks.service import lock_service
-from tests.dashboard_helpers import csrf_token, log_in, make_user
+from tests.dashboard_helpers import PASSWORD, csrf_token, log_in, make_user
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -77,6 +77,27 @@ def test_a_copied_cookie_works_until_logout_then_opens_nothing(app):
     assert refused.status_code in (302, 303, 401)
     assert refused.headers["Location"].startswith("/login")
     assert holder(app) == "worker-1"
+
+
+def test_logging_in_again_ends_the_session_the_browser_had(app):
+    browser = app.test_client()
+    log_in(browser, "olga")
+    browser.get("/")
+    before = copy_of(app, browser)
+    assert before.get("/").status_code == 200
+    # /login redirects a logged-in browser; the form posted from an older tab:
+    again = browser.post(
+        "/login",
+        data={
+            "username": "vic",
+            "password": PASSWORD,
+            "csrf_token": csrf_token(browser, "/"),
+        },
+    )
+    assert again.status_code == 303
+    assert sessions(app) == 1
+    assert before.get("/").status_code == 302
+    assert browser.get("/").status_code == 200
 
 
 def test_logout_ends_only_its_own_session(app):

@@ -135,7 +135,10 @@ def login():
             except LoginRefused:
                 error, status = "Wrong username or password.", 401
             else:
-                # A fresh session on every login: nothing planted before survives.
+                # A fresh session on every login: nothing planted before survives,
+                # and a session this browser had before ends on the server too.
+                if current_user.is_authenticated:
+                    end_session(current_user.get_id())
                 session.clear()
                 start_session(user)
                 login_user(user)
