@@ -1,11 +1,23 @@
 """32 clients on ONE resource: grants per second and the worst wait.
 
 Each client loops: wait for the lock, hold it briefly, release it. "none" retries
-a refused acquire at once (``LockClient.acquire`` in a loop); "backoff" uses the
-worker client's ``with client.lock(...)``, which backs off exponentially with
-jitter, capped by the refusal's Retry-After. The clients are threads spread over
-a few processes (so the client side is not one GIL), all driven through
-``app.client.LockClient`` against a Lockkeeper gunicorn server (gthread).
+a refused acquire at once (``LockClient.acquire`` in a loop); "backoff" is the
+polling worker client (``with client.lock(...)`` with server-side waiting off),
+which backs off exponentially with jitter, capped by the refusal's Retry-After;
+"queue" is the worker client as shipped: it waits in the server's line
+(``"wait"``), granted in order of arrival. The clients are threads spread over a
+few processes (so the client side is not one GIL), all driven through
+``app.client.LockClient`` against a Lockkeeper gunicorn server (gthread, as many
+threads per worker as ``app.gunicorn_conf`` gives: 4 + the waiting room).
+
+From the queue run:
+
+- ``contention_worst_wait_vs_fifo_bound``: the worst wait of any client divided by
+  (clients - 1) x the median time from one grant to the next: a fair line serves
+  everyone within about (clients - 1) grants, so 1.0 is the ideal.
+- ``handoff_vs_round_trip``: the median time from a release's reply to the next
+  holder's grant reply, divided by the median round trip of an uncontended
+  acquire.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ import time
 from functools import partial
 
 from bench.measure import Comparison, Sample, alternate
-from bench.servers import Server, server_configs
+from bench.servers import Server, ServerConfig, server_configs
 
 CLIENTS = 32
 PROCESSES = 4
@@ -31,7 +43,9 @@ _CTX = multiprocessing.get_context("fork")
 def _client_loop(base_url, token, mode, index, start, end, out, lock) -> None:
     from app.client import LockClient, LockNotAcquired
 
-    client = LockClient(base_url, token)
+    client = LockClient(
+        base_url, token, max_server_wait=30.0 if mode == "queue" else 0.0
+    )
     attempts = 0
     acquire = client.acquire
 
@@ -43,6 +57,8 @@ def _client_loop(base_url, token, mode, index, start, end, out, lock) -> None:
     client.acquire = counted_acquire  # type: ignore[method-assign]
     owner = f"client-{index}"
     waits: list[float] = []
+    granted_at: list[float] = []
+    released_at: list[float] = []
     unfinished = 0.0
     start.wait()
     try:
@@ -57,23 +73,27 @@ def _client_loop(base_url, token, mode, index, start, end, out, lock) -> None:
                 if not granted:
                     unfinished = end - began
                     break
-                waits.append(time.monotonic() - began)
+                granted_at.append(time.monotonic())
+                waits.append(granted_at[-1] - began)
                 time.sleep(HOLD_SECONDS)
                 client.release(RESOURCE, owner)
+                released_at.append(time.monotonic())
             else:
                 try:
                     with client.lock(
                         RESOURCE, ttl=TTL, wait=max(0.0, end - began), owner=owner
                     ):
-                        waits.append(time.monotonic() - began)
+                        granted_at.append(time.monotonic())
+                        waits.append(granted_at[-1] - began)
                         time.sleep(HOLD_SECONDS)
+                    released_at.append(time.monotonic())
                 except LockNotAcquired:
                     unfinished = end - began
                     break
     finally:
         client.close()
     with lock:
-        out.append((waits, unfinished, attempts))
+        out.append((waits, unfinished, attempts, granted_at, released_at))
 
 
 def _process(base_url, token, mode, first, count, barrier, seconds, results) -> None:
@@ -117,26 +137,54 @@ def run_contention(base_url: str, token: str, mode: str, seconds: float) -> Samp
         clients += results.get(timeout=seconds + 120)
     for process in processes:
         process.join(timeout=10)
-    waits = [w for client_waits, _, _ in clients for w in client_waits]
-    worst = max([*waits, *(u for _, u, _ in clients)], default=0.0)
-    grants_per_client = [len(client_waits) for client_waits, _, _ in clients]
+    waits = [w for client in clients for w in client[0]]
+    worst = max([*waits, *(client[1] for client in clients)], default=0.0)
+    grants_per_client = [len(client[0]) for client in clients]
+    # CLOCK_MONOTONIC is one clock for every process of the host.
+    grants = sorted(t for client in clients for t in client[3])
+    releases = sorted(t for client in clients for t in client[4])
+    gaps = [b - a for a, b in zip(grants, grants[1:], strict=False)]
+    # The i-th release ends the i-th grant; the next grant is the hand-over.
+    handoffs = [g - r for r, g in zip(releases, grants[1:], strict=False)]
     return Sample(
         len(waits) / seconds,
         {
             "grants": len(waits),
             "worst_wait_s": round(worst, 3),
             "median_wait_s": round(statistics.median(waits), 4) if waits else None,
-            "attempts_per_s": round(sum(a for _, _, a in clients) / seconds, 1),
+            "attempts_per_s": round(sum(c[2] for c in clients) / seconds, 1),
+            "median_grant_gap_s": round(statistics.median(gaps), 5) if gaps else None,
+            "median_handoff_s": (
+                round(statistics.median(handoffs), 5) if handoffs else None
+            ),
             "clients_never_granted": sum(1 for n in grants_per_client if n == 0),
             "fewest_grants_of_a_client": min(grants_per_client, default=0),
         },
     )
 
 
+def acquire_round_trip(base_url: str, token: str, rounds: int = 40) -> float:
+    """The median round trip of an uncontended acquire (released after each)."""
+    from app.client import LockClient
+
+    samples = []
+    with LockClient(base_url, token) as client:
+        for i in range(rounds):
+            began = time.monotonic()
+            assert client.acquire(f"{RESOURCE}.rtt", f"rtt-{i}", TTL).acquired
+            samples.append(time.monotonic() - began)
+            client.release(f"{RESOURCE}.rtt", f"rtt-{i}")
+    return statistics.median(samples)
+
+
 def bench_contention(backend, database, workdir, token, plan, log):
     from bench.http_api import lockkeeper_env
 
-    config = server_configs()[1]
+    base = server_configs()[1]
+    # As app.gunicorn_conf sizes it: 4 threads plus the waiting room (16).
+    config = ServerConfig(
+        "gthread-waiting", base.worker_class, base.workers, threads=4 + 16
+    )
     server = Server(
         'app:create_app({"LOCKKEEPER_BOOTSTRAP": False})',
         config,
@@ -144,6 +192,7 @@ def bench_contention(backend, database, workdir, token, plan, log):
         workdir / f"gunicorn-contention-{backend}.log",
     )
     try:
+        round_trip = acquire_round_trip(server.base_url, token)
         samples = alternate(
             {
                 mode: partial(
@@ -153,27 +202,59 @@ def bench_contention(backend, database, workdir, token, plan, log):
                     mode,
                     plan.contention_seconds,
                 )
-                for mode in ("backoff", "none")
+                for mode in ("queue", "backoff", "none")
             },
             rounds=1,
         )
     finally:
         server.stop()
+    queue = samples["queue"][0]
     backoff, none = samples["backoff"][0], samples["none"][0]
-    log(
-        f"contention {backend}: backoff {backoff.rate:.1f} grants/s "
-        f"(worst wait {backoff.extra['worst_wait_s']} s, "
-        f"{backoff.extra['attempts_per_s']} attempts/s) vs none {none.rate:.1f} "
-        f"(worst {none.extra['worst_wait_s']} s, "
-        f"{none.extra['attempts_per_s']} attempts/s)"
-    )
+    for name, sample in (("queue", queue), ("backoff", backoff), ("none", none)):
+        log(
+            f"contention {backend}: {name} {sample.rate:.1f} grants/s "
+            f"(worst wait {sample.extra['worst_wait_s']} s, "
+            f"{sample.extra['attempts_per_s']} attempts/s)"
+        )
     common = {
         "clients": CLIENTS,
         "hold_s": HOLD_SECONDS,
         "seconds": plan.contention_seconds,
-        "server": f"{config.worker_class} -w {config.workers}",
+        "server": f"{config.worker_class} -w {config.workers} "
+        f"--threads {config.threads}",
     }
+    gap = queue.extra["median_grant_gap_s"] or float("nan")
+    fifo_bound = (CLIENTS - 1) * gap
+    handoff = queue.extra["median_handoff_s"]
+    handoff = float("nan") if handoff is None else handoff
     return [
+        Comparison(
+            name=f"contention_grants_queue_vs_polling_{backend}",
+            value=queue.rate,
+            baseline=backoff.rate,
+            ratio=queue.rate / backoff.rate if backoff.rate else float("nan"),
+            unit="grants/s",
+            baseline_name="polling client",
+            detail={**common, "queue": queue.extra, "polling": backoff.extra},
+        ),
+        Comparison(
+            name=f"contention_worst_wait_vs_fifo_bound_{backend}",
+            value=queue.extra["worst_wait_s"],
+            baseline=fifo_bound,
+            ratio=queue.extra["worst_wait_s"] / fifo_bound,
+            unit="s (ratio: lower is better)",
+            baseline_name="(clients-1) x median grant gap",
+            detail={**common, "median_grant_gap_s": queue.extra["median_grant_gap_s"]},
+        ),
+        Comparison(
+            name=f"handoff_vs_round_trip_{backend}",
+            value=handoff,
+            baseline=round_trip,
+            ratio=handoff / round_trip,
+            unit="s (ratio: lower is better)",
+            baseline_name="median acquire round trip",
+            detail=common,
+        ),
         Comparison(
             name=f"contention_grants_backoff_vs_none_{backend}",
             value=backoff.rate,

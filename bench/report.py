@@ -12,6 +12,12 @@ TARGETS = {
     "http_vs_redis": 0.6,
 }
 
+# Targets the ratio should stay at or under (waiting in line: fairness, hand-over).
+TARGETS_AT_MOST = {
+    "contention_worst_wait_vs_fifo_bound": 2.0,
+    "handoff_vs_round_trip": 3.0,
+}
+
 
 # Kept in latest.json, too long for a table cell.
 SKIPPED_DETAIL = ("rounds", "backend", "series_mb", "note")
@@ -26,6 +32,13 @@ def _detail(key: str, value: Any) -> str:
 
 def target_for(name: str) -> float | None:
     for prefix, target in TARGETS.items():
+        if name.startswith(prefix):
+            return target
+    return None
+
+
+def at_most_for(name: str) -> float | None:
+    for prefix, target in TARGETS_AT_MOST.items():
         if name.startswith(prefix):
             return target
     return None
@@ -51,9 +64,12 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for c in report["comparisons"]:
         target = target_for(c["name"])
+        at_most = at_most_for(c["name"])
         verdict = ""
         if target is not None:
             verdict = f"{target}× {'met' if c['ratio'] >= target else 'missed'}"
+        elif at_most is not None:
+            verdict = f"≤ {at_most}× {'met' if c['ratio'] <= at_most else 'missed'}"
         detail = ", ".join(
             _detail(k, v)
             for k, v in c["detail"].items()

@@ -25,6 +25,7 @@ from tests.live_server import serve
 
 pytestmark = pytest.mark.usefixtures("backend")
 
+HTMX_POLL = {"HX-Request": "true", "HX-Target": "div#live"}
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
@@ -410,3 +411,50 @@ def test_the_client_waits_in_chunks_of_the_servers_max_wait(make_app):
             with client.lock("q:14", ttl=30, wait=10, owner="chunked") as held:
                 assert held.current.owner == "chunked"
             assert client.max_server_wait == 0.3
+
+
+# -- the dashboard ----------------------------------------------------------------
+
+
+def test_the_dashboard_shows_who_waits(fake_app, clock):
+    from tests.dashboard_helpers import log_in, make_user, soup
+
+    make_user(fake_app, "vic", "viewer")
+    browser = fake_app.test_client()
+    assert log_in(browser, "vic").status_code == 303
+    with fake_app.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:15", "holder", ttl=60).acquired
+        locks.queue.join("q:15", "first", "billing", 20)
+        clock.advance(2)
+        locks.queue.join("q:15", "second", None, 20)
+
+    overview = soup(browser.get("/"))
+    assert overview.select_one("#q-15-waiters, .waiters").get_text() == "2 waiting"
+    page = soup(browser.get("/locks/q:15"))
+    rows = [
+        [cell.get_text(" ", strip=True) for cell in row.select("td")]
+        for row in page.select("#queue-table tbody tr")
+    ]
+    assert [row[:3] for row in rows] == [
+        ["1", "first", "billing"],
+        ["2", "second", "—"],
+    ]
+    assert rows[0][3] == "2 s ago"
+    assert rows[1][3] == "0 s ago"
+
+    # A poll that shows the current version gets 204; a change of the line alone
+    # (no event is written) makes the next poll fetch the page again.
+    poll = {"HX-Request": "true", "HX-Target": "div#lock-live"}
+    shown = json.loads(page.select_one("[hx-headers]")["hx-headers"])
+    headers = {**poll, **shown}
+    assert browser.get("/locks/q:15?live=1", headers=headers).status_code == 204
+    with fake_app.app_context():
+        locks.queue.join("q:15", "third", None, 20)
+    again = browser.get("/locks/q:15?live=1", headers=headers)
+    assert again.status_code == 200
+    assert "third" in again.get_data(as_text=True)
+    overview_poll = json.loads(overview.select_one("[hx-headers]")["hx-headers"])
+    changed = browser.get("/", headers={**HTMX_POLL, **overview_poll})
+    assert changed.status_code == 200
+    assert "3 waiting" in changed.get_data(as_text=True)

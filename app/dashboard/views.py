@@ -137,8 +137,13 @@ def overview():
     # Read the version before the rows: a change in between makes the next poll
     # fetch again, never miss.
     counts = service.counts()
+    # Waiting writes no events: the lines' own version shows their changes.
     version = shown_version(
-        newest_event_id(), [counts[s] for s in LockState], here, live
+        newest_event_id(),
+        [counts[s] for s in LockState],
+        service.queue.version(),
+        here,
+        live,
     )
     unchanged = _unchanged(version)
     if unchanged is not None:
@@ -295,9 +300,11 @@ def lock_page(resource: str):
 
     newest = newest_event_id(resource)
     lock = _current_lock(resource)
+    waiting = service.queue.line(resource)
     version = shown_version(
         newest,
         lock and [lock.fence, lock.owner, lock.expires_at, lock.state],
+        [waiter.id for waiter in waiting],
         cursor,
         live,
     )
@@ -317,6 +324,7 @@ def lock_page(resource: str):
         {"lock-live": "dashboard/_lock_live.html"},
         resource=resource,
         lock=lock,
+        waiting=waiting,
         history=history,
         here=url(cursor=cursor),
         poll_url=url(cursor=cursor, live="1" if live else "0"),

@@ -329,6 +329,16 @@ class WaitQueue:
             for r in rows
         ]
 
+    def version(self) -> tuple[int, int | None]:
+        """(live waiters, newest place in line): changes whenever the lines do."""
+        now = self.service.now()
+        query = select(func.count(), func.max(waiters.c.id)).where(
+            waiters.c.deadline > now
+        )
+        with self.service._autocommit_engine.connect() as conn:
+            count, newest = conn.execute(query).one()
+        return count, newest
+
     def queued(self) -> int:
         """Live waiters of every resource."""
         now = self.service.now()
