@@ -27,8 +27,11 @@ stops counting at ``deadline`` (judged by the deciding clock in every statement)
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
+import secrets
 import select as select_module
 import socket
 import threading
@@ -37,6 +40,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, bindparam, delete, func, insert, select, text
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
     from app.locks.service import LockService
 
 log = logging.getLogger(__name__)
+_listeners_lock = threading.Lock()
 
 waiters = LockWaiter.__table__
 locks = DistributedLock.__table__
@@ -85,44 +90,138 @@ class Waiter:
 # -- waking waiting requests in this process ------------------------------------
 
 
+class Subscription:
+    """One waiting request's doorbell: ``event`` is set to make it look again."""
+
+    __slots__ = ("event", "waiter_id")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.waiter_id: int | None = None  # its place in line, once it has one
+
+
 class Wakeups:
-    """The waiting requests of this process, by resource: ``wake(resource)`` sets
-    each one's event. Fed by local releases and, on PostgreSQL, by the listener."""
+    """The waiting requests of this process, by resource: ``wake(resource)`` rings
+    each one's doorbell, ``wake(resource, head)`` only the head's (the others
+    would only be refused). Fed by releases in this process, by the PostgreSQL
+    listener, and on SQLite by the other processes of the host (``HostDoorbell``).
+    One per process: every app of the process shares it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_resource: dict[str, set[threading.Event]] = {}
+        self._by_resource: dict[str, set[Subscription]] = {}
 
     @contextmanager
     def subscribe(self, resource: str):
-        event = threading.Event()
+        subscription = Subscription()
         with self._lock:
-            self._by_resource.setdefault(resource, set()).add(event)
+            self._by_resource.setdefault(resource, set()).add(subscription)
         try:
-            yield event
+            yield subscription
         finally:
             with self._lock:
                 found = self._by_resource.get(resource)
                 if found is not None:
-                    found.discard(event)
+                    found.discard(subscription)
                     if not found:
                         del self._by_resource[resource]
 
-    def wake(self, resource: str) -> None:
+    def wake(self, resource: str, head: int | None = None) -> None:
         with self._lock:
-            events = list(self._by_resource.get(resource, ()))
-        for event in events:
-            event.set()
+            found = list(self._by_resource.get(resource, ()))
+        for subscription in found:
+            if head is None or subscription.waiter_id in (None, head):
+                subscription.event.set()
 
     def wake_all(self) -> None:
         with self._lock:
-            events = [e for found in self._by_resource.values() for e in found]
-        for event in events:
-            event.set()
+            found = [s for subs in self._by_resource.values() for s in subs]
+        for subscription in found:
+            subscription.event.set()
 
     def waiting(self) -> int:
         with self._lock:
             return sum(len(found) for found in self._by_resource.values())
+
+
+PROCESS_WAKEUPS = Wakeups()
+
+
+def wake_message(payload: str, wakeups: Wakeups) -> None:
+    """``resource`` or ``resource\nhead-id``, as a release announces it."""
+    resource, _, head = payload.partition("\n")
+    wakeups.wake(resource, int(head) if head.isdigit() else None)
+
+
+class HostDoorbell:
+    """SQLite: the processes of one host ring each other's waiters.
+
+    Every process that has waited binds a Unix datagram socket (Linux abstract
+    namespace, so no path length limit and nothing left on disk) and leaves a
+    marker file of the same name in a folder next to the database file; a release
+    that leaves waiters sends the resource to every process marked there. The
+    marker of a process that died is removed by the first sender that finds no
+    one listening. Without a doorbell the waiters still find their turn by polling.
+    """
+
+    def __init__(self, folder: Path, wakeups: Wakeups):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        self.name = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.bind(_doorbell_address(folder, self.name))
+        (folder / self.name).touch(mode=0o600)
+        self.wakeups = wakeups
+        thread = threading.Thread(
+            target=self._run, name="lockkeeper-doorbell", daemon=True
+        )
+        thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                payload = self._socket.recv(1024)
+            except OSError:
+                return
+            wake_message(payload.decode("utf-8", "replace"), self.wakeups)
+
+
+def _doorbell_address(folder: Path, name: str) -> str:
+    digest = hashlib.blake2b(str(folder).encode(), digest_size=8).hexdigest()
+    return f"\0lockkeeper:{digest}:{name}"
+
+
+def ring_host(folder: Path, payload: str) -> None:
+    """Send ``payload`` to every waiting process of the host (see HostDoorbell)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    data = payload.encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.setblocking(False)
+        for name in names:
+            try:
+                sender.sendto(data, _doorbell_address(folder, name))
+            except ConnectionRefusedError:
+                with contextlib.suppress(OSError):
+                    (folder / name).unlink()  # its process is gone
+            except OSError:
+                pass  # a full queue: that process is awake anyway
+
+
+_doorbells: dict[tuple[int, Path], HostDoorbell | None] = {}
+
+
+def doorbell_for(folder: Path) -> HostDoorbell | None:
+    key = (os.getpid(), folder)
+    with _listeners_lock:
+        if key not in _doorbells:
+            try:
+                _doorbells[key] = HostDoorbell(folder, PROCESS_WAKEUPS)
+            except OSError as exc:
+                log.warning("no doorbell for waiters (polling instead): %s", exc)
+                _doorbells[key] = None
+        return _doorbells[key]
 
 
 class NotificationListener:
@@ -162,7 +261,7 @@ class NotificationListener:
                     self.wakeups.wake_all()
                     while not self._stopped.is_set():
                         for notify in conn.notifies(timeout=1.0):
-                            self.wakeups.wake(notify.payload)
+                            wake_message(notify.payload, self.wakeups)
             except Exception as exc:  # noqa: BLE001 - reconnect on any failure
                 if not self._stopped.is_set():
                     log.warning("waiter listener lost its connection: %s", exc)
@@ -173,7 +272,6 @@ class NotificationListener:
 
 
 _listeners: dict[tuple[int, str], NotificationListener] = {}
-_listeners_lock = threading.Lock()
 
 
 def listener_for(conninfo: str, wakeups: Wakeups) -> NotificationListener:
@@ -232,7 +330,12 @@ class WaitQueue:
         self.dialect = engine.dialect.name
         self.max_waiters = max_waiters
         self.poll_interval = poll_interval
-        self.wakeups = Wakeups()
+        self.wakeups = PROCESS_WAKEUPS
+        self._doorbell = None
+        database = engine.url.database
+        if self.dialect == "sqlite" and database and database != ":memory:":
+            db_file = Path(database)
+            self._doorbell = db_file.with_name(f".{db_file.name}.waiters")
         self._slots = threading.BoundedSemaphore(max_waiters) if max_waiters else None
         self._notifies = self.dialect == "postgresql"
         url = make_url(listen_url) if listen_url else engine.url
@@ -241,7 +344,12 @@ class WaitQueue:
         )
         waiter = bindparam("waiter", type_=BigInteger())
         self._leave = delete(waiters).where(waiters.c.id == waiter)
-        self._notify = text("SELECT pg_notify(:channel, :resource)")
+        # The payload names the head of the line, so only its process wakes it.
+        self._notify = text(
+            "SELECT pg_notify(:channel, :resource || coalesce(chr(10) || ("
+            "SELECT min(id) FROM lock_waiters WHERE resource = :resource"
+            " AND deadline > clock_timestamp())::text, ''))"
+        )
         self._peek = {
             given: self._peek_statement(
                 bindparam("now", type_=UTCDateTime())
@@ -312,7 +420,7 @@ class WaitQueue:
 
         self.service.run_transaction(work)
         if not self._notifies:
-            self.wakeups.wake(resource)
+            self._ring(resource)
 
     def line(self, resource: str) -> list[Waiter]:
         """Who waits for ``resource``, first in line first."""
@@ -346,25 +454,20 @@ class WaitQueue:
         with self.service._autocommit_engine.connect() as conn:
             return conn.scalar(query)
 
-    def released(self, conn, resource: str, waiting: int) -> None:
-        """A lock with ``waiting`` waiters was released or force-released: wake
-        them (``conn``: the releasing connection, on PostgreSQL right after it)."""
-        if waiting <= 0:
-            return
-        if self._notifies:
-            conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
-        else:
-            self.wakeups.wake(resource)
-
     def notify_released(self, resource: str, waiting: int) -> None:
-        """``released`` for a release that already committed."""
+        """A release or force-release left ``waiting`` waiters: wake the head."""
         if waiting <= 0:
             return
         if not self._notifies:
-            self.wakeups.wake(resource)
+            self._ring(resource)
             return
         with self.service._autocommit_engine.connect() as conn:
             conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
+
+    def _ring(self, resource: str) -> None:
+        self.wakeups.wake(resource)
+        if self._doorbell is not None:
+            ring_host(self._doorbell, resource)
 
     # -- waiting -----------------------------------------------------------
 
@@ -393,8 +496,10 @@ class WaitQueue:
             listener = (
                 listener_for(self._listen_url, self.wakeups) if self._notifies else None
             )
+            if self._doorbell is not None:
+                doorbell_for(self._doorbell)
             with self.wakeups.subscribe(resource) as woken:
-                waiter_id = self.join(resource, owner, token, wait)
+                waiter_id = woken.waiter_id = self.join(resource, owner, token, wait)
                 result = None
                 try:
                     result = self._wait_in_line(
@@ -434,12 +539,12 @@ class WaitQueue:
                 if timeout <= 0:
                     woken_at = time.monotonic()
                     break
-                if woken.wait(min(timeout, CLIENT_CHECK_INTERVAL)):
+                if woken.event.wait(min(timeout, CLIENT_CHECK_INTERVAL)):
                     woken_at = time.monotonic()
                     break
                 if not still_wanted():
                     return result
-            woken.clear()
+            woken.event.clear()
             if self._notifies:
                 result = attempt(waiter_id)
             else:

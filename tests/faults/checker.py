@@ -259,8 +259,22 @@ def _replay_audit_log(events, report) -> None:
 # -- responses and the outage ----------------------------------------------------
 
 
+# A waiting acquire answers by its wait plus this (one decision, the reply, and a
+# loaded machine); past it the request was stuck in line.
+WAIT_SLACK = 1.5
+
+
 def _check_responses(records, report) -> None:
     for record in records:
+        if (
+            record["kind"] == "waited"
+            and record["elapsed"] > record["wait"] + WAIT_SLACK
+        ):
+            report.violation(
+                f"{record['owner']} waited {record['elapsed']} s for "
+                f"{record['resource']} with wait={record['wait']} "
+                f"({record['outcome']})"
+            )
         if record["kind"] == "error":
             report.violation(
                 f"{record['op']} {record['resource']} by {record['owner']}: "
@@ -309,6 +323,12 @@ def _stats(records, events) -> dict[str, Any]:
         "events": len(events),
         "events_by_action": dict(actions),
         "take_overs": actions["took_over"],
+        "waits": kinds["waited"],
+        "waits_granted": sum(
+            1
+            for r in records
+            if r["kind"] == "waited" and r.get("outcome") == "granted"
+        ),
     }
 
 

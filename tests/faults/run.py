@@ -376,6 +376,7 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
                 deadline=deadline,
                 history=str(histories / f"worker-{index:02d}.jsonl"),
                 seed=config.seed * 1000 + index,
+                waits=index % 3 == 0,
             )
             process = context.Process(target=worker_main, args=(worker,))
             process.start()

@@ -127,6 +127,22 @@ def test_checker_replays_the_audit_log_for_a_grant_over_a_valid_holder():
     assert any("event 5: hot:0 took_over by w09-9" in v for v in violations)
 
 
+def test_checker_finds_a_waiter_stuck_past_its_wait():
+    records, events = clean_history()
+    records.append(
+        {
+            "kind": "waited",
+            "resource": "hot:0",
+            "owner": "w09-9",
+            "wait": 1.0,
+            "elapsed": 4.2,
+            "outcome": "refused",
+        }
+    )
+    violations = check(records, events).violations
+    assert violations == ["w09-9 waited 4.2 s for hot:0 with wait=1.0 (refused)"]
+
+
 def test_checker_reports_every_500():
     records, events = clean_history()
     records.append(
@@ -278,6 +294,8 @@ def test_bounded_fault_run_finds_no_violation():
     assert stats["losses_learned"] >= 1
     assert stats["instance_kills"] >= 2
     assert stats["database_restarts"] == 1
+    # Some workers waited in the server's line, and some of them were granted.
+    assert stats["waits_granted"] >= 1
     assert stats["outage_probes"] >= 9
 
 

@@ -13,6 +13,8 @@ Records (``kind``):
   or reset, timeout, 502-504 from a killed instance or a database outage). Like a
   Jepsen "info" operation it may or may not have taken effect.
 - ``error``: an answer outside the contract (a 500, a 400 to a valid request).
+- ``waited``: an acquire that waited in the server's line (``wait`` seconds asked,
+  ``elapsed`` until its answer, ``outcome``): the checker holds it to its wait.
 - ``summary``: counts, written last.
 
 Each grant attempt uses a fresh owner (``w07-123``), so any event in the audit
@@ -52,6 +54,8 @@ class WorkerConfig:
     min_ttl: float = 0.2
     max_ttl: float = 2.0
     pause_probability: float = 0.1
+    # This worker's acquires wait in the server's line (up to 2 s) half the time.
+    waits: bool = False
 
 
 class Recorder:
@@ -133,14 +137,31 @@ class Worker:
         ttl = round(self.rng.uniform(config.min_ttl, config.max_ttl), 3)
         self.attempt += 1
         owner = f"w{config.index:02d}-{self.attempt}"
+        wait = None
+        if config.waits and self.rng.random() < 0.5:
+            wait = round(self.rng.uniform(0.2, 2.0), 3)
+        sent = time.monotonic()
         try:
-            result = self.client.acquire(resource, owner, ttl)
+            result = self.client.acquire(resource, owner, ttl, wait=wait)
         except ServiceUnavailable as exc:
             self.unknown("acquire", resource, owner, exc)
             return
         except LockClientError as exc:
             self.error("acquire", resource, owner, exc)
             return
+        if wait is not None:
+            outcome = "granted" if result.acquired else "refused"
+            if result.waiting_room_full:
+                outcome = "full"
+            self.record.count("wait", outcome)
+            self.record.write(
+                "waited",
+                resource=resource,
+                owner=owner,
+                wait=wait,
+                elapsed=round(time.monotonic() - sent, 4),
+                outcome=outcome,
+            )
         if not result.acquired:
             self.record.count("acquire", "refused")
             wait = result.retry_after if result.retry_after is not None else 0.1
