@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, bindparam, delete, func, insert, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from app.locks.errors import WaitersFull
 from app.locks.models import DistributedLock, LockWaiter
@@ -461,8 +462,12 @@ class WaitQueue:
         if not self._notifies:
             self._ring(resource)
             return
-        with self.service._autocommit_engine.connect() as conn:
-            conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
+        try:
+            with self.service._autocommit_engine.connect() as conn:
+                conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
+        except DBAPIError as exc:
+            # The release itself committed; the waiters find it by their timers.
+            log.warning("could not NOTIFY the waiters of %r: %s", resource, exc)
 
     def _ring(self, resource: str) -> None:
         self.wakeups.wake(resource)
