@@ -391,10 +391,12 @@ def test_the_client_polls_when_the_waiting_room_is_full(make_app):
     app = make_app(LOCKKEEPER_MAX_WAITERS=0)
     with serve(app) as server, app.app_context():
         locks = lock_service()
-        assert locks.acquire("q:13", "holder", ttl=0.5).acquired
+        assert locks.acquire("q:13", "holder", ttl=30).acquired
         with LockClient(server.url, server.token) as client:
             refused = client.acquire("q:13", "x", wait=5)
             assert refused.waiting_room_full
+            # Held a little longer: the client must poll until it expires.
+            assert locks.acquire("q:13", "holder", ttl=1.0).acquired
             with client.lock("q:13", ttl=30, wait=10, owner="poller") as held:
                 assert held.fence > 0
         assert line(locks, "q:13") == []
