@@ -44,6 +44,10 @@ DEFAULTS: dict[str, Any] = {
     # A worker trusts a token it looked up for this long: a revoked token keeps
     # working in other workers for at most this many seconds; 0: look up every call.
     "LOCKKEEPER_TOKEN_CACHE_SECONDS": 2.0,
+    # The PostgreSQL URL points at PgBouncer in transaction pooling: psycopg must
+    # not prepare statements (a later transaction may run on another server
+    # connection, where the prepared statement does not exist).
+    "LOCKKEEPER_PGBOUNCER": False,
     "MAX_CONTENT_LENGTH": 64 * 1024,
     "SESSION_COOKIE_HTTPONLY": True,
     "SESSION_COOKIE_SAMESITE": "Lax",
@@ -78,6 +82,7 @@ _PARSED = {
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
     "LOCKKEEPER_TOKEN_CACHE_SECONDS": float,
+    "LOCKKEEPER_PGBOUNCER": _boolean,
     "LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS": int,
     "LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS": float,
     "LOCKKEEPER_SESSION_HOURS": float,

@@ -39,6 +39,10 @@ def engine_options(app: Flask) -> dict[str, Any]:
         options.setdefault("pool_recycle", 3600)
     if backend == "sqlite":
         options.setdefault("connect_args", {}).setdefault("timeout", 10)
+    if backend == "postgresql" and app.config.get("LOCKKEEPER_PGBOUNCER"):
+        # Transaction pooling: no server-side prepared statements (PgBouncer
+        # before 1.21 cannot route them; psycopg prepares a query's 6th run).
+        options.setdefault("connect_args", {})["prepare_threshold"] = None
     return options
 
 

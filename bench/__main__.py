@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.databases import BenchDatabase, DatabaseUnavailable
 from bench.measure import Comparison
+from bench.servers import ToolMissing, wrk_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
 SECTIONS = ("service", "http", "contention", "memory", "profile")
@@ -108,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and args.only is None:
         sections = [s for s in SECTIONS if s != "profile"]
     backends = [b for b in args.backends.split(",") if b]
+    if {"http", "memory"} & set(sections):
+        try:
+            wrk_path()
+        except ToolMissing as exc:
+            # Without it every HTTP comparison would be missing from the results.
+            print(f"python -m bench: {exc}", file=sys.stderr)
+            return 2
 
     started = time.monotonic()
     comparisons: list[Comparison] = []

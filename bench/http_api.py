@@ -15,11 +15,11 @@ from functools import partial
 from pathlib import Path
 
 from bench.measure import Comparison, Sample, alternate, compare, median_of
+from bench.pgbouncer import PgBouncer, find_pgbouncer
 from bench.servers import (
     RssSampler,
     Server,
     ServerConfig,
-    ToolMissing,
     run_wrk,
     server_configs,
     wrk_path,
@@ -112,7 +112,23 @@ class Servers:
         if redis_ok:
             env["BENCH_REDIS_URL"] = REDIS_URL
         self.baseline = None
+        self.bouncer = None
+        self.behind_bouncer = None
         try:
+            if backend == "postgresql" and find_pgbouncer() is not None:
+                # The same app on the same database, through PgBouncer in
+                # transaction pooling (as many instances would share it).
+                self.bouncer = PgBouncer(database.url)
+                self.behind_bouncer = Server(
+                    LOCKKEEPER_APP,
+                    config,
+                    {
+                        **lockkeeper_env(self.bouncer.url_for(database.url), instance),
+                        "LOCKKEEPER_PGBOUNCER": "true",
+                    },
+                    workdir / f"gunicorn-pgbouncer-{config.name}.log",
+                    wait=False,
+                )
             self.baseline = Server(
                 BASELINE_APP,
                 config,
@@ -120,6 +136,8 @@ class Servers:
                 workdir / f"gunicorn-baseline-{backend}-{config.name}.log",
             )
             self.lockkeeper.wait_ready()
+            if self.behind_bouncer is not None:
+                self.behind_bouncer.wait_ready()
         except Exception:
             self.stop()
             raise
@@ -128,6 +146,10 @@ class Servers:
         self.lockkeeper.stop()
         if self.baseline is not None:
             self.baseline.stop()
+        if self.behind_bouncer is not None:
+            self.behind_bouncer.stop()
+        if self.bouncer is not None:
+            self.bouncer.close()
 
 
 def bench_api(backend, database, config, workdir, token, plan, redis_ok, log):
@@ -151,12 +173,26 @@ def bench_api(backend, database, config, workdir, token, plan, redis_ok, log):
             runs["redis"] = partial(
                 wrk_sample, base, "/redis/locks/", "locks", f"redis.{tag}"
             )
+        if servers.behind_bouncer is not None:
+            runs["pgbouncer"] = partial(
+                wrk_sample,
+                servers.behind_bouncer,
+                API_PREFIX,
+                "locks",
+                f"lkpgb.{tag}",
+                token=token,
+            )
     sides = {name: partial(run, seconds=seconds) for name, run in runs.items()}
     try:
         # Warm every side first: each worker's first requests import lazily and
         # fill SQLAlchemy's compiled cache, which is not what is being measured.
         for run in runs.values():
-            run(seconds=1)
+            try:
+                run(seconds=1)
+            except RuntimeError:
+                # On a loaded machine a worker's first requests can take a
+                # second: no complete cycle in the warm-up is not a failure.
+                pass
         with (
             RssSampler(servers.lockkeeper) as lk_rss,
             RssSampler(servers.baseline) as base_rss,
@@ -167,8 +203,23 @@ def bench_api(backend, database, config, workdir, token, plan, redis_ok, log):
 
     suffix = "" if config.name == "sync" else f"_{config.name}"
     comparisons = []
+    server = f"{config.worker_class} -w {config.workers}" + (
+        f" --threads {config.threads}" if config.threads > 1 else ""
+    )
+    if "pgbouncer" in sides:
+        result = compare(
+            f"http_pgbouncer_vs_direct_{backend}{suffix}",
+            samples,
+            "pgbouncer",
+            "lockkeeper",
+            "cycles/s",
+            server=server,
+            **_latency_detail(samples, "pgbouncer", "lockkeeper"),
+        )
+        log(f"{result.name}: {result.ratio:.2f}x")
+        comparisons.append(result)
     for baseline in sides:
-        if baseline == "lockkeeper":
+        if baseline in ("lockkeeper", "pgbouncer"):
             continue
         result = compare(
             f"http_vs_{baseline}_{backend}{suffix}",
@@ -247,14 +298,8 @@ def bench_http(databases, workdir, plan, sections, log):
         backend: create_api_token(db.url, workdir / f"instance-{backend}")
         for backend, db in chosen.items()
     }
-    needs_wrk = {"http", "memory"} & set(sections)
-    if needs_wrk:
-        try:
-            wrk_path()
-        except ToolMissing as exc:
-            notes.append(f"skipped HTTP and memory runs: {exc}")
-            log(notes[-1])
-            sections = [s for s in sections if s not in ("http", "memory")]
+    if {"http", "memory"} & set(sections):
+        wrk_path()  # checked by main() already; raises ToolMissing
     redis_problem = redis_available()
     if redis_problem:
         notes.append(f"no Redis baseline: {redis_problem}")

@@ -131,3 +131,14 @@ def test_comparison_is_the_median_ratio_of_alternating_runs():
         }
     )
     assert "| http_vs_ideal_sqlite | 200 | 60 (base) | 3.33 | 0.8× met |" in table
+
+
+def test_the_benchmark_without_wrk_fails_naming_it(tmp_path, monkeypatch, capsys):
+    """A run that silently skipped every HTTP comparison would look like a pass."""
+    from bench.__main__ import main
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no wrk on it
+    output = tmp_path / "latest.json"
+    assert main(["--quick", "--only", "http", "--output", str(output)]) != 0
+    assert "wrk" in capsys.readouterr().err
+    assert not output.exists()
