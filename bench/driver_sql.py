@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from app.config import normalize_database_url
 
 # The service's own PostgreSQL statements, so the comparison is like for like.
-from app.locks.statements import _PG_ACQUIRE, _PG_NOW_SERVER, _PG_RELEASE
+from app.locks.statements import PostgresStatements
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 RETRIES = 5  # as LOCKKEEPER_DEADLOCK_RETRIES
@@ -94,8 +94,10 @@ def connect(url: str) -> Any:
 
 # --- PostgreSQL -------------------------------------------------------------------
 
-_PG_SERVICE_ACQUIRE = _pyformat(_PG_ACQUIRE.format(now=_PG_NOW_SERVER))
-_PG_SERVICE_RELEASE = _pyformat(_PG_RELEASE.format(now=_PG_NOW_SERVER))
+# The service's own statements, as its driver seam sends them (server clock).
+_PG_SERVICE = PostgresStatements()
+_PG_SERVICE_ACQUIRE = _PG_SERVICE._acquire[True].sql
+_PG_SERVICE_RELEASE = _PG_SERVICE._release[True].sql
 
 _PG_IDEAL_ACQUIRE = """
 INSERT INTO distributed_locks AS l (resource, owner, fence, acquired_at, expires_at)
@@ -138,13 +140,20 @@ class PostgresDriver:
     def service_acquire(self, conn, resource, owner, ttl):
         row = conn.execute(
             _PG_SERVICE_ACQUIRE,
-            {"resource": resource, "owner": owner, "ttl": ttl, "actor": None},
+            {
+                "resource": resource,
+                "owner": owner,
+                "ttl": ttl,
+                "actor": None,
+                "waiter": None,
+            },
         ).fetchone()
         return row if row is not None and row[0] else None
 
     def service_release(self, conn, resource, owner) -> bool:
         row = conn.execute(
-            _PG_SERVICE_RELEASE, {"resource": resource, "owner": owner, "actor": None}
+            _PG_SERVICE_RELEASE,
+            {"resource": resource, "owner": owner, "actor": None, "waiter": None},
         ).fetchone()
         return bool(row is not None and row[0])
 
