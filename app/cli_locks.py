@@ -25,6 +25,12 @@ def _fail_on_invalid(exc) -> click.ClickException:
     return click.ClickException(str(exc))
 
 
+class ChangedHands(click.ClickException):
+    """The grant confirmed by ``--fence`` is no longer the lock's: nothing was done."""
+
+    exit_code = 3
+
+
 @locks.command("list")
 @click.option(
     "--state",
@@ -71,23 +77,126 @@ def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
 
 
 @locks.command("release")
-@click.argument("resource")
-@click.option("--reason", required=True, help="Why; kept in the audit log.")
+@click.argument("resource", required=False)
+@click.option("--reason", help="Why; kept in the audit log (required).")
+@click.option(
+    "--fence",
+    type=click.IntRange(min=1),
+    help="Release only the grant with this fence (refused if it changed hands).",
+)
+@click.option(
+    "--stale",
+    is_flag=True,
+    help="Instead of RESOURCE: every stale lock (narrowed by --prefix/--owner).",
+)
+@click.option("--prefix", help="With --stale: only resources starting with this.")
+@click.option("--owner", help="With --stale: only locks of this owner.")
 @with_appcontext
-def locks_release(resource: str, reason: str) -> None:
-    """Force-release RESOURCE whoever holds it (recorded as cli:<OS user>)."""
-    from app.locks.errors import InvalidInput, LockNotFound
+def locks_release(
+    resource: str | None,
+    reason: str | None,
+    fence: int | None,
+    stale: bool,
+    prefix: str | None,
+    owner: str | None,
+) -> None:
+    """Force-release RESOURCE whoever holds it, or with --stale every stale lock
+    (recorded as cli:<OS user>, one event per lock)."""
+    from app.locks.errors import InvalidInput, LockChanged, LockNotFound
     from app.locks.service import lock_service
 
+    if stale == (resource is not None):
+        raise click.UsageError("give either RESOURCE or --stale")
+    if not stale and (prefix is not None or owner is not None):
+        raise click.UsageError("--prefix and --owner go with --stale")
+    if stale and fence is not None:
+        raise click.UsageError("--fence goes with RESOURCE")
+    service = lock_service()
+    if stale:
+        try:
+            released = service.release_stale(
+                actor=operator_actor(), reason=reason, prefix=prefix, owner=owner
+            )
+        except InvalidInput as exc:
+            raise _fail_on_invalid(exc) from exc
+        for lock in released:
+            click.echo(f"{lock.resource}\t{lock.owner}\t{lock.fence}")
+        click.echo(f"Force-released {len(released)} stale lock(s).")
+        return
     try:
-        lock = lock_service().force_release(
-            resource, actor=operator_actor(), reason=reason
+        lock = service.force_release(
+            resource, actor=operator_actor(), reason=reason, expected_fence=fence
         )
+    except LockChanged as exc:
+        raise ChangedHands(f"{exc}; nothing was released.") from exc
     except (InvalidInput, LockNotFound) as exc:
         raise _fail_on_invalid(exc) from exc
     click.echo(
         f"Force-released {lock.resource!r} (owner {lock.owner!r}, fence {lock.fence})."
     )
+
+
+@locks.command("freeze")
+@click.argument("prefix")
+@click.option("--reason", help="Why; kept in the audit log (required).")
+@click.option(
+    "--for",
+    "duration",
+    type=Duration(),
+    help="End the freeze by itself after this long (e.g. 30m, 2h); default: never.",
+)
+@with_appcontext
+def locks_freeze(prefix: str, reason: str | None, duration) -> None:
+    """No new grants of resources starting with PREFIX (no acquire, take-over or
+    claim without force); locks already held can still be renewed and released."""
+    from app.locks.errors import InvalidInput
+    from app.locks.service import lock_service
+
+    try:
+        freeze = lock_service().freeze(
+            prefix, actor=operator_actor(), reason=reason, duration=duration
+        )
+    except InvalidInput as exc:
+        raise _fail_on_invalid(exc) from exc
+    click.echo(f"Froze {freeze.prefix!r} {_until(freeze)}.")
+
+
+@locks.command("unfreeze")
+@click.argument("prefix")
+@click.option("--reason", help="Why; kept in the audit log (required).")
+@with_appcontext
+def locks_unfreeze(prefix: str, reason: str | None) -> None:
+    """End the freeze of PREFIX now."""
+    from app.locks.errors import InvalidInput, NotFrozen
+    from app.locks.service import lock_service
+
+    try:
+        freeze = lock_service().unfreeze(prefix, actor=operator_actor(), reason=reason)
+    except (InvalidInput, NotFrozen) as exc:
+        raise _fail_on_invalid(exc) from exc
+    click.echo(f"Unfroze {freeze.prefix!r} (frozen for: {freeze.reason}).")
+
+
+@locks.command("freezes")
+@with_appcontext
+def locks_freezes() -> None:
+    """The freezes in force, one per line, tab-separated."""
+    from app.formatting import rfc3339
+    from app.locks.service import lock_service
+
+    click.echo("prefix\tends_at\tactor\treason")
+    for freeze in lock_service().list_freezes():
+        ends = rfc3339(freeze.ends_at) if freeze.ends_at else "-"
+        reason = " ".join(freeze.reason.split())
+        click.echo(f"{freeze.prefix}\t{ends}\t{freeze.actor}\t{reason}")
+
+
+def _until(freeze) -> str:
+    from app.formatting import rfc3339
+
+    if freeze.ends_at is None:
+        return "until unfrozen"
+    return f"until {rfc3339(freeze.ends_at)}"
 
 
 @locks.command("purge-stale")

@@ -170,6 +170,30 @@ class LockNotAcquired(LockClientError):
         self.holder = holder
 
 
+class LockFrozen(LockClientError):
+    """An operator froze the resource's prefix (423): no new grants until the
+    freeze ends; locks already held can still be renewed and released.
+
+    ``freeze`` is the server's description: ``prefix``, ``reason``, ``actor``,
+    ``frozen_at`` and ``ends_at`` (None: until unfrozen).
+    """
+
+    def __init__(self, resource, message, freeze: dict[str, Any] | None = None):
+        super().__init__(resource, message, 423)
+        self.freeze = freeze or {}
+
+
+class FenceRejected(LockClientError):
+    """``check_fence``: the fence is not the valid grant of the resource (409).
+
+    ``current`` is the lock as it is now (None when nobody holds it).
+    """
+
+    def __init__(self, resource, message, current: Lock | None = None):
+        super().__init__(resource, message, 409)
+        self.current = current
+
+
 class LockLost(LockClientError):
     """The caller no longer holds the lock: it expired, was force-released or was
     taken by another owner. Renew and release answer this; stop using the fence."""
@@ -393,6 +417,26 @@ class LockClient:
             raise LockNotFound(resource, f"no lock on {resource!r}: {detail}", 404)
         raise self._failure(response, resource, "get")
 
+    def check_fence(self, resource: str, fence: int) -> Lock:
+        """Ask whether ``fence`` is the valid grant of ``resource`` right now, for
+        a store that cannot compare fences itself; returns that lock.
+
+        :raise FenceRejected: another grant, a lapsed one, or none is in place.
+        """
+        response, _ = self._send("GET", resource, params={"fence": str(int(fence))})
+        if response.status_code == 200:
+            return self._lock_from(self._json(response, resource), resource)
+        if response.status_code == 409:
+            data = self._json(response, resource)
+            current = data.get("lock")
+            raise FenceRejected(
+                resource,
+                f"fence {fence} is not the valid grant of {resource!r}: "
+                f"{_problem_detail(response)[0]}",
+                self._lock_from(current, resource) if current else None,
+            )
+        raise self._failure(response, resource, "fence check")
+
     # -- the context manager -----------------------------------------------------
 
     def lock(
@@ -429,6 +473,7 @@ class LockClient:
         resource: str,
         *,
         json: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
         retry_until: float | None = None,
         waiting: float = 0.0,
     ) -> tuple[httpx.Response, bool]:
@@ -470,7 +515,11 @@ class LockClient:
                     if retry_until is not None:
                         timeout = min(timeout, max(retry_until - time.monotonic(), 0.1))
                     response = self._http.request(
-                        method, path, json=json, timeout=timeout + waiting
+                        method,
+                        path,
+                        json=json,
+                        params=params,
+                        timeout=timeout + waiting,
                     )
                     if waiting and _is_waiting_room_full(response):
                         return response, maybe_applied
@@ -534,6 +583,14 @@ class LockClient:
         message = f"{operation} of lock {resource!r} failed ({status}): {detail}"
         if status == 401:
             return AuthenticationFailed(resource, message, status)
+        if status == 423:
+            try:
+                freeze = response.json().get("freeze")
+            except (ValueError, AttributeError):
+                freeze = None
+            return LockFrozen(
+                resource, message, freeze if isinstance(freeze, dict) else None
+            )
         if status in (400, 413, 415, 422):
             if errors:
                 message += " [" + "; ".join(f"{f}: {m}" for f, m in errors) + "]"

@@ -36,6 +36,7 @@ TABLES = (
     "lock_waiters",
     "lock_events",
     "distributed_locks",
+    "lock_freezes",
     "user_sessions",
     "login_address_windows",
     "api_tokens",

@@ -213,7 +213,7 @@ def test_take_over_ends_the_old_tenure_when_it_expired(service, clock):
 def test_force_claim_and_force_release_end_tenures(service, clock):
     service.acquire("job:1", "w-1", ttl=300)
     clock.advance(5)
-    service.claim("job:1", "op", ttl=300, actor="alice", force=True)
+    service.claim("job:1", "op", ttl=300, actor="alice", reason="hung", force=True)
     clock.advance(7)
     service.force_release("job:1", actor="alice", reason="done")
     page = list_events(EventFilter(resource="job:1"))

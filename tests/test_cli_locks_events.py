@@ -58,10 +58,40 @@ def test_locks_release_force_releases_as_the_cli_user_with_the_reason(
         ]
 
 
+def test_locks_release_with_the_confirmed_fence_releases_that_grant(
+    cli, history, fake_app
+):
+    with fake_app.app_context():
+        fence = lock_service().get("job:2").fence
+    result = cli.invoke(
+        args=["locks", "release", "job:2", "--reason", "x", "--fence", str(fence)]
+    )
+    assert result.exit_code == 0, result.output
+    with fake_app.app_context():
+        assert [lock.resource for lock in lock_service().list_locks().items] == [
+            "job:1"
+        ]
+
+
+def test_locks_release_refuses_when_the_lock_changed_hands(cli, history, fake_app):
+    with fake_app.app_context():
+        stale = lock_service().get("job:1", include_stale=True).fence
+        taken = lock_service().acquire("job:1", "w-9").lock.fence
+    result = cli.invoke(
+        args=["locks", "release", "job:1", "--reason", "x", "--fence", str(stale)]
+    )
+    assert result.exit_code == 3
+    assert f"held by 'w-9' with fence {taken}" in result.output
+    assert "nothing was released" in result.output
+    with fake_app.app_context():
+        lock = lock_service().get("job:1")
+        assert (lock.owner, lock.fence) == ("w-9", taken)
+
+
 def test_locks_release_needs_a_reason(cli, history):
     result = cli.invoke(args=["locks", "release", "job:2"])
-    assert result.exit_code == 2
-    assert "--reason" in result.output
+    assert result.exit_code == 1
+    assert "reason: is required" in result.output
 
 
 def test_locks_release_of_an_absent_lock_fails_cleanly(cli, service):

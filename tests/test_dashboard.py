@@ -500,6 +500,24 @@ def test_claim_of_held_lock_needs_the_force_confirmation(app, operator, svc):
     )
 
 
+def test_claim_after_the_lock_changed_hands_shows_the_new_holder(operator, svc, clock):
+    old = svc.acquire("job:1", "w1", ttl=1).lock.fence
+    clock.advance(2)
+    new = svc.acquire("job:1", "w2", ttl=100).lock.fence
+    response = post(
+        operator,
+        "/locks/job:1/claim",
+        {"reason": "x", "fence": str(old), "force": "yes"},
+        htmx=True,
+    )
+    assert response.status_code == 409
+    page = soup(response)
+    assert f"held by w2 with fence {new}" in page.get_text(" ", strip=True)
+    # The form now confirms the new grant.
+    assert page.find("input", attrs={"name": "fence"})["value"] == str(new)
+    assert svc.get("job:1").owner == "w2"
+
+
 def test_claim_of_held_lock_needs_a_reason(operator, svc):
     svc.acquire("job:1", "w", ttl=100)
     response = post(operator, "/locks/job:1/claim", {"force": "yes"})

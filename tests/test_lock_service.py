@@ -228,7 +228,7 @@ def test_force_release_removes_a_valid_lock_and_records_actor_and_reason(service
 
 def test_force_release_of_missing_lock_is_not_found(service):
     with pytest.raises(LockNotFound):
-        service.force_release("job:42", actor="alice")
+        service.force_release("job:42", actor="alice", reason="stuck")
 
 
 def test_claim_of_free_resource_grants_it_to_the_named_owner(service):
@@ -250,14 +250,16 @@ def test_claim_of_validly_held_lock_needs_force(service):
     with pytest.raises(LockHeld) as caught:
         service.claim("job:42", "operator:alice", 60, actor="alice")
     assert caught.value.holder.owner == "w-1"
-    lock = service.claim("job:42", "operator:alice", 60, actor="alice", force=True)
+    lock = service.claim(
+        "job:42", "operator:alice", 60, actor="alice", reason="hung", force=True
+    )
     assert lock.owner == "operator:alice"
     assert events_of("job:42")[-1].action == "force_claimed"
 
 
 def test_holder_learns_of_force_claim_on_its_next_renew(service):
     service.acquire("job:42", "w-1")
-    service.claim("job:42", "operator:alice", 60, actor="alice", force=True)
+    service.claim("job:42", "operator:alice", 60, actor="alice", reason="x", force=True)
     with pytest.raises(NotOwner):
         service.renew("job:42", "w-1")
 
@@ -394,8 +396,10 @@ def test_every_ownership_change_writes_exactly_one_event(service, clock):
     service.renew("job:42", "w-1", ttl=10)  # renewed
     clock.advance(11)
     service.acquire("job:42", "w-2", ttl=10)  # took_over
-    service.claim("job:42", "op", 10, actor="a", force=True)  # force_claimed
-    service.force_release("job:42", actor="a")  # force_released
+    service.claim(
+        "job:42", "op", 10, actor="a", reason="r", force=True
+    )  # force_claimed
+    service.force_release("job:42", actor="a", reason="r")  # force_released
     service.claim("job:42", "op", 10, actor="a")  # claimed
     service.release("job:42", "op")  # released
     assert [e.action for e in events_of("job:42")] == [

@@ -11,6 +11,7 @@ from openapi_spec_validator import validate
 
 from app.api.openapi import openapi_document
 from app.config import DEFAULTS
+from app.locks.service import lock_service
 from app.locks.state import Action, LockState
 from app.locks.validation import RESOURCE_PATTERN
 
@@ -163,13 +164,23 @@ def test_responses_of_every_operation_conform_to_the_document(api, clock, docume
     call("GET", "/api/v1/locks/job:42/events?limit=1")
     call("GET", "/api/v1/events?action=renewed")
     call("GET", "/api/v1/events?since=never")
+    fence = call("GET", lock).get_json()["fence"]
+    call("GET", f"{lock}?fence={fence}")
+    call("GET", f"{lock}?fence={fence + 1}")
+    call("GET", f"{lock}?fence=0")
     call("DELETE", f"{lock}?owner=w-1")
     call("DELETE", f"{lock}?owner=w-1")
+    call("GET", f"{lock}?fence={fence}")
+    with api.app.app_context():
+        lock_service().freeze("job:", actor="alice", reason="migration")
+    call("POST", lock, json={"owner": "w-1"})
+    call("GET", "/api/v1/freezes")
+    call("GET", "/api/v1/freezes?x=1")
     call("GET", "/api/v1/openapi.json")
     conformance.check(api.client.get("/api/v1/locks"), "GET")
 
     statuses = {status for _, _, status in conformance.seen}
-    assert statuses == {200, 204, 400, 401, 403, 404, 409, 413, 415}
+    assert statuses == {200, 204, 400, 401, 403, 404, 409, 413, 415, 423}
     operations = {(method, template) for method, template, _ in conformance.seen}
     assert operations == {
         (method, path)

@@ -169,7 +169,7 @@ def test_operator_actions_are_counted(fake_app):
     with fake_app.app_context():
         service = lock_service()
         service.acquire("job:1", "w1", ttl=60)
-        service.claim("job:1", "ops", ttl=60, actor="admin", force=True)
+        service.claim("job:1", "ops", ttl=60, actor="admin", reason="x", force=True)
         service.force_release("job:1", actor="admin", reason="stuck")
         service.claim("job:1", "ops", ttl=60, actor="admin")
 

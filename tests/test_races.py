@@ -177,7 +177,9 @@ def _stale_again(app, round_number: int) -> int:
     would, and leave a fresh stale lock behind."""
     with app.app_context():
         try:
-            lock_service().force_release("race:stale", actor="test")
+            lock_service().force_release(
+                "race:stale", actor="test", reason="next round"
+            )
         except LockNotFound:
             pass
     return _make_stale(app, round_number)

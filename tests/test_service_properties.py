@@ -321,7 +321,9 @@ class ServiceMachine(RuleBasedStateMachine):
                 self.service.claim(resource, owner, ttl, actor=actor, force=False)
             assert refused.value.holder.fence == held.fence
             return
-        lock = self.service.claim(resource, owner, ttl, actor=actor, force=force)
+        lock = self.service.claim(
+            resource, owner, ttl, actor=actor, reason="stuck", force=force
+        )
         self._granted(resource, lock, owner, ttl, new_fence=True)
         expected = Action.FORCE_CLAIMED if held_by_other else Action.CLAIMED
         assert self._last_event().action == expected.value

@@ -11,6 +11,7 @@ from app.api.problems import validation_problem
 from app.api.schemas import (
     NUMBER,
     QueryArgs,
+    freeze_to_json,
     lock_to_json,
     parse_json_body,
     seconds_value,
@@ -72,8 +73,23 @@ def acquire_lock(resource: str):
 
 @bp.get("/locks/<resource>")
 def get_lock(resource: str):
-    QueryArgs(request.args, allowed=()).raise_errors()
+    """The valid lock; with ``?fence=N``, the lock only if its valid grant is N
+    (else a 409 problem with the current ``lock``, or null)."""
+    query = QueryArgs(request.args, allowed=("fence",))
+    fence = query.positive_integer("fence")
+    query.raise_errors()
+    if "fence" in request.args:
+        return jsonify(lock_to_json(lock_service().check_fence(resource, fence)))
     return jsonify(lock_to_json(lock_service().get(resource)))
+
+
+@bp.get("/freezes")
+def list_freezes():
+    """The freezes in force: no new grants under their prefixes."""
+    QueryArgs(request.args, allowed=()).raise_errors()
+    return jsonify(
+        freezes=[freeze_to_json(freeze) for freeze in lock_service().list_freezes()]
+    )
 
 
 @bp.patch("/locks/<resource>")

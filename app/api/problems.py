@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
+from app.api.schemas import freeze_to_json, lock_to_json
 from app.errors import problem
 from app.locks.errors import (
+    FenceMismatch,
     InvalidInput,
+    LockChanged,
     LockError,
     LockExpired,
     LockHeld,
     LockNotFound,
+    NotFrozen,
     NotOwner,
+    ResourceFrozen,
     ServiceBusy,
     WaitersFull,
 )
@@ -23,6 +28,10 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
     LockExpired: (409, "Lock expired"),
     NotOwner: (409, "Lock held by another owner"),
     LockHeld: (409, "Lock held by another owner"),
+    LockChanged: (409, "Lock changed hands"),
+    FenceMismatch: (409, "Fence is not the valid grant"),
+    ResourceFrozen: (423, "Resource frozen"),
+    NotFrozen: (404, "Not frozen"),
     ServiceBusy: (503, "Service busy"),
     WaitersFull: (503, "Too many waiting acquires"),
 }
@@ -42,6 +51,12 @@ def lock_problem(exc: LockError) -> Response:
         extra["errors"] = [
             {"field": field, "message": message} for field, message in exc.errors
         ]
+    elif isinstance(exc, FenceMismatch):
+        extra["lock"] = lock_to_json(exc.current) if exc.current else None
+    elif isinstance(exc, LockChanged):
+        extra["lock"] = lock_to_json(exc.holder) if exc.holder else None
+    elif isinstance(exc, ResourceFrozen):
+        extra["freeze"] = freeze_to_json(exc.freeze)
     response = problem(status, title, str(exc), **extra)
     if status == 503:
         response.headers["Retry-After"] = "1"

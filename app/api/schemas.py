@@ -22,7 +22,7 @@ from app.audit.export import event_record
 from app.formatting import rfc3339
 from app.locks import validation
 from app.locks.errors import InvalidInput
-from app.locks.results import Event, Lock
+from app.locks.results import Event, Freeze, Lock
 
 JSON_MIMETYPE = "application/json"
 BODY = "body"
@@ -46,6 +46,16 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
         "ttl_remaining": round(lock.ttl_remaining, 3),
         "state": lock.state.value,
         "waiters": lock.waiters,
+    }
+
+
+def freeze_to_json(freeze: Freeze) -> dict[str, Any]:
+    return {
+        "prefix": freeze.prefix,
+        "reason": freeze.reason,
+        "actor": freeze.actor,
+        "frozen_at": rfc3339(freeze.frozen_at),
+        "ends_at": rfc3339(freeze.ends_at) if freeze.ends_at is not None else None,
     }
 
 
@@ -212,6 +222,15 @@ class QueryArgs:
         if not re.fullmatch(r"[0-9]{1,6}", raw):
             self.errors.append(("limit", "must be an integer between 1 and 500"))
             return default
+        return int(raw)
+
+    def positive_integer(self, name: str) -> int | None:
+        raw = self.args.get(name)
+        if raw is None:
+            return None
+        if not re.fullmatch(r"[1-9][0-9]{0,17}", raw):
+            self.errors.append((name, "must be a positive integer"))
+            return None
         return int(raw)
 
     def timestamp(self, name: str) -> datetime | None:

@@ -46,4 +46,5 @@ def dom_id(name: str, prefix: str = "lock") -> str:
     return f"{prefix}-{digest}"
 
 
-from app.dashboard import views  # noqa: E402,F401  (routes attach to bp)
+# Routes attach to bp; ``operator`` uses helpers of ``views``.
+from app.dashboard import operator, views  # noqa: E402,F401

@@ -37,7 +37,7 @@ from app.auth.views import login_required, operator_required, safe_next
 from app.dashboard import bp, charts, timeline
 from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
 from app.locks import validation
-from app.locks.errors import InvalidInput, LockHeld, LockNotFound
+from app.locks.errors import InvalidInput, LockChanged, LockHeld, LockNotFound
 from app.locks.results import Lock
 from app.locks.service import OwnerCounts, lock_service
 from app.locks.state import LockState
@@ -195,6 +195,10 @@ def overview():
         refreshed_at=service.now(),
         poll_seconds=POLL_SECONDS,
         version=version,
+        freezes=service.list_freezes(),
+        banner_resource=None,
+        banner_url=url_for("dashboard.freezes"),
+        banner_return="/",
         **extra,
     )
 
@@ -338,6 +342,10 @@ def lock_page(resource: str):
         timeline_truncated=len(recent) == TIMELINE_EVENTS,
         now=now,
         refreshed_at=now,
+        freezes=service.freezes_over(resource),
+        banner_resource=resource,
+        banner_url=url_for("dashboard.freezes", resource=resource),
+        banner_return=page_url,
     )
 
 
@@ -382,11 +390,25 @@ def _reason() -> str | None:
     return request.form.get("reason", "").strip() or None
 
 
-def _holder_changed(lock: Lock | None, confirmed_fence: str | None) -> bool:
-    """The operator confirmed an action on one grant; is another in place now?"""
-    if lock is None or not confirmed_fence:
-        return False
-    return str(lock.fence) != confirmed_fence
+def _confirmed_fence(errors: list[tuple[str, str]]) -> int | None:
+    """The fence of the grant the operator confirmed (a hidden form field)."""
+    raw = request.form.get("fence", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 19:
+        errors.append(("fence", "must be the fence of the lock you confirmed"))
+        return None
+    return int(raw)
+
+
+def _changed_hands(exc: LockChanged) -> str:
+    if exc.holder is None:
+        return "The lock changed since you looked: nobody holds it now."
+    return (
+        f"The lock changed hands since you looked: it is now held by "
+        f"{exc.holder.owner} with fence {exc.holder.fence}. Confirm again to act on "
+        f"this grant."
+    )
 
 
 @bp.route("/locks/<resource>/release", methods=["GET", "POST"])
@@ -409,26 +431,21 @@ def release(resource: str):
 
     reason = _reason()
     errors: list[tuple[str, str]] = []
-    if reason is None:
-        errors.append(("reason", "Say why; the reason is kept in the audit log."))
-    if _holder_changed(lock, request.form.get("fence")):
-        errors.append(
-            (
-                "fence",
-                f"The lock changed hands since you looked: it is now held by "
-                f"{lock.owner} with fence {lock.fence}. Confirm again to release it.",
-            )
-        )
-        status = 409
-    else:
-        status = 400
+    status = 400
+    fence = _confirmed_fence(errors)
     if not errors:
         try:
             released = lock_service().force_release(
-                resource, actor=current_user.username, reason=reason
+                resource,
+                actor=current_user.username,
+                reason=reason,
+                expected_fence=fence,
             )
         except InvalidInput as exc:
             errors = exc.errors
+        except LockChanged as exc:
+            context["lock"] = exc.holder
+            errors, status = [("fence", _changed_hands(exc))], 409
         except LockNotFound:
             return _done(resource, f"{resource} was already released.")
         else:
@@ -489,21 +506,8 @@ def claim(resource: str):
     ttl = _parse_ttl(raw_ttl, errors)
     reason = _reason()
     force = request.form.get("force") == "yes"
-    held_by_other = (
-        lock is not None and lock.state is not LockState.STALE and lock.owner != owner
-    )
-    if held_by_other and reason is None:
-        errors.append(("reason", "Say why; the reason is kept in the audit log."))
+    fence = _confirmed_fence(errors)
     status = 400
-    if not errors and _holder_changed(lock, request.form.get("fence")) and force:
-        errors.append(
-            (
-                "force",
-                f"The lock changed hands since you looked: it is now held by "
-                f"{lock.owner} with fence {lock.fence}. Confirm again.",
-            )
-        )
-        status = 409
     if not errors:
         try:
             claimed = service.claim(
@@ -513,9 +517,13 @@ def claim(resource: str):
                 actor=current_user.username,
                 reason=reason,
                 force=force,
+                expected_fence=fence,
             )
         except InvalidInput as exc:
             errors = exc.errors
+        except LockChanged as exc:
+            context["lock"] = exc.holder
+            errors, status = [("force", _changed_hands(exc))], 409
         except LockHeld as exc:
             lock = exc.holder
             context["lock"] = lock

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.locks.results import Lock
+    from app.locks.results import Freeze, Lock
 
 
 class LockError(Exception):
@@ -51,6 +51,68 @@ class LockHeld(LockError):
         super().__init__(
             f"{resource!r} is held by {holder.owner!r} until its ttl runs out"
         )
+
+
+class LockChanged(LockError):
+    """The grant an operator confirmed (``expected_fence``) is no longer the lock's
+    grant: it changed hands, or ended, between the confirmation and the action.
+    ``holder`` is the lock as it is now (None when nobody holds it)."""
+
+    def __init__(self, resource: str, expected_fence: int, holder: Lock | None):
+        self.resource = resource
+        self.expected_fence = expected_fence
+        self.holder = holder
+        now = (
+            f"it is now held by {holder.owner!r} with fence {holder.fence}"
+            if holder is not None
+            else "nobody holds it now"
+        )
+        super().__init__(
+            f"the lock on {resource!r} changed hands since fence {expected_fence} "
+            f"was confirmed: {now}"
+        )
+
+
+class FenceMismatch(LockError):
+    """``fence`` is not the valid grant of the resource. ``current``: the lock as
+    it is now (stale included), None when nobody holds it."""
+
+    def __init__(self, resource: str, fence: int, current: Lock | None):
+        self.resource = resource
+        self.fence = fence
+        self.current = current
+        if current is None:
+            now = "nobody holds it"
+        elif current.fence == fence:
+            now = f"that grant has expired ({current.owner!r})"
+        else:
+            now = f"the valid grant is fence {current.fence} of {current.owner!r}"
+            if current.state.value == "stale":
+                now = f"the last grant, fence {current.fence}, has expired"
+        super().__init__(f"fence {fence} is not the valid grant of {resource!r}: {now}")
+
+
+class ResourceFrozen(LockError):
+    """A freeze covers the resource: no new grant (renewals and releases go on)."""
+
+    def __init__(self, resource: str, freeze: Freeze):
+        self.resource = resource
+        self.freeze = freeze
+        until = (
+            f"until {freeze.ends_at.isoformat()}"
+            if freeze.ends_at is not None
+            else "until unfrozen"
+        )
+        super().__init__(
+            f"{resource!r} is frozen by the freeze of {freeze.prefix!r} {until}: "
+            f"{freeze.reason}"
+        )
+
+
+class NotFrozen(LockError):
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        super().__init__(f"no freeze of {prefix!r} is in force")
 
 
 class ServiceBusy(LockError):

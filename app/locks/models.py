@@ -75,6 +75,25 @@ class LockEvent(db.Model):
     )
 
 
+class LockFreeze(db.Model):
+    """While it lasts, no new grant of a resource starting with ``prefix``: no
+    first acquire, take-over, or claim without force. Renewals and releases of
+    grants already made go on. A timed freeze ends at ``ends_at`` by the deciding
+    clock (the row stays until unfrozen or frozen again); NULL lasts until
+    unfrozen."""
+
+    __tablename__ = "lock_freezes"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    prefix: Mapped[str] = mapped_column(name_column(), unique=True)
+    reason: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(name_column())
+    frozen_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ends_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (MYSQL_TABLE_ARGS,)
+
+
 class FenceCounter(db.Model):
     """SQLite's stand-in for ``lock_fence_seq``: a single row, bumped per grant."""
 

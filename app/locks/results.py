@@ -36,6 +36,28 @@ class Lock:
 
 
 @dataclass(frozen=True, slots=True)
+class Freeze:
+    """No new grants of resources starting with ``prefix`` until ``ends_at`` (None:
+    until unfrozen)."""
+
+    prefix: str
+    reason: str
+    actor: str
+    frozen_at: datetime
+    ends_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row) -> Freeze:
+        return cls(
+            prefix=row.prefix,
+            reason=row.reason,
+            actor=row.actor,
+            frozen_at=row.frozen_at,
+            ends_at=row.ends_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class AcquireResult:
     """``acquired`` with the caller's lock, or not, with the current holder.
 

@@ -23,11 +23,14 @@ from sqlalchemy import (
     Engine,
     and_,
     case,
+    delete,
     false,
     func,
+    insert,
     literal,
     or_,
     select,
+    update,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -36,17 +39,27 @@ from app.database import SERVER_CLOCK_DIALECTS, autocommit
 from app.locks import validation
 from app.locks.driver import DriverConnection
 from app.locks.errors import (
+    FenceMismatch,
     InvalidInput,
+    LockChanged,
     LockExpired,
     LockHeld,
     LockNotFound,
+    NotFrozen,
     NotOwner,
+    ResourceFrozen,
     ServiceBusy,
 )
 from app.locks.queue import WaitQueue
-from app.locks.results import AcquireResult, Lock, Page
-from app.locks.state import Action, LockState
-from app.locks.statements import locks, queue_columns, statements_for
+from app.locks.results import AcquireResult, Freeze, Lock, Page
+from app.locks.state import Action, LockState, held_by_another
+from app.locks.statements import (
+    events,
+    freezes,
+    locks,
+    queue_columns,
+    statements_for,
+)
 from app.metrics import NO_METRICS, NoMetrics
 from app.types import UTCDateTime
 
@@ -56,6 +69,8 @@ MAX_PAGE = 500
 DEFAULT_PAGE = 50
 PURGE_BATCH = 500
 MIN_PURGE_AGE = timedelta(minutes=1)
+MAX_FREEZE = timedelta(days=366)
+RELEASE_BATCH = 200
 
 # PostgreSQL deadlock / serialization failure; MariaDB deadlock / lock wait timeout.
 _RETRYABLE_SQLSTATES = {"40P01", "40001"}
@@ -230,6 +245,8 @@ class LockService:
         seconds (see ``app.locks.queue``) while ``still_wanted()`` holds.
 
         :raise WaitersFull: ``wait`` > 0 and this worker's waiting room is full.
+        :raise ResourceFrozen: a freeze covers it and this would be a new grant
+            (a same-owner re-acquire of a valid lock goes on).
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
         ttl = self._ttl(ttl)
@@ -266,8 +283,11 @@ class LockService:
                 )
             row = outcome.row
             queued = getattr(row, "waiters", 0) or 0
-            if _held_by_another(row, owner, outcome.now):
+            if held_by_another(row, owner, outcome.now):
                 return AcquireResult(False, self._lock(row, outcome.now), None, queued)
+            if outcome.freeze is not None:
+                self.metrics.acquire_refused()
+                raise ResourceFrozen(resource, Freeze.from_row(outcome.freeze))
             if row is not None and queued:
                 # Free or expired, but others are in line before us.
                 holder = self._lock(row, outcome.now) if row.owner else None
@@ -344,17 +364,36 @@ class LockService:
     # -- the operator's actions --------------------------------------------
 
     def force_release(
-        self, resource: str, *, actor: str, reason: str | None = None
+        self,
+        resource: str,
+        *,
+        actor: str,
+        reason: str | None = None,
+        expected_fence: int | None = None,
     ) -> Lock:
-        """Remove the row of ``resource`` whoever holds it, stale or not."""
+        """Remove the grant on ``resource`` whoever holds it, stale or not.
+
+        ``expected_fence``: the fence of the grant the operator confirmed; compared
+        under the row lock, in the transaction that removes it.
+
+        :raise InvalidInput: no reason. :raise LockNotFound: nobody holds it.
+        :raise LockChanged: it is held under another fence than ``expected_fence``.
+        """
         self.validate(resource=resource, actor=actor, reason=reason)
+        self._validate_fence(expected_fence)
+        self._require_reason(reason, "to force-release a lock")
+
+        def confirm(row, now):
+            if row is None or row.owner is None:
+                raise LockNotFound(resource)
+            if expected_fence is not None and row.fence != expected_fence:
+                raise LockChanged(resource, expected_fence, self._lock(row, now))
+
         outcome = self.run_transaction(
             lambda conn: self._transactional.force_release(
-                conn, resource, actor, reason, self._now()
+                conn, resource, actor, reason, self._now(), confirm
             )
         )
-        if not outcome.done:
-            raise LockNotFound(resource)
         self.metrics.operator_action(outcome.action)
         self.queue.notify_released(resource, getattr(outcome.row, "waiters", 0))
         return self._lock(outcome.row, outcome.now)
@@ -368,24 +407,225 @@ class LockService:
         actor: str,
         reason: str | None = None,
         force: bool = False,
+        expected_fence: int | None = None,
     ) -> Lock:
         """Grant ``resource`` to ``owner`` with a new fence, as an operator.
 
+        Taking a lock another owner validly holds needs ``force`` and a reason.
+        ``expected_fence``: the fence of the grant the operator saw (stale or
+        valid); the claim is refused if another one, or none, is in place.
+
         :raise LockHeld: validly held by another owner and ``force`` is false.
+        :raise InvalidInput: taking it from a valid holder without a reason.
+        :raise LockChanged: the grant is no longer the one of ``expected_fence``.
+        :raise ResourceFrozen: a freeze covers it and ``force`` is false.
         """
         self.validate(
             resource=resource, owner=owner, ttl=ttl, actor=actor, reason=reason
         )
+        self._validate_fence(expected_fence)
         ttl = self._ttl(ttl)
+
+        def confirm(row, now, freeze) -> bool:
+            held = row is not None and row.owner is not None
+            if expected_fence is not None and (not held or row.fence != expected_fence):
+                holder = self._lock(row, now) if held else None
+                raise LockChanged(resource, expected_fence, holder)
+            taking = held_by_another(row, owner, now)
+            if taking and not force:
+                raise LockHeld(resource, self._lock(row, now))
+            if freeze is not None:
+                raise ResourceFrozen(resource, Freeze.from_row(freeze))
+            if taking:
+                self._require_reason(reason, "to take a lock another owner holds")
+            return taking
+
         outcome = self.run_transaction(
             lambda conn: self._transactional.claim(
-                conn, resource, owner, ttl, actor, reason, force, self._now()
+                conn,
+                resource,
+                owner,
+                ttl,
+                actor,
+                reason,
+                self._now(),
+                confirm,
+                frozen_too=force,
             )
         )
-        if not outcome.done:
-            raise LockHeld(resource, self._lock(outcome.row, outcome.now))
         self.metrics.operator_action(outcome.action)
         return self._lock(outcome.row, outcome.now)
+
+    @staticmethod
+    def _require_reason(reason: str | None, why: str) -> None:
+        if reason is None or not reason.strip():
+            raise InvalidInput([("reason", f"is required {why}")])
+
+    @staticmethod
+    def _validate_fence(fence: Any) -> None:
+        if fence is None:
+            return
+        if isinstance(fence, bool) or not isinstance(fence, int) or fence < 1:
+            raise InvalidInput([("fence", "must be a positive integer")])
+
+    def release_stale(
+        self,
+        *,
+        actor: str,
+        reason: str | None,
+        prefix: str | None = None,
+        owner: str | None = None,
+    ) -> list[Lock]:
+        """Force-release every stale lock (matching ``prefix`` and ``owner``) with
+        one reason, a batch per transaction, one ``force_released`` event per
+        lock; returns the locks released. A lock renewed or taken over before its
+        batch locks it is left alone: staleness is judged under the row lock."""
+        self.validate(actor=actor, reason=reason)
+        self._validate_filters(prefix, owner)
+        self._require_reason(reason, "to force-release locks")
+        released: list[Lock] = []
+        while True:
+            batch = self.run_transaction(
+                lambda conn: self._transactional.release_stale_batch(
+                    conn, prefix, owner, actor, reason, self._now(), RELEASE_BATCH
+                )
+            )
+            for outcome in batch.released:
+                self.metrics.operator_action(Action.FORCE_RELEASED)
+                released.append(self._lock(outcome, batch.now))
+            if batch.candidates < RELEASE_BATCH:
+                return released
+
+    def count_stale(
+        self, *, prefix: str | None = None, owner: str | None = None
+    ) -> int:
+        """How many stale locks match ``prefix`` and ``owner`` right now."""
+        self._validate_filters(prefix, owner)
+        query = select(func.count()).select_from(locks)
+        query = query.where(
+            locks.c.owner.is_not(None),
+            self._state_condition(LockState.STALE, self.now()),
+        )
+        if prefix:
+            query = query.where(starts_with(locks.c.resource, prefix))
+        if owner is not None:
+            query = query.where(locks.c.owner == owner)
+        with self._autocommit_engine.connect() as conn:
+            return conn.scalar(query)
+
+    @staticmethod
+    def _validate_filters(prefix: str | None, owner: str | None) -> None:
+        errors = []
+        if prefix is not None and (
+            len(prefix) > validation.MAX_NAME
+            or validation.has_control_characters(prefix)
+        ):
+            errors.append(("prefix", "must be at most 255 printable characters"))
+        if owner is not None and validation.name_error(owner):
+            errors.append(("owner", validation.name_error(owner)))
+        if errors:
+            raise InvalidInput(errors)
+
+    # -- freezes --------------------------------------------------------------
+
+    def freeze(
+        self,
+        prefix: str,
+        *,
+        actor: str,
+        reason: str | None,
+        duration: timedelta | None = None,
+    ) -> Freeze:
+        """Stop new grants of every resource starting with ``prefix``, until
+        unfrozen or, with ``duration``, until that much later by the deciding
+        clock. Freezing a frozen prefix again replaces its reason and end."""
+        self.validate(actor=actor, reason=reason)
+        errors = []
+        if validation.resource_error(prefix):
+            errors.append(("prefix", validation.resource_error(prefix)))
+        if duration is not None and not (timedelta(0) < duration <= MAX_FREEZE):
+            errors.append(("for", f"must be more than 0 and at most {MAX_FREEZE}"))
+        if errors:
+            raise InvalidInput(errors)
+        self._require_reason(reason, "to freeze")
+
+        def work(conn) -> Freeze:
+            existing = conn.execute(
+                select(freezes.c.id).where(freezes.c.prefix == prefix).with_for_update()
+            ).one_or_none()
+            now = self._clock_in(conn)
+            ends_at = now + duration if duration is not None else None
+            values = {
+                "reason": reason,
+                "actor": actor,
+                "frozen_at": now,
+                "ends_at": ends_at,
+            }
+            if existing is None:
+                conn.execute(insert(freezes).values(prefix=prefix, **values))
+            else:
+                conn.execute(
+                    update(freezes).where(freezes.c.id == existing.id).values(**values)
+                )
+            self._log_freeze(conn, Action.FROZEN, prefix, actor, reason, now, ends_at)
+            return Freeze(prefix, reason, actor, now, ends_at)
+
+        return self.run_transaction(work)
+
+    def unfreeze(self, prefix: str, *, actor: str, reason: str | None) -> Freeze:
+        """End the freeze of ``prefix`` now; returns it as it was.
+
+        :raise NotFrozen: no freeze of ``prefix`` is in force.
+        """
+        self.validate(actor=actor, reason=reason)
+        if validation.resource_error(prefix):
+            raise InvalidInput([("prefix", validation.resource_error(prefix))])
+        self._require_reason(reason, "to unfreeze")
+
+        def work(conn) -> Freeze:
+            row = conn.execute(
+                select(freezes).where(freezes.c.prefix == prefix).with_for_update()
+            ).one_or_none()
+            now = self._clock_in(conn)
+            if row is None or (row.ends_at is not None and row.ends_at <= now):
+                raise NotFrozen(prefix)
+            conn.execute(delete(freezes).where(freezes.c.id == row.id))
+            self._log_freeze(conn, Action.UNFROZEN, prefix, actor, reason, now, now)
+            return Freeze.from_row(row)
+
+        return self.run_transaction(work)
+
+    def list_freezes(self) -> list[Freeze]:
+        """The freezes in force now, by prefix."""
+        now = self.now()
+        query = (
+            select(freezes)
+            .where(freezes.c.ends_at.is_(None) | (freezes.c.ends_at > now))
+            .order_by(freezes.c.prefix)
+        )
+        with self._autocommit_engine.connect() as conn:
+            return [Freeze.from_row(row) for row in conn.execute(query)]
+
+    def freezes_over(self, resource: str) -> list[Freeze]:
+        """The freezes in force now whose prefix ``resource`` starts with."""
+        return [f for f in self.list_freezes() if resource.startswith(f.prefix)]
+
+    def _clock_in(self, conn) -> datetime:
+        """The deciding clock, inside ``conn``'s transaction (after its locks)."""
+        now = self._now()
+        return now if now is not None else self._transactional.read_now(conn)
+
+    def _log_freeze(self, conn, action, prefix, actor, reason, now, ends_at) -> None:
+        conn.execute(
+            insert(events).values(
+                resource=prefix,
+                action=action.value,
+                expires_at=ends_at,
+                actor=actor,
+                reason=reason,
+                occurred_at=now,
+            )
+        )
 
     def purge_stale(self, older_than: timedelta) -> list[str]:
         """Delete rows expired (or released) longer than ``older_than`` ago; returns
@@ -438,6 +678,23 @@ class LockService:
         lock = self._lock(row, row.now)
         if lock.state is LockState.STALE and not include_stale:
             raise LockNotFound(resource, f"the lock on {resource!r} has expired")
+        return lock
+
+    def check_fence(self, resource: str, fence: Any) -> Lock:
+        """The lock on ``resource`` if its valid grant carries ``fence``.
+
+        :raise FenceMismatch: it does not (another grant, an expired one, none).
+        """
+        self.validate(resource=resource)
+        self._validate_fence(fence)
+        if fence is None:
+            raise InvalidInput([("fence", "is required")])
+        try:
+            lock = self.get(resource, include_stale=True)
+        except LockNotFound:
+            raise FenceMismatch(resource, fence, None) from None
+        if lock.fence != fence or lock.state is LockState.STALE:
+            raise FenceMismatch(resource, fence, lock)
         return lock
 
     def _server_now(self):
@@ -661,15 +918,6 @@ def _sort_value(key: str, raw: Any) -> Any:
     if not isinstance(raw, str) or validation.name_error(raw):
         raise ValueError("bad cursor")
     return raw
-
-
-def _held_by_another(row, owner: str, now: datetime) -> bool:
-    return (
-        row is not None
-        and row.owner is not None
-        and row.expires_at > now
-        and row.owner != owner
-    )
 
 
 # -- query pieces shared with the audit service ----------------------------

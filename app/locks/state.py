@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 
 
@@ -20,6 +21,16 @@ def classify(remaining: float, expiring_within: float) -> LockState:
     return LockState.HELD
 
 
+def held_by_another(row, owner: str, now: datetime) -> bool:
+    """``row`` (a lock row, or None) is a valid grant to another than ``owner``."""
+    return (
+        row is not None
+        and row.owner is not None
+        and row.expires_at > now
+        and row.owner != owner
+    )
+
+
 class Action(StrEnum):
     """What an audit event records."""
 
@@ -31,3 +42,6 @@ class Action(StrEnum):
     FORCE_RELEASED = "force_released"
     CLAIMED = "claimed"
     FORCE_CLAIMED = "force_claimed"
+    # Operator freezes of a prefix (the event's resource is the prefix).
+    FROZEN = "frozen"
+    UNFROZEN = "unfrozen"

@@ -20,8 +20,9 @@ Two strategies give the same answers:
     insert raises ``IntegrityError`` and the service retries: it then sees the
     winner and is refused.
 
-Both take ``now`` = None to read the database's clock inside the deciding statement,
-or a datetime (SQLite's host clock, tests' fake clock).
+Both take ``now`` = None to read the database's clock once the row lock is held
+(see ``TransactionalStatements`` and the comment on ``_PG_ACQUIRE``), or a datetime
+(SQLite's host clock, read after ``BEGIN IMMEDIATE``; tests' fake clock).
 """
 
 from __future__ import annotations
@@ -36,19 +37,24 @@ from sqlalchemy import (
     Row,
     and_,
     bindparam,
+    case,
     delete,
+    exists,
     func,
     insert,
+    null,
     or_,
     select,
     update,
 )
+from sqlalchemy.types import String
 
 from app.locks.driver import DriverConnection, DriverSQL
 from app.locks.models import (
     DistributedLock,
     FenceCounter,
     LockEvent,
+    LockFreeze,
     LockWaiter,
     fence_sequence,
 )
@@ -57,6 +63,7 @@ from app.types import UTCDateTime
 
 locks = DistributedLock.__table__
 events = LockEvent.__table__
+freezes = LockFreeze.__table__
 fence_counter = FenceCounter.__table__
 waiters = LockWaiter.__table__
 
@@ -82,6 +89,19 @@ def queue_columns(resource, now, waiter=None):
     )
 
 
+def _covering(now, resource=None):
+    """Freezes in force at ``now`` over ``resource`` (default ``:resource``)."""
+    resource = bindparam("resource", type_=String()) if resource is None else resource
+    return and_(
+        freezes.c.prefix == func.substr(resource, 1, func.length(freezes.c.prefix)),
+        or_(freezes.c.ends_at.is_(None), freezes.c.ends_at > now),
+    )
+
+
+def _frozen(now):
+    return exists().where(_covering(now))
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one attempt did.
@@ -89,12 +109,15 @@ class Outcome:
     ``done``: the grant/renewal/release happened. ``row``: the lock row after the
     change (for a release: the row that was removed), or on refusal the current row
     (None when there is none). ``now``: the clock reading the decision used.
+    ``freeze``: on a refused grant, the freeze that covers the resource, if any.
     """
 
     done: bool
     action: Action | None
     row: Any
     now: datetime
+    # A grant refused because a freeze covers the resource: that freeze's row.
+    freeze: Any = None
 
 
 # --- PostgreSQL: one statement per hot operation ---------------------------------
@@ -102,30 +125,54 @@ class Outcome:
 _PG_NOW_SERVER = "clock_timestamp()"
 _PG_NOW_PARAM = "CAST(:now AS timestamptz)"
 
+# Each statement takes its row lock first and reads the clock after it: ``clock``
+# selects from the locking CTE, so PostgreSQL has the row locked before it
+# evaluates clock_timestamp() there. A clock read before the wait for the row lock
+# could be older than the change the statement waited for (a release, a
+# force-release), and the grant would record a time before the end of the grant it
+# follows. ``early`` only pre-selects the rows worth locking; anything it lets
+# through is decided again by ``clock``, and a row expired by ``early`` is expired
+# by the later ``clock`` too.
 _PG_ACQUIRE = """
-WITH clock AS (SELECT {now} AS now),
-prior AS (
-    SELECT l.id, l.owner, l.expires_at,
-           l.owner IS NOT NULL AND l.expires_at > clock.now AS valid
-    FROM distributed_locks AS l, clock
+WITH early AS MATERIALIZED (SELECT {now} AS now),
+prior AS MATERIALIZED (
+    SELECT l.id, l.owner, l.expires_at
+    FROM distributed_locks AS l, early
     WHERE l.resource = :resource
-      AND (l.owner IS NULL OR l.expires_at <= clock.now OR l.owner = :owner)
-      AND ((l.owner = :owner AND l.expires_at > clock.now) OR NOT EXISTS ({ahead}))
+      AND (l.owner IS NULL OR l.expires_at <= early.now OR l.owner = :owner)
+      AND ((l.owner = :owner AND l.expires_at > early.now) OR NOT EXISTS ({ahead}))
     FOR UPDATE OF l
+),
+clock AS MATERIALIZED (
+    SELECT COALESCE((SELECT {now} FROM prior), early.now) AS now FROM early
+),
+decided AS (
+    SELECT prior.id, prior.owner,
+           prior.owner IS NOT NULL AND prior.expires_at > clock.now AS valid
+    FROM prior, clock
+),
+frozen AS MATERIALIZED (
+    SELECT f.prefix, f.reason, f.actor, f.frozen_at, f.ends_at
+    FROM lock_freezes AS f, clock
+    WHERE f.prefix = substr(:resource, 1, length(f.prefix))
+      AND (f.ends_at IS NULL OR f.ends_at > clock.now)
+    ORDER BY f.prefix
+    LIMIT 1
 ),
 updated AS (
     UPDATE distributed_locks AS l
     SET owner = :owner,
         acquired_at = clock.now,
         expires_at = clock.now + make_interval(secs => :ttl),
-        fence = CASE WHEN prior.valid THEN l.fence
+        fence = CASE WHEN decided.valid THEN l.fence
                      ELSE nextval('lock_fence_seq') END
-    FROM prior, clock
-    WHERE l.id = prior.id
+    FROM decided, clock
+    WHERE l.id = decided.id
+      AND (decided.valid OR NOT EXISTS (SELECT 1 FROM frozen))
     RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-              prior.owner AS previous_owner,
-              CASE WHEN prior.owner IS NULL THEN 'acquired'
-                   WHEN prior.valid THEN 'reacquired'
+              decided.owner AS previous_owner,
+              CASE WHEN decided.owner IS NULL THEN 'acquired'
+                   WHEN decided.valid THEN 'reacquired'
                    ELSE 'took_over' END AS action
 ),
 inserted AS (
@@ -134,6 +181,7 @@ inserted AS (
            clock.now, clock.now + make_interval(secs => :ttl)
     FROM clock
     WHERE NOT EXISTS (SELECT 1 FROM distributed_locks WHERE resource = :resource)
+      AND NOT EXISTS (SELECT 1 FROM frozen)
     ON CONFLICT (resource) DO NOTHING
     RETURNING resource, owner, fence, acquired_at, expires_at,
               CAST(NULL AS varchar) AS previous_owner, 'acquired' AS action
@@ -152,22 +200,41 @@ dequeued AS (
 ),
 {queue}
 SELECT true AS done, g.action, g.resource, g.owner, g.fence,
-       g.acquired_at, g.expires_at, clock.now, queue.waiters
+       g.acquired_at, g.expires_at, clock.now, queue.waiters,
+       NULL AS frozen_prefix, NULL AS frozen_reason, NULL AS frozen_actor,
+       NULL AS frozen_at, NULL AS frozen_until
 FROM granted AS g, clock, queue
 UNION ALL
 SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now, queue.waiters
-FROM distributed_locks AS l, clock, queue
-WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM granted)
+       clock.now, queue.waiters, f.prefix, f.reason, f.actor, f.frozen_at,
+       f.ends_at
+FROM clock
+CROSS JOIN queue
+LEFT JOIN distributed_locks AS l ON l.resource = :resource
+LEFT JOIN frozen AS f ON true
+WHERE NOT EXISTS (SELECT 1 FROM granted)
 """
 
-_PG_RENEW = """
-WITH clock AS (SELECT {now} AS now),
+# Renew and release lock only their owner's row, then read the clock.
+_PG_OWNED_ROW = """
+target AS MATERIALIZED (
+    SELECT l.id FROM distributed_locks AS l
+    WHERE l.resource = :resource AND l.owner = :owner
+    FOR UPDATE OF l
+),
+clock AS MATERIALIZED (
+    SELECT COALESCE((SELECT {now} FROM target), {now}) AS now
+)"""
+
+_PG_RENEW = (
+    "WITH"
+    + _PG_OWNED_ROW
+    + """,
 renewed AS (
     UPDATE distributed_locks AS l
     SET expires_at = clock.now + make_interval(secs => :ttl)
-    FROM clock
-    WHERE l.resource = :resource AND l.owner = :owner AND l.expires_at > clock.now
+    FROM target, clock
+    WHERE l.id = target.id AND l.owner = :owner AND l.expires_at > clock.now
     RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at
 ),
 logged AS (
@@ -187,14 +254,17 @@ SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
 FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM renewed)
 """
+)
 
-_PG_RELEASE = """
-WITH clock AS (SELECT {now} AS now),
+_PG_RELEASE = (
+    "WITH"
+    + _PG_OWNED_ROW
+    + """,
 released AS (
     UPDATE distributed_locks AS l
     SET owner = NULL, expires_at = clock.now
-    FROM clock
-    WHERE l.resource = :resource AND l.owner = :owner AND l.expires_at > clock.now
+    FROM target, clock
+    WHERE l.id = target.id AND l.owner = :owner AND l.expires_at > clock.now
     RETURNING l.resource, CAST(:owner AS varchar) AS owner, l.fence, l.acquired_at,
               l.expires_at
 ),
@@ -215,8 +285,10 @@ SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
 FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM released)
 """
+)
 
 _PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
+
 
 # Live waiters queued for the resource (a waiter's own row excluded): the Lock's
 # ``waiters``. Rows past their deadline (a killed app instance's) never count.
@@ -229,7 +301,7 @@ _PG_QUEUE = """queue AS (
 # Someone is in line before this acquire: anyone for a non-waiting acquire
 # (:waiter NULL), the waiters that arrived earlier for a waiting one.
 _PG_AHEAD = """SELECT 1 FROM lock_waiters AS w
-        WHERE w.resource = :resource AND w.deadline > clock.now
+        WHERE w.resource = :resource AND w.deadline > early.now
           AND (CAST(:waiter AS bigint) IS NULL OR w.id < CAST(:waiter AS bigint))"""
 
 
@@ -267,8 +339,20 @@ class PostgresStatements:
         row = conn.one(statements[now is None], params)
         if row is None:
             return Outcome(False, None, None, now or conn.one(_PG_READ_NOW, {}).now)
-        action = Action(row.action) if row.done else None
-        return Outcome(bool(row.done), action, row, row.now)
+        if row.done:
+            return Outcome(True, Action(row.action), row, row.now)
+        freeze = (
+            _FreezeRow(
+                row.frozen_prefix,
+                row.frozen_reason,
+                row.frozen_actor,
+                row.frozen_at,
+                row.frozen_until,
+            )
+            if getattr(row, "frozen_prefix", None) is not None
+            else None
+        )
+        return Outcome(False, None, row if row.resource else None, row.now, freeze)
 
     def acquire(self, conn, resource, owner, ttl, actor, now, waiter=None) -> Outcome:
         return self._run(
@@ -307,7 +391,15 @@ _INSERT_EVENT = insert(events)
 
 
 class TransactionalStatements:
-    """Locking read, decision, write, event: one transaction per call."""
+    """Locking read, then the clock, decision, write, event: one transaction per call.
+
+    The clock is read in a statement AFTER the locking read has returned, so the
+    decision and the timestamps it writes come from a moment at which this
+    transaction holds the row. Read in the locking statement itself, the clock can
+    be older than the wait for the row lock (MariaDB evaluates ``UTC_TIMESTAMP``
+    when the statement starts): a grant decided after a release would record a
+    time before that release, and judge expiry by that stale reading.
+    """
 
     autocommit = False
 
@@ -317,31 +409,24 @@ class TransactionalStatements:
         self.uses_sequence = dialect_name != "sqlite"
         # The hot statements are built once: building Core constructs on every
         # call cost about a fifth of an acquire+release cycle's CPU on SQLite.
+        # The locking read carries the row's queue (``waiters``, and ``ahead`` of
+        # ``:waiter``); waiters' deadlines are judged by the clock of this read.
         by_resource = locks.c.resource == bindparam("resource")
         waiter = bindparam("waiter", type_=BigInteger())
-        given_now = bindparam("now", type_=UTCDateTime())
+        given = bindparam("now", type_=UTCDateTime())
         self._lock_row_given = (
-            select(
-                locks,
-                given_now.label("now"),
-                *queue_columns(bindparam("resource"), given_now, waiter),
-            )
+            select(locks, *queue_columns(bindparam("resource"), given, waiter))
             .where(by_resource)
             .with_for_update()
         )
+        self._lock_row_server = None
         if self._server_now is not None:
-            server_now = self._server_now().cast(UTCDateTime())
+            server = self._server_now().cast(UTCDateTime())
             self._lock_row_server = (
-                select(
-                    locks,
-                    server_now.label("now"),
-                    *queue_columns(bindparam("resource"), server_now, waiter),
-                )
+                select(locks, *queue_columns(bindparam("resource"), server, waiter))
                 .where(by_resource)
                 .with_for_update()
             )
-        else:
-            self._lock_row_server = None
         self._next_fence_statement = (
             select(fence_sequence.next_value())
             if self.uses_sequence
@@ -350,13 +435,60 @@ class TransactionalStatements:
             .values(value=fence_counter.c.value + 1)
             .returning(fence_counter.c.value)
         )
+        if self._server_now is not None:
+            self._read_now = select(self._server_now().cast(UTCDateTime()))
+        given_now = bindparam("now", type_=UTCDateTime())
+        # SQLite: the counter moves only when no freeze covers the resource, so a
+        # grant costs no extra statement for the freeze (no row comes back instead).
+        self._next_fence_unless_frozen = (
+            update(fence_counter)
+            .where(fence_counter.c.id == 1, ~_frozen(given_now))
+            .values(value=fence_counter.c.value + 1)
+            .returning(fence_counter.c.value)
+        )
+        self._freeze_row = (
+            select(freezes)
+            .where(_covering(given_now))
+            .order_by(freezes.c.prefix)
+            .limit(1)
+        )
+        self._clock_statements: dict[tuple[bool, bool, bool], Any] = {}
+
+    def _clock_statement(self, server: bool, conditional: bool, freeze: bool):
+        """``SELECT now, fence[, frozen]`` in one round trip (sequence dialects):
+        the clock (the server's, or ``:now``), whether a freeze covers
+        ``:resource`` by it, and a new fence, drawn only for a grant (with
+        ``conditional``: when ``:valid_until`` has passed) that no freeze stops."""
+        key = (server, conditional, freeze)
+        if key not in self._clock_statements:
+            now = (
+                self._server_now().cast(UTCDateTime())
+                if server
+                else bindparam("now", type_=UTCDateTime())
+            )
+            # A derived table reads the clock once: PostgreSQL's clock_timestamp()
+            # would differ between two mentions.
+            clock = select(now.label("now")).subquery("clock")
+            conditions = []
+            if conditional:
+                valid_until = bindparam("valid_until", type_=UTCDateTime())
+                conditions.append(valid_until <= clock.c.now)
+            columns = [clock.c.now]
+            if freeze:
+                conditions.append(~_frozen(clock.c.now))
+                columns.append(_frozen(clock.c.now).label("frozen"))
+            fence = fence_sequence.next_value()
+            if conditions:
+                fence = case((and_(*conditions), fence), else_=null())
+            self._clock_statements[key] = select(*columns, fence.label("fence"))
+        return self._clock_statements[key]
 
     # -- reads --------------------------------------------------------------
 
     def read_now(self, conn: Connection) -> datetime:
         if self._server_now is None:
             raise RuntimeError("SQLite has no server clock: pass the host's time")
-        return conn.scalar(select(self._server_now().cast(UTCDateTime())))
+        return conn.scalar(self._read_now)
 
     def lock_row(
         self,
@@ -364,19 +496,61 @@ class TransactionalStatements:
         resource: str,
         now: datetime | None,
         waiter: int | None = None,
-    ) -> tuple[Row | None, datetime]:
-        """The row of ``resource``, locked until commit, and the deciding clock;
-        the row also carries its queue (``waiters``, and ``ahead`` of ``waiter``)."""
+    ) -> Row | None:
+        """The row of ``resource``, locked until commit (None when there is none),
+        with its queue: ``waiters``, and ``ahead`` of ``waiter``."""
+        params = {"resource": resource, "waiter": waiter}
         if now is None:
-            query = self._lock_row_server
-            params = {"resource": resource, "waiter": waiter}
-        else:
-            query = self._lock_row_given
-            params = {"resource": resource, "now": now, "waiter": waiter}
-        row = conn.execute(query, params).one_or_none()
-        if row is not None:
-            return row, row.now
-        return None, now if now is not None else self.read_now(conn)
+            return conn.execute(self._lock_row_server, params).one_or_none()
+        return conn.execute(self._lock_row_given, {**params, "now": now}).one_or_none()
+
+    def freeze_of(self, conn: Connection, resource: str, now: datetime) -> Row | None:
+        """The freeze in force over ``resource`` at ``now``, if any."""
+        return conn.execute(
+            self._freeze_row, {"resource": resource, "now": now}
+        ).one_or_none()
+
+    def clock_after_lock(
+        self,
+        conn: Connection,
+        now: datetime | None,
+        *,
+        fence: bool = False,
+        fence_unless_valid_until: datetime | None = None,
+        unless_frozen: str | None = None,
+    ) -> tuple[datetime, int | None, bool]:
+        """``(now, fence, frozen)``, read now that the row is locked.
+
+        ``now``: the deciding clock (the server's when None is given). With
+        ``fence``, a new fence for a grant: drawn unless the grant in place is
+        still valid at ``now`` (``fence_unless_valid_until``: its expiry), and
+        unless a freeze covers ``unless_frozen`` (a resource) at ``now``: then
+        ``frozen`` is true and no fence is drawn.
+        """
+        if not fence:
+            return (now if now is not None else self.read_now(conn)), None, False
+        conditional = fence_unless_valid_until is not None
+        if self.uses_sequence:
+            params: dict[str, Any] = {}
+            if now is not None:
+                params["now"] = now
+            if conditional:
+                params["valid_until"] = fence_unless_valid_until
+            if unless_frozen is not None:
+                params["resource"] = unless_frozen
+            statement = self._clock_statement(
+                now is None, conditional, unless_frozen is not None
+            )
+            row = conn.execute(statement, params).one()
+            return row.now, row.fence, bool(getattr(row, "frozen", False))
+        if conditional and fence_unless_valid_until > now:
+            return now, None, False
+        if unless_frozen is None:
+            return now, self._next_fence(conn), False
+        drawn = conn.scalar(
+            self._next_fence_unless_frozen, {"resource": unless_frozen, "now": now}
+        )
+        return now, drawn, drawn is None
 
     def _next_fence(self, conn: Connection) -> int:
         return conn.scalar(self._next_fence_statement)
@@ -425,28 +599,41 @@ class TransactionalStatements:
     # -- operations ---------------------------------------------------------
 
     def acquire(self, conn, resource, owner, ttl, actor, now, waiter=None) -> Outcome:
-        row, now = self.lock_row(conn, resource, now, waiter)
-        valid_ours = row is not None and row.owner == owner and row.expires_at > now
-        if row is not None and row.ahead and not valid_ours:
-            return Outcome(False, None, row, now)  # others are in line first
-        outcome = self._decide_acquire(conn, row, resource, owner, ttl, actor, now)
-        if outcome.done and waiter is not None:
-            conn.execute(delete(waiters).where(waiters.c.id == waiter))
-        return outcome
-
-    def _decide_acquire(self, conn, row, resource, owner, ttl, actor, now):
-        if row is None or row.owner is None:
-            action, fence = Action.ACQUIRED, self._next_fence(conn)
+        row = self.lock_row(conn, resource, now, waiter)
+        held = row is not None and row.owner is not None
+        if row is not None and row.ahead:
+            # Others are in line first: only a re-acquire of our valid lock goes on.
+            now, fence, frozen = self.clock_after_lock(conn, now)
+            if not (held and row.owner == owner and row.expires_at > now):
+                return Outcome(False, None, row, now)
+        else:
+            now, fence, frozen = self.clock_after_lock(
+                conn,
+                now,
+                fence=True,
+                fence_unless_valid_until=row.expires_at if held else None,
+                unless_frozen=resource,
+            )
+        if not held:
+            action = Action.ACQUIRED
         elif row.expires_at <= now:
-            action, fence = Action.TOOK_OVER, self._next_fence(conn)
+            action = Action.TOOK_OVER
         elif row.owner == owner:
             action, fence = Action.REACQUIRED, row.fence
         else:
             return Outcome(False, None, row, now)
-        return self._grant(conn, row, resource, owner, fence, now, ttl, action, actor)
+        if action is not Action.REACQUIRED and frozen:
+            return Outcome(False, None, row, now, self.freeze_of(conn, resource, now))
+        outcome = self._grant(
+            conn, row, resource, owner, fence, now, ttl, action, actor
+        )
+        if waiter is not None:
+            conn.execute(delete(waiters).where(waiters.c.id == waiter))
+        return outcome
 
     def renew(self, conn, resource, owner, ttl, actor, now) -> Outcome:
-        row, now = self.lock_row(conn, resource, now)
+        row = self.lock_row(conn, resource, now)
+        now, _, _ = self.clock_after_lock(conn, now)
         if row is None or row.owner != owner or row.expires_at <= now:
             return Outcome(False, None, row, now)
         expires_at = now + timedelta(seconds=ttl)
@@ -458,29 +645,32 @@ class TransactionalStatements:
         return Outcome(True, Action.RENEWED, renewed, now)
 
     def release(self, conn, resource, owner, actor, now) -> Outcome:
-        row, now = self.lock_row(conn, resource, now)
+        row = self.lock_row(conn, resource, now)
+        now, _, _ = self.clock_after_lock(conn, now)
         if row is None or row.owner != owner or row.expires_at <= now:
             return Outcome(False, None, row, now)
         return self._remove(conn, row, Action.RELEASED, actor, None, now)
 
-    def force_release(self, conn, resource, actor, reason, now) -> Outcome:
-        row, now = self.lock_row(conn, resource, now)
-        if row is None or row.owner is None:
-            return Outcome(False, None, None, now)
+    def force_release(self, conn, resource, actor, reason, now, confirm) -> Outcome:
+        """``confirm(row, now)`` raises to refuse (the service's rules)."""
+        row = self.lock_row(conn, resource, now)
+        now, _, _ = self.clock_after_lock(conn, now)
+        confirm(row, now)
         return self._remove(conn, row, Action.FORCE_RELEASED, actor, reason, now)
 
-    def claim(self, conn, resource, owner, ttl, actor, reason, force, now) -> Outcome:
-        row, now = self.lock_row(conn, resource, now)
-        held_by_other = (
-            row is not None
-            and row.owner is not None
-            and row.expires_at > now
-            and row.owner != owner
+    def claim(
+        self, conn, resource, owner, ttl, actor, reason, now, confirm, *, frozen_too
+    ) -> Outcome:
+        """``confirm(row, now, freeze)`` raises to refuse, or says whether the
+        claim takes the lock from another valid holder. ``frozen_too``: claim even
+        if a freeze covers the resource (``freeze`` is then None)."""
+        row = self.lock_row(conn, resource, now)
+        now, fence, frozen = self.clock_after_lock(
+            conn, now, fence=True, unless_frozen=None if frozen_too else resource
         )
-        if held_by_other and not force:
-            return Outcome(False, None, row, now)
-        action = Action.FORCE_CLAIMED if held_by_other else Action.CLAIMED
-        fence = self._next_fence(conn)
+        freeze = self.freeze_of(conn, resource, now) if frozen else None
+        takes_from_holder = confirm(row, now, freeze)
+        action = Action.FORCE_CLAIMED if takes_from_holder else Action.CLAIMED
         return self._grant(
             conn, row, resource, owner, fence, now, ttl, action, actor, reason
         )
@@ -493,6 +683,59 @@ class TransactionalStatements:
         ended = _LockRow.of(row, expires_at=now)
         self._log(conn, action, ended, row.owner, actor, reason, now)
         return Outcome(True, action, ended, now)
+
+    def release_stale_batch(
+        self, conn, prefix, owner, actor, reason, now, batch: int
+    ) -> StaleBatch:
+        """Force-release up to ``batch`` stale locks matching ``prefix``/``owner``:
+        lock the candidates (in resource order, so concurrent batches do not
+        deadlock), read the clock, free those still stale by it."""
+        query = (
+            select(locks)
+            .where(
+                locks.c.owner.is_not(None),
+                locks.c.expires_at <= (now if now is not None else self._server_now()),
+            )
+            .order_by(locks.c.resource)
+            .limit(batch)
+            .with_for_update()
+        )
+        if prefix:
+            query = query.where(
+                locks.c.resource.startswith(prefix, autoescape=True),
+                func.substr(locks.c.resource, 1, len(prefix)) == prefix,
+            )
+        if owner is not None:
+            query = query.where(locks.c.owner == owner)
+        candidates = conn.execute(query).all()
+        now, _, _ = self.clock_after_lock(conn, now)
+        stale = [row for row in candidates if row.expires_at <= now]
+        if stale:
+            conn.execute(
+                update(locks)
+                .where(locks.c.id.in_([row.id for row in stale]))
+                .values(owner=None, expires_at=now)
+            )
+            conn.execute(
+                _INSERT_EVENT,
+                [
+                    {
+                        "resource": row.resource,
+                        "action": Action.FORCE_RELEASED.value,
+                        "owner": row.owner,
+                        "previous_owner": row.owner,
+                        "fence": row.fence,
+                        "acquired_at": row.acquired_at,
+                        "expires_at": now,
+                        "actor": actor,
+                        "reason": reason,
+                        "occurred_at": now,
+                    }
+                    for row in stale
+                ],
+            )
+        released = [_LockRow.of(row, expires_at=now) for row in stale]
+        return StaleBatch(len(candidates), released, now)
 
     def purge_stale_batch(self, conn, cutoff: datetime, batch: int) -> list[Row]:
         """Delete up to ``batch`` rows that expired (or were released) at or before
@@ -512,6 +755,22 @@ class TransactionalStatements:
                 delete(locks).where(locks.c.id.in_([c.id for c in candidates]))
             )
         return candidates
+
+
+@dataclass(frozen=True, slots=True)
+class StaleBatch:
+    candidates: int  # rows the batch locked (fewer than asked: the last batch)
+    released: list[Any]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _FreezeRow:
+    prefix: str
+    reason: str
+    actor: str
+    frozen_at: datetime
+    ends_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

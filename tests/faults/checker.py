@@ -73,6 +73,8 @@ def check(
     _match_events(records, grants, events, report)
     _check_believed_intervals(grants, report)
     _replay_audit_log(events, report)
+    for violation in grant_order_violations(events):
+        report.violation(violation)
     _check_responses(records, report)
     if outage is not None:
         _check_outage(outage, report, max_recovery)
@@ -254,6 +256,45 @@ def _replay_audit_log(events, report) -> None:
             if holder is None or holder["fence"] != event["fence"]:
                 report.violation(f"event {event['id']}: release of a lock not held")
             holders.pop(resource, None)
+
+
+def grant_order_violations(events) -> list[str]:
+    """The audit log ordered like the grants themselves: no grant's recorded
+    ``acquired_at`` may precede the recorded end of the grant before it on the
+    same resource (its release or force-release ``occurred_at``, or, when it ran
+    out, its last ``expires_at``; a claim that takes it ends it there). Exact
+    comparison, no tolerance: every timestamp is the database's own clock.
+
+    ``events``: every event of the resources concerned, in id order (a resource's
+    events are written under its row lock, so their ids follow the changes).
+    """
+    violations: list[str] = []
+    # resource -> (what ended the previous grant, when, its fence)
+    previous_end: dict[str, tuple[str, datetime, int]] = {}
+    for event in sorted(events, key=lambda e: e["id"]):
+        resource, action = event["resource"], event["action"]
+        if action in GRANT_ACTIONS:
+            ended = previous_end.get(resource)
+            at = ts(event["acquired_at"])
+            # A force-claim, or a claim for the holder itself, ends a valid grant.
+            ends_it = action == "force_claimed" or (
+                action == "claimed" and event["previous_owner"] == event["owner"]
+            )
+            if ended is not None and not ends_it and at < ended[1]:
+                violations.append(
+                    f"event {event['id']}: {resource} {action} (fence "
+                    f"{event['fence']}) recorded at {at.isoformat()}, before the "
+                    f"{ended[0]} of fence {ended[2]} at {ended[1].isoformat()}"
+                )
+        if action in GRANT_ACTIONS or action in ("reacquired", "renewed"):
+            previous_end[resource] = (
+                "expiry",
+                ts(event["expires_at"]),
+                event["fence"],
+            )
+        elif action in ("released", "force_released"):
+            previous_end[resource] = (action, ts(event["occurred_at"]), event["fence"])
+    return violations
 
 
 # -- responses and the outage ----------------------------------------------------

@@ -143,6 +143,28 @@ def test_checker_finds_a_waiter_stuck_past_its_wait():
     assert violations == ["w09-9 waited 4.2 s for hot:0 with wait=1.0 (refused)"]
 
 
+def test_checker_finds_a_grant_recorded_before_the_release_it_followed():
+    """The audit log of a MariaDB run that read its clock before waiting for the
+    row lock: the next grant is recorded 63 microseconds before the release."""
+    records, events = clean_history()
+    records[2] = grant("w01-1", 2, 0.499937, 1.5)
+    events[2] = event(3, "acquired", "w01-1", 2, 0.499937, 1.5)
+    violations = check(records, events).violations
+    assert any(
+        "event 3: hot:0 acquired (fence 2) recorded at" in v
+        and "before the released of fence 1" in v
+        for v in violations
+    )
+
+
+def test_checker_finds_a_take_over_recorded_before_the_expiry():
+    records, events = clean_history()
+    events[3] = event(5, "took_over", "w02-1", 3, 1.5, 2.5)
+    events.insert(3, event(4, "renewed", "w01-1", 2, 0.5, 1.6, occurred=1.0))
+    violations = check(records, events).violations
+    assert any("before the expiry of fence 2" in v for v in violations)
+
+
 def test_checker_reports_every_500():
     records, events = clean_history()
     records.append(

@@ -1,0 +1,190 @@
+"""Freezes and the bulk release of stale locks, for operators.
+
+The same pattern as force-release and claim (``views``): a GET shows the
+confirmation form, a POST with a CSRF token acts through the service; htmx gets
+the form or the result swapped into ``#action-panel``, a browser without
+JavaScript a page, then a 303 back.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import click
+from flask import flash, make_response, redirect, render_template, request, url_for
+from flask_login import current_user
+
+from app.auth.views import login_required, operator_required, safe_next
+from app.cli import parse_duration
+from app.dashboard import bp
+from app.dashboard.htmx import is_htmx, render_page_or_fragment
+from app.dashboard.views import LOCKS_CHANGED, _action_response, _reason, _text_arg
+from app.locks.errors import InvalidInput, NotFrozen
+from app.locks.service import lock_service
+
+
+def _next(fallback: str = "/") -> str:
+    return safe_next(request.values.get("next")) or fallback
+
+
+def _finished(message: str, fallback: str = "/"):
+    """After a successful action: the result in place, or 303 back to the page."""
+    if is_htmx():
+        response = make_response(
+            render_template("dashboard/_result.html", message=message, ok=True)
+        )
+        response.headers["HX-Trigger"] = LOCKS_CHANGED
+        return response
+    flash(message, "success")
+    return redirect(_next(fallback), 303)
+
+
+@bp.get("/freezes")
+@login_required
+def freezes():
+    """The freezes in force; ``?resource=`` narrows to those covering it (the
+    banner of a lock page). The banner alone for htmx aiming at ``#freezes``."""
+    resource = _text_arg("resource")
+    service = lock_service()
+    found = service.freezes_over(resource) if resource else service.list_freezes()
+    return render_page_or_fragment(
+        "dashboard/freezes.html",
+        {"freezes": "dashboard/_freezes.html"},
+        freezes=found,
+        banner_resource=resource,
+        banner_url=request.full_path.rstrip("?"),
+        banner_return=(
+            url_for("dashboard.lock_page", resource=resource) if resource else "/"
+        ),
+    )
+
+
+@bp.route("/freezes/new", methods=["GET", "POST"])
+@operator_required
+def freeze():
+    context = {"next_url": _next(), "resource": None, "title": "Freeze"}
+    if request.method == "GET":
+        return _action_response(
+            "dashboard/_freeze_form.html",
+            prefix=request.args.get("prefix", ""),
+            reason="",
+            duration="",
+            **context,
+        )
+    prefix = request.form.get("prefix", "").strip()
+    raw_duration = request.form.get("for", "").strip()
+    reason = _reason()
+    errors: list[tuple[str, str]] = []
+    duration: timedelta | None = None
+    if raw_duration:
+        try:
+            duration = parse_duration(raw_duration)
+        except click.BadParameter as exc:
+            errors.append(("for", exc.message))
+    if not errors:
+        try:
+            frozen = lock_service().freeze(
+                prefix, actor=current_user.username, reason=reason, duration=duration
+            )
+        except InvalidInput as exc:
+            errors = exc.errors
+        else:
+            until = (
+                f"until {frozen.ends_at:%Y-%m-%d %H:%M:%S} UTC"
+                if frozen.ends_at
+                else "until unfrozen"
+            )
+            return _finished(f"Froze {frozen.prefix}: no new grants {until}.")
+    return _action_response(
+        "dashboard/_freeze_form.html",
+        400,
+        errors=errors,
+        prefix=prefix,
+        reason=reason or "",
+        duration=raw_duration,
+        **context,
+    )
+
+
+@bp.route("/freezes/<prefix>/unfreeze", methods=["GET", "POST"])
+@operator_required
+def unfreeze(prefix: str):
+    current = next(
+        (f for f in lock_service().list_freezes() if f.prefix == prefix), None
+    )
+    context = {
+        "next_url": _next(),
+        "resource": None,
+        "title": "Unfreeze",
+        "freeze": current,
+        "prefix": prefix,
+    }
+    if request.method == "GET":
+        if current is None:  # ended meanwhile: say so, as a page like any other
+            return _action_response(
+                "dashboard/_result.html",
+                message=f"{prefix} is not frozen.",
+                ok=False,
+                **context,
+            )
+        return _action_response("dashboard/_unfreeze_form.html", reason="", **context)
+    reason = _reason()
+    try:
+        lock_service().unfreeze(prefix, actor=current_user.username, reason=reason)
+    except NotFrozen:
+        return _finished(f"{prefix} was not frozen any more.")
+    except InvalidInput as exc:
+        return _action_response(
+            "dashboard/_unfreeze_form.html",
+            400,
+            errors=exc.errors,
+            reason=reason or "",
+            **context,
+        )
+    return _finished(f"Unfroze {prefix}: new grants are allowed again.")
+
+
+@bp.route("/stale/release", methods=["GET", "POST"])
+@operator_required
+def release_stale():
+    """Force-release every stale lock matching the overview's search."""
+    prefix = request.values.get("prefix", "").strip() or None
+    owner = request.values.get("owner", "").strip() or None
+    service = lock_service()
+    context = {
+        "next_url": _next(),
+        "resource": None,
+        "title": "Release stale locks",
+        "prefix": prefix or "",
+        "owner": owner or "",
+    }
+    try:
+        count = service.count_stale(prefix=prefix, owner=owner)
+    except InvalidInput as exc:
+        return _action_response(
+            "dashboard/_release_stale_form.html",
+            400,
+            errors=exc.errors,
+            count=0,
+            reason="",
+            **context,
+        )
+    if request.method == "GET":
+        return _action_response(
+            "dashboard/_release_stale_form.html", count=count, reason="", **context
+        )
+    reason = _reason()
+    try:
+        released = service.release_stale(
+            actor=current_user.username, reason=reason, prefix=prefix, owner=owner
+        )
+    except InvalidInput as exc:
+        return _action_response(
+            "dashboard/_release_stale_form.html",
+            400,
+            errors=exc.errors,
+            count=count,
+            reason=reason or "",
+            **context,
+        )
+    return _finished(f"Force-released {len(released)} stale lock(s).")

@@ -1,0 +1,188 @@
+"""Freezes and the bulk release of stale locks on the dashboard (test client,
+CSRF on): forms, confirmations, banners, htmx fragments, roles."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.locks.errors import LockNotFound, ResourceFrozen
+from app.locks.service import lock_service
+from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
+
+HTMX = {"HX-Request": "true", "HX-Target": "div#action-panel"}
+
+
+@pytest.fixture
+def app(fake_app):
+    make_user(fake_app, "olga", "operator")
+    make_user(fake_app, "vic", "viewer")
+    return fake_app
+
+
+@pytest.fixture
+def svc(app):
+    with app.app_context():
+        yield lock_service()
+
+
+@pytest.fixture
+def operator(app):
+    client = app.test_client()
+    assert log_in(client, "olga").status_code == 303
+    return client
+
+
+@pytest.fixture
+def viewer(app):
+    client = app.test_client()
+    assert log_in(client, "vic").status_code == 303
+    return client
+
+
+def post(client, url, data, htmx=False):
+    token = csrf_token(client, "/")
+    return client.post(
+        url, data={"csrf_token": token, **data}, headers=HTMX if htmx else {}
+    )
+
+
+def banner_text(client, url="/") -> str:
+    section = soup(client.get(url)).find(id="freezes")
+    return section.get_text(" ", strip=True)
+
+
+# -- freezes ------------------------------------------------------------------------
+
+
+def test_freeze_form_is_a_confirmation_with_a_csrf_token(operator):
+    page = soup(operator.get("/freezes/new?prefix=billing:"))
+    form = page.find("form", attrs={"action": "/freezes/new"})
+    assert form.find("input", attrs={"name": "csrf_token"})
+    assert form.find("input", attrs={"name": "prefix"})["value"] == "billing:"
+    assert form.find("textarea", attrs={"name": "reason"}).has_attr("required")
+
+
+def test_freeze_without_javascript_redirects_and_the_overview_shows_the_banner(
+    operator, svc
+):
+    response = post(
+        operator,
+        "/freezes/new",
+        {"prefix": "billing:", "reason": "ledger migration", "for": "2h", "next": "/"},
+    )
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/"
+    text = banner_text(operator)
+    assert "billing:" in text
+    assert "ledger migration" in text
+    assert "olga" in text
+    with pytest.raises(ResourceFrozen):
+        svc.acquire("billing:1", "w-1")
+    # The lock page of a covered resource shows it; another does not.
+    assert "ledger migration" in banner_text(operator, "/locks/billing:1")
+    assert "Frozen" not in banner_text(operator, "/locks/report:1")
+
+
+def test_freeze_with_htmx_swaps_the_result_and_refreshes_the_banner(operator, svc):
+    response = post(
+        operator, "/freezes/new", {"prefix": "job:", "reason": "deploy"}, htmx=True
+    )
+    assert response.status_code == 200
+    assert response.headers["HX-Trigger"] == "locks-changed"
+    assert "Froze job:" in soup(response).get_text()
+    fragment = operator.get(
+        "/freezes", headers={"HX-Request": "true", "HX-Target": "section#freezes"}
+    )
+    assert fragment.headers["Cache-Control"] == "no-store"
+    assert "deploy" in soup(fragment).find(id="freezes").get_text()
+    assert not soup(fragment).find("html")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"prefix": "billing:", "reason": ""}, "reason"),
+        ({"prefix": "has space", "reason": "x"}, "prefix"),
+        ({"prefix": "billing:", "reason": "x", "for": "soon"}, "for"),
+    ],
+)
+def test_bad_freeze_input_is_a_400_form_with_the_message(operator, svc, data, field):
+    response = post(operator, "/freezes/new", data, htmx=True)
+    assert response.status_code == 400
+    assert soup(response).find(id=f"{field}-error")
+    assert svc.list_freezes() == []
+
+
+def test_unfreeze_from_the_banner(operator, svc):
+    svc.freeze("billing:", actor="olga", reason="migration")
+    link = soup(operator.get("/")).select_one("#freezes a[href*=unfreeze]")
+    assert link is not None
+    form_page = soup(operator.get(link["href"]))
+    assert "migration" in form_page.get_text()
+    response = post(
+        operator, "/freezes/billing:/unfreeze", {"reason": "done", "next": "/"}
+    )
+    assert response.status_code == 303
+    assert svc.list_freezes() == []
+    assert svc.acquire("billing:1", "w-1").acquired
+
+
+def test_viewer_sees_the_banner_but_cannot_freeze(viewer, svc):
+    svc.freeze("billing:", actor="olga", reason="migration")
+    assert "migration" in banner_text(viewer)
+    assert "Unfreeze" not in banner_text(viewer)
+    assert viewer.get("/freezes/new").status_code == 403
+    response = post(viewer, "/freezes/new", {"prefix": "a:", "reason": "x"})
+    assert response.status_code == 403
+    response = post(viewer, "/freezes/billing:/unfreeze", {"reason": "x"})
+    assert response.status_code == 403
+    assert [f.prefix for f in svc.list_freezes()] == ["billing:"]
+
+
+# -- bulk release of stale locks ------------------------------------------------------
+
+
+def test_stale_tab_offers_bulk_release_with_the_count(operator, svc, clock):
+    for i in range(3):
+        svc.acquire(f"job:{i}", "w-1", ttl=1)
+    svc.acquire("report:1", "w-1", ttl=1)
+    svc.acquire("job:held", "w-1", ttl=600)
+    clock.advance(2)
+    held_tab = soup(operator.get("/?state=held"))
+    assert held_tab.find("a", string="Release all stale…") is None
+    link = soup(operator.get("/?state=stale&prefix=job:")).find(
+        "a", string="Release all stale…"
+    )
+    confirmation = soup(operator.get(link["href"]))
+    assert "Force release 3 stale locks?" in confirmation.get_text(" ", strip=True)
+    response = post(
+        operator,
+        "/stale/release",
+        {"prefix": "job:", "owner": "", "reason": "after the outage"},
+        htmx=True,
+    )
+    assert response.status_code == 200
+    assert "Force-released 3 stale lock(s)." in soup(response).get_text()
+    assert response.headers["HX-Trigger"] == "locks-changed"
+    for i in range(3):
+        with pytest.raises(LockNotFound):
+            svc.get(f"job:{i}", include_stale=True)
+    assert svc.get("report:1", include_stale=True).owner == "w-1"
+    assert svc.get("job:held").owner == "w-1"
+
+
+def test_bulk_release_needs_an_operator(viewer, svc, clock):
+    svc.acquire("job:1", "w-1", ttl=1)
+    clock.advance(2)
+    assert viewer.get("/stale/release").status_code == 403
+    assert post(viewer, "/stale/release", {"reason": "x"}).status_code == 403
+    assert svc.count_stale() == 1
+
+
+def test_bulk_release_needs_a_reason(operator, svc, clock):
+    svc.acquire("job:1", "w-1", ttl=1)
+    clock.advance(2)
+    response = post(operator, "/stale/release", {"reason": ""}, htmx=True)
+    assert response.status_code == 400
+    assert soup(response).find(id="reason-error")
+    assert svc.count_stale() == 1
