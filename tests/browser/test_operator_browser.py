@@ -1,0 +1,59 @@
+"""Freezes and the bulk release of stale locks in a real browser."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import OPERATOR, Site
+
+pytestmark = pytest.mark.browser
+
+
+def test_freezing_a_prefix_shows_the_banner_and_the_api_refuses_new_grants(
+    operator_page: Page, site: Site
+):
+    page = operator_page
+    page.reload()
+    page.get_by_role("link", name="Freeze a prefix…").click()
+    panel = page.locator("#action-panel")
+    expect(panel.get_by_role("heading")).to_contain_text("Freeze a prefix?")
+    panel.get_by_role("textbox", name="Prefix").fill("billing:")
+    panel.get_by_label("For how long").fill("2h")
+    panel.get_by_label("Reason").fill("ledger migration")
+    panel.get_by_role("button", name="Freeze new grants").click()
+
+    expect(page.locator("#messages .message-success")).to_contain_text("Froze billing:")
+    banner = page.locator("#freezes .freeze-banner")
+    expect(banner).to_contain_text("billing:")
+    expect(banner).to_contain_text("ledger migration")
+    expect(banner).to_contain_text(OPERATOR)
+    refused = site.api.post("/api/v1/locks/billing:1", json={"owner": "worker-1"})
+    assert refused.status_code == 423
+    assert refused.json()["freeze"]["reason"] == "ledger migration"
+
+
+def test_releasing_all_stale_locks_from_the_stale_tab(operator_page: Page, site: Site):
+    for i in range(3):
+        site.acquire(f"job:dead-{i}", "worker-dead", ttl=0.5)
+    site.acquire("job:alive", "worker-ok", ttl=600)
+    time.sleep(1)
+    page = operator_page
+    page.goto(f"{site.url}/?state=stale")
+    page.get_by_role("link", name="Release all stale…").click()
+    panel = page.locator("#action-panel")
+    expect(panel.get_by_role("heading")).to_contain_text("Force release 3 stale locks?")
+    panel.get_by_label("Reason").fill("workers died in the outage")
+    panel.get_by_role("button", name="Release 3 stale locks").click()
+
+    expect(page.locator("#messages .message-success")).to_contain_text(
+        "Force-released 3 stale lock(s)."
+    )
+    expect(page.locator("#live .count-stale .count")).to_have_text("0")
+    expect(page.locator("#live .count-held .count")).to_have_text("1")
+    for i in range(3):
+        [latest, *_] = site.events(f"job:dead-{i}")
+        assert latest["action"] == "force_released"
+        assert latest["reason"] == "workers died in the outage"
