@@ -47,6 +47,7 @@ def test_acquire_of_free_resource_grants_it(api):
     assert lock == {
         "resource": "job:42",
         "owner": "w-1",
+        "token": "worker",
         "fence": lock["fence"],
         "acquired_at": "2026-11-30T09:00:00.000000Z",
         "expires_at": "2026-11-30T09:00:30.000000Z",

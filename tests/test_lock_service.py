@@ -389,6 +389,9 @@ def test_every_bad_field_is_named_at_once(service):
 
 
 def test_every_ownership_change_writes_exactly_one_event(service, clock):
+    from app.auth.service import create_token
+
+    create_token("workers")
     service.acquire("job:42", "w-1", ttl=10)  # acquired
     service.acquire("job:42", "w-1", ttl=10)  # reacquired
     service.renew("job:42", "w-1", ttl=10)  # renewed
@@ -396,8 +399,8 @@ def test_every_ownership_change_writes_exactly_one_event(service, clock):
     service.acquire("job:42", "w-2", ttl=10)  # took_over
     service.claim("job:42", "op", 10, actor="a", force=True)  # force_claimed
     service.force_release("job:42", actor="a")  # force_released
-    service.claim("job:42", "op", 10, actor="a")  # claimed
-    service.release("job:42", "op")  # released
+    service.claim("job:42", "op", 10, actor="a", for_token="workers")  # claimed
+    service.release("job:42", "op", token="workers")  # released
     assert [e.action for e in events_of("job:42")] == [
         "acquired",
         "reacquired",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from flask import Blueprint, Response, request
 
 from app.errors import problem
@@ -12,6 +14,7 @@ from app.locks.errors import (
     LockHeld,
     LockNotFound,
     NotOwner,
+    QuotaExceeded,
     ServiceBusy,
     WaitersFull,
 )
@@ -23,6 +26,7 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
     LockExpired: (409, "Lock expired"),
     NotOwner: (409, "Lock held by another owner"),
     LockHeld: (409, "Lock held by another owner"),
+    QuotaExceeded: (429, "Lock quota reached"),
     ServiceBusy: (503, "Service busy"),
     WaitersFull: (503, "Too many waiting acquires"),
 }
@@ -45,6 +49,8 @@ def lock_problem(exc: LockError) -> Response:
     response = problem(status, title, str(exc), **extra)
     if status == 503:
         response.headers["Retry-After"] = "1"
+    if isinstance(exc, QuotaExceeded):
+        response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return response
 
 

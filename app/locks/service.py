@@ -41,12 +41,14 @@ from app.locks.errors import (
     LockHeld,
     LockNotFound,
     NotOwner,
+    QuotaExceeded,
     ServiceBusy,
 )
+from app.locks.models import NO_TOKEN
 from app.locks.queue import WaitQueue
 from app.locks.results import AcquireResult, Lock, Page
 from app.locks.state import Action, LockState
-from app.locks.statements import locks, queue_columns, statements_for
+from app.locks.statements import holds, locks, queue_columns, statements_for
 from app.metrics import NO_METRICS, NoMetrics
 from app.types import UTCDateTime
 
@@ -221,22 +223,34 @@ class LockService:
         *,
         wait: float | None = None,
         still_wanted: Callable[[], bool] | None = None,
+        token: str | None = None,
+        max_locks: int | None = None,
     ) -> AcquireResult:
-        """Take ``resource`` for ``owner`` if it is free, stale, or already ours,
-        and no one waits in line before us.
+        """Take ``resource`` for (``token``, ``owner``) if it is free, stale, or
+        already theirs, and no one waits in line before us.
 
         ``wait`` = 0 (or None) never blocks, and a refusal names the current
         holder and writes nothing. ``wait`` > 0 waits in line up to that many
         seconds (see ``app.locks.queue``) while ``still_wanted()`` holds.
+        ``max_locks``: the token's quota of live locks; a new grant beyond it
+        raises ``QuotaExceeded`` (a re-acquire never does). ``token`` None: the
+        caller has no token (tests, tools): it holds only locks with none recorded.
 
         :raise WaitersFull: ``wait`` > 0 and this worker's waiting room is full.
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
         ttl = self._ttl(ttl)
-        result = self._attempt(resource, owner, ttl, actor, None)
+        quota = {"token": token, "max_locks": max_locks}
+        try:
+            result = self._attempt(resource, owner, ttl, actor, None, **quota)
+        except QuotaExceeded:
+            self.metrics.acquire_refused()
+            raise
         if not result.acquired and wait:
             result = self.queue.wait(
-                lambda waiter: self._attempt(resource, owner, ttl, actor, waiter),
+                lambda waiter: self._attempt(
+                    resource, owner, ttl, actor, waiter, **quota
+                ),
                 resource,
                 owner,
                 actor,
@@ -250,13 +264,29 @@ class LockService:
         return result
 
     def _attempt(
-        self, resource: str, owner: str, ttl: float, actor, waiter: int | None
+        self,
+        resource: str,
+        owner: str,
+        ttl: float,
+        actor,
+        waiter: int | None,
+        *,
+        token: str | None = None,
+        max_locks: int | None = None,
     ) -> AcquireResult:
         """One decision; ``waiter``: our place in line, None for "not in line"."""
         for _ in range(self.settings.retries + 1):
             outcome = self.run_transaction(
                 lambda conn: self.statements.acquire(
-                    conn, resource, owner, ttl, actor, self._now(), waiter
+                    conn,
+                    resource,
+                    owner,
+                    token,
+                    ttl,
+                    actor,
+                    max_locks,
+                    self._now(),
+                    waiter,
                 ),
                 autocommit=self.statements.autocommit,
             )
@@ -266,8 +296,12 @@ class LockService:
                 )
             row = outcome.row
             queued = getattr(row, "waiters", 0) or 0
-            if _held_by_another(row, owner, outcome.now):
+            if _held_by_another(row, owner, token, outcome.now):
                 return AcquireResult(False, self._lock(row, outcome.now), None, queued)
+            if outcome.over_quota:
+                raise QuotaExceeded(
+                    token, max_locks, self._quota_retry_after(token, outcome.now)
+                )
             if row is not None and queued:
                 # Free or expired, but others are in line before us.
                 holder = self._lock(row, outcome.now) if row.owner else None
@@ -275,24 +309,38 @@ class LockService:
             # The row we were refused on is gone or expired: it changed under us.
         return AcquireResult(False, None)
 
+    def _quota_retry_after(self, token: str | None, now: datetime) -> float:
+        """Seconds until the token's soonest lock expires (the refusal path only)."""
+        query = select(func.min(locks.c.expires_at)).where(
+            locks.c.token == token, locks.c.expires_at > now
+        )
+        with self._autocommit_engine.connect() as conn:
+            soonest = conn.scalar(query)
+        if soonest is None:
+            return 1.0
+        return max((soonest - now).total_seconds(), 1.0)
+
     def renew(
         self,
         resource: str,
         owner: str,
         ttl: float | None = None,
         actor: str | None = None,
+        *,
+        token: str | None = None,
     ) -> Lock:
-        """Extend ``owner``'s valid lock to ``now + ttl``; fence and acquired_at stay.
+        """Extend the valid lock of (``token``, ``owner``) to ``now + ttl``; fence
+        and acquired_at stay.
 
         :raise LockNotFound: no row. :raise LockExpired: the lock ran out (someone
-            else may hold it). :raise NotOwner: validly held by another owner.
+            else may hold it). :raise NotOwner: validly held by another holder.
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor)
         ttl = self._ttl(ttl)
         for _ in range(self.settings.retries + 1):
             outcome = self.run_transaction(
                 lambda conn: self.statements.renew(
-                    conn, resource, owner, ttl, actor, self._now()
+                    conn, resource, owner, token, ttl, actor, self._now()
                 ),
                 autocommit=self.statements.autocommit,
             )
@@ -306,22 +354,29 @@ class LockService:
             if row.expires_at <= now:
                 self.metrics.renewal("expired")
                 raise LockExpired(resource, owner)
-            if row.owner != owner:
+            if not holds(row, owner, token):
                 self.metrics.renewal("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
         raise ServiceBusy(f"renewal of {resource!r} kept racing; try again")
 
-    def release(self, resource: str, owner: str, actor: str | None = None) -> Lock:
-        """Release ``owner``'s valid lock; returns the lock as it was.
+    def release(
+        self,
+        resource: str,
+        owner: str,
+        actor: str | None = None,
+        *,
+        token: str | None = None,
+    ) -> Lock:
+        """Release the valid lock of (``token``, ``owner``); returns it as it was.
 
         :raise LockNotFound: no row, or it expired (the caller has lost it).
-        :raise NotOwner: validly held by another owner.
+        :raise NotOwner: validly held by another holder.
         """
         self.validate(resource=resource, owner=owner, actor=actor)
         for _ in range(self.settings.retries + 1):
             outcome = self.run_transaction(
                 lambda conn: self.statements.release(
-                    conn, resource, owner, actor, self._now()
+                    conn, resource, owner, token, actor, self._now()
                 ),
                 autocommit=self.statements.autocommit,
             )
@@ -336,7 +391,7 @@ class LockService:
                 raise LockNotFound(
                     resource, f"no valid lock on {resource!r} to release"
                 )
-            if row.owner != owner:
+            if not holds(row, owner, token):
                 self.metrics.release("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
         raise ServiceBusy(f"release of {resource!r} kept racing; try again")
@@ -368,24 +423,46 @@ class LockService:
         actor: str,
         reason: str | None = None,
         force: bool = False,
+        for_token: str | None = None,
     ) -> Lock:
         """Grant ``resource`` to ``owner`` with a new fence, as an operator.
 
-        :raise LockHeld: validly held by another owner and ``force`` is false.
+        ``for_token``: the name of the live API token whose workers may renew
+        and release the grant; None binds it to no token (only an operator can
+        end it then).
+
+        :raise LockHeld: validly held by another holder and ``force`` is false.
         """
         self.validate(
             resource=resource, owner=owner, ttl=ttl, actor=actor, reason=reason
         )
+        if for_token is not None:
+            self._check_live_token(for_token)
+        token = for_token if for_token is not None else NO_TOKEN
         ttl = self._ttl(ttl)
         outcome = self.run_transaction(
             lambda conn: self._transactional.claim(
-                conn, resource, owner, ttl, actor, reason, force, self._now()
+                conn, resource, owner, token, ttl, actor, reason, force, self._now()
             )
         )
         if not outcome.done:
             raise LockHeld(resource, self._lock(outcome.row, outcome.now))
         self.metrics.operator_action(outcome.action)
         return self._lock(outcome.row, outcome.now)
+
+    def _check_live_token(self, name: str) -> None:
+        from app.auth.models import ApiToken
+
+        tokens = ApiToken.__table__
+        query = select(tokens.c.expires_at).where(
+            tokens.c.name == name, tokens.c.revoked_at.is_(None)
+        )
+        with self._autocommit_engine.connect() as conn:
+            found = conn.execute(query).one_or_none()
+        if found is None or (
+            found.expires_at is not None and found.expires_at <= self.now()
+        ):
+            raise InvalidInput([("for_token", f"no live API token is named {name!r}")])
 
     def purge_stale(self, older_than: timedelta) -> list[str]:
         """Delete rows expired (or released) longer than ``older_than`` ago; returns
@@ -663,12 +740,12 @@ def _sort_value(key: str, raw: Any) -> Any:
     return raw
 
 
-def _held_by_another(row, owner: str, now: datetime) -> bool:
+def _held_by_another(row, owner: str, token: str | None, now: datetime) -> bool:
     return (
         row is not None
         and row.owner is not None
         and row.expires_at > now
-        and row.owner != owner
+        and not holds(row, owner, token)
     )
 
 

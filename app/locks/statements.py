@@ -22,6 +22,12 @@ Two strategies give the same answers:
 
 Both take ``now`` = None to read the database's clock inside the deciding statement,
 or a datetime (SQLite's host clock, tests' fake clock).
+
+The holder of a lock is the pair (token, owner): see ``holds``. An acquire that is a
+new grant (not a re-acquire) is also refused when the token's quota of live locks is
+full; that count is part of the same statement (PostgreSQL) or of reads the
+transaction makes anyway (MariaDB), never a round trip of its own on re-acquire or
+renew.
 """
 
 from __future__ import annotations
@@ -39,13 +45,16 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
 )
+from sqlalchemy.types import Integer
 
 from app.locks.driver import DriverConnection, DriverSQL
 from app.locks.models import (
+    NO_TOKEN,
     DistributedLock,
     FenceCounter,
     LockEvent,
@@ -95,6 +104,21 @@ class Outcome:
     action: Action | None
     row: Any
     now: datetime
+    over_quota: bool = False
+
+
+def holds(row, owner: str, token: str | None) -> bool:
+    """Whether (``token``, ``owner``) is the holder recorded on ``row``.
+
+    A row with no token recorded (granted before tokens were) is held by its owner
+    under any token; ``NO_TOKEN`` (an operator's claim for no token) by no worker.
+    """
+    return row.owner == owner and (row.token is None or row.token == token)
+
+
+def token_or_none(token: str | None) -> str | None:
+    """The token as shown to people: ``NO_TOKEN`` is no token."""
+    return token if token != NO_TOKEN else None
 
 
 # --- PostgreSQL: one statement per hot operation ---------------------------------
@@ -109,40 +133,55 @@ prior AS (
            l.owner IS NOT NULL AND l.expires_at > clock.now AS valid
     FROM distributed_locks AS l, clock
     WHERE l.resource = :resource
-      AND (l.owner IS NULL OR l.expires_at <= clock.now OR l.owner = :owner)
-      AND ((l.owner = :owner AND l.expires_at > clock.now) OR NOT EXISTS ({ahead}))
+      AND (l.owner IS NULL OR l.expires_at <= clock.now
+           OR (l.owner = :owner AND (l.token IS NULL OR l.token = :token)))
+      AND ((l.owner = :owner AND (l.token IS NULL OR l.token = :token)
+            AND l.expires_at > clock.now)
+           OR NOT EXISTS ({ahead}))
     FOR UPDATE OF l
+),
+quota AS (
+    SELECT CAST(:max_locks AS integer) IS NOT NULL AND (
+        SELECT count(*) FROM (
+            SELECT 1 FROM distributed_locks AS q, clock
+            WHERE q.token = :token AND q.expires_at > clock.now
+            LIMIT :max_locks
+        ) AS live
+    ) >= :max_locks AS reached
 ),
 updated AS (
     UPDATE distributed_locks AS l
     SET owner = :owner,
+        token = :token,
         acquired_at = clock.now,
         expires_at = clock.now + make_interval(secs => :ttl),
         fence = CASE WHEN prior.valid THEN l.fence
                      ELSE nextval('lock_fence_seq') END
     FROM prior, clock
-    WHERE l.id = prior.id
-    RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
+    WHERE l.id = prior.id AND (prior.valid OR NOT (SELECT reached FROM quota))
+    RETURNING l.resource, l.owner, l.token, l.fence, l.acquired_at, l.expires_at,
               prior.owner AS previous_owner,
               CASE WHEN prior.owner IS NULL THEN 'acquired'
                    WHEN prior.valid THEN 'reacquired'
                    ELSE 'took_over' END AS action
 ),
 inserted AS (
-    INSERT INTO distributed_locks (resource, owner, fence, acquired_at, expires_at)
-    SELECT :resource, :owner, nextval('lock_fence_seq'),
+    INSERT INTO distributed_locks (resource, owner, token, fence, acquired_at,
+                                   expires_at)
+    SELECT :resource, :owner, :token, nextval('lock_fence_seq'),
            clock.now, clock.now + make_interval(secs => :ttl)
     FROM clock
     WHERE NOT EXISTS (SELECT 1 FROM distributed_locks WHERE resource = :resource)
+      AND NOT (SELECT reached FROM quota)
     ON CONFLICT (resource) DO NOTHING
-    RETURNING resource, owner, fence, acquired_at, expires_at,
+    RETURNING resource, owner, token, fence, acquired_at, expires_at,
               CAST(NULL AS varchar) AS previous_owner, 'acquired' AS action
 ),
 granted AS (SELECT * FROM updated UNION ALL SELECT * FROM inserted),
 logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
                              acquired_at, expires_at, actor, occurred_at)
-    SELECT g.resource, g.action, g.owner, g.previous_owner, g.fence,
+    SELECT g.resource, g.action, g.owner, g.previous_owner, g.token, g.fence,
            g.acquired_at, g.expires_at, :actor, clock.now
     FROM granted AS g, clock
 ),
@@ -151,14 +190,18 @@ dequeued AS (
     WHERE id = CAST(:waiter AS bigint) AND EXISTS (SELECT 1 FROM granted)
 ),
 {queue}
-SELECT true AS done, g.action, g.resource, g.owner, g.fence,
-       g.acquired_at, g.expires_at, clock.now, queue.waiters
+SELECT true AS done, g.action, g.resource, g.owner, g.token, g.fence,
+       g.acquired_at, g.expires_at, clock.now, queue.waiters, false AS over_quota
 FROM granted AS g, clock, queue
 UNION ALL
-SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now, queue.waiters
-FROM distributed_locks AS l, clock, queue
-WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM granted)
+SELECT false, NULL, CAST(:resource AS varchar), l.owner, l.token, l.fence,
+       l.acquired_at, l.expires_at, clock.now, queue.waiters,
+       -- Only a grant can be over quota: a valid lock here is another holder's.
+       CASE WHEN l.owner IS NOT NULL AND l.expires_at > clock.now THEN false
+            ELSE (SELECT reached FROM quota) END
+FROM clock CROSS JOIN queue
+LEFT JOIN distributed_locks AS l ON l.resource = :resource
+WHERE NOT EXISTS (SELECT 1 FROM granted)
 """
 
 _PG_RENEW = """
@@ -167,23 +210,24 @@ renewed AS (
     UPDATE distributed_locks AS l
     SET expires_at = clock.now + make_interval(secs => :ttl)
     FROM clock
-    WHERE l.resource = :resource AND l.owner = :owner AND l.expires_at > clock.now
-    RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at
+    WHERE l.resource = :resource AND l.owner = :owner
+      AND (l.token IS NULL OR l.token = :token) AND l.expires_at > clock.now
+    RETURNING l.resource, l.owner, l.token, l.fence, l.acquired_at, l.expires_at
 ),
 logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
                              acquired_at, expires_at, actor, occurred_at)
-    SELECT r.resource, 'renewed', r.owner, r.owner, r.fence,
-           r.acquired_at, r.expires_at, :actor, clock.now
+    SELECT r.resource, 'renewed', r.owner, r.owner, CAST(:token AS varchar),
+           r.fence, r.acquired_at, r.expires_at, :actor, clock.now
     FROM renewed AS r, clock
 ),
 {queue}
-SELECT true AS done, 'renewed' AS action, r.resource, r.owner, r.fence,
+SELECT true AS done, 'renewed' AS action, r.resource, r.owner, r.token, r.fence,
        r.acquired_at, r.expires_at, clock.now, queue.waiters
 FROM renewed AS r, clock, queue
 UNION ALL
-SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now, queue.waiters
+SELECT false, NULL, l.resource, l.owner, l.token, l.fence, l.acquired_at,
+       l.expires_at, clock.now, queue.waiters
 FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM renewed)
 """
@@ -192,26 +236,28 @@ _PG_RELEASE = """
 WITH clock AS (SELECT {now} AS now),
 released AS (
     UPDATE distributed_locks AS l
-    SET owner = NULL, expires_at = clock.now
+    SET owner = NULL, token = NULL, expires_at = clock.now
     FROM clock
-    WHERE l.resource = :resource AND l.owner = :owner AND l.expires_at > clock.now
-    RETURNING l.resource, CAST(:owner AS varchar) AS owner, l.fence, l.acquired_at,
+    WHERE l.resource = :resource AND l.owner = :owner
+      AND (l.token IS NULL OR l.token = :token) AND l.expires_at > clock.now
+    RETURNING l.resource, CAST(:owner AS varchar) AS owner,
+              CAST(:token AS varchar) AS token, l.fence, l.acquired_at,
               l.expires_at
 ),
 logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
                              acquired_at, expires_at, actor, occurred_at)
-    SELECT r.resource, 'released', r.owner, r.owner, r.fence,
+    SELECT r.resource, 'released', r.owner, r.owner, r.token, r.fence,
            r.acquired_at, r.expires_at, :actor, clock.now
     FROM released AS r, clock
 ),
 {queue}
-SELECT true AS done, 'released' AS action, r.resource, r.owner, r.fence,
+SELECT true AS done, 'released' AS action, r.resource, r.owner, r.token, r.fence,
        r.acquired_at, r.expires_at, clock.now, queue.waiters
 FROM released AS r, clock, queue
 UNION ALL
-SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now, queue.waiters
+SELECT false, NULL, l.resource, l.owner, l.token, l.fence, l.acquired_at,
+       l.expires_at, clock.now, queue.waiters
 FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM released)
 """
@@ -267,10 +313,16 @@ class PostgresStatements:
         row = conn.one(statements[now is None], params)
         if row is None:
             return Outcome(False, None, None, now or conn.one(_PG_READ_NOW, {}).now)
-        action = Action(row.action) if row.done else None
-        return Outcome(bool(row.done), action, row, row.now)
+        if row.done:
+            return Outcome(True, Action(row.action), row, row.now)
+        over_quota = bool(getattr(row, "over_quota", False))
+        # A refused acquire always answers one row; owner NULL: no lock is there.
+        holder = row if row.owner is not None else None
+        return Outcome(False, None, holder, row.now, over_quota)
 
-    def acquire(self, conn, resource, owner, ttl, actor, now, waiter=None) -> Outcome:
+    def acquire(
+        self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
+    ) -> Outcome:
         return self._run(
             conn,
             self._acquire,
@@ -278,18 +330,33 @@ class PostgresStatements:
             waiter,
             resource=resource,
             owner=owner,
+            token=token,
+            ttl=ttl,
+            actor=actor,
+            max_locks=max_locks,
+        )
+
+    def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
+        return self._run(
+            conn,
+            self._renew,
+            now,
+            resource=resource,
+            owner=owner,
+            token=token,
             ttl=ttl,
             actor=actor,
         )
 
-    def renew(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+    def release(self, conn, resource, owner, token, actor, now) -> Outcome:
         return self._run(
-            conn, self._renew, now, resource=resource, owner=owner, ttl=ttl, actor=actor
-        )
-
-    def release(self, conn, resource, owner, actor, now) -> Outcome:
-        return self._run(
-            conn, self._release, now, resource=resource, owner=owner, actor=actor
+            conn,
+            self._release,
+            now,
+            resource=resource,
+            owner=owner,
+            token=token,
+            actor=actor,
         )
 
 
@@ -320,28 +387,34 @@ class TransactionalStatements:
         by_resource = locks.c.resource == bindparam("resource")
         waiter = bindparam("waiter", type_=BigInteger())
         given_now = bindparam("now", type_=UTCDateTime())
-        self._lock_row_given = (
-            select(
-                locks,
-                given_now.label("now"),
-                *queue_columns(bindparam("resource"), given_now, waiter),
-            )
-            .where(by_resource)
-            .with_for_update()
+        server_now = (
+            self._server_now().cast(UTCDateTime())
+            if self._server_now is not None
+            else None
         )
-        if self._server_now is not None:
-            server_now = self._server_now().cast(UTCDateTime())
-            self._lock_row_server = (
-                select(
-                    locks,
-                    server_now.label("now"),
-                    *queue_columns(bindparam("resource"), server_now, waiter),
+        # Keyed by (reads the server clock, counts the token's live locks): the
+        # quota count rides on the locking read (and on the clock read when there
+        # is no row), so it costs no statement of its own.
+        self._lock_row = {}
+        self._clock_row = {}
+        for on_server, now_column in ((False, given_now), (True, server_now)):
+            if now_column is None:
+                continue
+            for counting in (False, True):
+                columns = [
+                    now_column.label("now"),
+                    *queue_columns(bindparam("resource"), now_column, waiter),
+                ]
+                if counting:
+                    columns.append(_live_locks(now_column).label("live"))
+                self._lock_row[on_server, counting] = (
+                    select(locks, *columns).where(by_resource).with_for_update()
                 )
-                .where(by_resource)
-                .with_for_update()
-            )
-        else:
-            self._lock_row_server = None
+                if counting:
+                    self._clock_row[on_server] = select(
+                        now_column.label("now"),
+                        _live_locks(now_column).label("live"),
+                    )
         self._next_fence_statement = (
             select(fence_sequence.next_value())
             if self.uses_sequence
@@ -367,16 +440,36 @@ class TransactionalStatements:
     ) -> tuple[Row | None, datetime]:
         """The row of ``resource``, locked until commit, and the deciding clock;
         the row also carries its queue (``waiters``, and ``ahead`` of ``waiter``)."""
-        if now is None:
-            query = self._lock_row_server
-            params = {"resource": resource, "waiter": waiter}
-        else:
-            query = self._lock_row_given
-            params = {"resource": resource, "now": now, "waiter": waiter}
-        row = conn.execute(query, params).one_or_none()
+        row, now, _ = self._counted_lock_row(conn, resource, now, waiter)
+        return row, now
+
+    def _counted_lock_row(
+        self,
+        conn: Connection,
+        resource: str,
+        now: datetime | None,
+        waiter: int | None = None,
+        quota_token: str | None = None,
+        max_locks: int | None = None,
+    ) -> tuple[Row | None, datetime, int | None]:
+        """``lock_row``, and with ``max_locks`` how many live locks ``quota_token``
+        holds, counted up to ``max_locks``."""
+        counting = bool(max_locks) and quota_token is not None
+        on_server = now is None
+        params: dict[str, Any] = {"resource": resource, "waiter": waiter}
+        if not on_server:
+            params["now"] = now
+        if counting:
+            params.update(quota_token=quota_token, max_locks=max_locks)
+        row = conn.execute(self._lock_row[on_server, counting], params).one_or_none()
         if row is not None:
-            return row, row.now
-        return None, now if now is not None else self.read_now(conn)
+            return row, row.now, row.live if counting else None
+        if not counting:
+            return None, now if now is not None else self.read_now(conn), None
+        # No row: the count comes with the clock read (MariaDB), or alone (SQLite,
+        # whose clock is the host's and needs no read).
+        clock = conn.execute(self._clock_row[on_server], params).one()
+        return None, clock.now, clock.live
 
     def _next_fence(self, conn: Connection) -> int:
         return conn.scalar(self._next_fence_statement)
@@ -384,10 +477,22 @@ class TransactionalStatements:
     # -- writes -------------------------------------------------------------
 
     def _grant(
-        self, conn, row, resource, owner, fence, now, ttl, action, actor, reason=None
+        self,
+        conn,
+        row,
+        resource,
+        owner,
+        token,
+        fence,
+        now,
+        ttl,
+        action,
+        actor,
+        reason=None,
     ) -> Outcome:
         values = {
             "owner": owner,
+            "token": token,
             "fence": fence,
             "acquired_at": now,
             "expires_at": now + timedelta(seconds=ttl),
@@ -402,10 +507,12 @@ class TransactionalStatements:
             **values,
         )
         previous_owner = row.owner if row is not None else None
-        self._log(conn, action, granted, previous_owner, actor, reason, now)
+        self._log(conn, action, granted, previous_owner, token, actor, reason, now)
         return Outcome(True, action, granted, now)
 
-    def _log(self, conn, action, lock, previous_owner, actor, reason, now) -> None:
+    def _log(
+        self, conn, action, lock, previous_owner, token, actor, reason, now
+    ) -> None:
         conn.execute(
             _INSERT_EVENT,
             {
@@ -413,6 +520,7 @@ class TransactionalStatements:
                 "action": action.value,
                 "owner": lock.owner,
                 "previous_owner": previous_owner,
+                "token": token_or_none(token),
                 "fence": lock.fence,
                 "acquired_at": lock.acquired_at,
                 "expires_at": lock.expires_at,
@@ -424,74 +532,101 @@ class TransactionalStatements:
 
     # -- operations ---------------------------------------------------------
 
-    def acquire(self, conn, resource, owner, ttl, actor, now, waiter=None) -> Outcome:
-        row, now = self.lock_row(conn, resource, now, waiter)
-        valid_ours = row is not None and row.owner == owner and row.expires_at > now
+    def acquire(
+        self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
+    ) -> Outcome:
+        row, now, live = self._counted_lock_row(
+            conn, resource, now, waiter, token, max_locks
+        )
+        valid_ours = (
+            row is not None and holds(row, owner, token) and row.expires_at > now
+        )
         if row is not None and row.ahead and not valid_ours:
             return Outcome(False, None, row, now)  # others are in line first
-        outcome = self._decide_acquire(conn, row, resource, owner, ttl, actor, now)
+        outcome = self._decide_acquire(
+            conn, row, resource, owner, token, ttl, actor, now, live, max_locks
+        )
         if outcome.done and waiter is not None:
             conn.execute(delete(waiters).where(waiters.c.id == waiter))
         return outcome
 
-    def _decide_acquire(self, conn, row, resource, owner, ttl, actor, now):
+    def _decide_acquire(
+        self, conn, row, resource, owner, token, ttl, actor, now, live, max_locks
+    ):
         if row is None or row.owner is None:
-            action, fence = Action.ACQUIRED, self._next_fence(conn)
+            action = Action.ACQUIRED
         elif row.expires_at <= now:
-            action, fence = Action.TOOK_OVER, self._next_fence(conn)
-        elif row.owner == owner:
-            action, fence = Action.REACQUIRED, row.fence
+            action = Action.TOOK_OVER
+        elif holds(row, owner, token):
+            action = Action.REACQUIRED
         else:
             return Outcome(False, None, row, now)
-        return self._grant(conn, row, resource, owner, fence, now, ttl, action, actor)
+        if action is Action.REACQUIRED:
+            fence = row.fence
+        elif live is not None and live >= max_locks:
+            # Only a new grant counts against the quota; nothing is written.
+            holder = row if row is not None and row.owner is not None else None
+            return Outcome(False, None, holder, now, over_quota=True)
+        else:
+            fence = self._next_fence(conn)
+        return self._grant(
+            conn, row, resource, owner, token, fence, now, ttl, action, actor
+        )
 
-    def renew(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+    def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
         row, now = self.lock_row(conn, resource, now)
-        if row is None or row.owner != owner or row.expires_at <= now:
+        if row is None or not holds(row, owner, token) or row.expires_at <= now:
             return Outcome(False, None, row, now)
         expires_at = now + timedelta(seconds=ttl)
         conn.execute(
             update(locks).where(locks.c.id == row.id).values(expires_at=expires_at)
         )
         renewed = _LockRow.of(row, expires_at=expires_at)
-        self._log(conn, Action.RENEWED, renewed, owner, actor, None, now)
+        self._log(conn, Action.RENEWED, renewed, owner, token, actor, None, now)
         return Outcome(True, Action.RENEWED, renewed, now)
 
-    def release(self, conn, resource, owner, actor, now) -> Outcome:
+    def release(self, conn, resource, owner, token, actor, now) -> Outcome:
         row, now = self.lock_row(conn, resource, now)
-        if row is None or row.owner != owner or row.expires_at <= now:
+        if row is None or not holds(row, owner, token) or row.expires_at <= now:
             return Outcome(False, None, row, now)
-        return self._remove(conn, row, Action.RELEASED, actor, None, now)
+        return self._remove(conn, row, Action.RELEASED, token, actor, None, now)
 
     def force_release(self, conn, resource, actor, reason, now) -> Outcome:
         row, now = self.lock_row(conn, resource, now)
         if row is None or row.owner is None:
             return Outcome(False, None, None, now)
-        return self._remove(conn, row, Action.FORCE_RELEASED, actor, reason, now)
+        return self._remove(
+            conn, row, Action.FORCE_RELEASED, row.token, actor, reason, now
+        )
 
-    def claim(self, conn, resource, owner, ttl, actor, reason, force, now) -> Outcome:
+    def claim(
+        self, conn, resource, owner, token, ttl, actor, reason, force, now
+    ) -> Outcome:
+        """Grant to (``token``, ``owner``); ``token`` NO_TOKEN: bound to no token."""
         row, now = self.lock_row(conn, resource, now)
         held_by_other = (
             row is not None
             and row.owner is not None
             and row.expires_at > now
-            and row.owner != owner
+            and not (row.owner == owner and row.token == token)
         )
         if held_by_other and not force:
             return Outcome(False, None, row, now)
         action = Action.FORCE_CLAIMED if held_by_other else Action.CLAIMED
         fence = self._next_fence(conn)
         return self._grant(
-            conn, row, resource, owner, fence, now, ttl, action, actor, reason
+            conn, row, resource, owner, token, fence, now, ttl, action, actor, reason
         )
 
-    def _remove(self, conn, row, action, actor, reason, now) -> Outcome:
+    def _remove(self, conn, row, action, token, actor, reason, now) -> Outcome:
         """Free the row (see ``DistributedLock``); the event says when it ended."""
         conn.execute(
-            update(locks).where(locks.c.id == row.id).values(owner=None, expires_at=now)
+            update(locks)
+            .where(locks.c.id == row.id)
+            .values(owner=None, token=None, expires_at=now)
         )
         ended = _LockRow.of(row, expires_at=now)
-        self._log(conn, action, ended, row.owner, actor, reason, now)
+        self._log(conn, action, ended, row.owner, token, actor, reason, now)
         return Outcome(True, action, ended, now)
 
     def purge_stale_batch(self, conn, cutoff: datetime, batch: int) -> list[Row]:
@@ -514,10 +649,28 @@ class TransactionalStatements:
         return candidates
 
 
+def _live_locks(now_column):
+    """How many live locks the token ``:quota_token`` holds, counted no further
+    than ``:max_locks`` (an index range on (token, expires_at), bounded)."""
+    mine = locks.alias("mine")
+    live = (
+        select(literal(1))
+        .select_from(mine)
+        .where(
+            mine.c.token == bindparam("quota_token"),
+            mine.c.expires_at > now_column,
+        )
+        .limit(bindparam("max_locks", type_=Integer()))
+        .subquery("live")
+    )
+    return select(func.count()).select_from(live).scalar_subquery()
+
+
 @dataclass(frozen=True, slots=True)
 class _LockRow:
     resource: str
     owner: str
+    token: str | None
     fence: int
     acquired_at: datetime
     expires_at: datetime
