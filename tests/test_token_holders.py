@@ -379,3 +379,94 @@ def test_quota_refusals_under_a_race_write_nothing(database_url, tmp_path):
         with app.app_context():
             db.session.remove()
             db.engine.dispose()
+
+
+# -- the operator's faces: CLI and dashboard --------------------------------------
+
+
+def test_cli_claim_binds_to_a_token_or_to_none(api):
+    runner = api.app.test_cli_runner()
+    bound = runner.invoke(
+        args=[
+            "locks",
+            "claim",
+            "job:1",
+            "--owner",
+            "w-1",
+            "--for-token",
+            "worker",
+            "--reason",
+            "hand over",
+            "--ttl",
+            "60",
+        ]
+    )
+    assert bound.exit_code == 0, bound.output
+    assert "token 'worker'" in bound.output
+    assert _renew(api).status_code == 200
+    listed = runner.invoke(args=["locks", "list"]).output.splitlines()
+    assert listed[0].split("\t")[-1] == "token"
+    assert listed[1].split("\t")[-1] == "worker"
+
+    held = runner.invoke(
+        args=["locks", "claim", "job:1", "--owner", "w-1", "--reason", "mine"]
+    )
+    assert held.exit_code != 0
+    assert "--force" in held.output
+    unbound = runner.invoke(
+        args=["locks", "claim", "job:1", "--owner", "w-1", "--reason", "x", "--force"]
+    )
+    assert unbound.exit_code == 0, unbound.output
+    assert "no token" in unbound.output
+    assert _renew(api).status_code == 409
+    assert _release(api).status_code == 403
+
+    unknown = runner.invoke(
+        args=[
+            "locks",
+            "claim",
+            "job:2",
+            "--owner",
+            "w",
+            "--for-token",
+            "nobody",
+            "--reason",
+            "x",
+        ]
+    )
+    assert unknown.exit_code != 0
+    assert "for_token" in unknown.output
+
+
+def test_dashboard_claim_for_a_token_and_the_token_on_the_pages(api):
+    from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
+
+    make_user(api.app, "olga", "operator")
+    browser = api.app.test_client()
+    log_in(browser, "olga")
+    form = soup(browser.get("/locks/job:1/claim"))
+    assert form.find("input", attrs={"name": "for_token"}) is not None
+
+    def claim(**fields):
+        data = {
+            "owner": "w-1",
+            "ttl": "60",
+            "reason": "r",
+            "csrf_token": csrf_token(browser, "/"),
+        }
+        return browser.post("/locks/job:1/claim", data={**data, **fields})
+
+    refused = claim(for_token="nobody")
+    assert refused.status_code == 400
+    assert "nobody" in soup(refused).get_text()
+    assert claim(for_token="worker").status_code == 303
+    assert _renew(api).status_code == 200
+    page = soup(browser.get("/locks/job:1")).get_text(" ", strip=True)
+    assert "Token worker" in page
+    overview = soup(browser.get("/"))
+    headers = [th.get_text(strip=True) for th in overview.select("table.locks th")]
+    assert "Token" in headers
+    assert overview.select_one("table.locks td.token").get_text(strip=True) == "worker"
+    history = soup(browser.get("/locks/job:1")).select_one("table.events").get_text()
+    assert "olga" in history
+    assert "for token worker" in history
