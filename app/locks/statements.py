@@ -316,8 +316,8 @@ class PostgresStatements:
         if row.done:
             return Outcome(True, Action(row.action), row, row.now)
         over_quota = bool(getattr(row, "over_quota", False))
-        # A refused acquire always answers one row; owner NULL: no lock is there.
-        holder = row if row.owner is not None else None
+        # A refused acquire always answers one row; fence NULL: there is no row.
+        holder = row if row.fence is not None else None
         return Outcome(False, None, holder, row.now, over_quota)
 
     def acquire(
