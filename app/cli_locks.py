@@ -49,7 +49,9 @@ def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
 
     service = lock_service()
     cursor = None
-    click.echo("resource\towner\tfence\tstate\tacquired_at\texpires_at\tttl_remaining")
+    click.echo(
+        "resource\towner\tfence\tstate\tacquired_at\texpires_at\tttl_remaining\ttoken"
+    )
     while True:
         try:
             page = service.list_locks(
@@ -68,6 +70,7 @@ def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
                         rfc3339(lock.acquired_at),
                         rfc3339(lock.expires_at),
                         f"{lock.ttl_remaining:.1f}",
+                        lock.token or "",
                     )
                 )
             )
@@ -133,6 +136,67 @@ def locks_release(
         raise _fail_on_invalid(exc) from exc
     click.echo(
         f"Force-released {lock.resource!r} (owner {lock.owner!r}, fence {lock.fence})."
+    )
+
+
+@locks.command("claim")
+@click.argument("resource")
+@click.option("--owner", required=True, help="The owner the lock is granted to.")
+@click.option(
+    "--for-token",
+    "for_token",
+    metavar="NAME",
+    help="The API token whose workers may renew and release it. "
+    "None: only an operator can end it.",
+)
+@click.option("--ttl", type=float, help="Seconds (default LOCKKEEPER_DEFAULT_TTL).")
+@click.option(
+    "--reason",
+    help="Why; kept in the audit log (required to take it from a valid holder).",
+)
+@click.option("--force", is_flag=True, help="Take it even if someone validly holds it.")
+@click.option(
+    "--fence",
+    type=click.IntRange(min=1),
+    help="Claim only if the grant in place has this fence (refused if it changed "
+    "hands or ended).",
+)
+@with_appcontext
+def locks_claim(
+    resource: str,
+    owner: str,
+    for_token: str | None,
+    ttl: float | None,
+    reason: str | None,
+    force: bool,
+    fence: int | None,
+) -> None:
+    """Grant RESOURCE to OWNER with a new fence (recorded as cli:<OS user>)."""
+    from app.locks.errors import InvalidInput, LockChanged, LockHeld, ResourceFrozen
+    from app.locks.service import lock_service
+
+    try:
+        lock = lock_service().claim(
+            resource,
+            owner,
+            ttl,
+            actor=operator_actor(),
+            reason=reason,
+            force=force,
+            for_token=for_token,
+            expected_fence=fence,
+        )
+    except LockChanged as exc:
+        raise ChangedHands(f"{exc}; nothing was claimed.") from exc
+    except LockHeld as exc:
+        raise click.ClickException(f"{exc} (pass --force to take it)") from exc
+    except ResourceFrozen as exc:
+        raise click.ClickException(f"{exc} (pass --force to claim it anyway)") from exc
+    except InvalidInput as exc:
+        raise _fail_on_invalid(exc) from exc
+    token = f"token {lock.token!r}" if lock.token else "no token"
+    click.echo(
+        f"Claimed {lock.resource!r} for {lock.owner!r} ({token}, fence {lock.fence})."
     )
 
 

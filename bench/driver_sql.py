@@ -137,6 +137,9 @@ _PG_SEED_DELETE = "DELETE FROM distributed_locks WHERE resource = %(resource)s"
 class PostgresDriver:
     name = "postgresql"
 
+    # As the API sends them: a token with the default quota of new tokens.
+    token = {"token": "bench", "max_locks": 10000}
+
     def service_acquire(self, conn, resource, owner, ttl):
         row = conn.execute(
             _PG_SERVICE_ACQUIRE,
@@ -146,14 +149,21 @@ class PostgresDriver:
                 "ttl": ttl,
                 "actor": None,
                 "waiter": None,
-            },
+            }
+            | self.token,
         ).fetchone()
         return row if row is not None and row[0] else None
 
     def service_release(self, conn, resource, owner) -> bool:
         row = conn.execute(
             _PG_SERVICE_RELEASE,
-            {"resource": resource, "owner": owner, "actor": None, "waiter": None},
+            {
+                "resource": resource,
+                "owner": owner,
+                "actor": None,
+                "waiter": None,
+                "token": "bench",
+            },
         ).fetchone()
         return bool(row is not None and row[0])
 

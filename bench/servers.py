@@ -99,7 +99,7 @@ class Server:
         if wait:
             self.wait_ready()
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 180) -> None:
         workers = self.workers
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -16,6 +16,7 @@ EVENT_FIELDS = {
     "acquired_at",
     "expires_at",
     "actor",
+    "token",
     "reason",
     "occurred_at",
 }
@@ -52,6 +53,7 @@ def test_resource_events_are_newest_first_with_every_field(history):
         assert set(event) == EVENT_FIELDS
         assert event["resource"] == "job:1"
         assert event["actor"] == "worker"
+        assert event["token"] == "worker"
         assert event["occurred_at"].endswith("Z")
     acquired = page["events"][-1]
     assert acquired["owner"] == "w-1"

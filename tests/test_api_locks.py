@@ -47,6 +47,7 @@ def test_acquire_of_free_resource_grants_it(api):
     assert lock == {
         "resource": "job:42",
         "owner": "w-1",
+        "token": "worker",
         "fence": lock["fence"],
         "acquired_at": "2026-11-30T09:00:00.000000Z",
         "expires_at": "2026-11-30T09:00:30.000000Z",
@@ -354,3 +355,28 @@ def test_service_busy_is_a_503_problem_with_retry_after(api, monkeypatch):
     response = api.patch("/api/v1/locks/job:42", json={"owner": "w-1"})
     assert_problem(response, 503)
     assert response.headers["Retry-After"] == "1"
+
+
+@pytest.mark.parametrize("name", [".", "..", "%2E", "%2e%2E"])
+@pytest.mark.parametrize("method", ["POST", "GET", "PATCH", "DELETE"])
+def test_dot_segments_are_no_resource_names(api, name, method):
+    """A browser or proxy resolves /locks/.. away: such a lock could never be
+    addressed, so the name is refused like any other bad one."""
+    body = {"owner": "w-1"} if method == "DELETE" else {"owner": "w-1", "ttl": 5}
+    response = api.open(method, f"/api/v1/locks/{name}", json=body)
+    assert response.status_code == 400, response.get_data(as_text=True)
+    assert [e["field"] for e in response.get_json()["errors"]] == ["resource"]
+    events = api.get(f"/api/v1/events?resource={name}")
+    assert events.status_code == 400
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_the_cli_refuses_dot_segments_too(fake_app, name):
+    runner = fake_app.test_cli_runner()
+    for args in (
+        ["locks", "release", name, "--reason", "x"],
+        ["locks", "claim", name, "--owner", "w", "--reason", "x"],
+    ):
+        result = runner.invoke(args=args)
+        assert result.exit_code != 0
+        assert "must not be . or .." in result.output

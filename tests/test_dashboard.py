@@ -602,10 +602,12 @@ def test_lock_page_of_free_resource_offers_a_claim(operator):
     assert page.select_one("#history .empty")
 
 
-def test_lock_page_for_an_impossible_name_is_404(operator):
-    response = operator.get("/locks/bad%20name")
-    assert response.status_code == 404
-    assert "not a lock name" in response.get_data(as_text=True)
+@pytest.mark.parametrize("name", ["bad%20name", ".", "..", "%2E%2E"])
+def test_lock_page_for_an_impossible_name_is_400(operator, name):
+    for path in (f"/locks/{name}", f"/locks/{name}/claim", f"/locks/{name}/release"):
+        response = operator.get(path)
+        assert response.status_code == 400, path
+        assert "not a lock name" in response.get_data(as_text=True)
 
 
 def test_lock_page_polls_and_refreshes_after_actions(operator, svc):

@@ -391,6 +391,9 @@ def test_every_bad_field_is_named_at_once(service):
 
 
 def test_every_ownership_change_writes_exactly_one_event(service, clock):
+    from app.auth.service import create_token
+
+    create_token("workers")
     service.acquire("job:42", "w-1", ttl=10)  # acquired
     service.acquire("job:42", "w-1", ttl=10)  # reacquired
     service.renew("job:42", "w-1", ttl=10)  # renewed
@@ -400,8 +403,8 @@ def test_every_ownership_change_writes_exactly_one_event(service, clock):
         "job:42", "op", 10, actor="a", reason="r", force=True
     )  # force_claimed
     service.force_release("job:42", actor="a", reason="r")  # force_released
-    service.claim("job:42", "op", 10, actor="a")  # claimed
-    service.release("job:42", "op")  # released
+    service.claim("job:42", "op", 10, actor="a", for_token="workers")  # claimed
+    service.release("job:42", "op", token="workers")  # released
     assert [e.action for e in events_of("job:42")] == [
         "acquired",
         "reacquired",

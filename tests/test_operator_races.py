@@ -57,7 +57,7 @@ def test_force_release_refused_when_the_lock_changed_hands_while_it_waited(app):
             )
             held.finish(
                 lambda conn: service._transactional.acquire(
-                    conn, "race:op", "w-2", 30, "worker", service._now()
+                    conn, "race:op", "w-2", None, 30, "worker", None, service._now()
                 )
             )
         with pytest.raises(LockChanged) as refused:
@@ -91,7 +91,7 @@ def test_claim_refused_when_the_lock_changed_hands_while_it_waited(app):
             )
             held.finish(
                 lambda conn: service._transactional.acquire(
-                    conn, "race:claim", "w-2", 30, "worker", service._now()
+                    conn, "race:claim", "w-2", None, 30, "worker", None, service._now()
                 )
             )
         with pytest.raises(LockChanged) as refused:
@@ -127,7 +127,7 @@ def test_a_grant_that_waited_for_a_release_is_recorded_after_it(app, backend):
             )
             held.finish(
                 lambda conn: service._transactional.release(
-                    conn, "race:order", "w-1", "worker", service._now()
+                    conn, "race:order", "w-1", None, "worker", service._now()
                 )
             )
         assert waiting.result(timeout=30).acquired

@@ -538,3 +538,112 @@ def test_the_api_ignores_the_site_headers(csrf_app):
         },
     )
     assert response.status_code == 200
+
+
+# -- the API: each kind of token credential over every route -----------------------
+
+HOLDER, OWNER = "holder", "worker-1"
+
+
+def token_credentials(app: Flask) -> dict[str, str | None]:
+    """A bearer token of each kind (None: no Authorization header at all)."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from app.auth.models import ApiToken
+    from app.auth.service import create_token, revoke_token
+
+    with app.app_context():
+        tokens = {
+            "none": None,
+            "another scope": create_token("elsewhere", prefixes=["report:"]),
+            "read-only": create_token("reader", read_only=True),
+            "expired": create_token("lapsed", expires_in=timedelta(days=1)),
+            "revoked": create_token("leaver"),
+            "valid": create_token("colleague"),
+        }
+        revoke_token("leaver")
+        db.session.execute(
+            update(ApiToken)
+            .where(ApiToken.name == "lapsed")
+            .values(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+        )
+        db.session.commit()
+    return tokens
+
+
+def _expected_api_status(credential: str, method: str, on_resource: bool) -> int:
+    """What each credential gets on a lock held by another token, same owner."""
+    if credential in ("none", "expired", "revoked"):
+        return 401
+    if credential == "another scope" and on_resource:
+        return 403  # decided before the resource is looked up
+    if credential == "read-only" and method not in SAFE_METHODS:
+        return 403
+    if method in SAFE_METHODS:
+        return 200
+    # A valid token sending the holder's owner string is another owner.
+    return {"POST": 409, "PATCH": 409, "DELETE": 403}[method]
+
+
+@pytest.mark.usefixtures("backend")
+def test_every_api_route_against_each_kind_of_token(csrf_app):
+    """None, another scope, read-only, expired, revoked, and a valid token that
+    sends the holder's owner string: every API route, on a lock held by another
+    token. Only the holder's own token changes anything."""
+    from app.auth.service import create_token
+
+    with csrf_app.app_context():
+        holder = {"Authorization": f"Bearer {create_token(HOLDER)}"}
+    client = csrf_app.test_client()
+    for resource in (RESOURCE, "report:1"):
+        granted = client.post(
+            f"/api/v1/locks/{resource}",
+            json={"owner": OWNER, "ttl": 600},
+            headers=holder,
+        )
+        assert granted.status_code == 200
+    credentials = token_credentials(csrf_app)
+    before = lock_state(csrf_app)
+    checked = 0
+    for credential, token in credentials.items():
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        for endpoint, method, url in api_routes(csrf_app):
+            body = {"owner": OWNER}
+            if method != "DELETE":
+                body["ttl"] = 5
+            response = client.open(url, method=method, headers=headers, json=body)
+            expected = _expected_api_status(credential, method, RESOURCE in url)
+            assert response.status_code == expected, (
+                credential,
+                endpoint,
+                method,
+                response.get_data(as_text=True),
+            )
+            if expected != 200:
+                assert response.mimetype in (
+                    "application/problem+json",
+                    "application/json",  # a refused acquire names the holder
+                )
+            if credential == "another scope":
+                # Nothing about job:1 leaks, whatever the route (the problem's
+                # ``instance`` is the caller's own path, nothing learnt).
+                shown = dict(response.get_json())
+                shown.pop("instance", None)
+                assert RESOURCE not in str(shown)
+                assert OWNER not in str(shown) or expected == 200
+                if expected == 200:
+                    assert "report:1" in str(shown)
+            checked += 1
+    assert checked >= 6 * 7
+    assert lock_state(csrf_app) == before  # no credential but the holder's changed it
+
+    # The holder's token: renew, re-acquire (same fence), release.
+    path = f"/api/v1/locks/{RESOURCE}"
+    renewed = client.patch(path, json={"owner": OWNER, "ttl": 60}, headers=holder)
+    assert renewed.status_code == 200
+    again = client.post(path, json={"owner": OWNER, "ttl": 60}, headers=holder)
+    assert again.get_json()["lock"]["fence"] == before[0][1]
+    released = client.delete(path, json={"owner": OWNER}, headers=holder)
+    assert released.status_code == 204

@@ -25,9 +25,17 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import delete, func, select
 
+from app.auth.service import create_token
 from app.extensions import db
-from app.locks.errors import InvalidInput, LockExpired, LockHeld, LockNotFound, NotOwner
-from app.locks.models import DistributedLock, LockEvent
+from app.locks.errors import (
+    InvalidInput,
+    LockExpired,
+    LockHeld,
+    LockNotFound,
+    NotOwner,
+    QuotaExceeded,
+)
+from app.locks.models import NO_TOKEN, DistributedLock, LockEvent
 from app.locks.service import encode_cursor, lock_service
 from app.locks.state import Action, LockState, classify
 from tests.clock import FakeClock
@@ -45,6 +53,10 @@ EXAMPLES = {"sqlite": 50, "postgresql": 20, "mariadb": 20}
 # a trailing space, combining marks or astral characters: each is its own owner.
 RESOURCES = ["job:42", "Job:42", "a", "r.e_s:o@u=r+c-e", "x" * 255]
 OWNERS = ["w-1", "W-1", "w-1 ", "ünïcødé", "e\u0301", "👾 worker", "שלום", "y" * 255]
+# The holder is (token, owner). None: a caller with no token, which holds only
+# locks with no token recorded (as granted before tokens were recorded).
+TOKENS = [None, "t-1", "t-2"]
+QUOTAS = st.sampled_from([None, None, 1, 2])
 
 BAD_RESOURCES = st.one_of(
     st.sampled_from(
@@ -133,6 +145,20 @@ class Row:
     fence: int
     acquired_at: datetime
     expires_at: datetime
+    token: str | None = None
+
+    def held_by(self, owner, token) -> bool:
+        return self.owner == owner and (self.token is None or self.token == token)
+
+    def shown(self) -> tuple:
+        """What a Lock shows of the row (no token and NO_TOKEN both as None)."""
+        return (
+            self.owner,
+            self.token or None,
+            self.fence,
+            self.acquired_at,
+            self.expires_at,
+        )
 
 
 class ServiceMachine(RuleBasedStateMachine):
@@ -167,8 +193,11 @@ class ServiceMachine(RuleBasedStateMachine):
         expected = self.now + timedelta(seconds=DEFAULT_TTL if ttl is None else ttl)
         assert abs(got - expected) <= timedelta(microseconds=1), (got, expected)
 
-    def _granted(self, resource, lock, owner, ttl, *, new_fence: bool) -> None:
+    def _granted(
+        self, resource, lock, owner, ttl, *, new_fence: bool, token=None
+    ) -> None:
         assert (lock.resource, lock.owner) == (resource, owner)
+        assert lock.token == (token or None)
         assert lock.acquired_at == self.now
         self._check_expiry(lock.expires_at, ttl)
         if new_fence:
@@ -176,7 +205,9 @@ class ServiceMachine(RuleBasedStateMachine):
             self.highest_fence = lock.fence
         else:
             assert lock.fence == self.rows[resource].fence
-        self.rows[resource] = Row(owner, lock.fence, lock.acquired_at, lock.expires_at)
+        self.rows[resource] = Row(
+            owner, lock.fence, lock.acquired_at, lock.expires_at, token
+        )
         self.events += 1
 
     def _last_event(self):
@@ -204,18 +235,42 @@ class ServiceMachine(RuleBasedStateMachine):
 
     # -- the worker's operations ---------------------------------------------
 
+    def _live_locks_of(self, token) -> int:
+        return sum(
+            1
+            for row in self.rows.values()
+            if row.token == token and row.expires_at > self.now
+        )
+
     @rule(
         resource=st.sampled_from(RESOURCES),
         owner=st.sampled_from(OWNERS),
+        token=st.sampled_from(TOKENS),
         ttl=GOOD_TTLS,
+        max_locks=QUOTAS,
     )
-    def acquire(self, resource, owner, ttl):
+    def acquire(self, resource, owner, token, ttl, max_locks):
         held = self._valid(resource)
-        result = self.service.acquire(resource, owner, ttl=ttl, actor="api:test")
-        if held is not None and held.owner != owner:
+        call = lambda: self.service.acquire(  # noqa: E731
+            resource, owner, ttl=ttl, actor="api:test", token=token, max_locks=max_locks
+        )
+        if held is not None and not held.held_by(owner, token):
+            result = call()
             assert not result.acquired
             assert (result.lock.owner, result.lock.fence) == (held.owner, held.fence)
             return
+        if (
+            held is None
+            and token is not None
+            and max_locks
+            and self._live_locks_of(token) >= max_locks
+        ):
+            before = self._snapshot()
+            with pytest.raises(QuotaExceeded):
+                call()
+            assert self._snapshot() == before
+            return
+        result = call()
         assert result.acquired
         if held is not None:
             assert result.action is Action.REACQUIRED
@@ -224,50 +279,61 @@ class ServiceMachine(RuleBasedStateMachine):
         else:
             assert result.action is Action.ACQUIRED
         self._granted(
-            resource, result.lock, owner, ttl, new_fence=result.action != "reacquired"
+            resource,
+            result.lock,
+            owner,
+            ttl,
+            new_fence=result.action != "reacquired",
+            token=token,
         )
         event = self._last_event()
-        assert (event.action, event.owner, event.fence) == (
+        assert (event.action, event.owner, event.fence, event.token) == (
             result.action.value,
             owner,
             result.lock.fence,
+            token,
         )
 
     @rule(
         resource=st.sampled_from(RESOURCES),
         owner=st.sampled_from(OWNERS),
+        token=st.sampled_from(TOKENS),
         ttl=GOOD_TTLS,
     )
-    def renew(self, resource, owner, ttl):
+    def renew(self, resource, owner, token, ttl):
         row = self.rows.get(resource)
         if row is None:
             with pytest.raises(LockNotFound):
-                self.service.renew(resource, owner, ttl=ttl)
+                self.service.renew(resource, owner, ttl=ttl, token=token)
         elif row.expires_at <= self.now:
             with pytest.raises(LockExpired):
-                self.service.renew(resource, owner, ttl=ttl)
-        elif row.owner != owner:
+                self.service.renew(resource, owner, ttl=ttl, token=token)
+        elif not row.held_by(owner, token):
             with pytest.raises(NotOwner):
-                self.service.renew(resource, owner, ttl=ttl)
+                self.service.renew(resource, owner, ttl=ttl, token=token)
         else:
-            lock = self.service.renew(resource, owner, ttl=ttl)
+            lock = self.service.renew(resource, owner, ttl=ttl, token=token)
             assert (lock.fence, lock.acquired_at) == (row.fence, row.acquired_at)
             self._check_expiry(lock.expires_at, ttl)
             row.expires_at = lock.expires_at
             self.events += 1
             assert self._last_event().action == "renewed"
 
-    @rule(resource=st.sampled_from(RESOURCES), owner=st.sampled_from(OWNERS))
-    def release(self, resource, owner):
+    @rule(
+        resource=st.sampled_from(RESOURCES),
+        owner=st.sampled_from(OWNERS),
+        token=st.sampled_from(TOKENS),
+    )
+    def release(self, resource, owner, token):
         held = self._valid(resource)
         if held is None:
             with pytest.raises(LockNotFound):
-                self.service.release(resource, owner)
-        elif held.owner != owner:
+                self.service.release(resource, owner, token=token)
+        elif not held.held_by(owner, token):
             with pytest.raises(NotOwner):
-                self.service.release(resource, owner)
+                self.service.release(resource, owner, token=token)
         else:
-            lock = self.service.release(resource, owner)
+            lock = self.service.release(resource, owner, token=token)
             assert lock.fence == held.fence
             del self.rows[resource]
             self.events += 1
@@ -281,8 +347,9 @@ class ServiceMachine(RuleBasedStateMachine):
                 self.service.get(resource, include_stale=include_stale)
             return
         lock = self.service.get(resource, include_stale=include_stale)
-        assert (lock.owner, lock.fence, lock.expires_at) == (
+        assert (lock.owner, lock.token, lock.fence, lock.expires_at) == (
             row.owner,
+            row.token or None,
             row.fence,
             row.expires_at,
         )
@@ -312,19 +379,29 @@ class ServiceMachine(RuleBasedStateMachine):
         ttl=GOOD_TTLS,
         force=st.booleans(),
         actor=ACTORS,
+        for_token=st.sampled_from([None, "t-1"]),
     )
-    def claim(self, resource, owner, ttl, force, actor):
+    def claim(self, resource, owner, ttl, force, actor, for_token):
         held = self._valid(resource)
-        held_by_other = held is not None and held.owner != owner
+        token = NO_TOKEN if for_token is None else for_token
+        held_by_other = held is not None and (held.owner, held.token) != (owner, token)
         if held_by_other and not force:
             with pytest.raises(LockHeld) as refused:
-                self.service.claim(resource, owner, ttl, actor=actor, force=False)
+                self.service.claim(
+                    resource, owner, ttl, actor=actor, force=False, for_token=for_token
+                )
             assert refused.value.holder.fence == held.fence
             return
         lock = self.service.claim(
-            resource, owner, ttl, actor=actor, reason="stuck", force=force
+            resource,
+            owner,
+            ttl,
+            actor=actor,
+            reason="stuck",
+            force=force,
+            for_token=for_token,
         )
-        self._granted(resource, lock, owner, ttl, new_fence=True)
+        self._granted(resource, lock, owner, ttl, new_fence=True, token=token)
         expected = Action.FORCE_CLAIMED if held_by_other else Action.CLAIMED
         assert self._last_event().action == expected.value
 
@@ -425,12 +502,16 @@ class ServiceMachine(RuleBasedStateMachine):
         page = self.service.list_locks(limit=500)
         assert page.next_cursor is None
         got = {
-            lock.resource: Row(
-                lock.owner, lock.fence, lock.acquired_at, lock.expires_at
+            lock.resource: (
+                lock.owner,
+                lock.token,
+                lock.fence,
+                lock.acquired_at,
+                lock.expires_at,
             )
             for lock in page.items
         }
-        assert got == self.rows
+        assert got == {resource: row.shown() for resource, row in self.rows.items()}
         for lock in page.items:
             remaining = (lock.expires_at - self.now).total_seconds()
             assert lock.state is classify(remaining, EXPIRING_WITHIN)
@@ -463,6 +544,9 @@ def test_service_matches_its_model_under_any_sequence(backend, make_app):
         LOCKKEEPER_EXPIRING_WITHIN=EXPIRING_WITHIN,
     )
     with app.app_context():
+        for token in TOKENS:
+            if token is not None:
+                create_token(token)
         ServiceMachine.service = lock_service()
         ServiceMachine.clock = clock
         run_state_machine_as_test(

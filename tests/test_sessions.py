@@ -207,3 +207,18 @@ def test_the_cookie_holds_no_user_id_and_the_table_no_token(app):
     assert len(token) >= 40
     assert token != str(row.user_id)
     assert token not in row.token_hash
+
+
+def test_a_cookie_naming_a_user_id_as_before_server_sessions_opens_nothing(app):
+    """Cookies signed before sessions moved to the server held the user's id: after
+    the upgrade they are logged out, not taken as that user."""
+    from app.auth.models import User
+
+    with app.app_context():
+        user_id = db.session.scalar(select(User.id).where(User.username == "olga"))
+    browser = app.test_client()
+    log_in(browser, "olga")
+    assert browser.get("/").status_code == 200
+    with browser.session_transaction() as session:
+        session["_user_id"] = str(user_id)  # all else as a real login left it
+    assert browser.get("/").status_code == 302

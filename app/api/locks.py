@@ -47,6 +47,8 @@ def acquire_lock(resource: str):
         actor=g.actor,
         wait=seconds_value("wait", body.get("wait")),
         still_wanted=client_still_there(request.environ),
+        token=g.token.name,
+        max_locks=g.token.max_locks,
     )
     if result.acquired:
         return jsonify(acquired=True, lock=lock_to_json(result.lock))
@@ -96,7 +98,7 @@ def list_freezes():
 def renew_lock(resource: str):
     owner, ttl = _owner_and_ttl()
     QueryArgs(request.args, allowed=()).raise_errors()
-    lock = lock_service().renew(resource, owner, ttl, actor=g.actor)
+    lock = lock_service().renew(resource, owner, ttl, actor=g.actor, token=g.token.name)
     return jsonify(lock_to_json(lock))
 
 
@@ -111,7 +113,7 @@ def release_lock(resource: str):
     owner = in_body if in_body is not None else in_query
     if owner is None:
         raise InvalidInput([("owner", "is required (in the body or as ?owner=)")])
-    lock_service().release(resource, owner, actor=g.actor)
+    lock_service().release(resource, owner, actor=g.actor, token=g.token.name)
     response = Response(status=204)
     del response.headers["Content-Type"]  # no body, so no type
     return response

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from flask import Blueprint, Response, request
 
 from app.api.schemas import freeze_to_json, lock_to_json
@@ -16,6 +18,7 @@ from app.locks.errors import (
     LockNotFound,
     NotFrozen,
     NotOwner,
+    QuotaExceeded,
     ResourceFrozen,
     ServiceBusy,
     WaitersFull,
@@ -32,6 +35,7 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
     FenceMismatch: (409, "Fence is not the valid grant"),
     ResourceFrozen: (423, "Resource frozen"),
     NotFrozen: (404, "Not frozen"),
+    QuotaExceeded: (429, "Lock quota reached"),
     ServiceBusy: (503, "Service busy"),
     WaitersFull: (503, "Too many waiting acquires"),
 }
@@ -60,6 +64,8 @@ def lock_problem(exc: LockError) -> Response:
     response = problem(status, title, str(exc), **extra)
     if status == 503:
         response.headers["Retry-After"] = "1"
+    if isinstance(exc, QuotaExceeded):
+        response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return response
 
 

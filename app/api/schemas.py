@@ -40,6 +40,7 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
     return {
         "resource": lock.resource,
         "owner": lock.owner,
+        "token": lock.token,
         "fence": lock.fence,
         "acquired_at": rfc3339(lock.acquired_at),
         "expires_at": rfc3339(lock.expires_at),

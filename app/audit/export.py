@@ -29,6 +29,7 @@ COLUMNS = (
     "acquired_at",
     "expires_at",
     "actor",
+    "token",
     "reason",
 )
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
@@ -64,6 +65,7 @@ def event_record(event: Event) -> dict[str, Any]:
         "acquired_at": rfc3339(event.acquired_at),
         "expires_at": rfc3339(event.expires_at),
         "actor": event.actor,
+        "token": event.token,
         "reason": event.reason,
     }
 

@@ -278,7 +278,7 @@ def activity_context(live: bool, version: str | None = None) -> dict[str, Any]:
 def _checked_resource(resource: str) -> str:
     error = validation.resource_error(resource)
     if error:
-        abort(404, description=f"{resource!r} is not a lock name: it {error}.")
+        abort(400, description=f"{resource!r} is not a lock name: it {error}.")
     return resource
 
 
@@ -495,6 +495,7 @@ def claim(resource: str):
         return _action_response(
             "dashboard/_claim_form.html",
             owner=default_owner,
+            for_token="",
             ttl="",
             reason="",
             **context,
@@ -502,6 +503,7 @@ def claim(resource: str):
 
     errors: list[tuple[str, str]] = []
     owner = request.form.get("owner", "").strip() or default_owner
+    for_token = request.form.get("for_token", "").strip() or None
     raw_ttl = request.form.get("ttl")
     ttl = _parse_ttl(raw_ttl, errors)
     reason = _reason()
@@ -518,6 +520,7 @@ def claim(resource: str):
                 reason=reason,
                 force=force,
                 expected_fence=fence,
+                for_token=for_token,
             )
         except InvalidInput as exc:
             errors = exc.errors
@@ -539,13 +542,15 @@ def claim(resource: str):
             return _done(
                 resource,
                 f"Claimed {resource} for {claimed.owner} "
-                f"(fence {claimed.fence}, expires in {claimed.ttl_remaining:.0f} s).",
+                f"({f'token {claimed.token}' if claimed.token else 'no token'}, "
+                f"fence {claimed.fence}, expires in {claimed.ttl_remaining:.0f} s).",
             )
     return _action_response(
         "dashboard/_claim_form.html",
         status,
         errors=errors,
         owner=owner,
+        for_token=for_token or "",
         ttl=raw_ttl or "",
         reason=reason or "",
         force=force,

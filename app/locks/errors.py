@@ -115,6 +115,19 @@ class NotFrozen(LockError):
         super().__init__(f"no freeze of {prefix!r} is in force")
 
 
+class QuotaExceeded(LockError):
+    """A new grant would give the token more live locks than its quota."""
+
+    def __init__(self, token: str | None, max_locks: int | None, retry_after: float):
+        self.token = token
+        self.max_locks = max_locks
+        self.retry_after = retry_after
+        super().__init__(
+            f"the API token {token!r} already holds its quota of {max_locks} live "
+            "locks; release some or wait for them to expire"
+        )
+
+
 class ServiceBusy(LockError):
     """The database kept refusing for reasons that are not the caller's (deadlocks)."""
 

@@ -19,6 +19,9 @@ class Lock:
     ttl_remaining: float
     state: LockState
     waiters: int = 0  # acquires queued for the resource
+    # The name of the API token that holds the lock with its owner; None for a
+    # claim bound to no token, or a grant made before tokens were recorded.
+    token: str | None = None
 
     @classmethod
     def from_row(cls, row, now: datetime, expiring_within: float) -> Lock:
@@ -26,6 +29,7 @@ class Lock:
         return cls(
             resource=row.resource,
             owner=row.owner,
+            token=getattr(row, "token", None) or None,
             fence=row.fence,
             acquired_at=row.acquired_at,
             expires_at=row.expires_at,
@@ -85,6 +89,8 @@ class Event:
     actor: str | None
     reason: str | None
     occurred_at: datetime
+    # The token the grant was made for or by (an operator's claim names it).
+    token: str | None = None
 
     @classmethod
     def from_row(cls, row) -> Event:
@@ -100,6 +106,7 @@ class Event:
             actor=row.actor,
             reason=row.reason,
             occurred_at=row.occurred_at,
+            token=row.token,
         )
 
 

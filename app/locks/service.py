@@ -47,12 +47,14 @@ from app.locks.errors import (
     LockNotFound,
     NotFrozen,
     NotOwner,
+    QuotaExceeded,
     ResourceFrozen,
     ServiceBusy,
 )
+from app.locks.models import NO_TOKEN
 from app.locks.queue import WaitQueue
 from app.locks.results import AcquireResult, Freeze, Lock, Page
-from app.locks.state import Action, LockState, held_by_another
+from app.locks.state import Action, LockState, held_by_another, holds
 from app.locks.statements import (
     events,
     freezes,
@@ -236,13 +238,18 @@ class LockService:
         *,
         wait: float | None = None,
         still_wanted: Callable[[], bool] | None = None,
+        token: str | None = None,
+        max_locks: int | None = None,
     ) -> AcquireResult:
-        """Take ``resource`` for ``owner`` if it is free, stale, or already ours,
-        and no one waits in line before us.
+        """Take ``resource`` for (``token``, ``owner``) if it is free, stale, or
+        already theirs, and no one waits in line before us.
 
         ``wait`` = 0 (or None) never blocks, and a refusal names the current
         holder and writes nothing. ``wait`` > 0 waits in line up to that many
         seconds (see ``app.locks.queue``) while ``still_wanted()`` holds.
+        ``max_locks``: the token's quota of live locks; a new grant beyond it
+        raises ``QuotaExceeded`` (a re-acquire never does). ``token`` None: the
+        caller has no token (tests, tools): it holds only locks with none recorded.
 
         :raise WaitersFull: ``wait`` > 0 and this worker's waiting room is full.
         :raise ResourceFrozen: a freeze covers it and this would be a new grant
@@ -250,10 +257,17 @@ class LockService:
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
         ttl = self._ttl(ttl)
-        result = self._attempt(resource, owner, ttl, actor, None)
+        quota = {"token": token, "max_locks": max_locks}
+        try:
+            result = self._attempt(resource, owner, ttl, actor, None, **quota)
+        except QuotaExceeded:
+            self.metrics.acquire_refused()
+            raise
         if not result.acquired and wait:
             result = self.queue.wait(
-                lambda waiter: self._attempt(resource, owner, ttl, actor, waiter),
+                lambda waiter: self._attempt(
+                    resource, owner, ttl, actor, waiter, **quota
+                ),
                 resource,
                 owner,
                 actor,
@@ -267,13 +281,29 @@ class LockService:
         return result
 
     def _attempt(
-        self, resource: str, owner: str, ttl: float, actor, waiter: int | None
+        self,
+        resource: str,
+        owner: str,
+        ttl: float,
+        actor,
+        waiter: int | None,
+        *,
+        token: str | None = None,
+        max_locks: int | None = None,
     ) -> AcquireResult:
         """One decision; ``waiter``: our place in line, None for "not in line"."""
         for _ in range(self.settings.retries + 1):
             outcome = self.run_transaction(
                 lambda conn: self.statements.acquire(
-                    conn, resource, owner, ttl, actor, self._now(), waiter
+                    conn,
+                    resource,
+                    owner,
+                    token,
+                    ttl,
+                    actor,
+                    max_locks,
+                    self._now(),
+                    waiter,
                 ),
                 autocommit=self.statements.autocommit,
             )
@@ -283,11 +313,15 @@ class LockService:
                 )
             row = outcome.row
             queued = getattr(row, "waiters", 0) or 0
-            if held_by_another(row, owner, outcome.now):
+            if held_by_another(row, owner, token, outcome.now):
                 return AcquireResult(False, self._lock(row, outcome.now), None, queued)
             if outcome.freeze is not None:
                 self.metrics.acquire_refused()
                 raise ResourceFrozen(resource, Freeze.from_row(outcome.freeze))
+            if outcome.over_quota:
+                raise QuotaExceeded(
+                    token, max_locks, self._quota_retry_after(token, outcome.now)
+                )
             if row is not None and queued:
                 # Free or expired, but others are in line before us.
                 holder = self._lock(row, outcome.now) if row.owner else None
@@ -295,24 +329,38 @@ class LockService:
             # The row we were refused on is gone or expired: it changed under us.
         return AcquireResult(False, None)
 
+    def _quota_retry_after(self, token: str | None, now: datetime) -> float:
+        """Seconds until the token's soonest lock expires (the refusal path only)."""
+        query = select(func.min(locks.c.expires_at)).where(
+            locks.c.token == token, locks.c.expires_at > now
+        )
+        with self._autocommit_engine.connect() as conn:
+            soonest = conn.scalar(query)
+        if soonest is None:
+            return 1.0
+        return max((soonest - now).total_seconds(), 1.0)
+
     def renew(
         self,
         resource: str,
         owner: str,
         ttl: float | None = None,
         actor: str | None = None,
+        *,
+        token: str | None = None,
     ) -> Lock:
-        """Extend ``owner``'s valid lock to ``now + ttl``; fence and acquired_at stay.
+        """Extend the valid lock of (``token``, ``owner``) to ``now + ttl``; fence
+        and acquired_at stay.
 
         :raise LockNotFound: no row. :raise LockExpired: the lock ran out (someone
-            else may hold it). :raise NotOwner: validly held by another owner.
+            else may hold it). :raise NotOwner: validly held by another holder.
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor)
         ttl = self._ttl(ttl)
         for _ in range(self.settings.retries + 1):
             outcome = self.run_transaction(
                 lambda conn: self.statements.renew(
-                    conn, resource, owner, ttl, actor, self._now()
+                    conn, resource, owner, token, ttl, actor, self._now()
                 ),
                 autocommit=self.statements.autocommit,
             )
@@ -326,22 +374,29 @@ class LockService:
             if row.expires_at <= now:
                 self.metrics.renewal("expired")
                 raise LockExpired(resource, owner)
-            if row.owner != owner:
+            if not holds(row, owner, token):
                 self.metrics.renewal("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
         raise ServiceBusy(f"renewal of {resource!r} kept racing; try again")
 
-    def release(self, resource: str, owner: str, actor: str | None = None) -> Lock:
-        """Release ``owner``'s valid lock; returns the lock as it was.
+    def release(
+        self,
+        resource: str,
+        owner: str,
+        actor: str | None = None,
+        *,
+        token: str | None = None,
+    ) -> Lock:
+        """Release the valid lock of (``token``, ``owner``); returns it as it was.
 
         :raise LockNotFound: no row, or it expired (the caller has lost it).
-        :raise NotOwner: validly held by another owner.
+        :raise NotOwner: validly held by another holder.
         """
         self.validate(resource=resource, owner=owner, actor=actor)
         for _ in range(self.settings.retries + 1):
             outcome = self.run_transaction(
                 lambda conn: self.statements.release(
-                    conn, resource, owner, actor, self._now()
+                    conn, resource, owner, token, actor, self._now()
                 ),
                 autocommit=self.statements.autocommit,
             )
@@ -356,7 +411,7 @@ class LockService:
                 raise LockNotFound(
                     resource, f"no valid lock on {resource!r} to release"
                 )
-            if row.owner != owner:
+            if not holds(row, owner, token):
                 self.metrics.release("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
         raise ServiceBusy(f"release of {resource!r} kept racing; try again")
@@ -408,14 +463,18 @@ class LockService:
         reason: str | None = None,
         force: bool = False,
         expected_fence: int | None = None,
+        for_token: str | None = None,
     ) -> Lock:
         """Grant ``resource`` to ``owner`` with a new fence, as an operator.
 
-        Taking a lock another owner validly holds needs ``force`` and a reason.
+        Taking a lock another holder validly holds needs ``force`` and a reason.
         ``expected_fence``: the fence of the grant the operator saw (stale or
         valid); the claim is refused if another one, or none, is in place.
+        ``for_token``: the name of the live API token whose workers may renew
+        and release the grant; None binds it to no token (only an operator can
+        end it then).
 
-        :raise LockHeld: validly held by another owner and ``force`` is false.
+        :raise LockHeld: validly held by another holder and ``force`` is false.
         :raise InvalidInput: taking it from a valid holder without a reason.
         :raise LockChanged: the grant is no longer the one of ``expected_fence``.
         :raise ResourceFrozen: a freeze covers it and ``force`` is false.
@@ -424,6 +483,9 @@ class LockService:
             resource=resource, owner=owner, ttl=ttl, actor=actor, reason=reason
         )
         self._validate_fence(expected_fence)
+        if for_token is not None:
+            self._check_live_token(for_token)
+        token = for_token if for_token is not None else NO_TOKEN
         ttl = self._ttl(ttl)
 
         def confirm(row, now, freeze) -> bool:
@@ -431,13 +493,19 @@ class LockService:
             if expected_fence is not None and (not held or row.fence != expected_fence):
                 holder = self._lock(row, now) if held else None
                 raise LockChanged(resource, expected_fence, holder)
-            taking = held_by_another(row, owner, now)
+            # Exactly this holder: a claim names its token (or none), so a grant
+            # under another token, or under none recorded, is someone else's.
+            taking = (
+                held
+                and row.expires_at > now
+                and not (row.owner == owner and row.token == token)
+            )
             if taking and not force:
                 raise LockHeld(resource, self._lock(row, now))
             if freeze is not None:
                 raise ResourceFrozen(resource, Freeze.from_row(freeze))
             if taking:
-                self._require_reason(reason, "to take a lock another owner holds")
+                self._require_reason(reason, "to take a lock another holder holds")
             return taking
 
         outcome = self.run_transaction(
@@ -445,6 +513,7 @@ class LockService:
                 conn,
                 resource,
                 owner,
+                token,
                 ttl,
                 actor,
                 reason,
@@ -455,6 +524,20 @@ class LockService:
         )
         self.metrics.operator_action(outcome.action)
         return self._lock(outcome.row, outcome.now)
+
+    def _check_live_token(self, name: str) -> None:
+        from app.auth.models import ApiToken
+
+        tokens = ApiToken.__table__
+        query = select(tokens.c.expires_at).where(
+            tokens.c.name == name, tokens.c.revoked_at.is_(None)
+        )
+        with self._autocommit_engine.connect() as conn:
+            found = conn.execute(query).one_or_none()
+        if found is None or (
+            found.expires_at is not None and found.expires_at <= self.now()
+        ):
+            raise InvalidInput([("for_token", f"no live API token is named {name!r}")])
 
     @staticmethod
     def _require_reason(reason: str | None, why: str) -> None:

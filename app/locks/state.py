@@ -21,13 +21,23 @@ def classify(remaining: float, expiring_within: float) -> LockState:
     return LockState.HELD
 
 
-def held_by_another(row, owner: str, now: datetime) -> bool:
-    """``row`` (a lock row, or None) is a valid grant to another than ``owner``."""
+def holds(row, owner: str, token: str | None) -> bool:
+    """Whether (``token``, ``owner``) is the holder recorded on ``row``.
+
+    A row with no token recorded (granted before tokens were) is held by its owner
+    under any token; ``NO_TOKEN`` (an operator's claim for no token) by no worker.
+    """
+    return row.owner == owner and (row.token is None or row.token == token)
+
+
+def held_by_another(row, owner: str, token: str | None, now: datetime) -> bool:
+    """``row`` (a lock row, or None) is a valid grant to another holder than
+    (``token``, ``owner``)."""
     return (
         row is not None
         and row.owner is not None
         and row.expires_at > now
-        and row.owner != owner
+        and not holds(row, owner, token)
     )
 
 

@@ -23,13 +23,19 @@ Two strategies give the same answers:
 Both take ``now`` = None to read the database's clock once the row lock is held
 (see ``TransactionalStatements`` and the comment on ``_PG_ACQUIRE``), or a datetime
 (SQLite's host clock, read after ``BEGIN IMMEDIATE``; tests' fake clock).
+
+The holder of a lock is the pair (token, owner): see ``holds``. An acquire that is a
+new grant (not a re-acquire) is also refused when the token's quota of live locks is
+full; that count is part of the same statement (PostgreSQL), of the clock read that
+follows the row lock (MariaDB) or of the locking read (SQLite), never a round trip
+of its own on re-acquire or renew.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -42,15 +48,17 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     null,
     or_,
     select,
     update,
 )
-from sqlalchemy.types import String
+from sqlalchemy.types import Integer, String
 
 from app.locks.driver import DriverConnection, DriverSQL
 from app.locks.models import (
+    NO_TOKEN,
     DistributedLock,
     FenceCounter,
     LockEvent,
@@ -58,7 +66,7 @@ from app.locks.models import (
     LockWaiter,
     fence_sequence,
 )
-from app.locks.state import Action
+from app.locks.state import Action, holds
 from app.types import UTCDateTime
 
 locks = DistributedLock.__table__
@@ -118,6 +126,12 @@ class Outcome:
     now: datetime
     # A grant refused because a freeze covers the resource: that freeze's row.
     freeze: Any = None
+    over_quota: bool = False
+
+
+def token_or_none(token: str | None) -> str | None:
+    """The token as shown to people: ``NO_TOKEN`` is no token."""
+    return token if token != NO_TOKEN else None
 
 
 # --- PostgreSQL: one statement per hot operation ---------------------------------
@@ -139,8 +153,11 @@ prior AS MATERIALIZED (
     SELECT l.id, l.owner, l.expires_at
     FROM distributed_locks AS l, early
     WHERE l.resource = :resource
-      AND (l.owner IS NULL OR l.expires_at <= early.now OR l.owner = :owner)
-      AND ((l.owner = :owner AND l.expires_at > early.now) OR NOT EXISTS ({ahead}))
+      AND (l.owner IS NULL OR l.expires_at <= early.now
+           OR (l.owner = :owner AND (l.token IS NULL OR l.token = :token)))
+      AND ((l.owner = :owner AND (l.token IS NULL OR l.token = :token)
+            AND l.expires_at > early.now)
+           OR NOT EXISTS ({ahead}))
     FOR UPDATE OF l
 ),
 clock AS MATERIALIZED (
@@ -159,38 +176,51 @@ frozen AS MATERIALIZED (
     ORDER BY f.prefix
     LIMIT 1
 ),
+quota AS MATERIALIZED (
+    SELECT CAST(:max_locks AS integer) IS NOT NULL AND (
+        SELECT count(*) FROM (
+            SELECT 1 FROM distributed_locks AS q, clock
+            WHERE q.token = :token AND q.expires_at > clock.now
+            LIMIT :max_locks
+        ) AS live
+    ) >= :max_locks AS reached
+),
 updated AS (
     UPDATE distributed_locks AS l
     SET owner = :owner,
+        token = :token,
         acquired_at = clock.now,
         expires_at = clock.now + make_interval(secs => :ttl),
         fence = CASE WHEN decided.valid THEN l.fence
                      ELSE nextval('lock_fence_seq') END
     FROM decided, clock
     WHERE l.id = decided.id
-      AND (decided.valid OR NOT EXISTS (SELECT 1 FROM frozen))
-    RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
+      AND (decided.valid OR (NOT EXISTS (SELECT 1 FROM frozen)
+                             AND NOT (SELECT reached FROM quota)))
+    RETURNING l.resource, l.owner, l.token, l.fence, l.acquired_at, l.expires_at,
               decided.owner AS previous_owner,
               CASE WHEN decided.owner IS NULL THEN 'acquired'
                    WHEN decided.valid THEN 'reacquired'
                    ELSE 'took_over' END AS action
 ),
 inserted AS (
-    INSERT INTO distributed_locks (resource, owner, fence, acquired_at, expires_at)
-    SELECT :resource, :owner, nextval('lock_fence_seq'),
+    INSERT INTO distributed_locks (resource, owner, token, fence, acquired_at,
+                                   expires_at)
+    SELECT :resource, :owner, :token, nextval('lock_fence_seq'),
            clock.now, clock.now + make_interval(secs => :ttl)
     FROM clock
     WHERE NOT EXISTS (SELECT 1 FROM distributed_locks WHERE resource = :resource)
       AND NOT EXISTS (SELECT 1 FROM frozen)
+      AND NOT (SELECT reached FROM quota)
     ON CONFLICT (resource) DO NOTHING
-    RETURNING resource, owner, fence, acquired_at, expires_at,
+    RETURNING resource, owner, token, fence, acquired_at, expires_at,
               CAST(NULL AS varchar) AS previous_owner, 'acquired' AS action
 ),
 granted AS (SELECT * FROM updated UNION ALL SELECT * FROM inserted),
 logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
                              acquired_at, expires_at, actor, occurred_at)
-    SELECT g.resource, g.action, g.owner, g.previous_owner, g.fence,
+    SELECT g.resource, g.action, g.owner, g.previous_owner, g.token, g.fence,
            g.acquired_at, g.expires_at, :actor, clock.now
     FROM granted AS g, clock
 ),
@@ -199,15 +229,18 @@ dequeued AS (
     WHERE id = CAST(:waiter AS bigint) AND EXISTS (SELECT 1 FROM granted)
 ),
 {queue}
-SELECT true AS done, g.action, g.resource, g.owner, g.fence,
-       g.acquired_at, g.expires_at, clock.now, queue.waiters,
+SELECT true AS done, g.action, g.resource, g.owner, g.token, g.fence,
+       g.acquired_at, g.expires_at, clock.now, queue.waiters, false AS over_quota,
        NULL AS frozen_prefix, NULL AS frozen_reason, NULL AS frozen_actor,
        NULL AS frozen_at, NULL AS frozen_until
 FROM granted AS g, clock, queue
 UNION ALL
-SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now, queue.waiters, f.prefix, f.reason, f.actor, f.frozen_at,
-       f.ends_at
+SELECT false, NULL, CAST(:resource AS varchar), l.owner, l.token, l.fence,
+       l.acquired_at, l.expires_at, clock.now, queue.waiters,
+       -- Only a grant can be over quota: a valid lock here is another holder's.
+       CASE WHEN l.owner IS NOT NULL AND l.expires_at > clock.now THEN false
+            ELSE (SELECT reached FROM quota) END,
+       f.prefix, f.reason, f.actor, f.frozen_at, f.ends_at
 FROM clock
 CROSS JOIN queue
 LEFT JOIN distributed_locks AS l ON l.resource = :resource
@@ -234,23 +267,24 @@ renewed AS (
     UPDATE distributed_locks AS l
     SET expires_at = clock.now + make_interval(secs => :ttl)
     FROM target, clock
-    WHERE l.id = target.id AND l.owner = :owner AND l.expires_at > clock.now
-    RETURNING l.resource, l.owner, l.fence, l.acquired_at, l.expires_at
+    WHERE l.id = target.id AND l.owner = :owner
+      AND (l.token IS NULL OR l.token = :token) AND l.expires_at > clock.now
+    RETURNING l.resource, l.owner, l.token, l.fence, l.acquired_at, l.expires_at
 ),
 logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
                              acquired_at, expires_at, actor, occurred_at)
-    SELECT r.resource, 'renewed', r.owner, r.owner, r.fence,
-           r.acquired_at, r.expires_at, :actor, clock.now
+    SELECT r.resource, 'renewed', r.owner, r.owner, CAST(:token AS varchar),
+           r.fence, r.acquired_at, r.expires_at, :actor, clock.now
     FROM renewed AS r, clock
 ),
 {queue}
-SELECT true AS done, 'renewed' AS action, r.resource, r.owner, r.fence,
+SELECT true AS done, 'renewed' AS action, r.resource, r.owner, r.token, r.fence,
        r.acquired_at, r.expires_at, clock.now, queue.waiters
 FROM renewed AS r, clock, queue
 UNION ALL
-SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now, queue.waiters
+SELECT false, NULL, l.resource, l.owner, l.token, l.fence, l.acquired_at,
+       l.expires_at, clock.now, queue.waiters
 FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM renewed)
 """
@@ -262,26 +296,28 @@ _PG_RELEASE = (
     + """,
 released AS (
     UPDATE distributed_locks AS l
-    SET owner = NULL, expires_at = clock.now
+    SET owner = NULL, token = NULL, expires_at = clock.now
     FROM target, clock
-    WHERE l.id = target.id AND l.owner = :owner AND l.expires_at > clock.now
-    RETURNING l.resource, CAST(:owner AS varchar) AS owner, l.fence, l.acquired_at,
+    WHERE l.id = target.id AND l.owner = :owner
+      AND (l.token IS NULL OR l.token = :token) AND l.expires_at > clock.now
+    RETURNING l.resource, CAST(:owner AS varchar) AS owner,
+              CAST(:token AS varchar) AS token, l.fence, l.acquired_at,
               l.expires_at
 ),
 logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, fence,
+    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
                              acquired_at, expires_at, actor, occurred_at)
-    SELECT r.resource, 'released', r.owner, r.owner, r.fence,
+    SELECT r.resource, 'released', r.owner, r.owner, r.token, r.fence,
            r.acquired_at, r.expires_at, :actor, clock.now
     FROM released AS r, clock
 ),
 {queue}
-SELECT true AS done, 'released' AS action, r.resource, r.owner, r.fence,
+SELECT true AS done, 'released' AS action, r.resource, r.owner, r.token, r.fence,
        r.acquired_at, r.expires_at, clock.now, queue.waiters
 FROM released AS r, clock, queue
 UNION ALL
-SELECT false, NULL, l.resource, l.owner, l.fence, l.acquired_at, l.expires_at,
-       clock.now, queue.waiters
+SELECT false, NULL, l.resource, l.owner, l.token, l.fence, l.acquired_at,
+       l.expires_at, clock.now, queue.waiters
 FROM distributed_locks AS l, clock, queue
 WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM released)
 """
@@ -352,9 +388,14 @@ class PostgresStatements:
             if getattr(row, "frozen_prefix", None) is not None
             else None
         )
-        return Outcome(False, None, row if row.resource else None, row.now, freeze)
+        over_quota = bool(getattr(row, "over_quota", False))
+        # A refused acquire always answers one row; fence NULL: there is no row.
+        holder = row if row.fence is not None else None
+        return Outcome(False, None, holder, row.now, freeze, over_quota)
 
-    def acquire(self, conn, resource, owner, ttl, actor, now, waiter=None) -> Outcome:
+    def acquire(
+        self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
+    ) -> Outcome:
         return self._run(
             conn,
             self._acquire,
@@ -362,18 +403,33 @@ class PostgresStatements:
             waiter,
             resource=resource,
             owner=owner,
+            token=token,
+            ttl=ttl,
+            actor=actor,
+            max_locks=max_locks,
+        )
+
+    def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
+        return self._run(
+            conn,
+            self._renew,
+            now,
+            resource=resource,
+            owner=owner,
+            token=token,
             ttl=ttl,
             actor=actor,
         )
 
-    def renew(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+    def release(self, conn, resource, owner, token, actor, now) -> Outcome:
         return self._run(
-            conn, self._renew, now, resource=resource, owner=owner, ttl=ttl, actor=actor
-        )
-
-    def release(self, conn, resource, owner, actor, now) -> Outcome:
-        return self._run(
-            conn, self._release, now, resource=resource, owner=owner, actor=actor
+            conn,
+            self._release,
+            now,
+            resource=resource,
+            owner=owner,
+            token=token,
+            actor=actor,
         )
 
 
@@ -413,20 +469,29 @@ class TransactionalStatements:
         # ``:waiter``); waiters' deadlines are judged by the clock of this read.
         by_resource = locks.c.resource == bindparam("resource")
         waiter = bindparam("waiter", type_=BigInteger())
-        given = bindparam("now", type_=UTCDateTime())
-        self._lock_row_given = (
-            select(locks, *queue_columns(bindparam("resource"), given, waiter))
-            .where(by_resource)
-            .with_for_update()
+        given_now = bindparam("now", type_=UTCDateTime())
+        server_now = (
+            self._server_now().cast(UTCDateTime())
+            if self._server_now is not None
+            else None
         )
-        self._lock_row_server = None
-        if self._server_now is not None:
-            server = self._server_now().cast(UTCDateTime())
-            self._lock_row_server = (
-                select(locks, *queue_columns(bindparam("resource"), server, waiter))
-                .where(by_resource)
-                .with_for_update()
-            )
+        # Keyed by (reads the server clock, counts the token's live locks). Only
+        # SQLite counts on the locking read (its clock is the host's, read after
+        # BEGIN IMMEDIATE); elsewhere the count rides on the clock read that
+        # follows the row lock (``clock_after_lock``).
+        self._lock_row = {}
+        for on_server, now_column in ((False, given_now), (True, server_now)):
+            if now_column is None:
+                continue
+            for counting in (False, True):
+                columns = list(queue_columns(bindparam("resource"), now_column, waiter))
+                if counting:
+                    columns.append(_live_locks(now_column).label("live"))
+                self._lock_row[on_server, counting] = (
+                    select(locks, *columns).where(by_resource).with_for_update()
+                )
+        # SQLite with no row to ride on: the count alone.
+        self._live_count = select(_live_locks(given_now).label("live"))
         self._next_fence_statement = (
             select(fence_sequence.next_value())
             if self.uses_sequence
@@ -452,14 +517,17 @@ class TransactionalStatements:
             .order_by(freezes.c.prefix)
             .limit(1)
         )
-        self._clock_statements: dict[tuple[bool, bool, bool], Any] = {}
+        self._clock_statements: dict[tuple[bool, bool, bool, bool], Any] = {}
 
-    def _clock_statement(self, server: bool, conditional: bool, freeze: bool):
-        """``SELECT now, fence[, frozen]`` in one round trip (sequence dialects):
-        the clock (the server's, or ``:now``), whether a freeze covers
-        ``:resource`` by it, and a new fence, drawn only for a grant (with
-        ``conditional``: when ``:valid_until`` has passed) that no freeze stops."""
-        key = (server, conditional, freeze)
+    def _clock_statement(
+        self, server: bool, conditional: bool, freeze: bool, quota: bool = False
+    ):
+        """``SELECT now, fence[, frozen][, over_quota]`` in one round trip (sequence
+        dialects): the clock (the server's, or ``:now``), whether a freeze covers
+        ``:resource`` by it, whether ``:quota_token`` holds ``:max_locks`` live
+        locks by it, and a new fence, drawn only for a grant (with
+        ``conditional``: when ``:valid_until`` has passed) that neither stops."""
+        key = (server, conditional, freeze, quota)
         if key not in self._clock_statements:
             now = (
                 self._server_now().cast(UTCDateTime())
@@ -477,6 +545,12 @@ class TransactionalStatements:
             if freeze:
                 conditions.append(~_frozen(clock.c.now))
                 columns.append(_frozen(clock.c.now).label("frozen"))
+            if quota:
+                reached = _live_locks(clock.c.now) >= bindparam(
+                    "max_locks", type_=Integer()
+                )
+                conditions.append(~reached)
+                columns.append(reached.label("over_quota"))
             fence = fence_sequence.next_value()
             if conditions:
                 fence = case((and_(*conditions), fence), else_=null())
@@ -496,13 +570,21 @@ class TransactionalStatements:
         resource: str,
         now: datetime | None,
         waiter: int | None = None,
+        *,
+        quota_token: str | None = None,
+        max_locks: int | None = None,
     ) -> Row | None:
         """The row of ``resource``, locked until commit (None when there is none),
-        with its queue: ``waiters``, and ``ahead`` of ``waiter``."""
-        params = {"resource": resource, "waiter": waiter}
-        if now is None:
-            return conn.execute(self._lock_row_server, params).one_or_none()
-        return conn.execute(self._lock_row_given, {**params, "now": now}).one_or_none()
+        with its queue: ``waiters``, and ``ahead`` of ``waiter``. With
+        ``max_locks`` (SQLite), also ``live``: how many live locks ``quota_token``
+        holds, counted up to ``max_locks``."""
+        counting = bool(max_locks) and quota_token is not None
+        params: dict[str, Any] = {"resource": resource, "waiter": waiter}
+        if now is not None:
+            params["now"] = now
+        if counting:
+            params.update(quota_token=quota_token, max_locks=max_locks)
+        return conn.execute(self._lock_row[now is None, counting], params).one_or_none()
 
     def freeze_of(self, conn: Connection, resource: str, now: datetime) -> Row | None:
         """The freeze in force over ``resource`` at ``now``, if any."""
@@ -518,18 +600,26 @@ class TransactionalStatements:
         fence: bool = False,
         fence_unless_valid_until: datetime | None = None,
         unless_frozen: str | None = None,
-    ) -> tuple[datetime, int | None, bool]:
-        """``(now, fence, frozen)``, read now that the row is locked.
+        quota_token: str | None = None,
+        max_locks: int | None = None,
+        live: int | None = None,
+    ) -> Clock:
+        """``Clock(now, fence, frozen, over_quota)``, read now that the row is locked.
 
         ``now``: the deciding clock (the server's when None is given). With
         ``fence``, a new fence for a grant: drawn unless the grant in place is
-        still valid at ``now`` (``fence_unless_valid_until``: its expiry), and
-        unless a freeze covers ``unless_frozen`` (a resource) at ``now``: then
-        ``frozen`` is true and no fence is drawn.
+        still valid at ``now`` (``fence_unless_valid_until``: its expiry), unless
+        a freeze covers ``unless_frozen`` (a resource) at ``now`` (then ``frozen``
+        is true), and unless ``quota_token`` already holds ``max_locks`` live
+        locks (then ``over_quota`` is true; ``live``: that count, when the
+        locking read made it). No fence is drawn for a refused grant.
         """
         if not fence:
-            return (now if now is not None else self.read_now(conn)), None, False
+            return Clock(
+                now if now is not None else self.read_now(conn), None, False, False
+            )
         conditional = fence_unless_valid_until is not None
+        counting = bool(max_locks) and quota_token is not None
         if self.uses_sequence:
             params: dict[str, Any] = {}
             if now is not None:
@@ -538,19 +628,39 @@ class TransactionalStatements:
                 params["valid_until"] = fence_unless_valid_until
             if unless_frozen is not None:
                 params["resource"] = unless_frozen
+            if counting:
+                params.update(quota_token=quota_token, max_locks=max_locks)
             statement = self._clock_statement(
-                now is None, conditional, unless_frozen is not None
+                now is None, conditional, unless_frozen is not None, counting
             )
             row = conn.execute(statement, params).one()
-            return row.now, row.fence, bool(getattr(row, "frozen", False))
+            return Clock(
+                row.now,
+                row.fence,
+                bool(getattr(row, "frozen", False)),
+                bool(getattr(row, "over_quota", False)),
+            )
         if conditional and fence_unless_valid_until > now:
-            return now, None, False
+            return Clock(now, None, False, False)
+        if counting:
+            if live is None:
+                live = conn.scalar(
+                    self._live_count,
+                    {"now": now, "quota_token": quota_token, "max_locks": max_locks},
+                )
+            if live >= max_locks:
+                # Refused either way; a freeze still takes precedence, as it does
+                # in the other dialects' statements.
+                frozen = unless_frozen is not None and (
+                    self.freeze_of(conn, unless_frozen, now) is not None
+                )
+                return Clock(now, None, frozen, not frozen)
         if unless_frozen is None:
-            return now, self._next_fence(conn), False
+            return Clock(now, self._next_fence(conn), False, False)
         drawn = conn.scalar(
             self._next_fence_unless_frozen, {"resource": unless_frozen, "now": now}
         )
-        return now, drawn, drawn is None
+        return Clock(now, drawn, drawn is None, False)
 
     def _next_fence(self, conn: Connection) -> int:
         return conn.scalar(self._next_fence_statement)
@@ -558,10 +668,22 @@ class TransactionalStatements:
     # -- writes -------------------------------------------------------------
 
     def _grant(
-        self, conn, row, resource, owner, fence, now, ttl, action, actor, reason=None
+        self,
+        conn,
+        row,
+        resource,
+        owner,
+        token,
+        fence,
+        now,
+        ttl,
+        action,
+        actor,
+        reason=None,
     ) -> Outcome:
         values = {
             "owner": owner,
+            "token": token,
             "fence": fence,
             "acquired_at": now,
             "expires_at": now + timedelta(seconds=ttl),
@@ -576,10 +698,12 @@ class TransactionalStatements:
             **values,
         )
         previous_owner = row.owner if row is not None else None
-        self._log(conn, action, granted, previous_owner, actor, reason, now)
+        self._log(conn, action, granted, previous_owner, token, actor, reason, now)
         return Outcome(True, action, granted, now)
 
-    def _log(self, conn, action, lock, previous_owner, actor, reason, now) -> None:
+    def _log(
+        self, conn, action, lock, previous_owner, token, actor, reason, now
+    ) -> None:
         conn.execute(
             _INSERT_EVENT,
             {
@@ -587,6 +711,7 @@ class TransactionalStatements:
                 "action": action.value,
                 "owner": lock.owner,
                 "previous_owner": previous_owner,
+                "token": token_or_none(token),
                 "fence": lock.fence,
                 "acquired_at": lock.acquired_at,
                 "expires_at": lock.expires_at,
@@ -598,90 +723,126 @@ class TransactionalStatements:
 
     # -- operations ---------------------------------------------------------
 
-    def acquire(self, conn, resource, owner, ttl, actor, now, waiter=None) -> Outcome:
-        row = self.lock_row(conn, resource, now, waiter)
+    def acquire(
+        self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
+    ) -> Outcome:
+        counting = bool(max_locks) and token is not None
+        count_on_read = counting and not self.uses_sequence
+        row = self.lock_row(
+            conn,
+            resource,
+            now,
+            waiter,
+            quota_token=token if count_on_read else None,
+            max_locks=max_locks if count_on_read else None,
+        )
         held = row is not None and row.owner is not None
         if row is not None and row.ahead:
             # Others are in line first: only a re-acquire of our valid lock goes on.
-            now, fence, frozen = self.clock_after_lock(conn, now)
-            if not (held and row.owner == owner and row.expires_at > now):
+            now = self.clock_after_lock(conn, now).now
+            if not (held and holds(row, owner, token) and row.expires_at > now):
                 return Outcome(False, None, row, now)
+            fence, frozen, over_quota = None, False, False
         else:
-            now, fence, frozen = self.clock_after_lock(
+            now, fence, frozen, over_quota = self.clock_after_lock(
                 conn,
                 now,
                 fence=True,
                 fence_unless_valid_until=row.expires_at if held else None,
                 unless_frozen=resource,
+                quota_token=token if counting else None,
+                max_locks=max_locks if counting else None,
+                live=row.live if count_on_read and row is not None else None,
             )
         if not held:
             action = Action.ACQUIRED
         elif row.expires_at <= now:
             action = Action.TOOK_OVER
-        elif row.owner == owner:
+        elif holds(row, owner, token):
             action, fence = Action.REACQUIRED, row.fence
         else:
             return Outcome(False, None, row, now)
         if action is not Action.REACQUIRED and frozen:
             return Outcome(False, None, row, now, self.freeze_of(conn, resource, now))
+        if action is not Action.REACQUIRED and over_quota:
+            # Only a new grant counts against the quota; nothing is written.
+            holder = row if held else None
+            return Outcome(False, None, holder, now, over_quota=True)
         outcome = self._grant(
-            conn, row, resource, owner, fence, now, ttl, action, actor
+            conn, row, resource, owner, token, fence, now, ttl, action, actor
         )
         if waiter is not None:
             conn.execute(delete(waiters).where(waiters.c.id == waiter))
         return outcome
 
-    def renew(self, conn, resource, owner, ttl, actor, now) -> Outcome:
+    def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
         row = self.lock_row(conn, resource, now)
-        now, _, _ = self.clock_after_lock(conn, now)
-        if row is None or row.owner != owner or row.expires_at <= now:
+        now = self.clock_after_lock(conn, now).now
+        if row is None or not holds(row, owner, token) or row.expires_at <= now:
             return Outcome(False, None, row, now)
         expires_at = now + timedelta(seconds=ttl)
         conn.execute(
             update(locks).where(locks.c.id == row.id).values(expires_at=expires_at)
         )
         renewed = _LockRow.of(row, expires_at=expires_at)
-        self._log(conn, Action.RENEWED, renewed, owner, actor, None, now)
+        self._log(conn, Action.RENEWED, renewed, owner, token, actor, None, now)
         return Outcome(True, Action.RENEWED, renewed, now)
 
-    def release(self, conn, resource, owner, actor, now) -> Outcome:
+    def release(self, conn, resource, owner, token, actor, now) -> Outcome:
         row = self.lock_row(conn, resource, now)
-        now, _, _ = self.clock_after_lock(conn, now)
-        if row is None or row.owner != owner or row.expires_at <= now:
+        now = self.clock_after_lock(conn, now).now
+        if row is None or not holds(row, owner, token) or row.expires_at <= now:
             return Outcome(False, None, row, now)
-        return self._remove(conn, row, Action.RELEASED, actor, None, now)
+        return self._remove(conn, row, Action.RELEASED, token, actor, None, now)
 
     def force_release(self, conn, resource, actor, reason, now, confirm) -> Outcome:
         """``confirm(row, now)`` raises to refuse (the service's rules)."""
         row = self.lock_row(conn, resource, now)
-        now, _, _ = self.clock_after_lock(conn, now)
+        now = self.clock_after_lock(conn, now).now
         confirm(row, now)
-        return self._remove(conn, row, Action.FORCE_RELEASED, actor, reason, now)
+        return self._remove(
+            conn, row, Action.FORCE_RELEASED, row.token, actor, reason, now
+        )
 
     def claim(
-        self, conn, resource, owner, ttl, actor, reason, now, confirm, *, frozen_too
+        self,
+        conn,
+        resource,
+        owner,
+        token,
+        ttl,
+        actor,
+        reason,
+        now,
+        confirm,
+        *,
+        frozen_too,
     ) -> Outcome:
-        """``confirm(row, now, freeze)`` raises to refuse, or says whether the
-        claim takes the lock from another valid holder. ``frozen_too``: claim even
-        if a freeze covers the resource (``freeze`` is then None)."""
+        """Grant to (``token``, ``owner``); ``token`` NO_TOKEN: bound to no token.
+
+        ``confirm(row, now, freeze)`` raises to refuse, or says whether the claim
+        takes the lock from another valid holder. ``frozen_too``: claim even if a
+        freeze covers the resource (``freeze`` is then None)."""
         row = self.lock_row(conn, resource, now)
-        now, fence, frozen = self.clock_after_lock(
+        now, fence, frozen, _ = self.clock_after_lock(
             conn, now, fence=True, unless_frozen=None if frozen_too else resource
         )
         freeze = self.freeze_of(conn, resource, now) if frozen else None
         takes_from_holder = confirm(row, now, freeze)
         action = Action.FORCE_CLAIMED if takes_from_holder else Action.CLAIMED
         return self._grant(
-            conn, row, resource, owner, fence, now, ttl, action, actor, reason
+            conn, row, resource, owner, token, fence, now, ttl, action, actor, reason
         )
 
-    def _remove(self, conn, row, action, actor, reason, now) -> Outcome:
+    def _remove(self, conn, row, action, token, actor, reason, now) -> Outcome:
         """Free the row (see ``DistributedLock``); the event says when it ended."""
         conn.execute(
-            update(locks).where(locks.c.id == row.id).values(owner=None, expires_at=now)
+            update(locks)
+            .where(locks.c.id == row.id)
+            .values(owner=None, token=None, expires_at=now)
         )
         ended = _LockRow.of(row, expires_at=now)
-        self._log(conn, action, ended, row.owner, actor, reason, now)
+        self._log(conn, action, ended, row.owner, token, actor, reason, now)
         return Outcome(True, action, ended, now)
 
     def release_stale_batch(
@@ -708,13 +869,13 @@ class TransactionalStatements:
         if owner is not None:
             query = query.where(locks.c.owner == owner)
         candidates = conn.execute(query).all()
-        now, _, _ = self.clock_after_lock(conn, now)
+        now = self.clock_after_lock(conn, now).now
         stale = [row for row in candidates if row.expires_at <= now]
         if stale:
             conn.execute(
                 update(locks)
                 .where(locks.c.id.in_([row.id for row in stale]))
-                .values(owner=None, expires_at=now)
+                .values(owner=None, token=None, expires_at=now)
             )
             conn.execute(
                 _INSERT_EVENT,
@@ -724,6 +885,7 @@ class TransactionalStatements:
                         "action": Action.FORCE_RELEASED.value,
                         "owner": row.owner,
                         "previous_owner": row.owner,
+                        "token": token_or_none(row.token),
                         "fence": row.fence,
                         "acquired_at": row.acquired_at,
                         "expires_at": now,
@@ -757,6 +919,32 @@ class TransactionalStatements:
         return candidates
 
 
+def _live_locks(now_column):
+    """How many live locks the token ``:quota_token`` holds, counted no further
+    than ``:max_locks`` (an index range on (token, expires_at), bounded)."""
+    mine = locks.alias("mine")
+    live = (
+        select(literal(1))
+        .select_from(mine)
+        .where(
+            mine.c.token == bindparam("quota_token"),
+            mine.c.expires_at > now_column,
+        )
+        .limit(bindparam("max_locks", type_=Integer()))
+        .subquery("live")
+    )
+    return select(func.count()).select_from(live).scalar_subquery()
+
+
+class Clock(NamedTuple):
+    """What ``clock_after_lock`` read once the row lock was held."""
+
+    now: datetime
+    fence: int | None
+    frozen: bool
+    over_quota: bool
+
+
 @dataclass(frozen=True, slots=True)
 class StaleBatch:
     candidates: int  # rows the batch locked (fewer than asked: the last batch)
@@ -777,6 +965,7 @@ class _FreezeRow:
 class _LockRow:
     resource: str
     owner: str
+    token: str | None
     fence: int
     acquired_at: datetime
     expires_at: datetime

@@ -7,6 +7,9 @@ import re
 from typing import Any
 
 RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9._:@=+\-]{1,255}")
+# Path segments that browsers, proxies and URL libraries resolve away
+# (/locks/.. becomes /): such a lock could never be addressed by URL.
+DOT_SEGMENTS = frozenset({".", ".."})
 MAX_NAME = 255
 MAX_REASON = 1000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -23,6 +26,8 @@ def resource_error(value: Any) -> str | None:
         return f"must be at most {MAX_NAME} characters"
     if not RESOURCE_PATTERN.fullmatch(value):
         return "may contain only A-Z a-z 0-9 and . _ : @ = + -"
+    if value in DOT_SEGMENTS:
+        return "must not be . or .. (a URL path would resolve it away)"
     return None
 
 
