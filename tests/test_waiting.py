@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from app.locks.models import LockEvent
 from app.locks.service import lock_service
 from tests.conftest import ApiClient
+from tests.dashboard_helpers import poller_version
 from tests.live_server import serve
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -420,9 +421,7 @@ def test_the_client_waits_in_chunks_of_the_servers_max_wait(make_app):
 
 def poller_headers(page) -> dict[str, str]:
     """The headers a page's poller sends (the version it shows)."""
-    poller = page.select_one(".poller")
-    raw = poller.get("hx-headers:inherited") or poller.get("hx-headers")
-    return json.loads(raw)
+    return {"Lockkeeper-Shown": poller_version(page.select_one(".poller"))}
 
 
 def test_the_dashboard_shows_who_waits(fake_app, clock):
