@@ -108,13 +108,17 @@
     }
   }
 
+  // htmx reports a request that timed out with the abort reason "timeout", and
+  // a network failure as fetch's TypeError; other errors (a script error while
+  // swapping) say nothing about the connection.
   document.addEventListener("htmx:error", function (event) {
     var error = event.detail && event.detail.error;
-    var reason = error && (error.name === "AbortError" || String(error).indexOf("timeout") >= 0)
-      ? "no answer in time" : "no connection";
-    // Requests the page itself abandons (navigating away) are no outage.
-    if (error && error.name === "AbortError" && document.visibilityState === "hidden") return;
-    goOffline(reason);
+    var ctx = event.detail && event.detail.ctx;
+    if (error === "timeout" || (error && error.name === "TimeoutError")) {
+      goOffline("no answer in time");
+    } else if (error instanceof TypeError && ctx && !ctx.response) {
+      goOffline("no connection");  // fetch() itself failed: no response at all
+    }
   });
 
   document.addEventListener("htmx:after:request", function (event) {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from bs4 import BeautifulSoup
 from flask import Flask
 from flask.testing import FlaskClient
@@ -32,3 +34,8 @@ def log_in(client: FlaskClient, username: str, password: str = PASSWORD, **extra
         "/login",
         data={"username": username, "password": password, "csrf_token": token, **extra},
     )
+
+
+def poller_version(poller) -> str:
+    """The version a live region's poller sends with each poll."""
+    return json.loads(poller["hx-headers:inherited"])["Lockkeeper-Shown"]

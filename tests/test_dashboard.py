@@ -5,7 +5,6 @@ CSRF protection is on (the app's default), so every post carries a real token.
 
 from __future__ import annotations
 
-import json
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -14,7 +13,7 @@ from app.audit.service import EventFilter, list_events
 from app.locks.errors import LockNotFound
 from app.locks.service import lock_service
 from app.locks.state import Action
-from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
+from tests.dashboard_helpers import csrf_token, log_in, make_user, poller_version, soup
 
 HOSTILE_OWNERS = [
     "<script>alert(1)</script>",
@@ -103,7 +102,7 @@ def test_poll_gets_the_live_fragment_only_uncached(operator):
     assert poller["hx-trigger"] == "every 5s, locks-changed from:body"
     assert poller["hx-get"] == "/?state=stale&live=1"
     assert (poller["hx-target"], poller["hx-swap"]) == ("#live", "outerMorph")
-    assert json.loads(poller["hx-headers"])["Lockkeeper-Shown"]
+    assert poller_version(poller)
     assert poller.get("hx-push-url") is None
 
 

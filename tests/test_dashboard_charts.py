@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from app.dashboard import charts
 from app.locks.results import Event, Lock
 from app.locks.state import Action, LockState
-from tests.dashboard_helpers import log_in, make_user, soup
+from tests.dashboard_helpers import log_in, make_user, poller_version, soup
 
 NOW = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
 _ids = iter(range(1, 100_000))
@@ -137,7 +136,7 @@ def test_overview_shows_the_last_hour_and_polls_it_once_a_minute(
     assert "Now 1 held, 0 expiring, 0 stale" in section.select_one("desc").get_text()
     poller = section.select_one(".poller")
     assert poller["hx-trigger"].startswith("every 60s")
-    version = json.loads(poller["hx-headers"])["Lockkeeper-Shown"]
+    version = poller_version(poller)
     headers = {
         "HX-Request": "true",
         "HX-Target": "section#activity",

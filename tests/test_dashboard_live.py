@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-import json
 import re
 
 import brotli
@@ -14,7 +13,7 @@ import pytest
 
 from app.dashboard.assets import UNVERSIONED_MAX_AGE, YEAR
 from app.locks.service import lock_service
-from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
+from tests.dashboard_helpers import csrf_token, log_in, make_user, poller_version, soup
 
 HTMX = {"HX-Request": "true"}
 
@@ -39,7 +38,7 @@ def operator(app):
 
 
 def shown_version(page) -> str:
-    return json.loads(page.select_one(".poller")["hx-headers"])["Lockkeeper-Shown"]
+    return poller_version(page.select_one(".poller"))
 
 
 def poll(client, url: str, target: str, version: str):

@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from app.locks.models import LockEvent
 from app.locks.service import lock_service
 from tests.conftest import ApiClient
+from tests.dashboard_helpers import poller_version
 from tests.live_server import serve
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -418,6 +419,11 @@ def test_the_client_waits_in_chunks_of_the_servers_max_wait(make_app):
 # -- the dashboard ----------------------------------------------------------------
 
 
+def poller_headers(page) -> dict[str, str]:
+    """The headers a page's poller sends (the version it shows)."""
+    return {"Lockkeeper-Shown": poller_version(page.select_one(".poller"))}
+
+
 def test_the_dashboard_shows_who_waits(fake_app, clock):
     from tests.dashboard_helpers import log_in, make_user, soup
 
@@ -448,7 +454,7 @@ def test_the_dashboard_shows_who_waits(fake_app, clock):
     # A poll that shows the current version gets 204; a change of the line alone
     # (no event is written) makes the next poll fetch the page again.
     poll = {"HX-Request": "true", "HX-Target": "div#lock-live"}
-    shown = json.loads(page.select_one("[hx-headers]")["hx-headers"])
+    shown = poller_headers(page)
     headers = {**poll, **shown}
     assert browser.get("/locks/q:15?live=1", headers=headers).status_code == 204
     with fake_app.app_context():
@@ -456,7 +462,7 @@ def test_the_dashboard_shows_who_waits(fake_app, clock):
     again = browser.get("/locks/q:15?live=1", headers=headers)
     assert again.status_code == 200
     assert "third" in again.get_data(as_text=True)
-    overview_poll = json.loads(overview.select_one("[hx-headers]")["hx-headers"])
+    overview_poll = poller_headers(overview)
     changed = browser.get("/", headers={**HTMX_POLL, **overview_poll})
     assert changed.status_code == 200
     assert "3 waiting" in changed.get_data(as_text=True)

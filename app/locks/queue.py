@@ -326,6 +326,7 @@ class WaitQueue:
         max_waiters: int,
         poll_interval: float,
         listen_url: str | None,
+        listen: bool = True,
     ):
         self.service = service
         self.dialect = engine.dialect.name
@@ -339,6 +340,7 @@ class WaitQueue:
             self._doorbell = db_file.with_name(f".{db_file.name}.waiters")
         self._slots = threading.BoundedSemaphore(max_waiters) if max_waiters else None
         self._notifies = self.dialect == "postgresql"
+        self._listens = self._notifies and listen
         url = make_url(listen_url) if listen_url else engine.url
         self._listen_url = url.set(drivername="postgresql").render_as_string(
             hide_password=False
@@ -499,7 +501,7 @@ class WaitQueue:
         outcome = "timeout"
         try:
             listener = (
-                listener_for(self._listen_url, self.wakeups) if self._notifies else None
+                listener_for(self._listen_url, self.wakeups) if self._listens else None
             )
             if self._doorbell is not None:
                 doorbell_for(self._doorbell)

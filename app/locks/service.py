@@ -97,6 +97,7 @@ class LockSettings:
     max_waiters: int = 16
     wait_poll_interval: float = 0.05
     listen_url: str | None = None
+    listen: bool = True
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LockSettings:
@@ -109,6 +110,12 @@ class LockSettings:
             max_waiters=int(config["LOCKKEEPER_MAX_WAITERS"]),
             wait_poll_interval=float(config["LOCKKEEPER_WAIT_POLL_INTERVAL"]),
             listen_url=config.get("LOCKKEEPER_LISTEN_DATABASE_URL") or None,
+            # LISTEN through a transaction-pooling PgBouncer hears nothing: without
+            # a direct URL for it, waiters poll instead.
+            listen=bool(
+                config.get("LOCKKEEPER_LISTEN_DATABASE_URL")
+                or not config.get("LOCKKEEPER_PGBOUNCER")
+            ),
         )
 
 
@@ -137,6 +144,7 @@ class LockService:
             max_waiters=settings.max_waiters,
             poll_interval=settings.wait_poll_interval,
             listen_url=settings.listen_url,
+            listen=settings.listen,
         )
 
     # -- plumbing ------------------------------------------------------------

@@ -6,6 +6,7 @@ search and grouping, a phone's width, and axe-core on every page in both schemes
 from __future__ import annotations
 
 import re
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -114,9 +115,27 @@ def test_offline_banner_within_one_poll_and_recovery_shown(
         expect(banner).to_contain_text("Reconnected", timeout=POLL_WAIT_MS)
         expect(page.locator("#live .live")).to_contain_text("Live, every 5 s")
         expect(release).not_to_have_attribute("aria-disabled", "true")
+        # A server that accepts connections but never answers: the poll's own
+        # timeout (4 s) turns the page offline, without waiting for TCP.
+        server.stop()
+        hung = socket.create_server(("127.0.0.1", server.port))
+        try:
+            expect(banner).to_contain_text("no answer in time", timeout=OFFLINE_WAIT_MS)
+        finally:
+            hung.close()
+        server.start()
+        expect(banner).to_contain_text("Reconnected", timeout=POLL_WAIT_MS)
+
         # The failed polls were the point of this test; nothing else went wrong.
         assert problems.lines
-        refused = ("ERR_CONNECTION_REFUSED", "Failed to fetch")
+        refused = (
+            "ERR_CONNECTION_REFUSED",
+            "Failed to fetch",
+            "ERR_EMPTY_RESPONSE",
+            "ERR_CONNECTION_RESET",
+            "ERR_ABORTED",
+            "timeout",
+        )
         assert all(any(sign in line for sign in refused) for line in problems.lines), (
             problems.lines
         )

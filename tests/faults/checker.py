@@ -301,9 +301,10 @@ def grant_order_violations(events) -> list[str]:
 
 
 # A waiting acquire answers by its wait plus this (its last decision, leaving the
-# line, a database that is restarting, a loaded machine); a waiter that stayed in
-# line past its wait would answer only at the client's timeout (5 s + wait).
-WAIT_SLACK = 3.0
+# line, a database restart or failover that holds one statement for seconds, a
+# loaded machine), still under the client's timeout of 5 s + wait: a request that
+# stayed in line past its wait shows up here or as an unknown outcome.
+WAIT_SLACK = 4.5
 
 
 def _check_responses(records, report) -> None:
