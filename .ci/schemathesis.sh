@@ -2,7 +2,7 @@
 # Fuzz the live JSON API with schemathesis against its own OpenAPI document.
 #
 # Serves the app with gunicorn (gthread, 2 workers) on a throwaway SQLite instance,
-# creates an API token, and runs schemathesis with the checks that make the SPEC's
+# creates an API token, and runs schemathesis with the checks that make the API's
 # bar: no 5xx for any input, and every response (status, media type, headers, body)
 # as documented. Bounded: a few minutes at most. Exits non-zero on any failure and
 # always stops the server.

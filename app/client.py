@@ -61,7 +61,7 @@ TRANSIENT_STATUSES = frozenset({502, 503, 504})
 
 @dataclass(frozen=True, slots=True)
 class Lock:
-    """A lock as the server reported it (SPEC "Lock object")."""
+    """A lock as the server reported it."""
 
     resource: str
     owner: str

@@ -1,6 +1,6 @@
 """Per-dialect engine setup that the ORM cannot infer.
 
-SQLite (trap d5 in ECOSYSTEM.md): the driver's default BEGIN runs the first SELECT
+SQLite: the driver's default BEGIN runs the first SELECT
 outside the transaction and silently loses updates, and a deferred transaction that
 upgrades to a writer fails at once with "database is locked". So the driver's own
 transaction handling is switched off, WAL is on, and a write transaction asks for

@@ -3,8 +3,8 @@
 ``serve(app)`` runs the app under Werkzeug's threaded WSGI server on 127.0.0.1 and
 an ephemeral port, in a background thread of the test process. The ``live_server``
 fixture gives every test its own server on a fresh *file* SQLite database (an
-in-memory one is a single shared connection: concurrency would prove nothing, see
-ECOSYSTEM d4) and a fresh API token.
+in-memory one is a single shared connection: concurrency would prove nothing)
+and a fresh API token.
 
 Use it from a test module with::
 

@@ -1,4 +1,4 @@
-"""Every row of SPEC.md's API table for locks, through the test client, on every
+"""Every outcome of the lock API (README's table), through the test client, on every
 database, on a fake clock."""
 
 from __future__ import annotations

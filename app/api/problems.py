@@ -40,7 +40,7 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
     WaitersFull: (503, "Too many waiting acquires"),
 }
 
-# Release by a non-owner is forbidden (403, SPEC); a renewal by one is a conflict.
+# Release by a non-owner is forbidden (403); a renewal by one is a conflict.
 ENDPOINT_STATUS: dict[tuple[str, type[LockError]], int] = {
     ("api.release_lock", NotOwner): 403,
 }
