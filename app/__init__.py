@@ -1,36 +1,23 @@
-"""Lockkeeper: named locks with owner tokens, TTLs and fencing tokens."""
+"""Lockkeeper: named locks with owner tokens, TTLs and fencing tokens.
+
+Importing a part of the package (the worker client, say) must not import the web
+stack, so ``create_app`` is looked up from ``app.factory`` only when asked for:
+``app:create_app()`` for gunicorn and ``--app app`` for flask both still work.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask
+if TYPE_CHECKING:
+    from app.factory import create_app
 
-from app.paths import INSTANCE_DIR, STATIC_DIR, TEMPLATES_DIR
+__all__ = ["create_app"]
 
 
-def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
-    import os
+def __getattr__(name: str) -> Any:
+    if name == "create_app":
+        from app.factory import create_app
 
-    from app import config, errors, extensions, setup
-
-    instance = os.environ.get("LOCKKEEPER_INSTANCE_PATH", str(INSTANCE_DIR))
-    if test_config and test_config.get("LOCKKEEPER_INSTANCE_PATH"):
-        instance = str(test_config["LOCKKEEPER_INSTANCE_PATH"])
-    app = Flask(
-        __name__,
-        instance_path=os.path.abspath(instance),
-        instance_relative_config=True,
-        template_folder=str(TEMPLATES_DIR),
-        static_folder=str(STATIC_DIR),
-    )
-    config.load_config(app, test_config)
-    setup.secure_files(app)
-    extensions.init_app(app)
-    setup.register_services(app)
-    setup.register_blueprints(app)
-    errors.register_error_handlers(app)
-    setup.register_cli(app)
-    setup.prepare_database(app)
-    return app
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -341,7 +341,7 @@ def bench(
     exports: bool = True,
 ):
     from app.auth.service import create_user
-    from app.setup import upgrade_schema
+    from app.factory import upgrade_schema
 
     workdir = Path(tempfile.mkdtemp(prefix="lk-audit-bench-"))
     database = BenchDatabase(backend, workdir)

@@ -8,7 +8,7 @@ which backs off exponentially with jitter, capped by the refusal's Retry-After;
 (``"wait"``), granted in order of arrival. The clients are threads spread over a
 few processes (so the client side is not one GIL), all driven through
 ``app.client.LockClient`` against a Lockkeeper gunicorn server (gthread, as many
-threads per worker as ``app.gunicorn_conf`` gives: 4 + the waiting room).
+threads per worker as ``app.ops.gunicorn_conf`` gives: 4 + the waiting room).
 
 From the queue run:
 
@@ -181,7 +181,7 @@ def bench_contention(backend, database, workdir, token, plan, log):
     from bench.http_api import lockkeeper_env
 
     base = server_configs()[1]
-    # As app.gunicorn_conf sizes it: 4 threads plus the waiting room (16).
+    # As app.ops.gunicorn_conf sizes it: 4 threads plus the waiting room (16).
     config = ServerConfig(
         "gthread-waiting", base.worker_class, base.workers, threads=4 + 16
     )

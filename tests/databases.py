@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from app import create_app
 from app.config import normalize_database_url
 from app.extensions import db
-from app.setup import upgrade_schema
+from app.factory import upgrade_schema
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 SERVER_URLS = {

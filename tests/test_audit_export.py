@@ -17,9 +17,9 @@ from app.audit.export import (
     jsonl_chunks,
 )
 from app.audit.service import parse_timestamp
-from app.formatting import rfc3339
 from app.locks.results import Event
 from app.locks.state import Action
+from app.timestamps import rfc3339
 
 AWKWARD = [
     'owner, with "quotes"',

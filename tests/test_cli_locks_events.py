@@ -9,7 +9,7 @@ import json
 import pytest
 
 from app.audit.service import EventFilter, iter_events, list_events
-from app.cli_locks import operator_actor
+from app.cli.locks import operator_actor
 from app.locks.service import lock_service
 
 

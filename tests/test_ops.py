@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.locks.errors import LockExpired, LockNotFound, NotOwner
 from app.locks.service import lock_service
+from app.ops.request_log import LOGGER_NAME
 from app.paths import PROJECT_ROOT
-from app.request_log import LOGGER_NAME
 
 # -- helpers ----------------------------------------------------------------
 
@@ -330,7 +330,7 @@ def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
             "-m",
             "gunicorn",
             "-c",
-            "python:app.gunicorn_conf",
+            "python:app.ops.gunicorn_conf",
             "-w",
             "2",
             "-b",
@@ -410,7 +410,7 @@ def test_gunicorn_finishes_requests_in_flight_on_sigterm(tmp_path):
             "-m",
             "gunicorn",
             "-c",
-            "python:app.gunicorn_conf",
+            "python:app.ops.gunicorn_conf",
             "-w",
             "1",
             "-b",

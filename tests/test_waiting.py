@@ -266,7 +266,7 @@ class Gunicorn:
             [
                 str(VENV_BIN / "gunicorn"),
                 "-c",
-                "python:app.gunicorn_conf",
+                "python:app.ops.gunicorn_conf",
                 "-w",
                 str(workers),
                 "-b",

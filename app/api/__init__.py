@@ -1,73 +1,10 @@
 """The JSON API for workers, at ``/api/v1``.
 
-Authenticated by bearer token only: the session cookie of the dashboard is never
-consulted here, which is why the blueprint may be exempt from CSRF.
+``blueprint`` holds the blueprint and the bearer-token guard; the route modules
+attach to it.
 """
 
-from __future__ import annotations
+from app.api import events, locks, openapi
+from app.api.blueprint import bp
 
-from flask import Blueprint, g, request
-
-from app.api import problems
-from app.api.schemas import raw_input_errors
-from app.errors import problem
-from app.extensions import csrf
-
-bp = Blueprint("api", __name__, url_prefix="/api/v1")
-csrf.exempt(bp)
-problems.register(bp)
-
-PUBLIC_ENDPOINTS = frozenset({"api.openapi_json"})
-AUTHENTICATE = 'Bearer realm="lockkeeper"'
-
-
-def bearer_token() -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None
-
-
-@bp.before_request
-def authenticate():
-    """Every endpoint but the OpenAPI document needs a live token; its name is
-    recorded as the actor of the events the request causes.
-
-    The token's scope is enforced here, once for every route, before any
-    resource is looked up: a read-only token sends only GETs, and a request on
-    a resource outside the token's prefixes is refused without a word about the
-    resource. Lists and event queries are narrowed to the prefixes by the
-    services (``g.token.prefixes``).
-    """
-    if request.endpoint in PUBLIC_ENDPOINTS:
-        return None
-    from app.auth.service import verify_token
-
-    token = bearer_token()
-    identity = verify_token(token) if token else None
-    if identity is None:
-        response = problem(
-            401,
-            "Unauthorized",
-            "send 'Authorization: Bearer <token>' with a live API token",
-        )
-        response.headers["WWW-Authenticate"] = AUTHENTICATE
-        return response
-    g.token = identity
-    g.actor = identity.name
-    if not identity.may_send(request.method):
-        return problem(403, "Forbidden", "this API token is read-only")
-    resources = [(request.view_args or {}).get("resource")]
-    resources.append(request.args.get("resource"))
-    for resource in resources:
-        if resource is not None and not identity.covers(resource):
-            return problem(
-                403, "Forbidden", "the resource is outside this API token's scope"
-            )
-    errors = raw_input_errors(request)
-    if errors:
-        return problems.validation_problem(errors)
-    return None
-
-
-from app.api import events, locks, openapi  # noqa: E402,F401 - registers the routes
+__all__ = ["bp", "events", "locks", "openapi"]

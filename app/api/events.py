@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import g, jsonify, request
 
-from app.api import bp
+from app.api.blueprint import bp
 from app.api.schemas import QueryArgs, event_to_json
 from app.audit.service import EventFilter, list_events
 from app.locks.service import DEFAULT_PAGE

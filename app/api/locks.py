@@ -6,7 +6,7 @@ import math
 
 from flask import Response, g, jsonify, request
 
-from app.api import bp
+from app.api.blueprint import bp
 from app.api.problems import validation_problem
 from app.api.schemas import (
     NUMBER,

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from flask import jsonify
 
-from app.api import bp
+from app.api.blueprint import bp
 
 
 @cache

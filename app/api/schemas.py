@@ -19,10 +19,10 @@ from urllib.parse import unquote_to_bytes
 from flask import Request
 
 from app.audit.export import event_record
-from app.formatting import rfc3339
 from app.locks import validation
 from app.locks.errors import InvalidInput
 from app.locks.results import Event, Freeze, Lock
+from app.timestamps import rfc3339
 
 JSON_MIMETYPE = "application/json"
 BODY = "body"

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
-from app.formatting import rfc3339
 from app.locks.results import Event
+from app.timestamps import rfc3339
 
 COLUMNS = (
     "id",

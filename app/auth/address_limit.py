@@ -27,9 +27,8 @@ from sqlalchemy import case, delete, literal, select
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from app.auth.models import LoginAddressWindow
-from app.database import begin_write
+from app.database import UTCDateTime, begin_write
 from app.extensions import db
-from app.types import UTCDateTime
 
 windows = LoginAddressWindow.__table__
 # One attempt in this many also deletes the windows that ran out, so the table

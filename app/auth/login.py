@@ -24,9 +24,8 @@ from sqlalchemy import case, literal, null, or_, select, update
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from app.auth.models import User
-from app.database import begin_write
+from app.database import UTCDateTime, begin_write
 from app.extensions import db
-from app.types import UTCDateTime
 
 # Compared against when the username is unknown, so a miss costs as much time as
 # a wrong password and timing does not tell which usernames exist.

@@ -8,8 +8,8 @@ from flask_login import UserMixin
 from sqlalchemy import Boolean, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from app.database import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
 from app.extensions import db
-from app.types import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
 
 ROLES = ("viewer", "operator")
 

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import click
 from flask import flash, make_response, redirect, render_template, request, url_for
 from flask_login import current_user
 
 from app.auth.views import login_required, operator_required, safe_next
-from app.cli import parse_duration
-from app.dashboard import bp
+from app.dashboard.blueprint import bp
 from app.dashboard.htmx import is_htmx, render_page_or_fragment
 from app.dashboard.views import LOCKS_CHANGED, _action_response, _reason, _text_arg
 from app.locks.errors import InvalidInput, NotFrozen
 from app.locks.service import lock_service
+from app.timestamps import parse_duration
 
 
 def _next(fallback: str = "/") -> str:
@@ -79,8 +78,8 @@ def freeze():
     if raw_duration:
         try:
             duration = parse_duration(raw_duration)
-        except click.BadParameter as exc:
-            errors.append(("for", exc.message))
+        except ValueError as exc:
+            errors.append(("for", str(exc)))
     if not errors:
         try:
             frozen = lock_service().freeze(

@@ -34,7 +34,8 @@ from app.audit.service import (
     newest_event_id,
 )
 from app.auth.views import login_required, operator_required, safe_next
-from app.dashboard import bp, charts, timeline
+from app.dashboard import charts, timeline
+from app.dashboard.blueprint import bp
 from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
 from app.locks import validation
 from app.locks.errors import InvalidInput, LockChanged, LockHeld, LockNotFound

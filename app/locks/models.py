@@ -7,8 +7,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Index, Sequence, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from app.database import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
 from app.extensions import db
-from app.types import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
 
 # Fences come from one database-wide sequence (a counter row on SQLite, which has
 # no sequences): a value taken later is always larger, so a resource's fence keeps

@@ -47,10 +47,10 @@ from sqlalchemy import BigInteger, bindparam, delete, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
+from app.database import UTCDateTime
 from app.locks.errors import WaitersFull
 from app.locks.models import DistributedLock, LockWaiter
 from app.locks.results import AcquireResult
-from app.types import UTCDateTime
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine

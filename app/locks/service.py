@@ -34,9 +34,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from app.clock import Clock, DatabaseClock, SystemClock
-from app.database import SERVER_CLOCK_DIALECTS, autocommit
+from app.database import SERVER_CLOCK_DIALECTS, UTCDateTime, autocommit
 from app.locks import validation
+from app.locks.clock import Clock, DatabaseClock, SystemClock
 from app.locks.driver import DriverConnection
 from app.locks.errors import (
     FenceMismatch,
@@ -51,6 +51,7 @@ from app.locks.errors import (
     ResourceFrozen,
     ServiceBusy,
 )
+from app.locks.instrumentation import NO_METRICS, NoMetrics
 from app.locks.models import NO_TOKEN
 from app.locks.queue import WaitQueue
 from app.locks.results import AcquireResult, Freeze, Lock, Page
@@ -62,8 +63,6 @@ from app.locks.statements import (
     queue_columns,
     statements_for,
 )
-from app.metrics import NO_METRICS, NoMetrics
-from app.types import UTCDateTime
 
 T = TypeVar("T")
 

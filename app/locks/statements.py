@@ -56,6 +56,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import Integer, String
 
+from app.database import UTCDateTime
 from app.locks.driver import DriverConnection, DriverSQL
 from app.locks.models import (
     NO_TOKEN,
@@ -67,7 +68,6 @@ from app.locks.models import (
     fence_sequence,
 )
 from app.locks.state import Action, holds
-from app.types import UTCDateTime
 
 locks = DistributedLock.__table__
 events = LockEvent.__table__

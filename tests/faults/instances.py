@@ -100,7 +100,7 @@ class AppInstance:
             [
                 str(VENV_BIN / "gunicorn"),
                 "-c",
-                "python:app.gunicorn_conf",
+                "python:app.ops.gunicorn_conf",
                 "-w",
                 "1",
                 "--threads",

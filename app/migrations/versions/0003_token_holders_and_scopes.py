@@ -20,7 +20,7 @@ Create Date: 2026-11-30
 import sqlalchemy as sa
 from alembic import op
 
-from app.types import UTCDateTime, name_column
+from app.database import UTCDateTime, name_column
 
 revision = "0003"
 down_revision = "0002"

@@ -12,7 +12,7 @@ Create Date: 2026-11-30
 import sqlalchemy as sa
 from alembic import op
 
-from app.types import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
+from app.database import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
 
 revision = "0005"
 down_revision = "0004"

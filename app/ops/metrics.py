@@ -2,7 +2,7 @@
 
 Counters and histograms live on a registry per app. Under several gunicorn workers
 ``PROMETHEUS_MULTIPROC_DIR`` must be set before ``prometheus_client`` is first
-imported (``app.gunicorn_conf`` does it); each worker then writes its values to
+imported (``app.ops.gunicorn_conf`` does it); each worker then writes its values to
 files there and ``/metrics`` adds up every worker's files, whichever worker answers.
 
 The held/expiring/stale gauges are not kept in any process: a collector asks the
@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.locks.errors import LockError
+from app.locks.instrumentation import NoMetrics
 from app.locks.state import Action, LockState
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -50,37 +51,6 @@ OPERATOR_ACTIONS = (Action.FORCE_RELEASED, Action.CLAIMED, Action.FORCE_CLAIMED)
 
 def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
-
-
-class NoMetrics:
-    """What a LockService records into when no app gave it metrics."""
-
-    def acquired(self, action: Action) -> None:
-        pass
-
-    def acquire_refused(self) -> None:
-        pass
-
-    def renewal(self, outcome: str) -> None:
-        pass
-
-    def release(self, outcome: str) -> None:
-        pass
-
-    def operator_action(self, action: Action) -> None:
-        pass
-
-    def wait_started(self) -> None:
-        pass
-
-    def wait_ended(self, outcome: str, seconds: float) -> None:
-        pass
-
-    def handed_over(self, seconds: float) -> None:
-        pass
-
-
-NO_METRICS = NoMetrics()
 
 
 class LockMetrics(NoMetrics):

@@ -7,7 +7,7 @@ from datetime import datetime
 import click
 from flask.cli import with_appcontext
 
-from app.cli import Duration
+from app.cli.params import Duration
 from app.locks.state import Action
 
 events = click.Group("events", help="The audit log of every ownership change.")

@@ -1,6 +1,6 @@
 """Production defaults for gunicorn.
 
-    gunicorn -c python:app.gunicorn_conf 'app:create_app()'
+    gunicorn -c python:app.ops.gunicorn_conf 'app:create_app()'
 
 Command-line flags override these (``-w 8``, ``-b 0.0.0.0:8000``), and so do the
 ``LOCKKEEPER_*`` variables read below. See docs/deploy.md.
@@ -62,7 +62,7 @@ worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
 # of one user would collide on it.
 control_socket_disable = True
 
-# The app writes its own structured line per request (app/request_log.py) to
+# The app writes its own structured line per request (app/ops/request_log.py) to
 # stderr, next to gunicorn's error log; no second access log.
 accesslog = None
 errorlog = "-"

@@ -1,6 +1,10 @@
 """How times and durations read on every face."""
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def human_duration(seconds: float, *, sub_minute_digits: int) -> str:
@@ -30,3 +34,15 @@ def rfc3339(moment: datetime | None, timespec: str = "microseconds") -> str | No
         return None
     utc = moment.astimezone(UTC).replace(tzinfo=None)
     return utc.isoformat(timespec=timespec) + "Z"
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90d``, ``12h``, ``30m``, ``45s``, ``2w`` or plain seconds.
+
+    :raise ValueError: with a message fit to show the user.
+    """
+    match = _DURATION.fullmatch(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like 7d, 12h, 30m or 45s")
+    amount, unit = match.groups()
+    return timedelta(seconds=float(amount) * _DURATION_UNITS[unit])

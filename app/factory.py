@@ -1,20 +1,56 @@
-"""The steps of ``create_app`` beyond config and extensions."""
+"""``create_app``: the steps in order, then the steps themselves.
+
+Config, extensions, services, blueprints, error handlers, CLI, then the first-start
+work on the database.
+"""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import sys
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from flask import Flask
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
+from app import config, errors, extensions
 from app.extensions import db, migrate
-from app.paths import make_private_dir, make_private_file, restrict_to_owner
+from app.paths import (
+    INSTANCE_DIR,
+    STATIC_DIR,
+    TEMPLATES_DIR,
+    make_private_dir,
+    make_private_file,
+    restrict_to_owner,
+)
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    instance = os.environ.get("LOCKKEEPER_INSTANCE_PATH", str(INSTANCE_DIR))
+    if test_config and test_config.get("LOCKKEEPER_INSTANCE_PATH"):
+        instance = str(test_config["LOCKKEEPER_INSTANCE_PATH"])
+    app = Flask(
+        "app",
+        instance_path=os.path.abspath(instance),
+        instance_relative_config=True,
+        template_folder=str(TEMPLATES_DIR),
+        static_folder=str(STATIC_DIR),
+    )
+    config.load_config(app, test_config)
+    secure_files(app)
+    extensions.init_app(app)
+    register_services(app)
+    register_blueprints(app)
+    errors.register_error_handlers(app)
+    register_cli(app)
+    prepare_database(app)
+    return app
 
 
 def secure_files(app: Flask) -> None:
@@ -42,8 +78,8 @@ def secure_files(app: Flask) -> None:
 
 
 def register_services(app: Flask) -> None:
-    from app import metrics, request_log
     from app.locks.service import LockService, LockSettings, clock_for
+    from app.ops import metrics, request_log
 
     with app.app_context():
         engine = db.engine
@@ -57,14 +93,14 @@ def register_services(app: Flask) -> None:
 
 
 def register_blueprints(app: Flask) -> None:
-    from app import ops, security
     from app.api import bp as api
-    from app.audit.views import bp as audit
     from app.auth.views import bp as auth
     from app.dashboard import assets
     from app.dashboard import bp as dashboard
+    from app.dashboard.audit import bp as audit
+    from app.ops import health, security
 
-    for blueprint in (ops.bp, api, auth, dashboard, audit):
+    for blueprint in (health.bp, api, auth, dashboard, audit):
         app.register_blueprint(blueprint)
     security.init_app(app)
     assets.init_app(app)

@@ -29,10 +29,10 @@ from app.audit.service import (
     tenures,
 )
 from app.auth.views import login_required
-from app.formatting import human_duration, rfc3339
 from app.locks.errors import InvalidInput
 from app.locks.service import DEFAULT_PAGE
 from app.locks.state import Action
+from app.timestamps import human_duration, rfc3339
 
 bp = Blueprint("audit", __name__)
 

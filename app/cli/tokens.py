@@ -1,39 +1,13 @@
-"""The ``lockkeeper`` command: a Flask CLI group bound to ``create_app``."""
+"""``lockkeeper tokens``: API tokens for workers."""
 
 from __future__ import annotations
 
-import re
-import sys
 from datetime import timedelta
 
 import click
-from flask import Flask
-from flask.cli import FlaskGroup, with_appcontext
+from flask.cli import with_appcontext
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(text: str) -> timedelta:
-    """``90d``, ``12h``, ``30m``, ``45s``, ``2w`` or plain seconds."""
-    match = _DURATION.fullmatch(text.strip())
-    if not match:
-        raise click.BadParameter(f"{text!r} is not a duration like 7d, 12h, 30m or 45s")
-    amount, unit = match.groups()
-    return timedelta(seconds=float(amount) * _UNITS[unit])
-
-
-class Duration(click.ParamType):
-    name = "duration"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, timedelta):
-            return value
-        try:
-            return parse_duration(value)
-        except click.BadParameter as exc:
-            self.fail(exc.message, param, ctx)
-
+from app.cli.params import Duration
 
 tokens = click.Group("tokens", help="API tokens for workers.")
 
@@ -127,36 +101,4 @@ def tokens_revoke(name: str) -> None:
     click.echo(f"Revoked API token {name!r}.")
 
 
-def register_commands(app: Flask) -> None:
-    """Command groups live beside the face that owns them."""
-    from app import cli_events, cli_exec, cli_locks, cli_users
-
-    for command in (
-        tokens,
-        *cli_users.COMMANDS,
-        *cli_locks.COMMANDS,
-        *cli_events.COMMANDS,
-        *cli_exec.COMMANDS,
-    ):
-        app.cli.add_command(command)
-
-
-def _create_cli_app() -> Flask:
-    from app import create_app
-
-    return create_app()
-
-
-def main() -> None:
-    cli = FlaskGroup(
-        create_app=_create_cli_app,
-        help="Lockkeeper: distributed locks kept in your database.",
-    )
-    # Commands on the group itself are found before FlaskGroup loads the app:
-    # `exec` is a pure HTTP client and must not create or bootstrap a database on
-    # the worker host that runs it.
-    from app.cli_exec import COMMANDS as app_free_commands
-
-    for command in app_free_commands:
-        cli.add_command(command)
-    sys.exit(cli.main())
+COMMANDS = [tokens]

@@ -7,7 +7,7 @@ import getpass
 import click
 from flask.cli import with_appcontext
 
-from app.cli import Duration
+from app.cli.params import Duration
 
 locks = click.Group("locks", help="Inspect and administer locks.")
 
@@ -43,9 +43,9 @@ class ChangedHands(click.ClickException):
 @with_appcontext
 def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
     """Every matching lock, one per line, tab-separated, ordered by resource."""
-    from app.formatting import rfc3339
     from app.locks.errors import InvalidInput
     from app.locks.service import MAX_PAGE, lock_service
+    from app.timestamps import rfc3339
 
     service = lock_service()
     cursor = None
@@ -245,8 +245,8 @@ def locks_unfreeze(prefix: str, reason: str | None) -> None:
 @with_appcontext
 def locks_freezes() -> None:
     """The freezes in force, one per line, tab-separated."""
-    from app.formatting import rfc3339
     from app.locks.service import lock_service
+    from app.timestamps import rfc3339
 
     click.echo("prefix\tends_at\tactor\treason")
     for freeze in lock_service().list_freezes():
@@ -256,7 +256,7 @@ def locks_freezes() -> None:
 
 
 def _until(freeze) -> str:
-    from app.formatting import rfc3339
+    from app.timestamps import rfc3339
 
     if freeze.ends_at is None:
         return "until unfrozen"

@@ -12,7 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.errors import problem
 from app.extensions import db
-from app.metrics import app_metrics
+from app.ops.metrics import app_metrics
 
 bp = Blueprint("ops", __name__)
 

@@ -1,0 +1,2 @@
+"""What operators run the service with: health and metrics endpoints, the request
+log, security headers and the gunicorn configuration."""
