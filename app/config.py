@@ -89,6 +89,7 @@ _PARSED = {
     "LOCKKEEPER_PROXY_COUNT": int,
     # Off: no admin and token are created (and printed) on a first start.
     "LOCKKEEPER_BOOTSTRAP": _boolean,
+    "LOCKKEEPER_AUTO_MIGRATE": _boolean,
 }
 _ENV_KEYS = (
     "LOCKKEEPER_DATABASE_URL",

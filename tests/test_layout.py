@@ -1,0 +1,138 @@
+"""The package's shape: a short top level, no import cycles, settings documented."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from app.paths import PROJECT_ROOT
+
+APP = PROJECT_ROOT / "app"
+
+
+def _module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def _runtime_imports(tree: ast.Module) -> list[str]:
+    """Every ``app…`` name imported, at module level or in a function; imports under
+    ``if TYPE_CHECKING:`` only serve annotations and are left out."""
+    annotation_only = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for node in ast.walk(branch)
+    }
+    names = []
+    for node in ast.walk(tree):
+        if id(node) in annotation_only:
+            continue
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return [name for name in names if name == "app" or name.startswith("app.")]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ``app`` it imports (migrations excluded: Alembic
+    loads them by path)."""
+    modules = {
+        _module_name(path): path
+        for path in APP.rglob("*.py")
+        if "migrations" not in path.relative_to(APP).parts
+    }
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        imported = {
+            owner(target) for target in _runtime_imports(ast.parse(path.read_text()))
+        }
+        graph[name] = {target for target in imported if target and target != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_top_of_app_has_at_most_eight_modules():
+    modules = sorted(path.name for path in APP.glob("*.py"))
+    assert len(modules) <= 8, modules
+
+
+def test_app_has_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_lock_core_imports_no_face():
+    faces = ("app.api", "app.dashboard", "app.cli", "app.ops", "app.client")
+    for name, targets in import_graph().items():
+        if name.startswith("app.locks"):
+            assert not [t for t in targets if t.startswith(faces)], name
+
+
+SETTING = re.compile(r"LOCKKEEPER_[A-Z0-9_]+")
+# Tests and CI only: where the test suite finds its databases.
+TEST_ONLY = re.compile(r"LOCKKEEPER_TEST_")
+
+
+def test_the_readme_lists_every_setting_the_code_reads():
+    read = {
+        setting
+        for path in APP.rglob("*.py")
+        for setting in SETTING.findall(path.read_text())
+        if not TEST_ONLY.match(setting)
+    }
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    table_rows = {
+        match
+        for line in readme.splitlines()
+        if line.startswith("| `LOCKKEEPER_")
+        for match in SETTING.findall(line.split("|")[1])
+    }
+    exec_environment = {"LOCKKEEPER_FENCE", "LOCKKEEPER_RESOURCE", "LOCKKEEPER_OWNER"}
+    client_environment = {"LOCKKEEPER_URL", "LOCKKEEPER_TOKEN"}
+    missing = read - table_rows - exec_environment - client_environment
+    assert not missing, f"settings read by app/ but not in a README table: {missing}"
+    assert (exec_environment | client_environment) <= set(SETTING.findall(readme))
