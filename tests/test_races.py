@@ -267,10 +267,10 @@ def test_threads_cycling_over_few_resources_never_overlap(app):
     _check_cycle_history(app, grants)
 
 
-def _cycle_process(database_url, instance, worker, results):
+def _cycle_process(database_url, instance, worker, shared, results):
     app = _app(database_url, instance)
     grants: list = []
-    _cycle_worker(app, worker, {}, threading.Lock(), [], grants)
+    _cycle_worker(app, worker, *shared, grants)
     results.put(grants)
     with app.app_context():
         db.engine.dispose()
@@ -279,9 +279,14 @@ def _cycle_process(database_url, instance, worker, results):
 def test_processes_cycling_over_few_resources_never_overlap(app, database_url):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
+    # One overlap guard for every process: what one holds, the others see.
+    manager = ctx.Manager()
+    holding, guard, violations = manager.dict(), manager.Lock(), manager.list()
+    shared = (holding, guard, violations)
     processes = [
         ctx.Process(
-            target=_cycle_process, args=(database_url, app.instance_path, w, results)
+            target=_cycle_process,
+            args=(database_url, app.instance_path, w, shared, results),
         )
         for w in range(WORKERS)
     ]
@@ -293,4 +298,7 @@ def test_processes_cycling_over_few_resources_never_overlap(app, database_url):
     for process in processes:
         process.join(timeout=60)
     assert all(process.exitcode == 0 for process in processes)
+    assert list(violations) == []
+    assert len(grants) > CYCLES  # contention refused some, most succeeded
+    manager.shutdown()
     _check_cycle_history(app, grants)
