@@ -348,7 +348,7 @@ def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=5) as reply:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=30) as reply:
                     healthy += reply.status == 200
                     break
             except (urllib.error.URLError, ConnectionError):
@@ -357,7 +357,7 @@ def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
                 time.sleep(0.2)
 
         def hit(_):
-            with urllib.request.urlopen(f"{base}/healthz", timeout=10) as reply:
+            with urllib.request.urlopen(f"{base}/healthz", timeout=30) as reply:
                 return reply.status
 
         with ThreadPoolExecutor(8) as pool:
@@ -365,7 +365,7 @@ def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
 
         # Whichever worker answers the scrape reports every worker's requests.
         for _ in range(4):
-            with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
+            with urllib.request.urlopen(f"{base}/metrics", timeout=30) as reply:
                 samples = parse(reply.read().decode())
             assert (
                 value(
@@ -391,11 +391,20 @@ def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
     assert "Traceback" not in stderr
 
 
+def wait_for_file(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.02)
+
+
 def slow_wsgi_app(environ, start_response):
-    """Served by gunicorn in the graceful-shutdown test: /slow takes 3 seconds."""
+    """Served by gunicorn in the graceful-shutdown test: /slow answers only once
+    the test has seen gunicorn take the SIGTERM (the release file appears)."""
     if environ["PATH_INFO"] == "/slow":
         Path(os.environ["SLOW_STARTED_FILE"]).touch()
-        time.sleep(3)
+        wait_for_file(Path(os.environ["SLOW_RELEASE_FILE"]), timeout=60)
     start_response("200 OK", [("Content-Type", "text/plain")])
     return [b"done"]
 
@@ -404,6 +413,8 @@ def slow_wsgi_app(environ, start_response):
 def test_gunicorn_finishes_requests_in_flight_on_sigterm(tmp_path):
     port = free_port()
     started = tmp_path / "slow-started"
+    release = tmp_path / "slow-release"
+    error_log = tmp_path / "gunicorn.log"
     server = subprocess.Popen(
         [
             sys.executable,
@@ -417,6 +428,10 @@ def test_gunicorn_finishes_requests_in_flight_on_sigterm(tmp_path):
             f"127.0.0.1:{port}",
             "--env",
             f"SLOW_STARTED_FILE={started}",
+            "--env",
+            f"SLOW_RELEASE_FILE={release}",
+            "--error-logfile",
+            str(error_log),
             "tests.test_ops:slow_wsgi_app",
         ],
         env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
@@ -443,12 +458,16 @@ def test_gunicorn_finishes_requests_in_flight_on_sigterm(tmp_path):
 
         with ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(slow_request)
-            while not started.exists():
-                assert not in_flight.done(), in_flight.result()
-                time.sleep(0.05)
+            wait_for_file(started, timeout=60)
             server.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while "Handling signal: term" not in error_log.read_text():
+                assert time.monotonic() < deadline, "gunicorn did not take SIGTERM"
+                time.sleep(0.02)
+            assert not in_flight.done()  # still in flight after the signal
+            release.touch()
 
-            assert in_flight.result(timeout=30) == (200, b"done")
+            assert in_flight.result(timeout=60) == (200, b"done")
         _, stderr = server.communicate(timeout=30)
     finally:
         if server.poll() is None:
