@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from app import create_app
 from app.config import normalize_database_url
 from app.extensions import db
 from app.factory import upgrade_schema
+from app.locks.queue import LISTENER_APPLICATION_NAME, stop_background
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 SERVER_URLS = {
@@ -107,11 +109,33 @@ class ServerDatabase:
                 conn.execute(text(f"DELETE FROM {table}"))
         return self.url
 
+    def listener_connections(self) -> list[int]:
+        """Backend pids of the waiters' LISTEN connections to this database."""
+        if self.backend != "postgresql":
+            return []
+        with self.admin.connect() as conn:
+            return list(
+                conn.scalars(
+                    text(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = :name"
+                        " AND application_name = :listener"
+                    ),
+                    {"name": self.name, "listener": LISTENER_APPLICATION_NAME},
+                )
+            )
+
     def close(self) -> None:
+        # Apps a test built and never disposed of still listen: stop them first,
+        # so the DROP below cuts no connection from under a live thread.
+        stop_background(self.url)
         self.engine.dispose()
+        deadline = time.monotonic() + 10
+        while (left := self.listener_connections()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         with self.admin.connect() as conn:
             if self.backend == "postgresql":
                 conn.execute(text(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)"))
             else:
                 conn.execute(text(f"DROP DATABASE IF EXISTS {self.name}"))
         self.admin.dispose()
+        assert not left, f"waiter listeners still connected to {self.name}: {left}"

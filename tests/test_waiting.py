@@ -16,8 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
+from app.extensions import db
 from app.locks.models import LockEvent
 from app.locks.service import lock_service
 from tests.conftest import ApiClient
@@ -237,6 +238,61 @@ def test_a_client_that_hangs_up_leaves_the_line(app):
         assert time.monotonic() - started < 2
         # Nothing was granted to the one that left.
         assert locks.get("q:9").owner == "holder"
+
+
+def listener_connected(locks, backend_pid: int) -> bool:
+    with locks.engine.connect() as conn:
+        return bool(
+            conn.scalar(
+                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"),
+                {"pid": backend_pid},
+            )
+        )
+
+
+def start_background(locks, backend: str, resource: str) -> list[threading.Thread]:
+    """A wait that runs out starts the queue's threads; they are left running."""
+    assert locks.acquire(resource, "holder", ttl=30).acquired
+    assert not locks.acquire(resource, "late", ttl=30, wait=0.05).acquired
+    threads = locks.queue.threads()
+    expected = {
+        "postgresql": ["lockkeeper-listen"],
+        "sqlite": ["lockkeeper-doorbell"],
+        "mariadb": [],  # its waiters poll: no thread
+    }[backend]
+    assert [thread.name for thread in threads] == expected
+    return threads
+
+
+def test_stopping_the_queue_ends_its_threads_and_its_connection(
+    make_app, database_url, backend
+):
+    from app.locks.queue import stop_background
+
+    app = make_app()
+    with app.app_context():
+        locks = lock_service()
+        for stop in (
+            lambda: db.engine.dispose(),  # an app shut down, a test's teardown
+            lambda: stop_background(database_url),  # a database about to go
+        ):
+            threads = start_background(locks, backend, "q:16")
+            listener = locks.queue._listener
+            if backend == "postgresql":
+                wait_until(
+                    lambda it=listener: it.backend_pid is not None, what="LISTEN"
+                )
+                backend_pid = listener.backend_pid
+                assert listener_connected(locks, backend_pid)
+            stop()
+            assert locks.queue.threads() == []
+            assert not any(thread.is_alive() for thread in threads)
+            if backend == "postgresql":
+                wait_until(
+                    lambda pid=backend_pid: not listener_connected(locks, pid),
+                    what="the listener's connection to close",
+                )
+            locks.release("q:16", "holder")
 
 
 # -- several processes ------------------------------------------------------------

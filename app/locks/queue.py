@@ -12,8 +12,9 @@ Hand-over:
 
 * PostgreSQL: a release or force-release that leaves waiters behind sends
   ``NOTIFY lockkeeper_waiters, '<resource>'``. One listening connection per
-  process (``NotificationListener``, a daemon thread started by the first waiter)
-  wakes that process's waiting requests for the resource.
+  app (``NotificationListener``, a thread its queue starts at the first waiter;
+  a gunicorn worker has one app) wakes that process's waiting requests for the
+  resource.
 * SQLite, MariaDB: each waiting request looks every ``poll_interval`` (50 ms) with
   a plain read, and attempts the grant only when it is first in line and the lock
   is free or expired. A release inside the same process wakes its waiters at once.
@@ -23,6 +24,12 @@ Hand-over:
 A waiting request leaves the queue when it is granted (same statement), when its
 wait runs out, or when its client has gone; a request lost with its app instance
 stops counting at ``deadline`` (judged by the deciding clock in every statement).
+
+Background threads (the listener, the SQLite doorbell) belong to the app's
+``WaitQueue``: ``WaitQueue.stop()`` closes the listener's connection and joins
+them, and runs when the app's engine is disposed, when the queue is garbage
+collected, and at interpreter exit; the next waiter starts them again. A database
+about to be dropped is first freed with ``stop_background(url)``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import select as select_module
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,12 +66,16 @@ if TYPE_CHECKING:
     from app.locks.service import LockService
 
 log = logging.getLogger(__name__)
-_listeners_lock = threading.Lock()
 
 waiters = LockWaiter.__table__
 locks = DistributedLock.__table__
 
 CHANNEL = "lockkeeper_waiters"
+# The listener's connection shows under this name in pg_stat_activity.
+LISTENER_APPLICATION_NAME = "lockkeeper-listen"
+# How long stopping waits for a background thread (a listener in the middle of
+# connecting ends at its connect timeout).
+STOP_TIMEOUT = 10.0
 # A row outlives its request by this much, so it never lapses while the request
 # still waits (the two clocks are read at slightly different moments).
 DEADLINE_SLACK = timedelta(seconds=1)
@@ -157,33 +169,55 @@ def wake_message(payload: str, wakeups: Wakeups) -> None:
 class HostDoorbell:
     """SQLite: the processes of one host ring each other's waiters.
 
-    Every process that has waited binds a Unix datagram socket (Linux abstract
+    Every app that has waited binds a Unix datagram socket (Linux abstract
     namespace, so no path length limit and nothing left on disk) and leaves a
     marker file of the same name in a folder next to the database file; a release
-    that leaves waiters sends the resource to every process marked there. The
+    that leaves waiters sends the resource to every socket marked there. The
     marker of a process that died is removed by the first sender that finds no
     one listening. Without a doorbell the waiters still find their turn by polling.
     """
 
     def __init__(self, folder: Path, wakeups: Wakeups):
         folder.mkdir(mode=0o700, exist_ok=True)
+        self.folder = folder
         self.name = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._address = _doorbell_address(folder, self.name)
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._socket.bind(_doorbell_address(folder, self.name))
+        self._socket.bind(self._address)
         (folder / self.name).touch(mode=0o600)
         self.wakeups = wakeups
-        thread = threading.Thread(
+        self._stopped = threading.Event()
+        self.thread = threading.Thread(
             target=self._run, name="lockkeeper-doorbell", daemon=True
         )
-        thread.start()
+        self.thread.start()
 
     def _run(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             try:
                 payload = self._socket.recv(1024)
             except OSError:
                 return
+            if self._stopped.is_set():
+                return
             wake_message(payload.decode("utf-8", "replace"), self.wakeups)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Take the marker down, end the thread, close the socket."""
+        self._stopped.set()
+        with contextlib.suppress(OSError):
+            (self.folder / self.name).unlink()
+        # Closing a socket does not wake a thread blocked in recv(): a datagram does.
+        with (
+            contextlib.suppress(OSError),
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as poke,
+        ):
+            poke.settimeout(1.0)
+            poke.sendto(b"", self._address)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self._socket.close()
 
 
 def _doorbell_address(folder: Path, name: str) -> str:
@@ -210,79 +244,78 @@ def ring_host(folder: Path, payload: str) -> None:
                 pass  # a full queue: that process is awake anyway
 
 
-_doorbells: dict[tuple[int, Path], HostDoorbell | None] = {}
-
-
-def doorbell_for(folder: Path) -> HostDoorbell | None:
-    key = (os.getpid(), folder)
-    with _listeners_lock:
-        if key not in _doorbells:
-            try:
-                _doorbells[key] = HostDoorbell(folder, PROCESS_WAKEUPS)
-            except OSError as exc:
-                log.warning("no doorbell for waiters (polling instead): %s", exc)
-                _doorbells[key] = None
-        return _doorbells[key]
-
-
 class NotificationListener:
-    """One dedicated PostgreSQL connection per process that LISTENs for releases.
+    """One dedicated PostgreSQL connection that LISTENs for releases.
 
     It is not taken from the pool (it stays in LISTEN for good) and must reach
     PostgreSQL directly or through a session-pooling entry: NOTIFY does not pass a
     transaction-pooling PgBouncer. While it is down, ``healthy`` is false and the
     waiters poll; after a reconnect every waiter looks once (a release may have
-    been missed).
+    been missed). ``stop()`` closes the connection and joins the thread: a pipe
+    wakes the thread out of its wait on the socket.
     """
 
     def __init__(self, conninfo: str, wakeups: Wakeups):
         self.conninfo = conninfo
         self.wakeups = wakeups
         self.healthy = False
-        self.pid = os.getpid()
+        self.backend_pid: int | None = None
         self._stopped = threading.Event()
-        self._thread = threading.Thread(
+        self._wake_read, self._wake_write = os.pipe()
+        self.thread = threading.Thread(
             target=self._run, name="lockkeeper-listen", daemon=True
         )
-        self._thread.start()
+        self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         self._stopped.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"x")
+        if threading.current_thread() is self.thread:
+            return
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
+            for fd in (self._wake_read, self._wake_write):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _run(self) -> None:
-        import psycopg
-
         backoff = 0.1
         while not self._stopped.is_set():
             try:
-                with psycopg.connect(self.conninfo, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    self.healthy = True
-                    backoff = 0.1
-                    self.wakeups.wake_all()
-                    while not self._stopped.is_set():
-                        for notify in conn.notifies(timeout=1.0):
-                            wake_message(notify.payload, self.wakeups)
+                self._listen()
+                backoff = 0.1
             except Exception as exc:  # noqa: BLE001 - reconnect on any failure
                 if not self._stopped.is_set():
                     log.warning("waiter listener lost its connection: %s", exc)
             self.healthy = False
+            self.backend_pid = None
             self.wakeups.wake_all()
             self._stopped.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
+    def _listen(self) -> None:
+        import psycopg
 
-_listeners: dict[tuple[int, str], NotificationListener] = {}
-
-
-def listener_for(conninfo: str, wakeups: Wakeups) -> NotificationListener:
-    """This process's listener for ``conninfo`` (a fork starts its own)."""
-    key = (os.getpid(), conninfo)
-    with _listeners_lock:
-        found = _listeners.get(key)
-        if found is None:
-            found = _listeners[key] = NotificationListener(conninfo, wakeups)
-        return found
+        with psycopg.connect(
+            self.conninfo,
+            autocommit=True,
+            application_name=LISTENER_APPLICATION_NAME,
+        ) as conn:
+            conn.execute(f"LISTEN {CHANNEL}")
+            self.backend_pid = conn.info.backend_pid
+            self.healthy = True
+            self.wakeups.wake_all()
+            while not self._stopped.is_set():
+                readable, _, _ = select_module.select(
+                    [conn.fileno(), self._wake_read], [], [], 5.0
+                )
+                if self._stopped.is_set():
+                    return  # leaving the block closes the connection
+                if conn.fileno() in readable:
+                    # A closed connection reads as readable too: this raises then.
+                    for notify in conn.notifies(timeout=0):
+                        wake_message(notify.payload, self.wakeups)
 
 
 # -- the client's socket ----------------------------------------------------------
@@ -339,6 +372,15 @@ class WaitQueue:
             db_file = Path(database)
             self._doorbell = db_file.with_name(f".{db_file.name}.waiters")
         self._slots = threading.BoundedSemaphore(max_waiters) if max_waiters else None
+        self._url = engine.url
+        # This queue's background threads (see ``stop``), started by the first
+        # waiter of this process (a forked child starts its own).
+        self._background_lock = threading.Lock()
+        self._background_pid = os.getpid()
+        self._listener: NotificationListener | None = None
+        self._bell: HostDoorbell | None = None
+        self._bell_failed = False
+        self._finalizers: list[weakref.finalize] = []
         self._notifies = self.dialect == "postgresql"
         self._listens = self._notifies and listen
         url = make_url(listen_url) if listen_url else engine.url
@@ -383,6 +425,76 @@ class WaitQueue:
             )
             .scalar_subquery()
             .label("ahead"),
+        )
+
+    # -- background threads ----------------------------------------------
+
+    def _forget_if_forked(self) -> None:
+        """In a forked child the parent's threads do not exist and its listener
+        connection is not ours to close: drop them unseen. Holds the lock."""
+        if self._background_pid == os.getpid():
+            return
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._finalizers = []
+        self._listener, self._bell, self._bell_failed = None, None, False
+        self._background_pid = os.getpid()
+
+    def _own(self, worker: NotificationListener | HostDoorbell) -> None:
+        """Stop ``worker`` with this queue: when it is stopped, collected, or the
+        interpreter exits. Holds the lock."""
+        self._finalizers.append(weakref.finalize(self, worker.stop))
+        _running.add(self)
+
+    def _listener_for_waiting(self) -> NotificationListener | None:
+        if not self._listens:
+            return None
+        with self._background_lock:
+            self._forget_if_forked()
+            if self._listener is None:
+                self._listener = NotificationListener(self._listen_url, self.wakeups)
+                self._own(self._listener)
+            return self._listener
+
+    def _ring_for_waiting(self) -> None:
+        if self._doorbell is None:
+            return
+        with self._background_lock:
+            self._forget_if_forked()
+            if self._bell is None and not self._bell_failed:
+                try:
+                    self._bell = HostDoorbell(self._doorbell, self.wakeups)
+                except OSError as exc:
+                    log.warning("no doorbell for waiters (polling instead): %s", exc)
+                    self._bell_failed = True
+                    return
+                self._own(self._bell)
+
+    def threads(self) -> list[threading.Thread]:
+        """This queue's background threads that are running."""
+        with self._background_lock:
+            found = [w.thread for w in (self._listener, self._bell) if w is not None]
+        return [thread for thread in found if thread.is_alive()]
+
+    def stop(self) -> None:
+        """Stop the listener (closing its connection) and the doorbell, and wait
+        for their threads. Waiting requests carry on by polling; the next waiter
+        starts them again."""
+        with self._background_lock:
+            self._forget_if_forked()
+            finalizers, self._finalizers = self._finalizers, []
+            self._listener, self._bell = None, None
+            _running.discard(self)
+        for finalizer in finalizers:
+            finalizer()
+
+    def serves(self, url: str) -> bool:
+        """Whether this queue works on the database of ``url``."""
+        other = make_url(url)
+        return (self._url.host, self._url.port, self._url.database) == (
+            other.host,
+            other.port,
+            other.database,
         )
 
     # -- rows --------------------------------------------------------------
@@ -500,11 +612,8 @@ class WaitQueue:
         metrics.wait_started()
         outcome = "timeout"
         try:
-            listener = (
-                listener_for(self._listen_url, self.wakeups) if self._listens else None
-            )
-            if self._doorbell is not None:
-                doorbell_for(self._doorbell)
+            listener = self._listener_for_waiting()
+            self._ring_for_waiting()
             with self.wakeups.subscribe(resource) as woken:
                 waiter_id = woken.waiter_id = self.join(resource, owner, token, wait)
                 result = None
@@ -590,6 +699,19 @@ class WaitQueue:
         if not free and refusal.lock is not None and seen.owner == refusal.lock.owner:
             return _with_remaining(refusal, (seen.expires_at - now).total_seconds())
         return AcquireResult(False, None, waiters=refusal.waiters)
+
+
+# The queues of this process with background threads running: an index for
+# ``stop_background`` only (each queue owns its threads; weak, so it keeps none).
+_running: weakref.WeakSet[WaitQueue] = weakref.WeakSet()
+
+
+def stop_background(url: str | None = None) -> None:
+    """Stop the background threads of every queue of this process, or of those on
+    the database of ``url`` (before that database is dropped)."""
+    for queue in list(_running):
+        if url is None or queue.serves(url):
+            queue.stop()
 
 
 def _with_remaining(refusal: AcquireResult, remaining: float) -> AcquireResult:

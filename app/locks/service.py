@@ -24,6 +24,7 @@ from sqlalchemy import (
     and_,
     case,
     delete,
+    event,
     false,
     func,
     insert,
@@ -145,6 +146,14 @@ class LockService:
             listen_url=settings.listen_url,
             listen=settings.listen,
         )
+        # Disposing of the app's engine (a shutdown, a test's teardown) also ends
+        # the queue's listener connection and threads.
+        queue = self.queue
+        event.listen(engine, "engine_disposed", lambda _engine: queue.stop())
+
+    def close(self) -> None:
+        """Stop the background threads of waiting (the LISTEN connection)."""
+        self.queue.stop()
 
     # -- plumbing ------------------------------------------------------------
 

@@ -82,3 +82,11 @@ def child_exit(server, worker) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def worker_exit(server, worker) -> None:
+    """Close the waiters' LISTEN connection before the worker goes, rather than
+    have PostgreSQL see it drop with the process."""
+    from app.locks.queue import stop_background
+
+    stop_background()
