@@ -140,19 +140,48 @@ def test_pages_follow_the_keyset_without_gaps_or_repeats(viewer, service):
     assert seen == everything
 
 
-def test_htmx_request_gets_the_results_fragment_and_vary(viewer, history):
-    response = viewer.get("/audit?owner=w-1", headers={"HX-Request": "true"})
+RESULTS = {"HX-Request": "true", "HX-Target": "section#audit-results"}
+
+
+def test_htmx_aiming_at_the_results_gets_the_fragment_and_vary(viewer, history):
+    response = viewer.get("/audit?owner=w-1", headers=RESULTS)
     assert response.status_code == 200
-    assert "HX-Request" in response.vary
+    assert {"HX-Request", "HX-Target"} <= set(response.vary)
+    assert response.headers["Cache-Control"] == "no-store"
     fragment = soup(response)
     assert fragment.body is None
     assert fragment.select_one("section#audit-results") is not None
     assert len(rows(response)) == 2
-    restore = viewer.get(
-        "/audit?owner=w-1",
-        headers={"HX-Request": "true", "HX-History-Restore-Request": "true"},
-    )
-    assert soup(restore).body is not None
+
+
+def test_bad_filters_in_the_fragment_are_a_400_naming_the_field(viewer, history):
+    response = viewer.get("/audit?since=yesterday", headers=RESULTS)
+    assert response.status_code == 400
+    fragment = soup(response)
+    assert fragment.body is None
+    assert "since" in fragment.select_one("[role=alert]").get_text()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"HX-Request": "true"},
+        {"HX-Request": "true", "HX-Target": "main#content"},
+        {**RESULTS, "HX-History-Restore-Request": "true"},
+        {**RESULTS, "HX-Request-Type": "full"},
+    ],
+    ids=["browser", "no-target", "other-target", "history-restore", "full"],
+)
+def test_anything_else_gets_the_whole_page_with_vary(viewer, history, headers):
+    response = viewer.get("/audit?owner=w-1", headers=headers)
+    assert response.status_code == 200
+    assert "HX-Request" in response.vary
+    assert "no-store" not in response.headers.get("Cache-Control", "")
+    page = soup(response)
+    assert page.body is not None
+    assert page.select_one("form.audit-filters") is not None
+    assert len(rows(response)) == 2
 
 
 def test_export_links_carry_the_page_filters(viewer, history):

@@ -1,9 +1,10 @@
 """The audit page and its exports: parse the query, call the audit service, render.
 
 ``/audit`` lists events newest first with the filters in the URL (so every page,
-filtered or paged, can be bookmarked and restored by Back); htmx requests get the
-results fragment only. ``/audit/export.csv`` and ``/audit/export.jsonl`` stream
-exactly the filtered set. Viewers and operators may both read and export.
+filtered or paged, can be bookmarked and restored by Back); htmx aiming at
+``#audit-results`` gets that fragment only, as on every dashboard page
+(``htmx.py``). ``/audit/export.csv`` and ``/audit/export.jsonl`` stream exactly
+the filtered set. Viewers and operators may both read and export.
 """
 
 from __future__ import annotations
@@ -11,14 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flask import (
-    Blueprint,
-    Response,
-    render_template,
-    request,
-    stream_with_context,
-    url_for,
-)
+from flask import Blueprint, Response, request, stream_with_context, url_for
 
 from app.audit.export import ExportFormat, chunks
 from app.audit.service import (
@@ -29,6 +23,7 @@ from app.audit.service import (
     tenures,
 )
 from app.auth.views import login_required
+from app.dashboard.htmx import render_page_or_fragment
 from app.locks.errors import InvalidInput
 from app.locks.service import DEFAULT_PAGE
 from app.locks.state import Action
@@ -54,17 +49,20 @@ bp.add_app_template_filter(held_for, "held_for")
 bp.add_app_template_filter(datetime_local, "datetime_local")
 
 
-def _parse_query(args) -> tuple[EventFilter, dict[str, str], int, str | None]:
-    """The filters, the raw values to show back, page size and cursor.
+def _shown(args) -> dict[str, str]:
+    """The filters as typed, to show back in the form; empty ones left out."""
+    raw = {field: args.get(field, "").strip() for field in FILTER_FIELDS}
+    return {field: text for field, text in raw.items() if text}
+
+
+def _parse_query(args) -> tuple[EventFilter, int, str | None]:
+    """The filters, page size and cursor.
 
     :raise InvalidInput: naming every bad field; nothing is queried.
     """
-    raw = {field: args.get(field, "").strip() for field in FILTER_FIELDS}
     errors: list[tuple[str, str]] = []
     values: dict[str, Any] = {}
-    for field, text in raw.items():
-        if not text:
-            continue
+    for field, text in _shown(args).items():
         if field in ("since", "until"):
             try:
                 values[field] = parse_timestamp(text)
@@ -86,33 +84,21 @@ def _parse_query(args) -> tuple[EventFilter, dict[str, str], int, str | None]:
         errors.extend(exc.errors)
     if errors:
         raise InvalidInput(errors)
-    return filters, {k: v for k, v in raw.items() if v}, limit, cursor
-
-
-def _wants_fragment() -> bool:
-    return (
-        request.headers.get("HX-Request") == "true"
-        and request.headers.get("HX-History-Restore-Request") != "true"
-        and request.headers.get("HX-Request-Type") != "full"
-    )
+    return filters, limit, cursor
 
 
 @bp.get("/audit")
 @login_required
 def audit():
     errors: list[tuple[str, str]] = []
-    shown: dict[str, str] = {
-        field: request.args.get(field, "").strip()
-        for field in FILTER_FIELDS
-        if request.args.get(field, "").strip()
-    }
+    shown = _shown(request.args)
     page = None
     found = None
     filters = EventFilter()
     limit: Any = DEFAULT_PAGE
     cursor = None
     try:
-        filters, shown, limit, cursor = _parse_query(request.args)
+        filters, limit, cursor = _parse_query(request.args)
         page = list_events(filters, limit=limit, cursor=cursor)
         found = tenures(page.items)
     except InvalidInput as exc:
@@ -120,33 +106,31 @@ def audit():
     query = dict(shown)
     if limit != DEFAULT_PAGE:
         query["limit"] = str(limit)
-    context = {
-        "page": page,
-        "tenures": found,
-        "filters": filters,
-        "shown": shown,
-        "errors": errors,
-        "actions": [a.value for a in Action],
-        "first_url": url_for("audit.audit", **query) if cursor else None,
-        "next_url": (
+    return render_page_or_fragment(
+        "audit/index.html",
+        {"audit-results": "audit/_results.html"},
+        status=400 if errors else 200,
+        page=page,
+        tenures=found,
+        filters=filters,
+        shown=shown,
+        errors=errors,
+        actions=[a.value for a in Action],
+        first_url=url_for("audit.audit", **query) if cursor else None,
+        next_url=(
             url_for("audit.audit", **query, cursor=page.next_cursor)
             if page and page.next_cursor
             else None
         ),
-        "export_urls": {
+        export_urls={
             f.value: url_for(f"audit.export_{f.value}", **shown) for f in ExportFormat
         },
-    }
-    template = "audit/_results.html" if _wants_fragment() else "audit/index.html"
-    response = Response(render_template(template, **context))
-    response.status_code = 400 if errors else 200
-    response.vary.add("HX-Request")
-    return response
+    )
 
 
 def _export(export_format: ExportFormat):
     try:
-        filters, _shown, _limit, _cursor = _parse_query(request.args)
+        filters, _limit, _cursor = _parse_query(request.args)
     except InvalidInput as exc:
         message = "; ".join(f"{field}: {text}" for field, text in exc.errors)
         return Response(message + "\n", status=400, mimetype="text/plain")
