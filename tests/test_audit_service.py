@@ -14,7 +14,7 @@ from app.audit.service import (
     tenures,
 )
 from app.locks.errors import InvalidInput
-from app.locks.service import encode_cursor
+from app.locks.pagination import encode_cursor
 from app.locks.state import Action
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -36,7 +36,8 @@ from app.locks.errors import (
     QuotaExceeded,
 )
 from app.locks.models import NO_TOKEN, DistributedLock, LockEvent
-from app.locks.service import encode_cursor, lock_service
+from app.locks.pagination import encode_cursor
+from app.locks.service import lock_service
 from app.locks.state import Action, LockState, classify
 from tests.clock import FakeClock
 

@@ -7,7 +7,7 @@ from flask import g, jsonify, request
 from app.api.blueprint import bp
 from app.api.schemas import QueryArgs, event_to_json
 from app.audit.service import EventFilter, list_events
-from app.locks.service import DEFAULT_PAGE
+from app.locks.pagination import DEFAULT_PAGE
 
 
 def _page(filters: EventFilter, query: QueryArgs):

@@ -19,8 +19,9 @@ from app.api.schemas import (
 )
 from app.errors import problem
 from app.locks.errors import InvalidInput
+from app.locks.pagination import DEFAULT_PAGE
 from app.locks.queue import client_still_there
-from app.locks.service import DEFAULT_PAGE, lock_service
+from app.locks.service import lock_service
 
 OWNER_AND_TTL = {"owner": str, "ttl": NUMBER}
 ACQUIRE_FIELDS = {**OWNER_AND_TTL, "wait": NUMBER}

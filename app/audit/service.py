@@ -17,16 +17,16 @@ from app.extensions import db
 from app.locks import validation
 from app.locks.errors import InvalidInput
 from app.locks.models import LockEvent
-from app.locks.results import Event, Page
-from app.locks.service import (
+from app.locks.pagination import (
     DEFAULT_PAGE,
-    decode_cursor,
-    encode_cursor,
-    lock_service,
+    fetch_page,
     page_limit_error,
+    read_cursor,
     starts_with,
     within,
 )
+from app.locks.results import Event, Page
+from app.locks.service import lock_service
 from app.locks.state import Action
 
 events = LockEvent.__table__
@@ -89,20 +89,11 @@ class EventFilter:
         return query
 
 
-def _cursor_id(cursor: str | None) -> int | None:
-    if cursor is None:
-        return None
-    try:
-        position = decode_cursor(cursor)["id"]
-    except (ValueError, KeyError, TypeError):
-        position = None
-    if (
-        isinstance(position, bool)
-        or not isinstance(position, int)
-        or not 0 < position < 2**63
-    ):
-        raise InvalidInput([("cursor", "is not a cursor this service handed out")])
-    return position
+def _cursor_id(position: dict[str, Any]) -> int:
+    found = position["id"]
+    if isinstance(found, bool) or not isinstance(found, int) or not 0 < found < 2**63:
+        raise ValueError(found)
+    return found
 
 
 def list_events(
@@ -117,15 +108,16 @@ def list_events(
     limit_error = page_limit_error(limit)
     if limit_error:
         raise InvalidInput([("limit", limit_error)])
-    before = _cursor_id(cursor)
-    query = filters.apply(select(events)).order_by(events.c.id.desc()).limit(limit + 1)
-    if before is not None:
+    query = filters.apply(select(events)).order_by(events.c.id.desc())
+    if cursor is not None:
+        try:
+            before = read_cursor(cursor, _cursor_id)
+        except ValueError as exc:
+            raise InvalidInput([("cursor", str(exc))]) from None
         query = query.where(events.c.id < before)
     with db.engine.connect() as conn:
-        rows = conn.execute(query).all()
-    items = [Event.from_row(row) for row in rows[:limit]]
-    next_cursor = encode_cursor({"id": items[-1].id}) if len(rows) > limit else None
-    return Page(items, next_cursor)
+        rows, next_cursor = fetch_page(conn, query, limit, lambda row: {"id": row.id})
+    return Page([Event.from_row(row) for row in rows], next_cursor)
 
 
 def newest_event_id(resource: str | None = None) -> int:

@@ -44,7 +44,8 @@ class ChangedHands(click.ClickException):
 def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
     """Every matching lock, one per line, tab-separated, ordered by resource."""
     from app.locks.errors import InvalidInput
-    from app.locks.service import MAX_PAGE, lock_service
+    from app.locks.pagination import MAX_PAGE
+    from app.locks.service import lock_service
     from app.timestamps import rfc3339
 
     service = lock_service()

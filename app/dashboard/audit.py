@@ -25,7 +25,7 @@ from app.audit.service import (
 from app.auth.views import login_required
 from app.dashboard.htmx import render_page_or_fragment
 from app.locks.errors import InvalidInput
-from app.locks.service import DEFAULT_PAGE
+from app.locks.pagination import DEFAULT_PAGE
 from app.locks.state import Action
 from app.timestamps import human_duration, rfc3339
 

@@ -7,9 +7,6 @@ transaction holding the change and its audit event (see ``statements``).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -25,11 +22,9 @@ from sqlalchemy import (
     case,
     delete,
     event,
-    false,
     func,
     insert,
     literal,
-    or_,
     select,
     update,
 )
@@ -54,6 +49,15 @@ from app.locks.errors import (
 )
 from app.locks.instrumentation import NO_METRICS, NoMetrics
 from app.locks.models import NO_TOKEN
+from app.locks.pagination import (
+    DEFAULT_PAGE,
+    after,
+    fetch_page,
+    page_limit_error,
+    read_cursor,
+    starts_with,
+    within,
+)
 from app.locks.queue import WaitQueue
 from app.locks.results import AcquireResult, Freeze, Lock, Page
 from app.locks.state import Action, LockState, held_by_another, holds
@@ -67,8 +71,6 @@ from app.locks.statements import (
 
 T = TypeVar("T")
 
-MAX_PAGE = 500
-DEFAULT_PAGE = 50
 PURGE_BATCH = 500
 MIN_PURGE_AGE = timedelta(minutes=1)
 MAX_FREEZE = timedelta(days=366)
@@ -855,19 +857,21 @@ class LockService:
         limit_error = page_limit_error(limit)
         if limit_error:
             errors.append(("limit", limit_error))
-        after = after_key = None
+        position = None
         if cursor is not None:
+
+            def read(position: dict[str, Any]) -> tuple[Any, ...]:
+                resource = position["resource"]
+                if validation.resource_error(resource):
+                    raise ValueError(resource)
+                if sort_key == "resource":
+                    return (resource,)
+                return (_sort_value(sort_key, position["key"]), resource)
+
             try:
-                position = decode_cursor(cursor)
-                after = position["resource"]
-                if sort_key != "resource":
-                    after_key = _sort_value(sort_key, position["key"])
-            except (ValueError, KeyError, TypeError):
-                after = None
-            # A cursor is client input: one that decodes to anything but a resource
-            # name (a number, a list, a NUL byte) would reach the SQL as a bad bind.
-            if validation.resource_error(after):
-                errors.append(("cursor", "is not a cursor this service handed out"))
+                position = read_cursor(cursor, read)
+            except ValueError as exc:
+                errors.append(("cursor", str(exc)))
         if errors:
             raise InvalidInput(errors)
 
@@ -883,7 +887,6 @@ class LockService:
             select(locks, waiting)
             .where(locks.c.owner.is_not(None))
             .order_by(*(c.desc() if descending else c.asc() for c in order))
-            .limit(limit + 1)
         )
         condition = self._state_condition(state, now)
         if condition is not None:
@@ -900,30 +903,21 @@ class LockService:
                     owner_contains.lower(), autoescape=True
                 )
             )
-        if after is not None:
-            later = (lambda c, v: c < v) if descending else (lambda c, v: c > v)
-            if sort_key == "resource":
-                query = query.where(later(locks.c.resource, after))
-            else:
-                query = query.where(
-                    or_(
-                        later(sort_column, after_key),
-                        and_(sort_column == after_key, later(locks.c.resource, after)),
-                    )
-                )
-        with self._autocommit_engine.connect() as conn:
-            rows = conn.execute(query).all()
-        items = [self._lock(row, now) for row in rows[:limit]]
-        next_cursor = None
-        if len(rows) > limit:
-            last = rows[limit - 1]
-            position: dict[str, Any] = {"resource": last.resource}
+        if position is not None:
+            query = query.where(after(order, position, descending=descending))
+
+        def position_of(row) -> dict[str, Any]:
+            found: dict[str, Any] = {"resource": row.resource}
             if sort_key != "resource":
-                value = getattr(last, sort_column.name)
-                position["key"] = (
+                value = getattr(row, sort_column.name)
+                found["key"] = (
                     value.isoformat() if isinstance(value, datetime) else value
                 )
-            next_cursor = encode_cursor(position)
+            return found
+
+        with self._autocommit_engine.connect() as conn:
+            rows, next_cursor = fetch_page(conn, query, limit, position_of)
+        items = [self._lock(row, now) for row in rows]
         return Page(items, next_cursor)
 
     def current_grants(self, *, limit: int = 20_000) -> list[Lock]:
@@ -1019,52 +1013,6 @@ def _sort_value(key: str, raw: Any) -> Any:
     return raw
 
 
-# -- query pieces shared with the audit service ----------------------------
-
-
-def starts_with(column, prefix: str):
-    """``column`` begins with ``prefix``, exactly.
-
-    LIKE lets an index narrow the range; the substr comparison keeps the match
-    case-exact, as resources are, where LIKE is not (SQLite).
-    """
-    return and_(
-        column.startswith(prefix, autoescape=True),
-        func.substr(column, 1, len(prefix)) == prefix,
-    )
-
-
-def within(column, prefixes: tuple[str, ...]):
-    """``column`` begins with one of ``prefixes`` (none: nothing matches)."""
-    return or_(false(), *(starts_with(column, prefix) for prefix in prefixes))
-
-
-def encode_cursor(position: dict[str, Any]) -> str:
-    raw = json.dumps(position, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> dict[str, Any]:
-    if not isinstance(cursor, str) or len(cursor) > 1024:
-        raise ValueError("bad cursor")
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        position = json.loads(raw)
-    except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError("bad cursor") from exc
-    if not isinstance(position, dict):
-        raise ValueError("bad cursor")
-    return position
-
-
-def page_limit_error(limit: Any) -> str | None:
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        return "must be an integer"
-    if not 1 <= limit <= MAX_PAGE:
-        return f"must be between 1 and {MAX_PAGE}"
-    return None
-
-
 # -- wiring -----------------------------------------------------------------
 
 
@@ -1085,8 +1033,5 @@ __all__ = [
     "Action",
     "LockService",
     "LockSettings",
-    "decode_cursor",
-    "encode_cursor",
     "lock_service",
-    "page_limit_error",
 ]

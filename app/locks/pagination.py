@@ -1,0 +1,114 @@
+"""Pages of a listing: the limit, keyset cursors, and prefix filters.
+
+Every list the service offers (locks, audit events) pages the same way: order by
+a key that ends in a unique column, fetch ``limit + 1`` rows, and hand out the
+last row's key as an opaque cursor; the next page starts strictly after it, so
+ties never repeat or go missing. The API's request validation and the services
+share ``page_limit_error``: there is one limit and one check of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Select, and_, false, func, or_
+
+T = TypeVar("T")
+
+MAX_PAGE = 500
+DEFAULT_PAGE = 50
+BAD_CURSOR = "is not a cursor this service handed out"
+
+
+def page_limit_error(limit: Any) -> str | None:
+    """Why ``limit`` is not a page size, or None when it is one."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return "must be an integer"
+    if not 1 <= limit <= MAX_PAGE:
+        return f"must be between 1 and {MAX_PAGE}"
+    return None
+
+
+def encode_cursor(position: dict[str, Any]) -> str:
+    raw = json.dumps(position, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> dict[str, Any]:
+    """The position a cursor encodes; :raise ValueError: not one we handed out."""
+    if not isinstance(cursor, str) or len(cursor) > 1024:
+        raise ValueError("bad cursor")
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        position = json.loads(raw)
+    except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError("bad cursor") from exc
+    if not isinstance(position, dict):
+        raise ValueError("bad cursor")
+    return position
+
+
+def read_cursor(cursor: str, read: Callable[[dict[str, Any]], T]) -> T:
+    """``read`` applied to the cursor's position.
+
+    A cursor is client input: ``read`` checks every value it takes (a number, a
+    list or a NUL byte where a name belongs would reach the SQL as a bad bind)
+    and raises ValueError, KeyError or TypeError on anything else.
+
+    :raise ValueError: the cursor is not one this service handed out.
+    """
+    try:
+        return read(decode_cursor(cursor))
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(BAD_CURSOR) from None
+
+
+def after(columns: Sequence[Any], values: Sequence[Any], *, descending: bool):
+    """Rows strictly after ``values`` in the order of ``columns`` (the last one
+    unique): (a, b) > (x, y) as ``a > x OR (a = x AND b > y)``, which every
+    dialect plans as index ranges."""
+    column, value = columns[0], values[0]
+    beyond = column < value if descending else column > value
+    if len(columns) == 1:
+        return beyond
+    rest = after(columns[1:], values[1:], descending=descending)
+    return or_(beyond, and_(column == value, rest))
+
+
+def fetch_page(
+    conn: Connection,
+    query: Select,
+    limit: int,
+    position_of: Callable[[Any], dict[str, Any]],
+) -> tuple[list[Any], str | None]:
+    """The first ``limit`` rows of ``query`` (already ordered and filtered), and
+    the cursor of the page after them (None on the last page)."""
+    rows = conn.execute(query.limit(limit + 1)).all()
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, encode_cursor(position_of(rows[-1]))
+
+
+# -- filters every listing offers ---------------------------------------------
+
+
+def starts_with(column, prefix: str):
+    """``column`` begins with ``prefix``, exactly.
+
+    LIKE lets an index narrow the range; the substr comparison keeps the match
+    case-exact, as resources are, where LIKE is not (SQLite).
+    """
+    return and_(
+        column.startswith(prefix, autoescape=True),
+        func.substr(column, 1, len(prefix)) == prefix,
+    )
+
+
+def within(column, prefixes: tuple[str, ...]):
+    """``column`` begins with one of ``prefixes`` (none: nothing matches)."""
+    return or_(false(), *(starts_with(column, prefix) for prefix in prefixes))
