@@ -1,41 +1,30 @@
 """Freezes and the bulk release of stale locks, for operators.
 
-The same pattern as force-release and claim (``views``): a GET shows the
-confirmation form, a POST with a CSRF token acts through the service; htmx gets
-the form or the result swapped into ``#action-panel``, a browser without
-JavaScript a page, then a 303 back.
+The same pattern as force-release and claim (``views``), answered as ``forms.py``
+describes; a success goes back to the overview unless the form says where.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from flask import flash, make_response, redirect, render_template, request, url_for
+from flask import request, url_for
 from flask_login import current_user
 
-from app.auth.views import login_required, operator_required, safe_next
+from app.auth.views import login_required, operator_required
 from app.dashboard.blueprint import bp
-from app.dashboard.htmx import is_htmx, render_page_or_fragment
-from app.dashboard.views import LOCKS_CHANGED, _action_response, _reason, _text_arg
+from app.dashboard.forms import (
+    action_response,
+    finished,
+    return_to,
+    stripped,
+    text_arg,
+    text_field,
+)
+from app.dashboard.htmx import render_page_or_fragment
 from app.locks.errors import InvalidInput, NotFrozen
 from app.locks.service import lock_service
 from app.timestamps import parse_duration
-
-
-def _next(fallback: str = "/") -> str:
-    return safe_next(request.values.get("next")) or fallback
-
-
-def _finished(message: str, fallback: str = "/"):
-    """After a successful action: the result in place, or 303 back to the page."""
-    if is_htmx():
-        response = make_response(
-            render_template("dashboard/_result.html", message=message, ok=True)
-        )
-        response.headers["HX-Trigger"] = LOCKS_CHANGED
-        return response
-    flash(message, "success")
-    return redirect(_next(fallback), 303)
 
 
 @bp.get("/freezes")
@@ -43,7 +32,7 @@ def _finished(message: str, fallback: str = "/"):
 def freezes():
     """The freezes in force; ``?resource=`` narrows to those covering it (the
     banner of a lock page). The banner alone for htmx aiming at ``#freezes``."""
-    resource = _text_arg("resource")
+    resource = text_arg("resource")
     service = lock_service()
     found = service.freezes_over(resource) if resource else service.list_freezes()
     return render_page_or_fragment(
@@ -61,18 +50,18 @@ def freezes():
 @bp.route("/freezes/new", methods=["GET", "POST"])
 @operator_required
 def freeze():
-    context = {"next_url": _next(), "resource": None, "title": "Freeze"}
+    context = {"next_url": return_to(), "resource": None, "title": "Freeze"}
     if request.method == "GET":
-        return _action_response(
+        return action_response(
             "dashboard/_freeze_form.html",
             prefix=request.args.get("prefix", ""),
             reason="",
             duration="",
             **context,
         )
-    prefix = request.form.get("prefix", "").strip()
-    raw_duration = request.form.get("for", "").strip()
-    reason = _reason()
+    prefix = text_field("prefix") or ""
+    raw_duration = text_field("for") or ""
+    reason = text_field("reason")
     errors: list[tuple[str, str]] = []
     duration: timedelta | None = None
     if raw_duration:
@@ -93,8 +82,8 @@ def freeze():
                 if frozen.ends_at
                 else "until unfrozen"
             )
-            return _finished(f"Froze {frozen.prefix}: no new grants {until}.")
-    return _action_response(
+            return finished(f"Froze {frozen.prefix}: no new grants {until}.")
+    return action_response(
         "dashboard/_freeze_form.html",
         400,
         errors=errors,
@@ -112,7 +101,7 @@ def unfreeze(prefix: str):
         (f for f in lock_service().list_freezes() if f.prefix == prefix), None
     )
     context = {
-        "next_url": _next(),
+        "next_url": return_to(),
         "resource": None,
         "title": "Unfreeze",
         "freeze": current,
@@ -120,65 +109,56 @@ def unfreeze(prefix: str):
     }
     if request.method == "GET":
         if current is None:  # ended meanwhile: say so, as a page like any other
-            return _action_response(
+            return action_response(
                 "dashboard/_result.html",
                 message=f"{prefix} is not frozen.",
                 ok=False,
                 **context,
             )
-        return _action_response("dashboard/_unfreeze_form.html", reason="", **context)
-    reason = _reason()
+        return action_response("dashboard/_unfreeze_form.html", reason="", **context)
+    reason = text_field("reason")
     try:
         lock_service().unfreeze(prefix, actor=current_user.username, reason=reason)
     except NotFrozen:
-        return _finished(f"{prefix} was not frozen any more.")
+        return finished(f"{prefix} was not frozen any more.")
     except InvalidInput as exc:
-        return _action_response(
+        return action_response(
             "dashboard/_unfreeze_form.html",
             400,
             errors=exc.errors,
             reason=reason or "",
             **context,
         )
-    return _finished(f"Unfroze {prefix}: new grants are allowed again.")
+    return finished(f"Unfroze {prefix}: new grants are allowed again.")
 
 
 @bp.route("/stale/release", methods=["GET", "POST"])
 @operator_required
 def release_stale():
     """Force-release every stale lock matching the overview's search."""
-    prefix = request.values.get("prefix", "").strip() or None
-    owner = request.values.get("owner", "").strip() or None
+    prefix = stripped(request.values, "prefix")
+    owner = stripped(request.values, "owner")
     service = lock_service()
     context = {
-        "next_url": _next(),
+        "next_url": return_to(),
         "resource": None,
         "title": "Release stale locks",
         "prefix": prefix or "",
         "owner": owner or "",
     }
+    count, reason = 0, None
     try:
         count = service.count_stale(prefix=prefix, owner=owner)
-    except InvalidInput as exc:
-        return _action_response(
-            "dashboard/_release_stale_form.html",
-            400,
-            errors=exc.errors,
-            count=0,
-            reason="",
-            **context,
-        )
-    if request.method == "GET":
-        return _action_response(
-            "dashboard/_release_stale_form.html", count=count, reason="", **context
-        )
-    reason = _reason()
-    try:
+        if request.method == "GET":
+            return action_response(
+                "dashboard/_release_stale_form.html", count=count, reason="", **context
+            )
+        reason = text_field("reason")
         released = service.release_stale(
             actor=current_user.username, reason=reason, prefix=prefix, owner=owner
         )
     except InvalidInput as exc:
-        return _action_response(
+        return action_response(
             "dashboard/_release_stale_form.html",
             400,
             errors=exc.errors,
@@ -186,4 +166,4 @@ def release_stale():
             reason=reason or "",
             **context,
         )
-    return _finished(f"Force-released {len(released)} stale lock(s).")
+    return finished(f"Force-released {len(released)} stale lock(s).")

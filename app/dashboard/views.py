@@ -1,9 +1,7 @@
 """Dashboard pages and actions: parse the request, call the service, render.
 
-Every page is a full page for a browser and a fragment for htmx (see ``htmx.py``).
-Actions are plain POST forms with a CSRF token; a browser without JavaScript gets
-a 303 back to the page, htmx gets the result swapped in place and an
-``HX-Trigger: locks-changed`` so the live table and the lock row refresh.
+Every page is a full page for a browser and a fragment for htmx (see ``htmx.py``);
+actions answer as ``forms.py`` describes, a success back to the lock's page.
 """
 
 from __future__ import annotations
@@ -12,19 +10,8 @@ import hashlib
 import json
 import math
 from typing import Any
-from urllib.parse import urlencode
 
-from flask import (
-    Response,
-    abort,
-    flash,
-    make_response,
-    redirect,
-    render_template,
-    request,
-    session,
-    url_for,
-)
+from flask import Response, abort, make_response, request, session, url_for
 from flask_login import current_user
 
 from app.audit.service import (
@@ -33,9 +20,17 @@ from app.audit.service import (
     list_events,
     newest_event_id,
 )
-from app.auth.views import login_required, operator_required, safe_next
+from app.auth.views import login_required, operator_required
 from app.dashboard import charts, timeline
 from app.dashboard.blueprint import bp
+from app.dashboard.forms import (
+    action_response,
+    finished,
+    return_to,
+    text_arg,
+    text_field,
+    url_with,
+)
 from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
 from app.locks import validation
 from app.locks.errors import InvalidInput, LockChanged, LockHeld, LockNotFound
@@ -57,24 +52,12 @@ SORTABLE = {
     "remaining": "expires",
 }
 GROUPS = ("owner", "host")
-LOCKS_CHANGED = "locks-changed"
 # The version of the data a page shows; its polls send it back, and an unchanged
 # version is answered 204 (htmx swaps nothing, the page keeps its place).
 SHOWN_VERSION_HEADER = "Lockkeeper-Shown"
 # The fragments that polls ask for; a poll never changes the remembered pause.
 POLL_TARGETS = ("live", "lock-live")
 PAUSED_KEY = "dashboard_paused"
-
-
-def _text_arg(name: str) -> str | None:
-    value = request.args.get(name, "").strip()
-    return value or None
-
-
-def _overview_url(**params: Any) -> str:
-    """``/`` with the given filters; empty ones are left out of the URL."""
-    query = {key: value for key, value in params.items() if value not in (None, "")}
-    return "/" + (f"?{urlencode(query)}" if query else "")
 
 
 def is_live() -> bool:
@@ -110,11 +93,11 @@ def _unchanged(version: str) -> Response | None:
 @login_required
 def overview():
     state = request.args.get("state", "all")
-    prefix = _text_arg("prefix")
-    owner = _text_arg("owner")
-    cursor = _text_arg("cursor")
-    sort = _text_arg("sort") or "resource"
-    group = _text_arg("group")
+    prefix = text_arg("prefix")
+    owner = text_arg("owner")
+    cursor = text_arg("cursor")
+    sort = text_arg("sort") or "resource"
+    group = text_arg("group")
     live = is_live()
     filters = {"state": state, "prefix": prefix, "owner": owner, "sort": sort}
     if group:
@@ -127,7 +110,7 @@ def overview():
             params["state"] = None
         if params.get("sort") == "resource":
             params["sort"] = None
-        return _overview_url(**params)
+        return url_with("/", **params)
 
     def sort_url(column: str) -> str:
         """The header link: sort by ``column``, or reverse it if it is the order."""
@@ -283,6 +266,10 @@ def _checked_resource(resource: str) -> str:
     return resource
 
 
+def _lock_url(resource: str) -> str:
+    return url_for("dashboard.lock_page", resource=resource)
+
+
 def _current_lock(resource: str) -> Lock | None:
     try:
         return lock_service().get(resource, include_stale=True)
@@ -294,14 +281,13 @@ def _current_lock(resource: str) -> Lock | None:
 @login_required
 def lock_page(resource: str):
     _checked_resource(resource)
-    cursor = _text_arg("cursor")
+    cursor = text_arg("cursor")
     live = is_live()
     service = lock_service()
-    page_url = url_for("dashboard.lock_page", resource=resource)
+    page_url = _lock_url(resource)
 
     def url(**params: Any) -> str:
-        query = {k: v for k, v in params.items() if v not in (None, "")}
-        return page_url + (f"?{urlencode(query)}" if query else "")
+        return url_with(page_url, **params)
 
     newest = newest_event_id(resource)
     lock = _current_lock(resource)
@@ -353,48 +339,10 @@ def lock_page(resource: str):
 # -- actions ---------------------------------------------------------------------
 
 
-def _return_to(resource: str) -> str:
-    return safe_next(request.values.get("next")) or url_for(
-        "dashboard.lock_page", resource=resource
-    )
-
-
-def _action_response(template: str, status: int = 200, **context):
-    """The confirmation form (or its result) alone for htmx, in a page otherwise."""
-    fragment = is_htmx()
-    response = make_response(
-        render_template(
-            "dashboard/action.html",
-            form_template=template,
-            fragment=fragment,
-            **context,
-        ),
-        status,
-    )
-    response.vary.add("HX-Request")
-    return response
-
-
-def _done(resource: str, message: str):
-    """After a successful action: the result in place, or 303 back to the page."""
-    if is_htmx():
-        response = make_response(
-            render_template("dashboard/_result.html", message=message, ok=True)
-        )
-        response.headers["HX-Trigger"] = LOCKS_CHANGED
-        return response
-    flash(message, "success")
-    return redirect(_return_to(resource), 303)
-
-
-def _reason() -> str | None:
-    return request.form.get("reason", "").strip() or None
-
-
 def _confirmed_fence(errors: list[tuple[str, str]]) -> int | None:
     """The fence of the grant the operator confirmed (a hidden form field)."""
-    raw = request.form.get("fence", "").strip()
-    if not raw:
+    raw = text_field("fence")
+    if raw is None:
         return None
     if not raw.isdigit() or len(raw) > 19:
         errors.append(("fence", "must be the fence of the lock you confirmed"))
@@ -402,14 +350,23 @@ def _confirmed_fence(errors: list[tuple[str, str]]) -> int | None:
     return int(raw)
 
 
-def _changed_hands(exc: LockChanged) -> str:
+def _refusal(
+    exc: InvalidInput | LockChanged, field: str, context: dict[str, Any]
+) -> tuple[list[tuple[str, str]], int]:
+    """The errors to show on the form and the status, for a refused action; a
+    grant that changed hands is shown as it is now, under ``field``."""
+    if isinstance(exc, InvalidInput):
+        return exc.errors, 400
+    context["lock"] = exc.holder
     if exc.holder is None:
-        return "The lock changed since you looked: nobody holds it now."
-    return (
-        f"The lock changed hands since you looked: it is now held by "
-        f"{exc.holder.owner} with fence {exc.holder.fence}. Confirm again to act on "
-        f"this grant."
-    )
+        message = "The lock changed since you looked: nobody holds it now."
+    else:
+        message = (
+            f"The lock changed hands since you looked: it is now held by "
+            f"{exc.holder.owner} with fence {exc.holder.fence}. Confirm again to "
+            f"act on this grant."
+        )
+    return [(field, message)], 409
 
 
 @bp.route("/locks/<resource>/release", methods=["GET", "POST"])
@@ -417,10 +374,14 @@ def _changed_hands(exc: LockChanged) -> str:
 def release(resource: str):
     _checked_resource(resource)
     lock = _current_lock(resource)
-    context = {"resource": resource, "lock": lock, "next_url": _return_to(resource)}
+    context = {
+        "resource": resource,
+        "lock": lock,
+        "next_url": return_to(_lock_url(resource)),
+    }
     if lock is None:
         if request.method == "POST" and is_htmx():
-            return _action_response(
+            return action_response(
                 "dashboard/_result.html",
                 404,
                 message=f"{resource} is not locked: nothing to release.",
@@ -428,9 +389,9 @@ def release(resource: str):
             )
         abort(404, description=f"{resource} is not locked: nothing to release.")
     if request.method == "GET":
-        return _action_response("dashboard/_release_form.html", **context)
+        return action_response("dashboard/_release_form.html", **context)
 
-    reason = _reason()
+    reason = text_field("reason")
     errors: list[tuple[str, str]] = []
     status = 400
     fence = _confirmed_fence(errors)
@@ -442,20 +403,17 @@ def release(resource: str):
                 reason=reason,
                 expected_fence=fence,
             )
-        except InvalidInput as exc:
-            errors = exc.errors
-        except LockChanged as exc:
-            context["lock"] = exc.holder
-            errors, status = [("fence", _changed_hands(exc))], 409
+        except (InvalidInput, LockChanged) as exc:
+            errors, status = _refusal(exc, "fence", context)
         except LockNotFound:
-            return _done(resource, f"{resource} was already released.")
+            return finished(f"{resource} was already released.", _lock_url(resource))
         else:
-            return _done(
-                resource,
+            return finished(
                 f"Released {resource} (was held by {released.owner}, "
                 f"fence {released.fence}).",
+                _lock_url(resource),
             )
-    return _action_response(
+    return action_response(
         "dashboard/_release_form.html",
         status,
         errors=errors,
@@ -488,12 +446,12 @@ def claim(resource: str):
     context: dict[str, Any] = {
         "resource": resource,
         "lock": lock,
-        "next_url": _return_to(resource),
+        "next_url": return_to(_lock_url(resource)),
         "default_ttl": service.settings.default_ttl,
         "max_ttl": service.settings.max_ttl,
     }
     if request.method == "GET":
-        return _action_response(
+        return action_response(
             "dashboard/_claim_form.html",
             owner=default_owner,
             for_token="",
@@ -503,11 +461,11 @@ def claim(resource: str):
         )
 
     errors: list[tuple[str, str]] = []
-    owner = request.form.get("owner", "").strip() or default_owner
-    for_token = request.form.get("for_token", "").strip() or None
+    owner = text_field("owner") or default_owner
+    for_token = text_field("for_token")
     raw_ttl = request.form.get("ttl")
     ttl = _parse_ttl(raw_ttl, errors)
-    reason = _reason()
+    reason = text_field("reason")
     force = request.form.get("force") == "yes"
     fence = _confirmed_fence(errors)
     status = 400
@@ -523,11 +481,8 @@ def claim(resource: str):
                 expected_fence=fence,
                 for_token=for_token,
             )
-        except InvalidInput as exc:
-            errors = exc.errors
-        except LockChanged as exc:
-            context["lock"] = exc.holder
-            errors, status = [("force", _changed_hands(exc))], 409
+        except (InvalidInput, LockChanged) as exc:
+            errors, status = _refusal(exc, "force", context)
         except LockHeld as exc:
             lock = exc.holder
             context["lock"] = lock
@@ -540,13 +495,13 @@ def claim(resource: str):
             )
             status = 409
         else:
-            return _done(
-                resource,
+            return finished(
                 f"Claimed {resource} for {claimed.owner} "
                 f"({f'token {claimed.token}' if claimed.token else 'no token'}, "
                 f"fence {claimed.fence}, expires in {claimed.ttl_remaining:.0f} s).",
+                _lock_url(resource),
             )
-    return _action_response(
+    return action_response(
         "dashboard/_claim_form.html",
         status,
         errors=errors,
