@@ -25,6 +25,17 @@ from typing import Any
 
 GRANT_ACTIONS = {"acquired", "took_over", "claimed", "force_claimed"}
 
+# A waiting acquire answers by its wait plus this (its last decision, leaving the
+# line, a loaded machine), still under the client's timeout of 5 s + wait: a
+# request that stayed in line past its wait shows up here or as an unknown
+# outcome. A database that is down or changing its primary holds a waiter longer:
+# see ``answer_due``.
+WAIT_SLACK = 4.5
+
+# Strict synchronous mode: a promoted primary commits only once a standby follows
+# it, so recovery includes that re-attachment, not just the promotion.
+FAILOVER_RECOVERY = 20.0
+
 
 def ts(value: Any) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(value)
@@ -66,7 +77,14 @@ def check(
     outage: dict[str, Any] | None = None,
     *,
     max_recovery: float = 5.0,
+    failovers: list[dict[str, Any]] = (),
+    failover_recovery: float = FAILOVER_RECOVERY,
 ) -> Report:
+    """``max_recovery``: seconds within which every instance serves again after
+    a database restart; ``failovers`` and ``failover_recovery``: the primary
+    changes of a failover run and its recovery bound (see ``check_failovers``).
+    A waiter in line while the database was down or the primary changed is held
+    to that bound instead of its wait (``answer_due``)."""
     report = Report()
     grants = _believed_grants(records, report)
     events = sorted(events, key=lambda e: e["id"])
@@ -75,7 +93,8 @@ def check(
     _replay_audit_log(events, report)
     for violation in grant_order_violations(events):
         report.violation(violation)
-    _check_responses(records, report)
+    windows = held_windows(outage, max_recovery, failovers, failover_recovery)
+    _check_responses(records, report, windows)
     if outage is not None:
         _check_outage(outage, report, max_recovery)
     report.stats.update(_stats(records, events))
@@ -300,24 +319,55 @@ def grant_order_violations(events) -> list[str]:
 # -- responses and the outage ----------------------------------------------------
 
 
-# A waiting acquire answers by its wait plus this (its last decision, leaving the
-# line, a database restart or failover that holds one statement for seconds, a
-# loaded machine), still under the client's timeout of 5 s + wait: a request that
-# stayed in line past its wait shows up here or as an unknown outcome.
-WAIT_SLACK = 4.5
+def held_windows(
+    outage: dict[str, Any] | None = None,
+    max_recovery: float = 5.0,
+    failovers: list[dict[str, Any]] = (),
+    failover_recovery: float = FAILOVER_RECOVERY,
+) -> list[tuple[float, float]]:
+    """When the database could hold a statement (wall clock): from each crash
+    until the recovery bound after it came back (``restarts`` of the outage,
+    ``max_recovery``), and from each primary's kill until ``failover_recovery``
+    after the promotion (strict synchronous mode holds a commit until the new
+    primary has a standby)."""
+    windows = [
+        (restart["down_at"], restart["up_at"] + max_recovery)
+        for restart in (outage or {}).get("restarts", [])
+        if "up_at" in restart  # never back: the run fails on its own
+    ]
+    windows += [
+        (failover["killed_at"], failover["promoted_at"] + failover_recovery)
+        for failover in failovers
+    ]
+    return windows
 
 
-def _check_responses(records, report) -> None:
+def answer_due(
+    record: dict[str, Any], windows: list[tuple[float, float]] = ()
+) -> float:
+    """Seconds after it was sent by which a waiting acquire must have answered:
+    its wait plus ``WAIT_SLACK``, or, for a waiter in line during one of the
+    ``held_windows``, ``WAIT_SLACK`` after that window closes if that is later."""
+    due = record["wait"] + WAIT_SLACK
+    if "t" not in record:
+        return due
+    sent = record["t"] - record["elapsed"]
+    for start, end in windows:
+        if start <= sent + due and sent <= end:
+            due = max(due, end + WAIT_SLACK - sent)
+    return due
+
+
+def _check_responses(records, report, windows=()) -> None:
     for record in records:
-        if (
-            record["kind"] == "waited"
-            and record["elapsed"] > record["wait"] + WAIT_SLACK
-        ):
-            report.violation(
-                f"{record['owner']} waited {record['elapsed']} s for "
-                f"{record['resource']} with wait={record['wait']} "
-                f"({record['outcome']})"
-            )
+        if record["kind"] == "waited":
+            due = answer_due(record, windows)
+            if record["elapsed"] > due:
+                report.violation(
+                    f"{record['owner']} waited {record['elapsed']} s for "
+                    f"{record['resource']} with wait={record['wait']} "
+                    f"({record['outcome']}; due within {due:.1f} s)"
+                )
         if record["kind"] == "error":
             report.violation(
                 f"{record['op']} {record['resource']} by {record['owner']}: "
@@ -385,9 +435,7 @@ def check_failovers(
     failovers: list[dict[str, Any]],
     report: Report,
     *,
-    # Strict synchronous mode: a promoted primary commits only once a standby
-    # follows it, so recovery includes that re-attachment, not just the promotion.
-    max_recovery: float = 20.0,
+    max_recovery: float = FAILOVER_RECOVERY,
 ) -> None:
     """What a promotion must not change, judged against the final database.
 

@@ -33,7 +33,7 @@ from sqlalchemy import create_engine, select
 
 from app.config import normalize_database_url
 from app.locks.models import DistributedLock, LockEvent
-from tests.faults.checker import Report, check, check_failovers
+from tests.faults.checker import FAILOVER_RECOVERY, Report, check, check_failovers
 from tests.faults.cluster import MariaDBServer, PostgresCluster
 from tests.faults.instances import AppInstance, base_env, lockkeeper_cli
 from tests.faults.patroni import PatroniCluster
@@ -57,6 +57,9 @@ class RunConfig:
     # (the first) and a planned switchover.
     failovers: int = 2
     synchronous: bool = True  # off: the misconfiguration the checker must catch
+    # patroni: seconds from a promotion until every instance must serve again;
+    # a waiter in line across a primary change is held to it, not to its wait.
+    failover_recovery: float = FAILOVER_RECOVERY
     keep: bool = False  # keep the work directory (logs, histories)
 
 
@@ -110,6 +113,8 @@ class FaultInjector(threading.Thread):
     def restart_database(self) -> None:
         for instance in self.instances:
             instance.wait_ready()
+        restart = {"down_at": time.time()}
+        self.outage.setdefault("restarts", []).append(restart)
         self.cluster.stop("immediate")
         down_until = time.monotonic() + self.config.outage
         headers = {"Authorization": f"Bearer {self.token}"}
@@ -138,6 +143,7 @@ class FaultInjector(threading.Thread):
                         )
                 time.sleep(0.2)
             self.cluster.start()
+            restart["up_at"] = time.time()
             self.database_restarts += 1
             back = time.monotonic()
             pending = {instance.name: instance for instance in self.instances}
@@ -401,7 +407,14 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
 
         records = read_histories(histories)
         events = [e for e in read_events(cluster.url) if e["resource"] in HOT_RESOURCES]
-        report = check(records, events, None if patroni else injector.outage)
+        failovers = injector.failovers if patroni else []
+        report = check(
+            records,
+            events,
+            None if patroni else injector.outage,
+            failovers=failovers,
+            failover_recovery=config.failover_recovery,
+        )
         if patroni:
             check_failovers(
                 records,
@@ -411,10 +424,10 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
                     for r in read_final_locks(cluster.url)
                     if r["resource"] in HOT_RESOURCES
                 ],
-                injector.failovers,
+                failovers,
                 report,
+                max_recovery=config.failover_recovery,
             )
-            failovers = injector.failovers
             report.stats.update(
                 failovers=sum(1 for f in failovers if f["kind"] == "failover"),
                 switchovers=sum(1 for f in failovers if f["kind"] == "switchover"),

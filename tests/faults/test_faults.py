@@ -17,7 +17,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.databases import unavailable
-from tests.faults.checker import Report, check, check_failovers
+from tests.faults.checker import (
+    FAILOVER_RECOVERY,
+    WAIT_SLACK,
+    Report,
+    check,
+    check_failovers,
+)
 from tests.faults.instances import LIBFAKETIME
 from tests.faults.patroni import patroni_prerequisites
 
@@ -140,7 +146,9 @@ def test_checker_finds_a_waiter_stuck_past_its_wait():
         }
     )
     violations = check(records, events).violations
-    assert violations == ["w09-9 waited 5.8 s for hot:0 with wait=1.0 (refused)"]
+    assert violations == [
+        "w09-9 waited 5.8 s for hot:0 with wait=1.0 (refused; due within 5.5 s)"
+    ]
 
 
 def test_checker_finds_a_grant_recorded_before_the_release_it_followed():
@@ -285,12 +293,93 @@ def test_failover_checker_requires_503_problems_and_a_promotion():
     ]
 
 
+def waited(sent: float, elapsed: float, wait: float = 1.0, owner: str = "w09-9"):
+    """A waiting acquire sent at ``sent`` (wall clock) that answered ``elapsed``
+    seconds later."""
+    return {
+        "kind": "waited",
+        "resource": "hot:0",
+        "owner": owner,
+        "wait": wait,
+        "elapsed": elapsed,
+        "outcome": "granted",
+        "t": sent + elapsed,
+    }
+
+
+def test_a_waiter_in_line_across_a_failover_is_held_to_the_recovery_bound():
+    """The primary dies at t=10 and is replaced at t=12; instances must serve by
+    12 + FAILOVER_RECOVERY. A waiter in line then may answer WAIT_SLACK after
+    that; one answering later, or one in line at no other time answering past
+    its own wait + WAIT_SLACK, is stuck."""
+    records, events, failover = failover_history()
+    recovered = failover["promoted_at"] + FAILOVER_RECOVERY
+    held = waited(9.0, recovered + WAIT_SLACK - 9.0 - 0.1, owner="w01-held")
+    stuck = waited(9.0, recovered + WAIT_SLACK - 9.0 + 0.1, owner="w02-stuck")
+    before = waited(2.0, 1.0 + WAIT_SLACK + 0.5, owner="w03-before")
+    after = waited(recovered + 1.0, 1.0 + WAIT_SLACK + 0.5, owner="w04-after")
+    records += [held, stuck, before, after]
+    assert [v.split(" ")[0] for v in check(records, events).violations] == [
+        "w01-held",
+        "w02-stuck",
+        "w03-before",
+        "w04-after",
+    ]
+    violations = check(records, events, failovers=[failover]).violations
+    assert [v.split(" ")[0] for v in violations] == [
+        "w02-stuck",
+        "w03-before",
+        "w04-after",
+    ]
+    assert f"due within {recovered + WAIT_SLACK - 9.0:.1f} s" in violations[0]
+    # The bound follows from the run's configuration.
+    tighter = check(
+        records, events, failovers=[failover], failover_recovery=FAILOVER_RECOVERY / 2
+    ).violations
+    assert [v.split(" ")[0] for v in tighter] == [
+        "w01-held",
+        "w02-stuck",
+        "w03-before",
+        "w04-after",
+    ]
+
+
+def test_a_waiter_in_line_across_a_database_restart_is_held_to_its_recovery():
+    """The database is down from t=20 to t=23 and every instance must serve 5 s
+    later (``max_recovery``): a waiter in line then may answer WAIT_SLACK after
+    t=28, not later."""
+    records, events = clean_history()
+    probe = {"url": "http://x/healthz", "method": "GET"}
+    outage = {
+        "probes": [
+            {**probe, "status": 503, "content_type": "application/problem+json"}
+        ],
+        "recovery": {"app0#1": 0.5},
+        "restarts": [{"down_at": 20.0, "up_at": 23.0}],
+    }
+    end = 23.0 + 5.0 + WAIT_SLACK
+    records += [
+        waited(21.0, end - 21.0 - 0.1, owner="w01-held"),
+        waited(21.0, end - 21.0 + 0.1, owner="w02-stuck"),
+        waited(40.0, 1.0 + WAIT_SLACK + 0.5, owner="w03-after"),
+    ]
+    violations = check(records, events, outage).violations
+    assert [v.split(" ")[0] for v in violations] == ["w02-stuck", "w03-after"]
+    tighter = check(records, events, outage, max_recovery=2.0).violations
+    assert [v.split(" ")[0] for v in tighter] == ["w01-held", "w02-stuck", "w03-after"]
+
+
 # -- the bounded run -------------------------------------------------------------
 
 
-def harness_prerequisites() -> str | None:
+def harness_prerequisites(database: str = "postgresql") -> str | None:
     if not os.path.exists(LIBFAKETIME):
         return f"{LIBFAKETIME} missing (apt-get install faketime)"
+    if database == "mariadb":
+        for tool in ("mariadbd", "mariadb-install-db"):
+            if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
+                return f"{tool} missing (apt-get install mariadb-server)"
+        return None
     if not glob.glob("/usr/lib/postgresql/*/bin/initdb"):
         return "PostgreSQL server binaries missing"
     if os.geteuid() == 0 and shutil.which("runuser") is None:
@@ -299,15 +388,18 @@ def harness_prerequisites() -> str | None:
 
 
 @pytest.mark.slow
-def test_bounded_fault_run_finds_no_violation():
-    """3 instances (one 5 minutes fast), 24 workers, SIGKILLs every few seconds,
-    one database restart: never two holders, nothing lost or invented, no 500."""
-    missing = harness_prerequisites()
+@pytest.mark.parametrize("database", ["postgresql", "mariadb"])
+def test_bounded_fault_run_finds_no_violation(database):
+    """3 instances (one 5 minutes fast), 24 workers (a third of them waiting in
+    the server's line half the time), SIGKILLs every few seconds, one database
+    restart: never two holders, nothing lost or invented, no 500, no waiter
+    answering past its wait. MariaDB's waiters poll where PostgreSQL's listen."""
+    missing = harness_prerequisites(database)
     if missing:
         unavailable(f"fault harness: {missing}")
     from tests.faults.run import RunConfig, run
 
-    report = run(RunConfig(duration=45.0), log=lambda message: None)
+    report = run(RunConfig(database=database, duration=45.0), log=lambda message: None)
     stats = report.stats
     assert report.violations == [], stats
     # The run must have exercised what it claims to.
@@ -316,7 +408,9 @@ def test_bounded_fault_run_finds_no_violation():
     assert stats["losses_learned"] >= 1
     assert stats["instance_kills"] >= 2
     assert stats["database_restarts"] == 1
-    # Some workers waited in the server's line, and some of them were granted.
+    # Workers waited in the server's line, some of them were granted, and each
+    # answered by its wait (the checker's ``answer_due``).
+    assert stats["waits"] >= 10
     assert stats["waits_granted"] >= 1
     assert stats["outage_probes"] >= 9
 
