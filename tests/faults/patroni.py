@@ -374,6 +374,22 @@ class PatroniCluster:
                 stopped.append(row[0])
         return stopped
 
+    def scalar(self, member: Member, sql: str):
+        """``sql``'s first value as ``member`` answers it (a standby reads what it
+        has replayed), or None when it does not answer."""
+        try:
+            with psycopg.connect(
+                host="127.0.0.1",
+                port=member.port,
+                user="postgres",
+                dbname="postgres",
+                connect_timeout=2,
+            ) as conn:
+                row = conn.execute(sql).fetchone()
+        except psycopg.Error:
+            return None
+        return row[0] if row else None
+
     def switchover(self) -> tuple[Member, Member]:
         """A planned switchover through Patroni's REST API: (old, new) leader."""
         state = self.cluster_state()

@@ -13,6 +13,7 @@ import shutil
 import signal
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -447,14 +448,60 @@ def test_bounded_failover_run_loses_nothing():
     assert stats["worst_recovery_from_promotion_s"] is not None
 
 
+# Fences of the hot resources the primary granted after the stall and no standby
+# has: the grants the promotion must be caught losing.
+STALL_GAP = 3
+STALL_DEADLINE = 60.0
+HOT_FENCE = (
+    "SELECT coalesce(max(fence), 0) FROM lock_events WHERE resource LIKE 'hot:%'"
+    " AND action IN ('acquired', 'took_over', 'claimed', 'force_claimed')"
+)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP): state T in /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def stall_standbys(cluster):
-    """Before the kill: the standbys stop receiving WAL for 3 s of traffic; after
-    it, their receivers die without reading what is still in their sockets."""
-    stopped = cluster.stall_replication()
-    time.sleep(3.0)
+    """Before the kill: the standbys stop receiving WAL, and the kill waits until
+    that took effect: every standby's receiver stopped, and the primary has
+    granted ``STALL_GAP`` hot fences beyond the highest any standby has replayed
+    (polled up to ``STALL_DEADLINE``, not a fixed sleep, which a loaded machine
+    outruns). After the kill the receivers die without reading what is still in
+    their sockets."""
+    leader = cluster.leader()
+    assert leader is not None, cluster.cluster_state()
+    standbys = [m for m in cluster.members if m is not leader]
+    receivers: set[int] = set()
+    deadline = time.monotonic() + STALL_DEADLINE
+    seen: dict = {}
+    while True:
+        if len(receivers) < len(standbys):  # a standby that did not answer yet
+            receivers.update(cluster.stall_replication())
+        seen = {
+            "receivers": {pid: stopped(pid) for pid in receivers},
+            "primary": cluster.scalar(leader, HOT_FENCE),
+            "standbys": {m.name: cluster.scalar(m, HOT_FENCE) for m in standbys},
+        }
+        behind = seen["standbys"].values()
+        if (
+            len(receivers) == len(standbys)
+            and all(seen["receivers"].values())
+            and seen["primary"] is not None
+            and None not in behind
+            and all(seen["primary"] - fence >= STALL_GAP for fence in behind)
+        ):
+            break
+        assert time.monotonic() < deadline, f"the stall did not take effect: {seen}"
+        time.sleep(0.1)
 
     def drop_receivers():
-        for pid in stopped:
+        for pid in receivers:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
