@@ -201,7 +201,12 @@ def test_checker_requires_problem_503s_and_a_quick_recovery():
         "recovery": {"app0": 0.4, "app1": 7.5, "app2": None},
     }
     violations = check(records, events, outage).violations
-    assert len(violations) == 4
+    assert violations == [
+        f"during the outage http://x/healthz answered {outage['probes'][1]}",
+        "the outage 503 of http://x/healthz is not problem+json",
+        "app1 took 7.5 s to serve again after the database came back (limit 5.0 s)",
+        "app2 took None s to serve again after the database came back (limit 5.0 s)",
+    ]
 
 
 # -- the checker across a failover -------------------------------------------------
@@ -287,7 +292,12 @@ def test_failover_checker_requires_503_problems_and_a_promotion():
     )
     failover["recovery"]["app1"] = None
     violations = failover_violations(records, events, [], failover)
-    assert len(violations) == 2
+    assert violations == [
+        f"failover #1 (pg0 -> pg1): POST http://x/api/v1/locks/a -> "
+        f"{failover['probes'][-1]}",
+        "failover #1 (pg0 -> pg1): app1 took None s after the promotion to serve "
+        "again (limit 20.0 s)",
+    ]
     failover["new"] = "pg0"
     assert failover_violations(records, events, [], failover) == [
         "failover #1 (pg0 -> pg0): no other member was promoted"
