@@ -15,6 +15,7 @@ from flask import Flask
 from app import create_app
 from app.extensions import db
 from tests.clock import FakeClock
+from tests.dashboard_helpers import log_in, make_user
 from tests.databases import BACKENDS, ServerDatabase, SqliteDatabases, unavailable
 
 # `live_server`: the app under a real threaded HTTP server (worker client, browsers).
@@ -135,6 +136,25 @@ def service(fake_app):
 
     with fake_app.app_context():
         yield lock_service()
+
+
+def _logged_in(app: Flask, username: str, role: str):
+    make_user(app, username, role)
+    client = app.test_client()
+    assert log_in(client, username).status_code == 303
+    return client
+
+
+@pytest.fixture
+def operator(fake_app):
+    """A browser logged in to ``fake_app`` as the operator "olga"."""
+    return _logged_in(fake_app, "olga", "operator")
+
+
+@pytest.fixture
+def viewer(fake_app):
+    """A browser logged in to ``fake_app`` as the viewer "vic"."""
+    return _logged_in(fake_app, "vic", "viewer")
 
 
 class ApiClient:

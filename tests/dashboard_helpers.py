@@ -1,4 +1,5 @@
-"""Helpers for dashboard and auth tests: users, logging in through the real form."""
+"""Helpers for dashboard and auth tests: users, logging in and posting forms as a
+browser would. The ``operator`` and ``viewer`` fixtures (``conftest.py``) use them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 PASSWORD = "correct horse battery"
+HTMX = {"HX-Request": "true"}
 
 
 def soup(response) -> BeautifulSoup:
@@ -34,6 +36,14 @@ def log_in(client: FlaskClient, username: str, password: str = PASSWORD, **extra
         "/login",
         data={"username": username, "password": password, "csrf_token": token, **extra},
     )
+
+
+def post(client: FlaskClient, url: str, data=None, htmx: bool = False):
+    """Post an action form with the page's CSRF token; ``htmx`` as the dashboard's
+    forms do, aiming at the action panel."""
+    token = csrf_token(client, "/")
+    headers = {**HTMX, "HX-Target": "div#action-panel"} if htmx else {}
+    return client.post(url, data={"csrf_token": token, **(data or {})}, headers=headers)
 
 
 def poller_version(poller) -> str:

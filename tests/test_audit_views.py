@@ -9,15 +9,7 @@ import json
 import pytest
 
 from app.audit.service import EventFilter, list_events
-from tests.dashboard_helpers import log_in, make_user, soup
-
-
-@pytest.fixture
-def viewer(fake_app):
-    make_user(fake_app, "vera", role="viewer")
-    client = fake_app.test_client()
-    assert log_in(client, "vera").status_code in (302, 303)
-    return client
+from tests.dashboard_helpers import soup
 
 
 @pytest.fixture

@@ -11,49 +11,14 @@ import pytest
 
 from app.audit.service import EventFilter, list_events
 from app.locks.errors import LockNotFound
-from app.locks.service import lock_service
 from app.locks.state import Action
-from tests.dashboard_helpers import csrf_token, log_in, make_user, poller_version, soup
+from tests.dashboard_helpers import HTMX, csrf_token, poller_version, post, soup
 
 HOSTILE_OWNERS = [
     "<script>alert(1)</script>",
     "\"'><img src=x onerror=alert(1)>",
     'O\'Brien "quoted" & <b>bold</b>',
 ]
-HTMX = {"HX-Request": "true"}
-
-
-@pytest.fixture
-def app(fake_app):
-    make_user(fake_app, "olga", "operator")
-    make_user(fake_app, "vic", "viewer")
-    return fake_app
-
-
-@pytest.fixture
-def svc(app):
-    with app.app_context():
-        yield lock_service()
-
-
-@pytest.fixture
-def operator(app):
-    client = app.test_client()
-    assert log_in(client, "olga").status_code == 303
-    return client
-
-
-@pytest.fixture
-def viewer(app):
-    client = app.test_client()
-    assert log_in(client, "vic").status_code == 303
-    return client
-
-
-def post(client, url, data=None, htmx=False):
-    token = csrf_token(client, "/")
-    headers = {**HTMX, "HX-Target": "div#action-panel"} if htmx else {}
-    return client.post(url, data={"csrf_token": token, **(data or {})}, headers=headers)
 
 
 def events_of(app, resource):
@@ -129,10 +94,10 @@ def test_history_restore_and_full_requests_get_the_whole_page(operator, headers)
     assert page.find("nav")
 
 
-def test_counts_and_tabs_reflect_lock_states(operator, svc, clock):
-    svc.acquire("job:held", "w", ttl=600)
-    svc.acquire("job:expiring", "w", ttl=10)
-    svc.acquire("job:stale", "w", ttl=1)
+def test_counts_and_tabs_reflect_lock_states(operator, service, clock):
+    service.acquire("job:held", "w", ttl=600)
+    service.acquire("job:expiring", "w", ttl=10)
+    service.acquire("job:stale", "w", ttl=1)
     clock.advance(5)
     page = soup(operator.get("/"))
     counts = {
@@ -155,21 +120,21 @@ def test_counts_and_tabs_reflect_lock_states(operator, svc, clock):
         assert current["href"] == f"/?state={state}"
 
 
-def test_ttl_is_rendered_for_the_countdown_script(operator, svc):
-    svc.acquire("job:1", "w", ttl=90)
+def test_ttl_is_rendered_for_the_countdown_script(operator, service):
+    service.acquire("job:1", "w", ttl=90)
     ttl = soup(operator.get("/")).select_one("#live .ttl")
     assert float(ttl["data-ttl"]) == 90
     assert ttl.get_text() == "1 min 30 s"
 
 
-def test_search_by_prefix_and_owner_keeps_filters_in_the_url(operator, svc):
+def test_search_by_prefix_and_owner_keeps_filters_in_the_url(operator, service):
     for resource, owner in [
         ("job:1", "a"),
         ("job:2", "b"),
         ("report:1", "a"),
         ("job_x", "a"),
     ]:
-        svc.acquire(resource, owner, ttl=100)
+        service.acquire(resource, owner, ttl=100)
     page = soup(operator.get("/?prefix=job:&owner=a"))
     assert rows(page) == ["job:1"]
     form = page.find("form", attrs={"role": "search"})
@@ -187,10 +152,10 @@ def test_search_by_prefix_and_owner_keeps_filters_in_the_url(operator, svc):
     assert rows(soup(operator.get("/?prefix=job_"))) == ["job_x"]
 
 
-def test_pagination_walks_every_lock_once_in_order(operator, svc):
+def test_pagination_walks_every_lock_once_in_order(operator, service):
     names = [f"job:{n:03d}" for n in range(60)]
     for name in names:
-        svc.acquire(name, "w", ttl=100)
+        service.acquire(name, "w", ttl=100)
     seen: list[str] = []
     url = "/"
     pages = 0
@@ -206,8 +171,8 @@ def test_pagination_walks_every_lock_once_in_order(operator, svc):
     assert pages == 3
 
 
-def test_pause_stops_polling_and_survives_navigation(operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_pause_stops_polling_and_survives_navigation(operator, service):
+    service.acquire("job:1", "w", ttl=100)
     page = soup(operator.get("/?live=0"))
     poller = page.select_one("#live [hx-trigger]")
     assert "every" not in poller["hx-trigger"]
@@ -246,8 +211,8 @@ def test_last_refreshed_label_shows_the_service_clock(operator, clock):
 
 
 @pytest.mark.parametrize("owner", HOSTILE_OWNERS)
-def test_hostile_owner_names_are_escaped_everywhere(operator, svc, owner):
-    svc.acquire("job:1", owner, ttl=100)
+def test_hostile_owner_names_are_escaped_everywhere(operator, service, owner):
+    service.acquire("job:1", owner, ttl=100)
     for url in ["/", "/locks/job:1", "/locks/job:1/release", "/locks/job:1/claim"]:
         response = operator.get(url)
         body = response.get_data(as_text=True)
@@ -258,8 +223,8 @@ def test_hostile_owner_names_are_escaped_everywhere(operator, svc, owner):
         assert owner in page.get_text()
 
 
-def test_pages_have_no_inline_script_or_style(operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_pages_have_no_inline_script_or_style(operator, service):
+    service.acquire("job:1", "w", ttl=100)
     for url in ["/", "/locks/job:1", "/locks/job:1/claim"]:
         response = operator.get(url)
         page = soup(response)
@@ -273,8 +238,8 @@ def test_pages_have_no_inline_script_or_style(operator, svc):
         ]
 
 
-def test_every_input_has_a_label(operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_every_input_has_a_label(operator, service):
+    service.acquire("job:1", "w", ttl=100)
     for url in ["/", "/locks/job:1/release", "/locks/job:1/claim"]:
         page = soup(operator.get(url))
         for field in page.select("main input:not([type=hidden]), main textarea"):
@@ -284,8 +249,8 @@ def test_every_input_has_a_label(operator, svc):
 # -- roles ---------------------------------------------------------------------------
 
 
-def test_viewer_sees_locks_but_no_action_controls(viewer, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_viewer_sees_locks_but_no_action_controls(viewer, service):
+    service.acquire("job:1", "w", ttl=100)
     for url in ["/", "/locks/job:1"]:
         page = soup(viewer.get(url))
         assert "job:1" in page.get_text()
@@ -294,32 +259,32 @@ def test_viewer_sees_locks_but_no_action_controls(viewer, svc):
 
 
 @pytest.mark.parametrize("action", ["release", "claim"])
-def test_viewer_gets_403_when_posting_an_action(app, viewer, svc, action):
-    svc.acquire("job:1", "w", ttl=100)
+def test_viewer_gets_403_when_posting_an_action(fake_app, viewer, service, action):
+    service.acquire("job:1", "w", ttl=100)
     assert viewer.get(f"/locks/job:1/{action}").status_code == 403
     response = post(viewer, f"/locks/job:1/{action}", {"reason": "because"})
     assert response.status_code == 403
-    assert svc.get("job:1").owner == "w"
-    assert [e.action for e in events_of(app, "job:1")] == [Action.ACQUIRED]
+    assert service.get("job:1").owner == "w"
+    assert [e.action for e in events_of(fake_app, "job:1")] == [Action.ACQUIRED]
 
 
-def test_anonymous_post_is_sent_to_login_and_changes_nothing(app, svc):
-    svc.acquire("job:1", "w", ttl=100)
-    client = app.test_client()
+def test_anonymous_post_is_sent_to_login_and_changes_nothing(fake_app, service):
+    service.acquire("job:1", "w", ttl=100)
+    client = fake_app.test_client()
     token = csrf_token(client)
     response = client.post(
         "/locks/job:1/release", data={"csrf_token": token, "reason": "x"}
     )
     assert response.status_code == 302
     assert response.headers["Location"].startswith("/login")
-    assert svc.get("job:1").owner == "w"
+    assert service.get("job:1").owner == "w"
 
 
 # -- force release -------------------------------------------------------------------
 
 
-def test_release_confirmation_names_holder_and_fence(operator, svc):
-    fence = svc.acquire("job:1", "worker-7", ttl=100).lock.fence
+def test_release_confirmation_names_holder_and_fence(operator, service):
+    fence = service.acquire("job:1", "worker-7", ttl=100).lock.fence
     page = soup(operator.get("/locks/job:1/release?next=/?state%3Dheld"))
     text = page.get_text(" ", strip=True)
     assert "worker-7" in text
@@ -333,8 +298,8 @@ def test_release_confirmation_names_holder_and_fence(operator, svc):
     assert form.find("textarea", attrs={"name": "reason"})
 
 
-def test_release_confirmation_as_htmx_fragment(operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_release_confirmation_as_htmx_fragment(operator, service):
+    service.acquire("job:1", "w", ttl=100)
     response = operator.get(
         "/locks/job:1/release", headers={**HTMX, "HX-Target": "div#action-panel"}
     )
@@ -344,16 +309,18 @@ def test_release_confirmation_as_htmx_fragment(operator, svc):
     assert "HX-Request" in response.vary
 
 
-def test_release_post_without_csrf_token_is_refused(operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_release_post_without_csrf_token_is_refused(operator, service):
+    service.acquire("job:1", "w", ttl=100)
     response = operator.post("/locks/job:1/release", data={"reason": "x"})
     assert response.status_code == 400
     assert "CSRF" in response.get_data(as_text=True)
-    assert svc.get("job:1").owner == "w"
+    assert service.get("job:1").owner == "w"
 
 
-def test_release_without_javascript_redirects_back_with_a_message(app, operator, svc):
-    fence = svc.acquire("job:1", "w", ttl=100).lock.fence
+def test_release_without_javascript_redirects_back_with_a_message(
+    fake_app, operator, service
+):
+    fence = service.acquire("job:1", "w", ttl=100).lock.fence
     response = post(
         operator,
         "/locks/job:1/release",
@@ -362,8 +329,8 @@ def test_release_without_javascript_redirects_back_with_a_message(app, operator,
     assert response.status_code == 303
     assert response.headers["Location"] == "/?state=held"
     with pytest.raises(LockNotFound):
-        svc.get("job:1", include_stale=True)
-    event = events_of(app, "job:1")[0]
+        service.get("job:1", include_stale=True)
+    event = events_of(fake_app, "job:1")[0]
     assert event.action is Action.FORCE_RELEASED
     assert event.actor == "olga"
     assert event.reason == "worker hung"
@@ -375,9 +342,9 @@ def test_release_without_javascript_redirects_back_with_a_message(app, operator,
 
 
 def test_release_with_htmx_swaps_a_status_message_and_triggers_refresh(
-    app, operator, svc
+    fake_app, operator, service
 ):
-    svc.acquire("job:1", "w", ttl=100)
+    service.acquire("job:1", "w", ttl=100)
     response = post(operator, "/locks/job:1/release", {"reason": "stuck"}, htmx=True)
     assert response.status_code == 200
     assert response.headers["HX-Trigger"] == "locks-changed"
@@ -385,11 +352,11 @@ def test_release_with_htmx_swaps_a_status_message_and_triggers_refresh(
     assert page.body is None
     status = page.find(attrs={"role": "status"})
     assert "Released job:1" in status.get_text()
-    assert events_of(app, "job:1")[0].actor == "olga"
+    assert events_of(fake_app, "job:1")[0].actor == "olga"
 
 
-def test_release_accepts_the_csrf_token_as_htmx_header(operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_release_accepts_the_csrf_token_as_htmx_header(operator, service):
+    service.acquire("job:1", "w", ttl=100)
     token = csrf_token(operator, "/")
     response = operator.post(
         "/locks/job:1/release",
@@ -398,31 +365,31 @@ def test_release_accepts_the_csrf_token_as_htmx_header(operator, svc):
     )
     assert response.status_code == 200
     with pytest.raises(LockNotFound):
-        svc.get("job:1", include_stale=True)
+        service.get("job:1", include_stale=True)
 
 
-def test_release_needs_a_reason(app, operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_release_needs_a_reason(fake_app, operator, service):
+    service.acquire("job:1", "w", ttl=100)
     response = post(operator, "/locks/job:1/release", {"reason": "  "}, htmx=True)
     assert response.status_code == 400
     page = soup(response)
     assert page.select_one("#reason-error")
     assert page.find("textarea", attrs={"name": "reason"})["aria-invalid"] == "true"
-    assert svc.get("job:1").owner == "w"
-    assert len(events_of(app, "job:1")) == 1
+    assert service.get("job:1").owner == "w"
+    assert len(events_of(fake_app, "job:1")) == 1
 
 
-def test_release_after_the_lock_changed_hands_asks_again(operator, svc, clock):
-    old = svc.acquire("job:1", "w1", ttl=1).lock.fence
+def test_release_after_the_lock_changed_hands_asks_again(operator, service, clock):
+    old = service.acquire("job:1", "w1", ttl=1).lock.fence
     clock.advance(2)
-    new = svc.acquire("job:1", "w2", ttl=100).lock.fence
+    new = service.acquire("job:1", "w2", ttl=100).lock.fence
     response = post(
         operator, "/locks/job:1/release", {"reason": "x", "fence": str(old)}
     )
     assert response.status_code == 409
     text = soup(response).get_text(" ", strip=True)
     assert f"held by w2 with fence {new}" in text
-    assert svc.get("job:1").owner == "w2"
+    assert service.get("job:1").owner == "w2"
 
 
 def test_release_of_free_resource_is_404(operator):
@@ -432,12 +399,12 @@ def test_release_of_free_resource_is_404(operator):
     assert "not locked" in response.get_data(as_text=True)
 
 
-def test_release_of_stale_lock_is_allowed(app, operator, svc, clock):
-    svc.acquire("job:1", "w", ttl=1)
+def test_release_of_stale_lock_is_allowed(fake_app, operator, service, clock):
+    service.acquire("job:1", "w", ttl=1)
     clock.advance(10)
     response = post(operator, "/locks/job:1/release", {"reason": "tidy"})
     assert response.status_code == 303
-    assert events_of(app, "job:1")[0].action is Action.FORCE_RELEASED
+    assert events_of(fake_app, "job:1")[0].action is Action.FORCE_RELEASED
 
 
 # -- claim ---------------------------------------------------------------------------
@@ -451,18 +418,20 @@ def test_claim_form_defaults_owner_to_the_operator(operator):
     assert not form.find("input", attrs={"name": "force"})
 
 
-def test_claim_of_free_resource_grants_it_and_records_the_operator(app, operator, svc):
+def test_claim_of_free_resource_grants_it_and_records_the_operator(
+    fake_app, operator, service
+):
     response = post(operator, "/locks/job:1/claim", {"ttl": "120", "owner": ""})
     assert response.status_code == 303
-    lock = svc.get("job:1")
+    lock = service.get("job:1")
     assert lock.owner == "operator:olga"
     assert lock.ttl_remaining == 120
-    event = events_of(app, "job:1")[0]
+    event = events_of(fake_app, "job:1")[0]
     assert (event.action, event.actor) == (Action.CLAIMED, "olga")
 
 
-def test_claim_of_held_lock_needs_the_force_confirmation(app, operator, svc):
-    fence = svc.acquire("job:1", "worker-7", ttl=100).lock.fence
+def test_claim_of_held_lock_needs_the_force_confirmation(fake_app, operator, service):
+    fence = service.acquire("job:1", "worker-7", ttl=100).lock.fence
     form = soup(operator.get("/locks/job:1/claim")).find(
         "form", attrs={"action": "/locks/job:1/claim"}
     )
@@ -476,8 +445,8 @@ def test_claim_of_held_lock_needs_the_force_confirmation(app, operator, svc):
     )
     assert refused.status_code == 409
     assert "held by worker-7" in soup(refused).select_one("#force-error").get_text()
-    assert svc.get("job:1").owner == "worker-7"
-    assert len(events_of(app, "job:1")) == 1
+    assert service.get("job:1").owner == "worker-7"
+    assert len(events_of(fake_app, "job:1")) == 1
 
     taken = post(
         operator,
@@ -487,10 +456,10 @@ def test_claim_of_held_lock_needs_the_force_confirmation(app, operator, svc):
     )
     assert taken.status_code == 200
     assert taken.headers["HX-Trigger"] == "locks-changed"
-    lock = svc.get("job:1")
+    lock = service.get("job:1")
     assert lock.owner == "me"
     assert lock.fence > fence
-    event = events_of(app, "job:1")[0]
+    event = events_of(fake_app, "job:1")[0]
     assert (event.action, event.actor, event.reason, event.previous_owner) == (
         Action.FORCE_CLAIMED,
         "olga",
@@ -499,10 +468,12 @@ def test_claim_of_held_lock_needs_the_force_confirmation(app, operator, svc):
     )
 
 
-def test_claim_after_the_lock_changed_hands_shows_the_new_holder(operator, svc, clock):
-    old = svc.acquire("job:1", "w1", ttl=1).lock.fence
+def test_claim_after_the_lock_changed_hands_shows_the_new_holder(
+    operator, service, clock
+):
+    old = service.acquire("job:1", "w1", ttl=1).lock.fence
     clock.advance(2)
-    new = svc.acquire("job:1", "w2", ttl=100).lock.fence
+    new = service.acquire("job:1", "w2", ttl=100).lock.fence
     response = post(
         operator,
         "/locks/job:1/claim",
@@ -514,14 +485,14 @@ def test_claim_after_the_lock_changed_hands_shows_the_new_holder(operator, svc, 
     assert f"held by w2 with fence {new}" in page.get_text(" ", strip=True)
     # The form now confirms the new grant.
     assert page.find("input", attrs={"name": "fence"})["value"] == str(new)
-    assert svc.get("job:1").owner == "w2"
+    assert service.get("job:1").owner == "w2"
 
 
-def test_claim_of_held_lock_needs_a_reason(operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_claim_of_held_lock_needs_a_reason(operator, service):
+    service.acquire("job:1", "w", ttl=100)
     response = post(operator, "/locks/job:1/claim", {"force": "yes"})
     assert response.status_code == 400
-    assert svc.get("job:1").owner == "w"
+    assert service.get("job:1").owner == "w"
 
 
 @pytest.mark.parametrize(
@@ -533,31 +504,31 @@ def test_claim_of_held_lock_needs_a_reason(operator, svc):
         ("nan", "finite"),
     ],
 )
-def test_claim_with_bad_ttl_is_refused_with_the_reason(operator, svc, ttl, message):
+def test_claim_with_bad_ttl_is_refused_with_the_reason(operator, service, ttl, message):
     response = post(operator, "/locks/job:1/claim", {"ttl": ttl}, htmx=True)
     assert response.status_code == 400
     assert message in soup(response).select_one("#ttl-error").get_text()
     with pytest.raises(LockNotFound):
-        svc.get("job:1", include_stale=True)
+        service.get("job:1", include_stale=True)
 
 
-def test_claim_with_control_characters_in_owner_is_refused(operator, svc):
+def test_claim_with_control_characters_in_owner_is_refused(operator, service):
     response = post(operator, "/locks/job:1/claim", {"owner": "bad\x01owner"})
     assert response.status_code == 400
     assert soup(response).select_one("#owner-error")
     with pytest.raises(LockNotFound):
-        svc.get("job:1", include_stale=True)
+        service.get("job:1", include_stale=True)
 
 
 # -- lock page -----------------------------------------------------------------------
 
 
-def test_lock_page_shows_row_history_and_timeline(operator, svc, clock):
-    svc.acquire("job:1", "w1", ttl=5)
+def test_lock_page_shows_row_history_and_timeline(operator, service, clock):
+    service.acquire("job:1", "w1", ttl=5)
     clock.advance(10)
-    svc.acquire("job:1", "w2", ttl=100)
+    service.acquire("job:1", "w2", ttl=100)
     clock.advance(1)
-    svc.renew("job:1", "w2", ttl=100)
+    service.renew("job:1", "w2", ttl=100)
     page = soup(operator.get("/locks/job:1"))
     facts = page.select_one("#lock-summary dl").get_text(" ", strip=True)
     assert "w2" in facts
@@ -573,11 +544,11 @@ def test_lock_page_shows_row_history_and_timeline(operator, svc, clock):
     assert svg.select("path.marker-took_over")
 
 
-def test_lock_page_history_pages_newest_first_without_gaps(operator, svc, clock):
-    svc.acquire("job:1", "w", ttl=100)
+def test_lock_page_history_pages_newest_first_without_gaps(operator, service, clock):
+    service.acquire("job:1", "w", ttl=100)
     for _ in range(44):
         clock.advance(1)
-        svc.renew("job:1", "w", ttl=100)
+        service.renew("job:1", "w", ttl=100)
     seen = []
     url = "/locks/job:1"
     while url:
@@ -609,8 +580,8 @@ def test_lock_page_for_an_impossible_name_is_400(operator, name):
         assert "not a lock name" in response.get_data(as_text=True)
 
 
-def test_lock_page_polls_and_refreshes_after_actions(operator, svc):
-    svc.acquire("job:1", "w", ttl=100)
+def test_lock_page_polls_and_refreshes_after_actions(operator, service):
+    service.acquire("job:1", "w", ttl=100)
     response = operator.get(
         "/locks/job:1", headers={**HTMX, "HX-Target": "div#lock-live"}
     )

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from app.dashboard import charts
 from app.locks.results import Event, Lock
 from app.locks.state import Action, LockState
-from tests.dashboard_helpers import log_in, make_user, poller_version, soup
+from tests.dashboard_helpers import poller_version, soup
 
 NOW = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
 _ids = iter(range(1, 100_000))
@@ -114,14 +112,6 @@ def test_events_per_minute_and_the_drawing():
     assert labels[-1] == "10:00Z"
     for points in drawn.states.lines.values():
         assert len(points.split()) == 61
-
-
-@pytest.fixture
-def operator(fake_app):
-    make_user(fake_app, "olga", "operator")
-    client = fake_app.test_client()
-    assert log_in(client, "olga").status_code == 303
-    return client
 
 
 def test_overview_shows_the_last_hour_and_polls_it_once_a_minute(

@@ -5,32 +5,14 @@ from __future__ import annotations
 import pytest
 
 from app.locks.errors import InvalidInput
-from app.locks.service import lock_service
-from tests.dashboard_helpers import log_in, make_user, soup
+from tests.dashboard_helpers import soup
+
+# On every database: the sorts, keyset cursors and case-folding are SQL.
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 @pytest.fixture
-def app(backend, fake_app):
-    """On every database: the sorts, keyset cursors and case-folding are SQL."""
-    make_user(fake_app, "olga", "operator")
-    return fake_app
-
-
-@pytest.fixture
-def svc(app):
-    with app.app_context():
-        yield lock_service()
-
-
-@pytest.fixture
-def operator(app):
-    client = app.test_client()
-    assert log_in(client, "olga").status_code == 303
-    return client
-
-
-@pytest.fixture
-def spread(svc, clock):
+def spread(service, clock):
     """Nine locks acquired a second apart, with ttls that do not follow the
     order of names or of acquisition, some of them run out."""
     ttls = [50, 5, 300, 20, 5, 120, 3, 60, 5]
@@ -38,16 +20,16 @@ def spread(svc, clock):
         "batch"
     ] * 3
     for n, (ttl, owner) in enumerate(zip(ttls, owners, strict=True)):
-        svc.acquire(f"job:{(n * 4) % 9}", owner, ttl=ttl)
+        service.acquire(f"job:{(n * 4) % 9}", owner, ttl=ttl)
         clock.advance(1)
     clock.advance(4)
-    return svc
+    return service
 
 
-def all_pages(svc, **query):
+def all_pages(service, **query):
     seen, cursor = [], None
     while True:
-        page = svc.list_locks(limit=2, cursor=cursor, **query)
+        page = service.list_locks(limit=2, cursor=cursor, **query)
         seen.extend(page.items)
         cursor = page.next_cursor
         if cursor is None:

@@ -12,29 +12,7 @@ import brotli
 import pytest
 
 from app.dashboard.assets import UNVERSIONED_MAX_AGE, YEAR
-from app.locks.service import lock_service
-from tests.dashboard_helpers import csrf_token, log_in, make_user, poller_version, soup
-
-HTMX = {"HX-Request": "true"}
-
-
-@pytest.fixture
-def app(fake_app):
-    make_user(fake_app, "olga", "operator")
-    return fake_app
-
-
-@pytest.fixture
-def svc(app):
-    with app.app_context():
-        yield lock_service()
-
-
-@pytest.fixture
-def operator(app):
-    client = app.test_client()
-    assert log_in(client, "olga").status_code == 303
-    return client
+from tests.dashboard_helpers import HTMX, csrf_token, poller_version, soup
 
 
 def shown_version(page) -> str:
@@ -49,9 +27,9 @@ def poll(client, url: str, target: str, version: str):
 
 
 def test_unchanged_overview_poll_is_204_and_a_change_is_a_new_fragment(
-    operator, svc, clock
+    operator, service, clock
 ):
-    svc.acquire("job:1", "w-1", ttl=60)
+    service.acquire("job:1", "w-1", ttl=60)
     page = soup(operator.get("/"))
     version = shown_version(page)
     poll_url = page.select_one(".poller")["hx-get"]
@@ -65,7 +43,7 @@ def test_unchanged_overview_poll_is_204_and_a_change_is_a_new_fragment(
     clock.advance(5)  # time passes, nothing changes state
     assert poll(operator, poll_url, "live", version).status_code == 204
 
-    svc.acquire("job:2", "w-2", ttl=60)
+    service.acquire("job:2", "w-2", ttl=60)
     changed = poll(operator, poll_url, "live", version)
     assert changed.status_code == 200
     fragment = soup(changed)
@@ -78,9 +56,9 @@ def test_unchanged_overview_poll_is_204_and_a_change_is_a_new_fragment(
 
 
 def test_a_lock_that_crosses_into_expiring_or_stale_changes_the_version(
-    operator, svc, clock
+    operator, service, clock
 ):
-    svc.acquire("job:1", "w-1", ttl=60)
+    service.acquire("job:1", "w-1", ttl=60)
     version = shown_version(soup(operator.get("/")))
     clock.advance(50)  # held -> expiring, without any event
     changed = poll(operator, "/?live=1", "live", version)
@@ -88,20 +66,22 @@ def test_a_lock_that_crosses_into_expiring_or_stale_changes_the_version(
     assert soup(changed).select_one("#live tbody .badge").get_text() == "expiring"
 
 
-def test_a_poll_of_another_view_never_gets_204_for_this_ones_version(operator, svc):
-    svc.acquire("job:1", "w-1", ttl=60)
+def test_a_poll_of_another_view_never_gets_204_for_this_ones_version(operator, service):
+    service.acquire("job:1", "w-1", ttl=60)
     version = shown_version(soup(operator.get("/")))
     assert poll(operator, "/?state=stale&live=1", "live", version).status_code == 200
 
 
-def test_unchanged_lock_page_poll_is_204_until_the_lock_changes(operator, svc, clock):
-    svc.acquire("job:1", "w-1", ttl=60)
+def test_unchanged_lock_page_poll_is_204_until_the_lock_changes(
+    operator, service, clock
+):
+    service.acquire("job:1", "w-1", ttl=60)
     page = soup(operator.get("/locks/job:1"))
     version = shown_version(page)
     poll_url = page.select_one(".poller")["hx-get"]
     assert poll(operator, poll_url, "lock-live", version).status_code == 204
 
-    svc.renew("job:1", "w-1", ttl=120)
+    service.renew("job:1", "w-1", ttl=120)
     changed = poll(operator, poll_url, "lock-live", version)
     assert changed.status_code == 200
     actions = [
@@ -118,9 +98,9 @@ def test_unchanged_lock_page_poll_is_204_until_the_lock_changes(operator, svc, c
     assert "stale for" in soup(stale).select_one("#lock-remaining").get_text()
 
 
-def test_pages_are_compressed_and_vary_keeps_hx_request(operator, svc):
+def test_pages_are_compressed_and_vary_keeps_hx_request(operator, service):
     for n in range(30):
-        svc.acquire(f"job:{n}", f"worker-{n}", ttl=60)
+        service.acquire(f"job:{n}", f"worker-{n}", ttl=60)
     plain = operator.get("/", headers={"Accept-Encoding": "identity"})
     squeezed = operator.get("/", headers={"Accept-Encoding": "gzip"})
     assert squeezed.headers["Content-Encoding"] == "gzip"
@@ -138,9 +118,9 @@ def test_pages_are_compressed_and_vary_keeps_hx_request(operator, svc):
     assert b'id="live"' in brotli.decompress(fragment.get_data())
 
 
-def test_exports_still_stream_when_compressed(operator, svc):
+def test_exports_still_stream_when_compressed(operator, service):
     for n in range(50):
-        svc.acquire(f"job:{n}", "w", ttl=60)
+        service.acquire(f"job:{n}", "w", ttl=60)
     response = operator.get(
         "/audit/export.csv", headers={"Accept-Encoding": "br"}, buffered=False
     )
@@ -153,7 +133,7 @@ def test_exports_still_stream_when_compressed(operator, svc):
     assert len(rows) == 50
 
 
-def test_static_files_have_versioned_urls_and_long_lifetimes(operator, app):
+def test_static_files_have_versioned_urls_and_long_lifetimes(operator, fake_app):
     page = soup(operator.get("/"))
     css = page.select_one("link[rel=stylesheet]")["href"]
     assert re.fullmatch(r"/static/app\.css\?v=[0-9a-f]{12}", css)
@@ -188,8 +168,8 @@ def test_a_poll_after_the_session_ended_goes_to_login_with_a_message(operator):
     assert "Your session has ended" in login.get_data(as_text=True)
 
 
-def test_an_action_posted_after_the_session_ended_goes_to_login(operator, svc):
-    svc.acquire("job:1", "w", ttl=60)
+def test_an_action_posted_after_the_session_ended_goes_to_login(operator, service):
+    service.acquire("job:1", "w", ttl=60)
     token = csrf_token(operator, "/")
     operator.post("/logout", data={"csrf_token": token})
     # The old page's token no longer matches any session.
@@ -214,12 +194,14 @@ def wire_bytes(response) -> int:
     return head + 2 + len(response.get_data())
 
 
-def test_an_idle_overview_costs_ten_times_fewer_bytes_a_minute(operator, svc, clock):
+def test_an_idle_overview_costs_ten_times_fewer_bytes_a_minute(
+    operator, service, clock
+):
     """Twelve polls (a minute at 5 s) of an overview of 150 locks where nothing
     changes: before, each poll got the whole fragment uncompressed; now each
     gets a 204. Printed for the record (pytest -s)."""
     for n in range(150):
-        svc.acquire(f"job:{n:03d}", f"host-{n % 7}:{1000 + n}:abcdef", ttl=3600)
+        service.acquire(f"job:{n:03d}", f"host-{n % 7}:{1000 + n}:abcdef", ttl=3600)
     page = soup(operator.get("/"))
     poll_url = page.select_one(".poller")["hx-get"]
     version = shown_version(page)

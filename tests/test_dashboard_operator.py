@@ -6,44 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.locks.errors import LockNotFound, ResourceFrozen
-from app.locks.service import lock_service
-from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
-
-HTMX = {"HX-Request": "true", "HX-Target": "div#action-panel"}
-
-
-@pytest.fixture
-def app(fake_app):
-    make_user(fake_app, "olga", "operator")
-    make_user(fake_app, "vic", "viewer")
-    return fake_app
-
-
-@pytest.fixture
-def svc(app):
-    with app.app_context():
-        yield lock_service()
-
-
-@pytest.fixture
-def operator(app):
-    client = app.test_client()
-    assert log_in(client, "olga").status_code == 303
-    return client
-
-
-@pytest.fixture
-def viewer(app):
-    client = app.test_client()
-    assert log_in(client, "vic").status_code == 303
-    return client
-
-
-def post(client, url, data, htmx=False):
-    token = csrf_token(client, "/")
-    return client.post(
-        url, data={"csrf_token": token, **data}, headers=HTMX if htmx else {}
-    )
+from tests.dashboard_helpers import post, soup
 
 
 def banner_text(client, url="/") -> str:
@@ -63,7 +26,7 @@ def test_freeze_form_is_a_confirmation_with_a_csrf_token(operator):
 
 
 def test_freeze_without_javascript_redirects_and_the_overview_shows_the_banner(
-    operator, svc
+    operator, service
 ):
     response = post(
         operator,
@@ -77,13 +40,13 @@ def test_freeze_without_javascript_redirects_and_the_overview_shows_the_banner(
     assert "ledger migration" in text
     assert "olga" in text
     with pytest.raises(ResourceFrozen):
-        svc.acquire("billing:1", "w-1")
+        service.acquire("billing:1", "w-1")
     # The lock page of a covered resource shows it; another does not.
     assert "ledger migration" in banner_text(operator, "/locks/billing:1")
     assert "Frozen" not in banner_text(operator, "/locks/report:1")
 
 
-def test_freeze_with_htmx_swaps_the_result_and_refreshes_the_banner(operator, svc):
+def test_freeze_with_htmx_swaps_the_result_and_refreshes_the_banner(operator, service):
     response = post(
         operator, "/freezes/new", {"prefix": "job:", "reason": "deploy"}, htmx=True
     )
@@ -106,15 +69,17 @@ def test_freeze_with_htmx_swaps_the_result_and_refreshes_the_banner(operator, sv
         ({"prefix": "billing:", "reason": "x", "for": "soon"}, "for"),
     ],
 )
-def test_bad_freeze_input_is_a_400_form_with_the_message(operator, svc, data, field):
+def test_bad_freeze_input_is_a_400_form_with_the_message(
+    operator, service, data, field
+):
     response = post(operator, "/freezes/new", data, htmx=True)
     assert response.status_code == 400
     assert soup(response).find(id=f"{field}-error")
-    assert svc.list_freezes() == []
+    assert service.list_freezes() == []
 
 
-def test_unfreeze_from_the_banner(operator, svc):
-    svc.freeze("billing:", actor="olga", reason="migration")
+def test_unfreeze_from_the_banner(operator, service):
+    service.freeze("billing:", actor="olga", reason="migration")
     link = soup(operator.get("/")).select_one("#freezes a[href*=unfreeze]")
     assert link is not None
     form_page = soup(operator.get(link["href"]))
@@ -123,12 +88,12 @@ def test_unfreeze_from_the_banner(operator, svc):
         operator, "/freezes/billing:/unfreeze", {"reason": "done", "next": "/"}
     )
     assert response.status_code == 303
-    assert svc.list_freezes() == []
-    assert svc.acquire("billing:1", "w-1").acquired
+    assert service.list_freezes() == []
+    assert service.acquire("billing:1", "w-1").acquired
 
 
-def test_viewer_sees_the_banner_but_cannot_freeze(viewer, svc):
-    svc.freeze("billing:", actor="olga", reason="migration")
+def test_viewer_sees_the_banner_but_cannot_freeze(viewer, service):
+    service.freeze("billing:", actor="olga", reason="migration")
     assert "migration" in banner_text(viewer)
     assert "Unfreeze" not in banner_text(viewer)
     assert viewer.get("/freezes/new").status_code == 403
@@ -136,17 +101,17 @@ def test_viewer_sees_the_banner_but_cannot_freeze(viewer, svc):
     assert response.status_code == 403
     response = post(viewer, "/freezes/billing:/unfreeze", {"reason": "x"})
     assert response.status_code == 403
-    assert [f.prefix for f in svc.list_freezes()] == ["billing:"]
+    assert [f.prefix for f in service.list_freezes()] == ["billing:"]
 
 
 # -- bulk release of stale locks ------------------------------------------------------
 
 
-def test_stale_tab_offers_bulk_release_with_the_count(operator, svc, clock):
+def test_stale_tab_offers_bulk_release_with_the_count(operator, service, clock):
     for i in range(3):
-        svc.acquire(f"job:{i}", "w-1", ttl=1)
-    svc.acquire("report:1", "w-1", ttl=1)
-    svc.acquire("job:held", "w-1", ttl=600)
+        service.acquire(f"job:{i}", "w-1", ttl=1)
+    service.acquire("report:1", "w-1", ttl=1)
+    service.acquire("job:held", "w-1", ttl=600)
     clock.advance(2)
     held_tab = soup(operator.get("/?state=held"))
     assert held_tab.find("a", string="Release all stale…") is None
@@ -166,23 +131,23 @@ def test_stale_tab_offers_bulk_release_with_the_count(operator, svc, clock):
     assert response.headers["HX-Trigger"] == "locks-changed"
     for i in range(3):
         with pytest.raises(LockNotFound):
-            svc.get(f"job:{i}", include_stale=True)
-    assert svc.get("report:1", include_stale=True).owner == "w-1"
-    assert svc.get("job:held").owner == "w-1"
+            service.get(f"job:{i}", include_stale=True)
+    assert service.get("report:1", include_stale=True).owner == "w-1"
+    assert service.get("job:held").owner == "w-1"
 
 
-def test_bulk_release_needs_an_operator(viewer, svc, clock):
-    svc.acquire("job:1", "w-1", ttl=1)
+def test_bulk_release_needs_an_operator(viewer, service, clock):
+    service.acquire("job:1", "w-1", ttl=1)
     clock.advance(2)
     assert viewer.get("/stale/release").status_code == 403
     assert post(viewer, "/stale/release", {"reason": "x"}).status_code == 403
-    assert svc.count_stale() == 1
+    assert service.count_stale() == 1
 
 
-def test_bulk_release_needs_a_reason(operator, svc, clock):
-    svc.acquire("job:1", "w-1", ttl=1)
+def test_bulk_release_needs_a_reason(operator, service, clock):
+    service.acquire("job:1", "w-1", ttl=1)
     clock.advance(2)
     response = post(operator, "/stale/release", {"reason": ""}, htmx=True)
     assert response.status_code == 400
     assert soup(response).find(id="reason-error")
-    assert svc.count_stale() == 1
+    assert service.count_stale() == 1
