@@ -76,6 +76,23 @@ def test_session_cookie_is_not_a_credential(api):
     assert_unauthorized(api.client.get("/api/v1/locks"))
 
 
+def test_the_api_never_answers_with_a_cookie_session(api):
+    """A client holding a dashboard session cookie gets no cookie back from the
+    API, nor a response that varies with it, even where a hook reads the session."""
+    with api.client.session_transaction() as session:
+        session["_user_id"] = "1"
+        session["_remember"] = "set"
+    for response in (
+        api.post("/api/v1/locks/job:42", json={"owner": "w-1"}),
+        api.get("/api/v1/locks/job:42"),
+        api.client.get("/api/v1/locks"),  # 401: no token
+    ):
+        assert "Set-Cookie" not in response.headers
+        assert "cookie" not in response.headers.get("Vary", "").lower()
+    # The dashboard still has its cookie session.
+    assert "Set-Cookie" in api.client.post("/login", data={}).headers
+
+
 def test_api_needs_no_csrf_token(make_app):
     """CSRF is on in the app; the bearer-token API is exempt from it."""
     from tests.conftest import ApiClient

@@ -15,12 +15,37 @@ import secrets
 from datetime import UTC, datetime, timedelta
 
 from flask import current_app
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 from sqlalchemy import delete, select
 
 from app.auth.models import User, UserSession
 from app.auth.service import hash_token
 from app.database import begin_write
 from app.extensions import db
+
+API_PATH = "/api/"
+
+
+class _NoCookieSession(SecureCookieSession):
+    """An API request's session: empty, and never saved."""
+
+
+class CookieSessions(SecureCookieSessionInterface):
+    """Flask's signed cookie for the dashboard; nothing at all for the API.
+
+    The API takes bearer tokens only, so its requests get an empty session that
+    is never written back: no Set-Cookie, no ``Vary: Cookie``, whatever a hook
+    does with it. A cookie the request carries is not even verified (unsigning
+    it and building a serializer was a tenth of an API request's CPU).
+    """
+
+    def open_session(self, app, request) -> SecureCookieSession | None:
+        if request.path.startswith(API_PATH):
+            return _NoCookieSession()
+        return super().open_session(app, request)
+
+    def is_null_session(self, obj: object) -> bool:
+        return isinstance(obj, _NoCookieSession) or super().is_null_session(obj)
 
 
 def _now() -> datetime:
