@@ -55,7 +55,6 @@ def test_body_over_the_size_limit_is_413(api):
     ("raw", "why"),
     [
         ("{", "truncated"),
-        ("", "empty"),
         ('{"owner": "w-1",}', "trailing comma"),
         ('{"owner": "w-1", "ttl": NaN}', "NaN"),
         ('{"owner": "w-1", "ttl": Infinity}', "Infinity"),
@@ -73,6 +72,18 @@ def test_body_that_is_not_a_json_object_is_400(api, raw, why):
     body = assert_problem(post_raw(api, raw), 400)
     assert error_fields(body) == ["body"], why
     assert_nothing_changed(api)
+
+
+@pytest.mark.parametrize("content_type", [None, "application/json", "text/plain"])
+def test_an_empty_body_is_no_body_whatever_its_type(api, content_type):
+    """A generated client sends ``Content-Type: application/json`` and no bytes
+    on DELETE; that is no body, not a malformed one."""
+    body = assert_problem(api.post(URL, data=b"", content_type=content_type), 400)
+    assert body["errors"] == [{"field": "owner", "message": "is required"}]
+    api.post(URL, json={"owner": "w-1"})
+    response = api.delete(f"{URL}?owner=w-1", data=b"", content_type=content_type)
+    assert response.status_code == 204, response.get_data(as_text=True)
+    assert_problem(api.get(URL), 404)
 
 
 def test_body_with_invalid_utf8_is_400(api):
@@ -182,6 +193,26 @@ def test_resource_with_a_slash_is_400_not_404(api, method, path):
     assert_nothing_changed(api)
 
 
+@pytest.mark.parametrize("method", ["GET", "POST", "PATCH", "DELETE"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/locks/job:42%2Fevents",
+        "/api/v1/locks/job:42%2fevents?limit=1",
+        "/api/v1/locks/job:42%2F",
+        "/api/v1/locks/%2Fjob:42",
+    ],
+)
+def test_an_encoded_slash_is_the_documented_400_on_every_route(api, method, path):
+    """WSGI servers decode %2F into a separator before routing, so
+    ``job:42%2Fevents`` would be the events of ``job:42``; the raw path says
+    otherwise."""
+    api.post(URL, json={"owner": "w-1"})
+    response = api.open(method, path, json={"owner": "w-1"})
+    assert error_fields(assert_problem(response, 400)) == ["resource"]
+    assert api.get(URL).get_json()["owner"] == "w-1"
+
+
 def test_events_route_still_wins_over_the_slash_check(api):
     assert api.get("/api/v1/locks/job:42/events").status_code == 200
 
@@ -209,23 +240,26 @@ def test_unsupported_method_is_a_405_problem_with_allow(api):
 
 
 @pytest.mark.parametrize(
-    "path",
+    ("path", "field"),
     [
-        "/api/v1/locks?prefix=job%00",
-        "/api/v1/locks?owner=w%0A1",
-        "/api/v1/events?actor=%1B[31m",
-        "/api/v1/events?resource=job%00",
-        "/api/v1/locks?prefix=%FF",
-        "/api/v1/locks?%00=1",
+        ("/api/v1/locks?prefix=job%00", "prefix"),
+        ("/api/v1/locks?owner=w%0A1", "owner"),
+        ("/api/v1/events?actor=%1B[31m", "actor"),
+        ("/api/v1/events?resource=job%00", "resource"),
+        ("/api/v1/locks?prefix=%FF", "prefix"),
+        ("/api/v1/locks?%00=1", "query"),
+        ("/api/v1/locks?%FF=1", "query"),
     ],
 )
-def test_control_characters_or_bad_utf8_in_query_are_400(api, path):
-    assert error_fields(assert_problem(api.get(path), 400)) == ["query"]
+def test_control_characters_or_bad_utf8_in_query_are_400_naming_it(api, path, field):
+    """A bad value is named by its parameter; a bad name names nothing."""
+    assert error_fields(assert_problem(api.get(path), 400)) == [field]
 
 
 def test_release_with_control_character_owner_in_query_is_400(api):
     api.post(URL, json={"owner": "w-1"})
-    assert_problem(api.delete(f"{URL}?owner=w-1%00"), 400)
+    body = assert_problem(api.delete(f"{URL}?owner=w-1%00"), 400)
+    assert error_fields(body) == ["owner"]
     assert api.get(URL).status_code == 200
 
 

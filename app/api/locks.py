@@ -10,7 +10,9 @@ from app.api.blueprint import bp
 from app.api.problems import validation_problem
 from app.api.schemas import (
     NUMBER,
+    SLASH_MESSAGE,
     QueryArgs,
+    encoded_slash_errors,
     freeze_to_json,
     lock_to_json,
     parse_json_body,
@@ -141,6 +143,17 @@ def list_locks():
     )
 
 
+@bp.before_app_request
+def refuse_encoded_slash():
+    """Before routing acts: routing already saw ``x%2Fevents`` as ``x/events``
+    (the events of ``x``) and ``%2Fx`` as ``//x`` (a redirect to ``x``)."""
+    if request.path.startswith(bp.url_prefix):
+        errors = encoded_slash_errors(request.environ)
+        if errors:
+            return validation_problem(errors)
+    return None
+
+
 @bp.route("/locks/<path:resource>", methods=["GET", "POST", "PATCH", "DELETE"])
 def resource_with_slash(resource: str):
     """A resource name never contains '/': say so, rather than a bare 404."""
@@ -149,6 +162,4 @@ def resource_with_slash(resource: str):
         response = problem(405, "Method Not Allowed", "events are read with GET")
         response.headers["Allow"] = "GET, HEAD, OPTIONS"
         return response
-    return validation_problem(
-        [("resource", "may contain only A-Z a-z 0-9 and . _ : @ = + - (no '/')")]
-    )
+    return validation_problem([("resource", SLASH_MESSAGE)])

@@ -26,6 +26,8 @@ from app.timestamps import rfc3339
 
 JSON_MIMETYPE = "application/json"
 BODY = "body"
+LOCKS_PATH = "/api/v1/locks/"
+SLASH_MESSAGE = "may contain only A-Z a-z 0-9 and . _ : @ = + - (no '/')"
 
 _RFC3339 = re.compile(
     r"(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}:\d{2})"
@@ -73,19 +75,41 @@ def raw_input_errors(request: Request) -> list[tuple[str, str]]:
 
     Werkzeug decodes the path and query with ``errors="replace"``, which would turn
     invalid UTF-8 into U+FFFD and let it through as a name; so the raw bytes are
-    checked here.
+    checked here. A bad value is reported under its parameter's name; a bad name,
+    which names nothing, under ``query``.
     """
     errors: list[tuple[str, str]] = []
     raw_path = request.environ.get("PATH_INFO", "").encode("latin-1", "replace")
     errors.extend(_bytes_errors("path", raw_path))
     for pair in request.query_string.split(b"&"):
-        name, _, value = pair.partition(b"=")
-        for part in (name, value):
-            found = _bytes_errors("query", unquote_to_bytes(part.replace(b"+", b" ")))
-            if found:
-                errors.extend(found)
-                return errors
+        raw_name, _, raw_value = pair.partition(b"=")
+        found = _bytes_errors("query", _unquote(raw_name))
+        if not found:
+            name = _unquote(raw_name).decode("utf-8")
+            found = _bytes_errors(name, _unquote(raw_value))
+        if found:
+            errors.extend(found)
+            return errors
     return errors
+
+
+def _unquote(part: bytes) -> bytes:
+    return unquote_to_bytes(part.replace(b"+", b" "))
+
+
+def encoded_slash_errors(environ: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A ``%2F`` in the raw path: WSGI servers decode it into PATH_INFO, where it
+    is a separator, so ``/locks/x%2Fevents`` would route to the events of ``x``.
+
+    The raw request line (``REQUEST_URI`` from werkzeug, ``RAW_URI`` from
+    gunicorn) still has it; a resource never contains '/', so it is refused.
+    """
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or ""
+    path = raw.partition("?")[0]
+    if "%2f" not in path.lower():
+        return []
+    field = "resource" if path.startswith(LOCKS_PATH) else "path"
+    return [(field, SLASH_MESSAGE)]
 
 
 def _bytes_errors(field: str, raw: bytes) -> list[tuple[str, str]]:
@@ -117,12 +141,14 @@ def parse_json_body(
 ) -> dict[str, Any] | None:
     """The request's JSON object, with only ``fields`` and each of its JSON type.
 
-    Returns None when there is no body at all. Raises ``InvalidInput`` for anything
-    that is not a JSON object of known fields; a non-JSON content type is an
-    ``UnsupportedMediaType`` (415) raised by ``require_json``.
+    Returns None when there is no body, whatever its declared type: generated
+    clients send ``Content-Type: application/json`` with an empty body on DELETE.
+    Raises ``InvalidInput`` for anything that is not a JSON object of known fields;
+    a non-JSON content type is an ``UnsupportedMediaType`` (415) raised by
+    ``require_json``.
     """
     raw = request.get_data(cache=True)  # raises 413 over MAX_CONTENT_LENGTH
-    if not raw and not request.content_type:
+    if not raw:
         return None
     require_json(request)
     try:
