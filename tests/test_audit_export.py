@@ -16,7 +16,6 @@ from app.audit.export import (
     event_record,
     jsonl_chunks,
 )
-from app.audit.service import parse_timestamp
 from app.locks.results import Event
 from app.locks.state import Action
 from app.timestamps import rfc3339
@@ -97,21 +96,3 @@ def test_exports_are_produced_in_bounded_chunks(chunker):
     assert consumed <= ROWS_PER_CHUNK
     rest = "".join(stream)
     assert rest.count("\n") >= ROWS_PER_CHUNK * 2
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("2026-11-30T09:00:00Z", datetime(2026, 11, 30, 9, tzinfo=UTC)),
-        ("2026-11-30T10:00:00+01:00", datetime(2026, 11, 30, 9, tzinfo=UTC)),
-        ("2026-11-30T09:00", datetime(2026, 11, 30, 9, tzinfo=UTC)),
-    ],
-)
-def test_timestamps_parse_to_utc(text, expected):
-    assert parse_timestamp(text) == expected
-
-
-@pytest.mark.parametrize("text", ["yesterday", "2026-13-01", "2026-11-30\x00", ""])
-def test_non_timestamps_are_refused(text):
-    with pytest.raises(ValueError):  # noqa: PT011 - fromisoformat's messages vary
-        parse_timestamp(text)

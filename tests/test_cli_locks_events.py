@@ -163,7 +163,7 @@ def test_events_export_writes_to_a_file(cli, history, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--since", "yesterday"], "not an RFC 3339 timestamp"),
+        (["--since", "yesterday"], "must be an RFC 3339 timestamp"),
         (["--action", "stolen"], "Invalid value for '--action'"),
         (["--resource", "bad resource"], "resource"),
     ],

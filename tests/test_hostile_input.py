@@ -106,12 +106,14 @@ def test_audit_page_and_export_say_400_for_an_instant_out_of_range(
 def test_api_and_cli_refuse_an_instant_out_of_range(api, fake_app, value):
     response = api.get("/api/v1/events", query_string={"since": value})
     assert response.status_code == 400
-    assert response.get_json()["errors"][0]["field"] == "since"
+    [error] = response.get_json()["errors"]
+    assert error["field"] == "since"
+    assert error["message"].startswith("is out of range")
     result = fake_app.test_cli_runner().invoke(
         args=["events", "export", "--format", "jsonl", "--until", value]
     )
     assert result.exit_code == 2
-    assert "is not an RFC 3339 timestamp" in result.output
+    assert f"{value!r} is out of range" in result.output
 
 
 @pytest.mark.parametrize("value", EDGES)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Select, delete, func, select
@@ -163,24 +163,6 @@ def iter_events(
         result = conn.execution_options(yield_per=batch).execute(query)
         for row in result:
             yield Event.from_row(row)
-
-
-def parse_timestamp(text: str) -> datetime:
-    """An RFC 3339 / ISO 8601 instant; one without an offset is taken as UTC (the
-    dashboard's ``datetime-local`` inputs and the CLI say so in their labels).
-
-    :raise ValueError: not a timestamp.
-    """
-    if validation.has_control_characters(text) or len(text) > 64:
-        raise ValueError("is not a timestamp")
-    value = datetime.fromisoformat(text.strip())
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        # 0001-01-01T00:00+01:00 is a valid text for an instant before year 1.
-        raise ValueError("is out of range") from None
 
 
 # -- how long each grant of ownership lasted -------------------------------------

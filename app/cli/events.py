@@ -9,24 +9,23 @@ from flask.cli import with_appcontext
 
 from app.cli.params import Duration
 from app.locks.state import Action
+from app.timestamps import parse_rfc3339
 
 events = click.Group("events", help="The audit log of every ownership change.")
 
 
 class Timestamp(click.ParamType):
-    """RFC 3339 (``2026-11-30T09:00:00Z``); without an offset it means UTC."""
+    """RFC 3339 with its offset (``2026-11-30T09:00:00Z``): see ``parse_rfc3339``."""
 
     name = "timestamp"
 
     def convert(self, value, param, ctx) -> datetime:
-        from app.audit.service import parse_timestamp
-
         if isinstance(value, datetime):
             return value
         try:
-            return parse_timestamp(value)
-        except ValueError:
-            self.fail(f"{value!r} is not an RFC 3339 timestamp", param, ctx)
+            return parse_rfc3339(value)
+        except ValueError as exc:
+            self.fail(f"{value!r} {exc}", param, ctx)
 
 
 @events.command("export")
@@ -42,8 +41,8 @@ class Timestamp(click.ParamType):
 @click.option("--owner")
 @click.option("--action", type=click.Choice([a.value for a in Action]))
 @click.option("--actor", help="API token name, operator username or cli:<user>.")
-@click.option("--since", type=Timestamp(), help="Occurred at or after (UTC).")
-@click.option("--until", type=Timestamp(), help="Occurred before (UTC).")
+@click.option("--since", type=Timestamp(), help="At or after (2026-11-30T09:00:00Z).")
+@click.option("--until", type=Timestamp(), help="Before (2026-11-30T09:00:00Z).")
 @click.option(
     "--output",
     type=click.Path(dir_okay=False, writable=True, allow_dash=True),

@@ -47,6 +47,8 @@ from tenacity import (
     stop_before_delay,
 )
 
+from app.timestamps import parse_rfc3339
+
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
@@ -77,8 +79,8 @@ class Lock:
             resource=data["resource"],
             owner=data["owner"],
             fence=int(data["fence"]),
-            acquired_at=parse_timestamp(data["acquired_at"]),
-            expires_at=parse_timestamp(data["expires_at"]),
+            acquired_at=parse_rfc3339(data["acquired_at"]),
+            expires_at=parse_rfc3339(data["expires_at"]),
             ttl_remaining=float(data["ttl_remaining"]),
             state=data["state"],
         )
@@ -103,14 +105,6 @@ class AcquireResult:
 # The title of the server's 503 for "too many waiting acquires in this worker".
 WAITING_ROOM_FULL = "Too many waiting acquires"
 _MAX_WAIT_MESSAGE = re.compile(r"must be at most ([0-9.]+) seconds")
-
-
-def parse_timestamp(text: str) -> datetime:
-    """An RFC 3339 timestamp from the API as an aware UTC datetime."""
-    value = datetime.fromisoformat(text)
-    if value.tzinfo is None:
-        raise ValueError(f"timestamp {text!r} has no UTC offset")
-    return value.astimezone(UTC)
 
 
 def parse_retry_after(value: str | None) -> float | None:

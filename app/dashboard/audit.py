@@ -19,7 +19,6 @@ from app.audit.service import (
     EventFilter,
     iter_events,
     list_events,
-    parse_timestamp,
     tenures,
 )
 from app.auth.views import login_required
@@ -27,7 +26,7 @@ from app.dashboard.htmx import render_page_or_fragment
 from app.locks.errors import InvalidInput
 from app.locks.pagination import DEFAULT_PAGE
 from app.locks.state import Action
-from app.timestamps import human_duration, rfc3339
+from app.timestamps import MissingOffset, human_duration, parse_rfc3339
 
 bp = Blueprint("audit", __name__)
 
@@ -44,9 +43,17 @@ def datetime_local(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if value else ""
 
 
-bp.add_app_template_filter(rfc3339, "audit_timestamp")
 bp.add_app_template_filter(held_for, "held_for")
 bp.add_app_template_filter(datetime_local, "datetime_local")
+
+
+def _form_instant(text: str) -> datetime:
+    """The form's ``datetime-local`` fields send a wall clock without an offset;
+    their labels say UTC, so that is the zone they are read in."""
+    try:
+        return parse_rfc3339(text)
+    except MissingOffset:
+        return parse_rfc3339(text + "Z")
 
 
 def _shown(args) -> dict[str, str]:
@@ -65,7 +72,7 @@ def _parse_query(args) -> tuple[EventFilter, int, str | None]:
     for field, text in _shown(args).items():
         if field in ("since", "until"):
             try:
-                values[field] = parse_timestamp(text)
+                values[field] = _form_instant(text)
             except ValueError:
                 errors.append((field, "must be a date and time like 2026-11-30T09:00Z"))
         else:

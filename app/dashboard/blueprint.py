@@ -14,7 +14,8 @@ bp = Blueprint("dashboard", __name__, url_prefix="/")
 
 @bp.app_template_filter("rfc3339")
 def rfc3339_milliseconds(value: datetime | None) -> str:
-    """RFC 3339 in UTC with a ``Z`` and milliseconds, as the API writes it."""
+    """The one way every page shows an instant: RFC 3339 in UTC with a ``Z``, to
+    the millisecond (the API and the exports keep microseconds)."""
     return rfc3339(value, timespec="milliseconds") or ""
 
 
