@@ -7,8 +7,6 @@ transaction holding the change and its audit event (see ``statements``).
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,7 +26,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.database import SERVER_CLOCK_DIALECTS, UTCDateTime, autocommit
 from app.locks import validation
@@ -45,7 +42,6 @@ from app.locks.errors import (
     NotOwner,
     QuotaExceeded,
     ResourceFrozen,
-    ServiceBusy,
 )
 from app.locks.instrumentation import NO_METRICS, NoMetrics
 from app.locks.models import NO_TOKEN
@@ -68,25 +64,15 @@ from app.locks.statements import (
     queue_columns,
     statements_for,
 )
+from app.locks.transactions import Raced, TransactionRunner
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 PURGE_BATCH = 500
 MIN_PURGE_AGE = timedelta(minutes=1)
 MAX_FREEZE = timedelta(days=366)
 RELEASE_BATCH = 200
-
-# PostgreSQL deadlock / serialization failure; MariaDB deadlock / lock wait timeout.
-_RETRYABLE_SQLSTATES = {"40P01", "40001"}
-_RETRYABLE_MYSQL_ERRNOS = {1213, 1205}
-
-
-def _is_retryable(exc: DBAPIError) -> bool:
-    orig = exc.orig
-    if getattr(orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:
-        return True
-    args = getattr(orig, "args", ())
-    return bool(args) and args[0] in _RETRYABLE_MYSQL_ERRNOS
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +126,7 @@ class LockService:
         self._autocommit_engine = autocommit(engine)
         self._driver = DriverConnection(self._autocommit_engine)
         self._write_engine = engine.execution_options(sqlite_immediate=True)
+        self._runner = TransactionRunner(settings.retries)
         self.queue = WaitQueue(
             self,
             engine,
@@ -167,33 +154,29 @@ class LockService:
         return now
 
     def run_transaction(
-        self, work: Callable[[Connection], T], *, autocommit: bool = False
-    ) -> T:
-        """Run ``work`` in its own transaction, retrying deadlocks and lost inserts.
+        self,
+        work: Callable[[Connection], T],
+        *,
+        autocommit: bool = False,
+        decide: Callable[[T], R] | None = None,
+    ) -> R:
+        """Run ``work`` in its own transaction and ``decide`` on its result, the
+        pair retried by ``app.locks.transactions`` (deadlocks, lost first
+        inserts, a row that changed before the decision: ``decide`` raises
+        ``Raced``).
 
         ``autocommit``: ``work`` is one statement and gets the ``DriverConnection``.
         """
-        for attempt in range(self.settings.retries + 1):
-            try:
-                if autocommit:
-                    return work(self._driver)
+
+        def attempt():
+            if autocommit:
+                result = work(self._driver)
+            else:
                 with self._write_engine.connect() as conn, conn.begin():
-                    return work(conn)
-            except IntegrityError:
-                # A concurrent first insert of the same resource won; the next try
-                # sees its row and decides against it.
-                continue
-            except DBAPIError as exc:
-                if exc.connection_invalidated and attempt == 0:
-                    # A pooled connection died (database restart): the pool is
-                    # invalidated; one more try gets a fresh connection. Acquire
-                    # and renew repeat safely for the same owner; a release that
-                    # had landed repeats as "not found" (the lock is gone either way).
-                    continue
-                if not _is_retryable(exc):
-                    raise
-                time.sleep(random.uniform(0, 0.002 * 2**attempt))
-        raise ServiceBusy("the database kept aborting the transaction; try again")
+                    result = work(conn)
+            return result if decide is None else decide(result)
+
+        return self._runner(attempt)
 
     def _lock(self, row, now: datetime) -> Lock:
         return Lock.from_row(row, now, self.settings.expiring_within)
@@ -310,21 +293,8 @@ class LockService:
         max_locks: int | None = None,
     ) -> AcquireResult:
         """One decision; ``waiter``: our place in line, None for "not in line"."""
-        for _ in range(self.settings.retries + 1):
-            outcome = self.run_transaction(
-                lambda conn: self.statements.acquire(
-                    conn,
-                    resource,
-                    owner,
-                    token,
-                    ttl,
-                    actor,
-                    max_locks,
-                    self._now(),
-                    waiter,
-                ),
-                autocommit=self.statements.autocommit,
-            )
+
+        def decide(outcome) -> AcquireResult:
             if outcome.done:
                 return AcquireResult(
                     True, self._lock(outcome.row, outcome.now), outcome.action
@@ -345,7 +315,25 @@ class LockService:
                 holder = self._lock(row, outcome.now) if row.owner else None
                 return AcquireResult(False, holder, None, queued)
             # The row we were refused on is gone or expired: it changed under us.
-        return AcquireResult(False, None)
+            raise Raced(
+                f"acquire of {resource!r} kept racing", AcquireResult(False, None)
+            )
+
+        return self.run_transaction(
+            lambda conn: self.statements.acquire(
+                conn,
+                resource,
+                owner,
+                token,
+                ttl,
+                actor,
+                max_locks,
+                self._now(),
+                waiter,
+            ),
+            autocommit=self.statements.autocommit,
+            decide=decide,
+        )
 
     def _quota_retry_after(self, token: str | None, now: datetime) -> float:
         """Seconds until the token's soonest lock expires (the refusal path only)."""
@@ -375,13 +363,8 @@ class LockService:
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor)
         ttl = self._ttl(ttl)
-        for _ in range(self.settings.retries + 1):
-            outcome = self.run_transaction(
-                lambda conn: self.statements.renew(
-                    conn, resource, owner, token, ttl, actor, self._now()
-                ),
-                autocommit=self.statements.autocommit,
-            )
+
+        def decide(outcome) -> Lock:
             row, now = outcome.row, outcome.now
             if outcome.done:
                 self.metrics.renewal("renewed")
@@ -395,7 +378,15 @@ class LockService:
             if not holds(row, owner, token):
                 self.metrics.renewal("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
-        raise ServiceBusy(f"renewal of {resource!r} kept racing; try again")
+            raise Raced(f"renewal of {resource!r} kept racing; try again")
+
+        return self.run_transaction(
+            lambda conn: self.statements.renew(
+                conn, resource, owner, token, ttl, actor, self._now()
+            ),
+            autocommit=self.statements.autocommit,
+            decide=decide,
+        )
 
     def release(
         self,
@@ -411,13 +402,8 @@ class LockService:
         :raise NotOwner: validly held by another holder.
         """
         self.validate(resource=resource, owner=owner, actor=actor)
-        for _ in range(self.settings.retries + 1):
-            outcome = self.run_transaction(
-                lambda conn: self.statements.release(
-                    conn, resource, owner, token, actor, self._now()
-                ),
-                autocommit=self.statements.autocommit,
-            )
+
+        def decide(outcome) -> Lock:
             row, now = outcome.row, outcome.now
             if outcome.done:
                 self.metrics.release("released")
@@ -432,7 +418,15 @@ class LockService:
             if not holds(row, owner, token):
                 self.metrics.release("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
-        raise ServiceBusy(f"release of {resource!r} kept racing; try again")
+            raise Raced(f"release of {resource!r} kept racing; try again")
+
+        return self.run_transaction(
+            lambda conn: self.statements.release(
+                conn, resource, owner, token, actor, self._now()
+            ),
+            autocommit=self.statements.autocommit,
+            decide=decide,
+        )
 
     # -- the operator's actions --------------------------------------------
 
