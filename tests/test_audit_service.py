@@ -191,7 +191,7 @@ def test_release_ends_the_tenure_of_its_grant(service, clock):
     (grant,) = by_action(page, Action.ACQUIRED)
     (release,) = by_action(page, Action.RELEASED)
     assert found.started[grant.id].held_for == timedelta(seconds=45)
-    assert found.started[grant.id].ended_by is Action.RELEASED
+    assert found.started[grant.id].ended_by == "released"
     assert found.ended[release.id] == found.started[grant.id]
     assert set(found.started) == {grant.id}
 
@@ -207,6 +207,7 @@ def test_take_over_ends_the_old_tenure_when_it_expired(service, clock):
     # Held until it expired, not until the take-over 70 s later.
     assert found.started[first.id].held_for == timedelta(seconds=30)
     assert found.ended[took_over.id].grant_id == first.id
+    assert found.ended[took_over.id].ended_by == "expired"
     assert took_over.id not in found.started  # w-2 still holds it
 
 
@@ -222,7 +223,7 @@ def test_force_claim_and_force_release_end_tenures(service, clock):
     (claim,) = by_action(page, Action.FORCE_CLAIMED)
     assert found.started[grant.id].held_for == timedelta(seconds=5)
     assert found.started[claim.id].held_for == timedelta(seconds=7)
-    assert found.started[claim.id].ended_by is Action.FORCE_RELEASED
+    assert found.started[claim.id].ended_by == "force_released"
 
 
 def test_reacquire_continues_the_tenure(service, clock):
@@ -245,8 +246,51 @@ def test_purged_tenure_ends_at_its_expiry_without_an_ending_event(service, clock
     found = tenures(page.items)
     first = page.items[-1]
     assert found.started[first.id].held_for == timedelta(seconds=30)
-    assert found.started[first.id].ended_by is None
+    assert found.started[first.id].ended_by == "expired"
+    assert found.started[first.id].end_id is None
     assert found.ended == {}
+
+
+def test_a_stale_lock_force_released_later_was_held_until_it_expired(service, clock):
+    """The audit page said "until force released", the timeline "expired": the
+    holder had it until its expiry; the force-release recorded the end."""
+    service.acquire("job:1", "w-1", ttl=30)
+    clock.advance(100)
+    service.force_release("job:1", actor="alice", reason="stale")
+    page = list_events(EventFilter(resource="job:1"))
+    found = tenures(page.items)
+    (grant,) = by_action(page, Action.ACQUIRED)
+    (forced,) = by_action(page, Action.FORCE_RELEASED)
+    assert found.started[grant.id].ended_by == "expired"
+    assert found.started[grant.id].held_for == timedelta(seconds=30)
+    assert found.ended[forced.id] == found.started[grant.id]
+
+
+def test_the_audit_page_and_the_timeline_derive_the_same_tenures(service, clock):
+    from app.audit.tenures import derive
+
+    service.acquire("job:1", "w-1", ttl=30)
+    clock.advance(10)
+    service.renew("job:1", "w-1", ttl=30)
+    clock.advance(100)
+    service.acquire("job:1", "w-2", ttl=30)  # took over a stale lock
+    clock.advance(5)
+    service.claim("job:1", "op", ttl=300, actor="alice", reason="hung", force=True)
+    clock.advance(7)
+    service.force_release("job:1", actor="alice", reason="done")
+    service.acquire("job:1", "w-3", ttl=30)
+    clock.advance(3)
+    service.release("job:1", "w-3")
+    page = list_events(EventFilter(resource="job:1"))
+    found = tenures(page.items)
+    timeline = derive(page.items, service.now())
+    assert [t.ended_by for t in timeline] == [
+        "expired",
+        "force_claimed",
+        "force_released",
+        "released",
+    ]
+    assert sorted(found.started.values(), key=lambda t: t.grant_id) == timeline
 
 
 def test_tenures_of_a_page_take_a_fixed_number_of_queries(service, clock, fake_app):

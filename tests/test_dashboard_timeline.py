@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from app.audit.tenures import derive
 from app.dashboard import timeline
 from app.locks.results import Event
 from app.locks.state import Action
@@ -39,16 +40,16 @@ def test_no_events_draw_nothing():
 
 
 def test_release_ends_a_tenure_where_it_happened():
-    spans = timeline.tenures(
+    spans = derive(
         [event("acquired", 0, "a"), event("released", 10, "a", previous="a")], at(60)
     )
-    assert [(s.owner, s.start, s.end, s.ended_by) for s in spans] == [
+    assert [(s.owner, s.held_from, s.held_until, s.ended_by) for s in spans] == [
         ("a", at(0), at(10), "released")
     ]
 
 
 def test_renewals_extend_one_tenure_and_a_live_lock_runs_to_now():
-    spans = timeline.tenures(
+    spans = derive(
         [
             event("acquired", 0, "a", ttl=30),
             event("renewed", 20, "a", ttl=30),
@@ -56,7 +57,9 @@ def test_renewals_extend_one_tenure_and_a_live_lock_runs_to_now():
         ],
         at(50),
     )
-    assert [(s.start, s.end, s.ended_by) for s in spans] == [(at(0), at(50), "held")]
+    assert [(s.held_from, s.held_until, s.ended_by) for s in spans] == [
+        (at(0), at(50), "held")
+    ]
 
 
 def test_unrenewed_lock_ends_at_its_expiry_and_take_over_starts_a_new_lane():
@@ -64,8 +67,8 @@ def test_unrenewed_lock_ends_at_its_expiry_and_take_over_starts_a_new_lane():
         event("acquired", 0, "a", ttl=10, fence=1),
         event("took_over", 30, "b", ttl=10, previous="a", fence=2, actor="tok"),
     ]
-    spans = timeline.tenures(events, at(100))
-    assert [(s.owner, s.end, s.ended_by, s.fence) for s in spans] == [
+    spans = derive(events, at(100))
+    assert [(s.owner, s.held_until, s.ended_by, s.fence) for s in spans] == [
         ("a", at(10), "expired", 1),
         ("b", at(40), "expired", 2),
     ]
@@ -81,8 +84,8 @@ def test_force_claim_cuts_the_holder_short_and_is_marked_forced():
         event("acquired", 0, "a", ttl=100),
         event("force_claimed", 20, "op", ttl=60, previous="a", actor="olga"),
     ]
-    spans = timeline.tenures(events, at(30))
-    assert [(s.owner, s.end, s.ended_by, s.forced) for s in spans] == [
+    spans = derive(events, at(30))
+    assert [(s.owner, s.held_until, s.ended_by, s.forced) for s in spans] == [
         ("a", at(20), "force_claimed", False),
         ("op", at(30), "held", True),
     ]
@@ -140,13 +143,11 @@ def test_events_out_of_order_give_the_same_picture():
         event("took_over", 30, "b", ttl=10, previous="a"),
         event("released", 35, "b", previous="b"),
     ]
-    assert timeline.tenures(list(reversed(events)), at(60)) == timeline.tenures(
-        events, at(60)
-    )
+    assert derive(list(reversed(events)), at(60)) == derive(events, at(60))
 
 
 def test_history_that_starts_mid_tenure_still_shows_the_holder():
-    spans = timeline.tenures([event("renewed", 10, "a", ttl=30)], at(20))
+    spans = derive([event("renewed", 10, "a", ttl=30)], at(20))
     assert [(s.owner, s.ended_by) for s in spans] == [("a", "held")]
 
 
@@ -206,3 +207,50 @@ def test_long_owner_labels_are_cut_to_fit_left_of_the_bars():
     assert 8 + 7 * len(lane.label) <= timeline.LABEL_WIDTH
     short = timeline.build([event("acquired", 0, "w-1", ttl=30)], at(10))
     assert short.lanes[0].label == "w-1"
+
+
+# -- where the timeline's old rules and the audit page's disagreed: one rule now --
+
+
+def test_a_stale_lock_force_released_later_ran_out_at_its_expiry():
+    """The timeline said "expired", the audit page "force released": it was held
+    until its expiry, and the force-release recorded the end."""
+    events = [
+        event("acquired", 0, "a", ttl=10),
+        event("force_released", 50, "a", previous="a", actor="olga"),
+    ]
+    [span] = derive(events, at(100))
+    assert (span.held_until, span.ended_by) == (at(10), "expired")
+    assert span.end_id == events[1].id
+
+
+def test_a_release_stamped_after_the_expiry_ends_at_the_expiry():
+    """The old timeline let a release outlast the expiry its holder was promised."""
+    events = [
+        event("acquired", 0, "a", ttl=10),
+        event("released", 12, "a", previous="a"),
+    ]
+    [span] = derive(events, at(100))
+    assert (span.held_until, span.ended_by) == (at(10), "expired")
+
+
+def test_events_are_ordered_by_id_not_by_a_skewed_clock():
+    """Two app instances with clocks 5 s apart: the take-over (inserted second,
+    under the row lock) is stamped before the grant it ended."""
+    grant = event("acquired", 10, "a", ttl=100, fence=1)
+    took = event("force_claimed", 5, "b", ttl=100, previous="a", fence=2)
+    spans = derive([took, grant], at(20))
+    assert [(s.owner, s.fence) for s in spans] == [("a", 1), ("b", 2)]
+    assert spans[0].held_for == timedelta(0)  # cut by the skew, never negative
+
+
+def test_a_renewal_of_another_fence_shows_a_grant_whose_events_are_missing():
+    events = [
+        event("acquired", 0, "a", ttl=100, fence=1),
+        event("renewed", 30, "b", ttl=100, fence=2),
+    ]
+    spans = derive(events, at(40))
+    assert [(s.owner, s.ended_by, s.grant_id) for s in spans] == [
+        ("a", "unrecorded", events[0].id),
+        ("b", "held", None),
+    ]

@@ -13,6 +13,14 @@ from typing import Any
 
 from sqlalchemy import Select, delete, func, select
 
+from app.audit.tenures import (
+    BOUNDARIES,
+    EXTENSIONS,
+    GRANTS,
+    Tenure,
+    records_an_end,
+    tenure,
+)
 from app.extensions import db
 from app.locks import validation
 from app.locks.errors import InvalidInput
@@ -167,61 +175,27 @@ def iter_events(
 
 # -- how long each grant of ownership lasted -------------------------------------
 
-# A grant starts a tenure with a new fence; renewals and same-owner re-acquires
-# continue it.
-GRANTS = (Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED)
-# The first of these after a grant, on the same resource, is where the grant is
-# over. It records the end when it removed or replaced the grant's row; a grant that
-# found no row (no previous owner) means the row before it was purged once stale.
-BOUNDARIES = (Action.RELEASED, Action.FORCE_RELEASED, *GRANTS)
-
-
-@dataclass(frozen=True, slots=True)
-class Tenure:
-    """One grant of ownership whose end is known.
-
-    ``held_until`` is the earlier of the boundary event and the grant's last
-    expiry: a lock taken over, force-released or purged after it went stale was
-    held only until it expired. ``ended_by``/``end_id`` are None when the row
-    was purged without an event.
-    """
-
-    grant_id: int
-    owner: str | None
-    held_from: datetime
-    held_until: datetime
-    end_id: int | None
-    ended_by: Action | None
-
-    @property
-    def held_for(self) -> timedelta:
-        return max(self.held_until - self.held_from, timedelta(0))
-
 
 @dataclass(frozen=True, slots=True)
 class Tenures:
     """Tenures touching a page of events, by the id of the grant event that started
-    each (``started``) and of the event that ended it (``ended``)."""
+    each (``started``) and of the event that recorded its end (``ended``)."""
 
     started: dict[int, Tenure]
     ended: dict[int, Tenure]
 
 
-def _records_an_end(action: str, previous_owner: str | None) -> bool:
-    if action in (Action.RELEASED, Action.FORCE_RELEASED):
-        return True
-    return action in GRANTS and previous_owner is not None
-
-
 def tenures(page: Iterable[Event]) -> Tenures:
-    """The tenures that the grants on ``page`` started and its events ended.
+    """The ended tenures that the grants on ``page`` started and its events ended,
+    by the rules of ``app.audit.tenures``.
 
-    Three queries per page whatever its length, each row a probe of the
-    (resource, id) index: never one query per row, never a resource's history.
+    A tenure needs only its grant, its newest event and its boundary, so three
+    queries per page whatever its length, each row a probe of the (resource, id)
+    index: never one query per row, never a resource's history.
     """
     page = list(page)
     grant_ids = [e.id for e in page if e.action in GRANTS]
-    boundary_ids = {e.id for e in page if _records_an_end(e.action, e.previous_owner)}
+    boundary_ids = {e.id for e in page if records_an_end(e)}
     later = events.alias("later")
     earlier = events.alias("earlier")
     with db.engine.connect() as conn:
@@ -257,51 +231,26 @@ def tenures(page: Iterable[Event]) -> Tenures:
         )
         boundaries = conn.execute(
             select(
-                events.c.id,
-                events.c.action,
-                events.c.previous_owner,
-                events.c.occurred_at,
-                last_before.label("last_id"),
-                grant_before.label("grant_id"),
+                events, last_before.label("last_id"), grant_before.label("grant_id")
             ).where(events.c.id.in_(boundary_ids))
         ).all()
         wanted = {b.last_id for b in boundaries} | {b.grant_id for b in boundaries}
         wanted.discard(None)
         known = {
-            row.id: row
-            for row in conn.execute(
-                select(
-                    events.c.id,
-                    events.c.owner,
-                    events.c.fence,
-                    events.c.acquired_at,
-                    events.c.expires_at,
-                ).where(events.c.id.in_(wanted))
-            )
+            row.id: Event.from_row(row)
+            for row in conn.execute(select(events).where(events.c.id.in_(wanted)))
         }
     started: dict[int, Tenure] = {}
     ended: dict[int, Tenure] = {}
-    for boundary in boundaries:
-        grant, last = known.get(boundary.grant_id), known.get(boundary.last_id)
-        # Every event between a grant and its boundary continues the grant (same
-        # fence); if not, the history is not one we can vouch for.
-        if grant is None or last is None or grant.fence != last.fence:
+    for row in boundaries:
+        last = known.get(row.last_id)
+        if last is None or last.action not in (*GRANTS, *EXTENSIONS):
             continue
-        held_until = boundary.occurred_at
-        if last.expires_at is not None:
-            held_until = min(held_until, last.expires_at)
-        recorded = _records_an_end(boundary.action, boundary.previous_owner)
-        tenure = Tenure(
-            grant_id=grant.id,
-            owner=grant.owner,
-            held_from=grant.acquired_at,
-            held_until=held_until,
-            end_id=boundary.id if recorded else None,
-            ended_by=Action(boundary.action) if recorded else None,
-        )
-        started[grant.id] = tenure
-        if recorded:
-            ended[boundary.id] = tenure
+        found = tenure(known.get(row.grant_id), last, Event.from_row(row))
+        if found.grant_id is not None:
+            started[found.grant_id] = found
+        if found.end_id is not None:
+            ended[found.end_id] = found
     return Tenures(started, ended)
 
 

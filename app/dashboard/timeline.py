@@ -3,11 +3,9 @@
 A pure function of the events and "now" (no Flask, no database), so it is tested
 on its own; ``templates/dashboard/_timeline.html`` turns the geometry into SVG.
 
-A *tenure* is one grant of ownership: it starts with ``acquired``, ``took_over``,
-``claimed`` or ``force_claimed``, is extended by ``renewed`` and ``reacquired``,
-and ends with a release, a force action, a take-over by the next holder, or by
-running out (``expires_at``). Each owner gets a lane (a row); take-overs and
-operator force actions are marked where they happened.
+The tenures (grants of ownership) come from ``app.audit.tenures``, the rules the
+audit page uses too; this module only lays them out. Each owner gets a lane (a
+row); take-overs and operator force actions are marked where they happened.
 """
 
 from __future__ import annotations
@@ -16,12 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from app.audit.tenures import EXPIRED, Tenure, derive
 from app.locks.results import Event
 from app.locks.state import Action
 
-GRANTS = {Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED}
-EXTENSIONS = {Action.RENEWED, Action.REACQUIRED}
-ENDINGS = {Action.RELEASED, Action.FORCE_RELEASED}
 MARKED = {
     Action.TOOK_OVER,
     Action.CLAIMED,
@@ -51,18 +47,6 @@ ROUND_STEPS = (
     + [timedelta(days=n) for n in (1, 2, 7, 14, 30)]
 )
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Tenure:
-    owner: str
-    fence: int | None
-    start: datetime
-    end: datetime
-    # "released", "force_released", "force_claimed" (taken away), "took_over",
-    # "expired" (ran out, nobody released it) or "held" (still valid now).
-    ended_by: str
-    forced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,87 +100,13 @@ class Timeline:
         return not self.bars
 
 
-def tenures(events: Sequence[Event], now: datetime) -> list[Tenure]:
-    """The grants of ownership in ``events`` (any order), oldest first."""
-    ordered = sorted(events, key=lambda e: (e.occurred_at, e.id))
-    result: list[Tenure] = []
-    current: dict | None = None
-
-    def close(end: datetime, ended_by: str) -> None:
-        nonlocal current
-        if current is None:
-            return
-        expires = current["expires_at"]
-        # A tenure that ran out before anyone ended it ends at its expiry.
-        if expires is not None and expires < end and ended_by != "released":
-            end, ended_by = expires, "expired"
-        end = max(end, current["start"])
-        result.append(
-            Tenure(
-                owner=current["owner"],
-                fence=current["fence"],
-                start=current["start"],
-                end=end,
-                ended_by=ended_by,
-                forced=current["forced"],
-            )
-        )
-        current = None
-
-    for event in ordered:
-        action = event.action
-        if action in GRANTS:
-            if current is not None:
-                close(event.occurred_at, action.value)
-            current = {
-                "owner": event.owner or "?",
-                "fence": event.fence,
-                "start": event.acquired_at or event.occurred_at,
-                "expires_at": event.expires_at,
-                "forced": action is Action.FORCE_CLAIMED,
-            }
-        elif action in EXTENSIONS:
-            if current is None or current["owner"] != event.owner:
-                # The grant is older than the events we were given.
-                close(event.occurred_at, "took_over")
-                current = {
-                    "owner": event.owner or "?",
-                    "fence": event.fence,
-                    "start": event.acquired_at or event.occurred_at,
-                    "expires_at": event.expires_at,
-                    "forced": False,
-                }
-            else:
-                current["expires_at"] = event.expires_at
-        elif action in ENDINGS:
-            if current is None and event.previous_owner is None:
-                continue
-            if current is None:
-                # Released before the window we were given: show its tail.
-                current = {
-                    "owner": event.owner or event.previous_owner or "?",
-                    "fence": event.fence,
-                    "start": event.acquired_at or event.occurred_at,
-                    "expires_at": event.expires_at,
-                    "forced": False,
-                }
-            close(event.occurred_at, action.value)
-    if current is not None:
-        expires = current["expires_at"]
-        if expires is not None and expires <= now:
-            close(expires, "expired")
-        else:
-            close(now, "held")
-    return result
-
-
 def build(events: Sequence[Event], now: datetime) -> Timeline:
     """Lay out ``events`` between the first of them and ``now``."""
-    spans = tenures(events, now)
+    spans = derive(events, now)
     if not spans:
         return Timeline(width=WIDTH, height=TOP + AXIS_HEIGHT, start=None, end=None)
-    start = min(min(t.start for t in spans), min(e.occurred_at for e in events))
-    end = max(now, max(t.end for t in spans))
+    start = min(min(t.held_from for t in spans), min(e.occurred_at for e in events))
+    end = max(now, max(t.held_until for t in spans))
     if end - start < MIN_SPAN:
         start = end - MIN_SPAN
     total = (end - start).total_seconds()
@@ -207,8 +117,8 @@ def build(events: Sequence[Event], now: datetime) -> Timeline:
 
     owners: list[str] = []
     for tenure in spans:
-        if tenure.owner not in owners:
-            owners.append(tenure.owner)
+        if lane_of(tenure) not in owners:
+            owners.append(lane_of(tenure))
     # The most recent holders matter most: keep the last MAX_LANES owners.
     recent = owners[-MAX_LANES:]
     hidden = len(owners) - len(recent)
@@ -233,27 +143,27 @@ def build(events: Sequence[Event], now: datetime) -> Timeline:
         )
     pad = (LANE_HEIGHT - BAR_HEIGHT) / 2
     for tenure in spans:
-        if tenure.owner not in lane_y:
+        if lane_of(tenure) not in lane_y:
             continue
         # A bar that starts at the very end still shows its minimum width.
-        x = min(x_of(tenure.start), LABEL_WIDTH + plot - 2.0)
+        x = min(x_of(tenure.held_from), LABEL_WIDTH + plot - 2.0)
         css = "tenure"
         if tenure.forced:
             css += " tenure-forced"
-        elif tenure.ended_by == "expired":
+        elif tenure.ended_by == EXPIRED:
             css += " tenure-expired"
         timeline.bars.append(
             Bar(
                 x=x,
-                y=lane_y[tenure.owner] + pad,
+                y=lane_y[lane_of(tenure)] + pad,
                 # At least 2 units wide so a short tenure is still visible.
-                width=max(x_of(tenure.end) - x, 2.0),
+                width=max(x_of(tenure.held_until) - x, 2.0),
                 height=BAR_HEIGHT,
                 tenure=tenure,
                 css_class=css,
             )
         )
-    for event in sorted(events, key=lambda e: (e.occurred_at, e.id)):
+    for event in sorted(events, key=lambda e: e.id):
         if event.action not in MARKED:
             continue
         owner = (
@@ -278,6 +188,10 @@ def build(events: Sequence[Event], now: datetime) -> Timeline:
     for moment, label in ticks(start, end):
         timeline.ticks.append(Tick(x=x_of(moment), label=label))
     return timeline
+
+
+def lane_of(tenure: Tenure) -> str:
+    return tenure.owner or "?"
 
 
 def tick_step(span: timedelta) -> timedelta:

@@ -1,0 +1,151 @@
+"""Tenures: who held a lock when, derived from its audit events by one set of rules.
+
+A *tenure* is one grant of ownership. The rules, used by the audit page (from
+three probes per page, ``app.audit.service.tenures``) and by the lock page's
+timeline (from a run of events, ``derive``):
+
+- ``acquired``, ``took_over``, ``claimed`` and ``force_claimed`` start a tenure
+  (a new fence); ``renewed`` and ``reacquired`` of the same fence continue it
+  and move its expiry.
+- The next release, force-release or grant on the resource is its *boundary*.
+  The tenure lasted until the boundary or until the expiry its newest event
+  promised, whichever came first; ``ended_by`` is the boundary's action, or
+  ``expired`` when the expiry came first (a lock that ran out and was then taken
+  over, force-released or purged was held only until it ran out). With no
+  boundary yet it is ``held`` until now, or ``expired`` once past its expiry.
+  (``unrecorded``: a continuation of another fence shows a grant whose events
+  are missing; the tenure before it ended by then.)
+- A boundary *records* the end (``end_id``) when it removed or replaced the
+  grant: a release, a force-release, or a grant with a previous owner. A grant
+  that found no row (no previous owner) records none: the row had been purged.
+- Events are ordered by id: ids grow with every insert, and a resource's events
+  are inserted under its row lock, so id order is the order things happened in
+  even when clocks disagree about ``occurred_at``.
+
+Pure: no Flask, no database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from app.locks.results import Event
+from app.locks.state import Action
+
+GRANTS = (Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED)
+EXTENSIONS = (Action.RENEWED, Action.REACQUIRED)
+ENDINGS = (Action.RELEASED, Action.FORCE_RELEASED)
+BOUNDARIES = (*ENDINGS, *GRANTS)
+EXPIRED = "expired"
+HELD = "held"
+UNRECORDED = "unrecorded"
+
+
+@dataclass(frozen=True, slots=True)
+class Tenure:
+    """One grant of ownership.
+
+    ``grant_id`` is None when the grant is older than the events read (a window
+    that starts mid-tenure, or pruned events); ``end_id`` is the event that
+    recorded the end, None when none did (purged, or not ended yet).
+    """
+
+    owner: str | None
+    fence: int | None
+    held_from: datetime
+    held_until: datetime
+    ended_by: str
+    grant_id: int | None = None
+    end_id: int | None = None
+    forced: bool = False
+
+    @property
+    def held_for(self) -> timedelta:
+        return self.held_until - self.held_from
+
+
+def records_an_end(event: Event) -> bool:
+    """``event`` removed or replaced a grant, and says whose (``previous_owner``)."""
+    if event.action in ENDINGS:
+        return True
+    return event.action in GRANTS and event.previous_owner is not None
+
+
+def continues(last: Event, event: Event) -> bool:
+    """``event`` extends the tenure whose newest event is ``last``."""
+    return event.action in EXTENSIONS and event.fence == last.fence
+
+
+def tenure(
+    grant: Event | None,
+    last: Event,
+    boundary: Event | None,
+    now: datetime | None = None,
+) -> Tenure:
+    """The tenure whose newest event is ``last`` (its grant, or a continuation),
+    ended by ``boundary`` (None: nothing has ended it yet, judged at ``now``).
+
+    ``grant``: its grant event when known; it must carry ``last``'s fence.
+    """
+    if grant is not None and grant.fence != last.fence:
+        grant = None
+    first = grant or last
+    held_from = first.acquired_at or first.occurred_at
+    expires = last.expires_at
+    if boundary is None:
+        if now is None:
+            raise ValueError("an open tenure is judged at a given now")
+        held_until, ended_by = now, HELD
+    else:
+        held_until, ended_by = boundary.occurred_at, boundary.action.value
+    if expires is not None and expires < held_until:
+        held_until, ended_by = expires, EXPIRED
+    return Tenure(
+        owner=first.owner or first.previous_owner,
+        fence=last.fence,
+        held_from=held_from,
+        held_until=max(held_until, held_from),
+        ended_by=ended_by,
+        grant_id=grant.id if grant is not None else None,
+        end_id=boundary.id
+        if boundary is not None and records_an_end(boundary)
+        else None,
+        forced=grant is not None and grant.action is Action.FORCE_CLAIMED,
+    )
+
+
+def derive(events: Iterable[Event], now: datetime) -> list[Tenure]:
+    """Every tenure in ``events`` (one resource's, any order), oldest first.
+
+    A run that starts mid-tenure still shows it: from its first continuation, or
+    from a release that ended it (which records the holder and fence).
+    """
+    result: list[Tenure] = []
+    grant: Event | None = None
+    last: Event | None = None
+    for event in sorted(events, key=lambda e: e.id):
+        if event.action in EXTENSIONS:
+            if last is not None and continues(last, event):
+                last = event
+                continue
+            if last is not None:
+                # Another fence: a grant whose events are missing ended ours by
+                # the time the new fence was granted.
+                cut = tenure(grant, last, None, event.acquired_at or event.occurred_at)
+                if cut.ended_by != EXPIRED:
+                    cut = replace(cut, ended_by=UNRECORDED)
+                result.append(cut)
+            grant, last = None, event
+            continue
+        if event.action not in BOUNDARIES:
+            continue
+        if last is not None:
+            result.append(tenure(grant, last, event))
+        elif event.action in ENDINGS:
+            result.append(tenure(None, event, event))
+        grant, last = (event, event) if event.action in GRANTS else (None, None)
+    if last is not None:
+        result.append(tenure(grant, last, None, now))
+    return result
