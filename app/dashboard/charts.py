@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from app.audit import tenures
 from app.dashboard.timeline import ticks
 from app.locks.results import Event, Lock
 from app.locks.state import Action
@@ -32,23 +33,11 @@ TOP = 12
 BOTTOM = 24
 STATES = ("held", "expiring", "stale")
 
-GRANTS = {
-    Action.ACQUIRED,
-    Action.TOOK_OVER,
-    Action.CLAIMED,
-    Action.FORCE_CLAIMED,
-    Action.RENEWED,
-    Action.REACQUIRED,
-}
-ENDINGS = {Action.RELEASED, Action.FORCE_RELEASED}
+# The actions as the tenure rules sort them (``app.audit.tenures``): after a
+# grant or an extension the event names the holder and its expiry.
+HOLDING = {*tenures.GRANTS, *tenures.EXTENSIONS}
 # Before one of these, the resource was validly held (expiry unknown).
-VALID_BEFORE = {
-    Action.RENEWED,
-    Action.REACQUIRED,
-    Action.RELEASED,
-    Action.FORCE_RELEASED,
-    Action.FORCE_CLAIMED,
-}
+VALID_BEFORE = {*tenures.EXTENSIONS, *tenures.ENDINGS, Action.FORCE_CLAIMED}
 # Holders whose expiry is unknown (before the first event of the hour).
 VALID_UNKNOWN = object()
 STALE_UNKNOWN = object()
@@ -150,9 +139,9 @@ def samples(
         before = _state_before(resource_events[0])
         changes: list[tuple[datetime, object, datetime | None]] = [(start, *before)]
         for event in resource_events:
-            if event.action in GRANTS:
+            if event.action in HOLDING:
                 changes.append((event.occurred_at, event.owner, event.expires_at))
-            elif event.action in ENDINGS:
+            elif event.action in tenures.ENDINGS:
                 changes.append((event.occurred_at, None, None))
         add(changes)
     for lock in current:
