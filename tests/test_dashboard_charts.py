@@ -84,6 +84,23 @@ def test_a_take_over_was_stale_before_it():
     assert at_minute(sampled, 10) == (1, 0, 0)
 
 
+def test_the_charts_and_the_tenures_agree_on_a_stale_lock_ended_later():
+    """A lock that ran out and was force-released later: its tenure ended
+    ("expired") at its expiry, so the chart counts it stale, not held, between."""
+    from app.audit.tenures import derive
+
+    events = [
+        event("acquired", 40, ttl_minutes=5),
+        event("force_released", 20, prev="w"),
+    ]
+    [tenure] = derive(events, NOW)
+    assert (tenure.held_until, tenure.ended_by) == (minutes_ago(35), "expired")
+    sampled = charts.samples(events, [], NOW, expiring_within=0)
+    assert at_minute(sampled, 36) == (1, 0, 0)
+    assert at_minute(sampled, 30) == (0, 0, 1)
+    assert at_minute(sampled, 20) == (0, 0, 0)
+
+
 def test_a_lock_untouched_all_hour_counts_from_its_row():
     current = [row("job:long", "w", 180, -120), row("job:dead", "w", 300, 200)]
     sampled = charts.samples([], current, NOW, expiring_within=15)
