@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.locks.errors import LockExpired, LockNotFound, NotOwner
 from app.locks.service import lock_service
-from app.ops.request_log import LOGGER_NAME
+from app.ops.request_log import LOGGER_NAME, render_line
 from app.paths import PROJECT_ROOT
 
 # -- helpers ----------------------------------------------------------------
@@ -530,6 +530,26 @@ def test_request_log_never_contains_tokens_cookies_or_query(client, caplog):
     assert line["path"] == "/healthz"
     for secret in ("lk_querysecret", "lk_headersecret", "cookiesecret", "Bearer"):
         assert secret not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["plain", 'quo"te \\ slash/', "ünïcødé ✓", "ctl\x00\x1f\x7f\n", "\u2028\ud800"],
+)
+@pytest.mark.parametrize("absent", [None, "x"])
+def test_the_request_line_is_written_as_json_dumps_would(text, absent):
+    line = {
+        "event": "request",
+        "request_id": text,
+        "method": text,
+        "path": text,
+        "route": absent,
+        "status": 404,
+        "duration_ms": round(0.1234567 * 1000, 3),
+        "actor": absent,
+        "remote_addr": absent,
+    }
+    assert render_line(line) == json.dumps(line, ensure_ascii=False)
 
 
 def test_api_request_log_names_the_token_not_the_token_itself(app, caplog):
