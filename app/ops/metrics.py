@@ -213,15 +213,25 @@ class AppMetrics:
         )
         if not self.multiprocess_dir:
             self.registry.register(LockStateCollector(app))
+        # (method, route, status) -> its counter and histogram children: labels()
+        # validates, locks and hashes its values on every call.
+        self._children: dict[tuple[str, str | None, int], tuple] = {}
 
     def observe_request(
         self, method: str, route: str | None, status: int, seconds: float
     ) -> None:
         # Label values are bounded: a route template, never the raw path.
         method = method if method in HTTP_METHODS else "OTHER"
-        route = route or UNMATCHED_ROUTE
-        self._requests.labels(method, route, str(status)).inc()
-        self._latency.labels(method, route).observe(seconds)
+        key = (method, route, status)
+        children = self._children.get(key)
+        if children is None:
+            route = route or UNMATCHED_ROUTE
+            children = self._children[key] = (
+                self._requests.labels(method, route, str(status)),
+                self._latency.labels(method, route),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""
