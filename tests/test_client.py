@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC
+from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,8 +18,9 @@ from app.client import (
     InvalidRequest,
     LockClient,
     LockLost,
+    LockMissing,
     LockNotAcquired,
-    LockNotFound,
+    LockQuotaReached,
     ServiceUnavailable,
 )
 from tests.live_server import serve
@@ -137,7 +138,7 @@ def test_renew_by_another_owner_raises_lock_lost(worker):
 def test_release_frees_the_lock(worker):
     worker.acquire("job:42", "w-1", ttl=30)
     worker.release("job:42", "w-1")
-    with pytest.raises(LockNotFound, match="job:42"):
+    with pytest.raises(LockMissing, match="job:42"):
         worker.get("job:42")
 
 
@@ -158,6 +159,33 @@ def test_wrong_token_raises_authentication_failed(live_server):
     with LockClient(live_server.url, "lk_not-a-token") as bad:
         with pytest.raises(AuthenticationFailed, match="job:42"):
             bad.acquire("job:42", "w-1")
+
+
+def test_quota_answer_raises_lock_quota_reached_with_retry_after(live_server):
+    from app.auth.service import create_token
+
+    with live_server.app.app_context():
+        token = create_token("one-lock", max_locks=1)
+    with LockClient(live_server.url, token, timeout=5) as quota_worker:
+        assert quota_worker.acquire("job:1", "w-1", ttl=30).acquired
+        with pytest.raises(LockQuotaReached, match="job:2") as caught:
+            quota_worker.acquire("job:2", "w-1", ttl=30)
+        assert caught.value.status == 429
+        assert 0 < caught.value.retry_after <= 30
+        with pytest.raises(LockQuotaReached), quota_worker.lock("job:2", wait=5):
+            pytest.fail("the block must not run past the quota")
+
+
+def test_the_client_imports_neither_flask_nor_sqlalchemy():
+    code = (
+        "import sys, app.client; "
+        "assert 'flask' not in sys.modules, 'flask'; "
+        "assert 'sqlalchemy' not in sys.modules, 'sqlalchemy'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_invalid_resource_raises_invalid_request_with_field_errors(worker):
@@ -224,7 +252,7 @@ def test_release_whose_reply_was_lost_is_not_reported_as_a_loss(live_server):
         live_server.app.wsgi_app = front
         lock_client.release("job:42", "w-1")
         assert front.seen == 2
-        with pytest.raises(LockNotFound):
+        with pytest.raises(LockMissing):
             lock_client.get("job:42")
 
 
@@ -238,7 +266,7 @@ def test_lock_block_holds_the_lock_and_releases_it_on_exit(worker):
         assert current.fence == lock.fence
         assert lock.expires_at == current.expires_at
     assert not lock.lost.is_set()
-    with pytest.raises(LockNotFound):
+    with pytest.raises(LockMissing):
         worker.get("job:42")
 
 
@@ -248,14 +276,34 @@ def test_default_owner_is_random_per_lock(worker):
         assert len(first.owner.rsplit(":", 1)[-1]) == 16
 
 
-def test_auto_renew_keeps_a_short_lock_alive_well_past_its_ttl(worker, other_worker):
-    with worker.lock("job:42", ttl=1, wait=1) as lock:
+def wait_until(condition, what: str, timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout} s")
+        time.sleep(0.01)
+
+
+def test_auto_renew_keeps_a_short_lock_alive_well_past_its_ttl(make_app, clock):
+    """The server's clock moves only once the renewer has caught up with it, so a
+    busy machine delays the test but cannot expire the lock under it."""
+    with (
+        serve(make_app(LOCKKEEPER_CLOCK=clock)) as server,
+        LockClient(server.url, server.token, timeout=5) as worker,
+        worker.lock("job:42", ttl=1, wait=1, renew_every=0.05) as lock,
+    ):
         fence = lock.fence
-        time.sleep(3.2)
+        for _ in range(6):  # three ttls of server time, half a ttl at a time
+            renewed_to = clock.advance(0.5) + timedelta(seconds=1)
+            wait_until(
+                lambda renewed_to=renewed_to: lock.expires_at == renewed_to,
+                f"a renewal to {renewed_to}",
+            )
         assert not lock.lost.is_set()
         current = worker.get("job:42")
         assert (current.owner, current.fence) == (lock.owner, fence)
-        assert not other_worker.acquire("job:42", "intruder", ttl=1).acquired
+        assert not worker.acquire("job:42", "intruder", ttl=1).acquired
     assert not lock.lost.is_set()
 
 
@@ -322,10 +370,10 @@ def test_force_release_mid_block_sets_lost_and_calls_on_lost_once(live_server, w
     with worker.lock("job:42", ttl=1, wait=1, on_lost=calls.append) as lock:
         live_server.force_release("job:42", reason="stuck job")
         assert lock.lost.wait(2)
-        time.sleep(0.5)
+    # Leaving the block joined the renewal thread: no later call can come.
     assert calls == [lock]
     assert "job:42" in lock.lost_reason
-    with pytest.raises(LockNotFound):
+    with pytest.raises(LockMissing):
         worker.get("job:42")
 
 
@@ -356,7 +404,7 @@ def test_service_gone_mid_block_sets_lost_by_the_time_the_lock_expires(make_app)
 def test_exception_inside_block_propagates_and_the_lock_is_released(worker):
     with pytest.raises(RuntimeError, match="job failed"), worker.lock("job:42", ttl=5):
         raise RuntimeError("job failed")
-    with pytest.raises(LockNotFound):
+    with pytest.raises(LockMissing):
         worker.get("job:42")
 
 
@@ -383,5 +431,5 @@ def test_readme_worker_example_runs_as_written(live_server, worker):
     )
     assert result.returncode == 0, result.stderr
     assert "writing summary with fence" in result.stdout
-    with pytest.raises(LockNotFound):
+    with pytest.raises(LockMissing):
         worker.get("report:nightly")

@@ -1,0 +1,104 @@
+"""Every failure the client reports: one class per thing the caller can do about it.
+
+All derive from ``LockClientError``; each message names the resource. These are
+the client's own names: the server's exceptions (``app.locks.errors``) are never
+seen by a worker, only the HTTP answers they become.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.client.grants import LockGrant
+
+
+class LockClientError(Exception):
+    """Base of every failure the client reports; ``resource`` names the lock."""
+
+    def __init__(self, resource: str | None, message: str, status: int | None = None):
+        self.resource = resource
+        self.status = status
+        super().__init__(message)
+
+
+class InvalidRequest(LockClientError):
+    """The server rejected the request as malformed (400, 413, 415); fix the call.
+
+    ``errors`` holds the server's ``(field, message)`` pairs.
+    """
+
+    def __init__(self, resource, message, status=None, errors=()):
+        super().__init__(resource, message, status)
+        self.errors = list(errors)
+
+
+class AuthenticationFailed(LockClientError):
+    """The token is missing, wrong or revoked (401)."""
+
+
+class LockQuotaReached(LockClientError):
+    """The token already holds its quota of live locks (429); nothing was granted.
+
+    Not retried: only releasing (or the expiry of) one of the token's own locks
+    makes room. ``retry_after`` is the server's ``Retry-After``: seconds until the
+    soonest of them expires.
+    """
+
+    def __init__(self, resource, message, retry_after: float | None = None):
+        super().__init__(resource, message, 429)
+        self.retry_after = retry_after
+
+
+class LockMissing(LockClientError):
+    """No valid lock on the resource (``get`` answered 404)."""
+
+
+class LockNotAcquired(LockClientError):
+    """The lock stayed held by someone else for the whole ``wait``.
+
+    ``holder`` is the last holder the server named, when it named one.
+    """
+
+    def __init__(self, resource, message, holder: LockGrant | None = None):
+        super().__init__(resource, message, 409)
+        self.holder = holder
+
+
+class LockFrozen(LockClientError):
+    """An operator froze the resource's prefix (423): no new grants until the
+    freeze ends; locks already held can still be renewed and released.
+
+    ``freeze`` is the server's description: ``prefix``, ``reason``, ``actor``,
+    ``frozen_at`` and ``ends_at`` (None: until unfrozen).
+    """
+
+    def __init__(self, resource, message, freeze: dict[str, Any] | None = None):
+        super().__init__(resource, message, 423)
+        self.freeze = freeze or {}
+
+
+class FenceRejected(LockClientError):
+    """``check_fence``: the fence is not the valid grant of the resource (409).
+
+    ``current`` is the lock as it is now (None when nobody holds it).
+    """
+
+    def __init__(self, resource, message, current: LockGrant | None = None):
+        super().__init__(resource, message, 409)
+        self.current = current
+
+
+class LockLost(LockClientError):
+    """The caller no longer holds the lock: it expired, was force-released or was
+    taken by another owner. Renew and release answer this; stop using the fence."""
+
+
+class ServiceUnavailable(LockClientError):
+    """The server could not be reached, or kept answering 502/503/504, for as long
+    as the retry budget allowed."""
+
+
+class UnexpectedResponse(LockClientError):
+    """An answer outside the API contract (a 500, or a body that is not the JSON
+    the contract promises)."""

@@ -1,0 +1,61 @@
+"""What the server answers, as the client's own value types."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from app.timestamps import parse_rfc3339
+
+
+@dataclass(frozen=True, slots=True)
+class LockGrant:
+    """A lock as the server reported it: who holds ``resource``, with which fence,
+    until when."""
+
+    resource: str
+    owner: str
+    fence: int
+    acquired_at: datetime
+    expires_at: datetime
+    ttl_remaining: float
+    state: str
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LockGrant:
+        """:raise KeyError, TypeError, ValueError: not the API's lock object."""
+        return cls(
+            resource=data["resource"],
+            owner=data["owner"],
+            fence=int(data["fence"]),
+            acquired_at=parse_rfc3339(data["acquired_at"]),
+            expires_at=parse_rfc3339(data["expires_at"]),
+            ttl_remaining=float(data["ttl_remaining"]),
+            state=data["state"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireAttempt:
+    """One acquire's answer: ``acquired`` with the caller's grant, or refused with
+    the current holder.
+
+    On a refusal ``retry_after`` is the server's ``Retry-After`` (seconds until the
+    holder's lock expires unless it renews). ``lock`` is None only when the server
+    named no holder (it released between the attempt and the look).
+    """
+
+    acquired: bool
+    lock: LockGrant | None
+    retry_after: float | None = None
+    # A waiting acquire found the server's waiting room full (503): poll instead.
+    waiting_room_full: bool = False
+
+
+def default_owner() -> str:
+    """A fresh owner token: readable on the dashboard, unguessable by other workers."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
