@@ -7,7 +7,7 @@ from datetime import datetime
 import click
 from flask.cli import with_appcontext
 
-from app.cli.params import Duration
+from app.cli.params import older_than_option, refusals_reported
 from app.locks.state import Action
 from app.timestamps import parse_rfc3339
 
@@ -57,10 +57,8 @@ def events_export(export_format, output, **filters) -> None:
     from app.locks.errors import InvalidInput
 
     event_filter = EventFilter(**filters)
-    try:
+    with refusals_reported(InvalidInput):
         event_filter.validate()
-    except InvalidInput as exc:
-        raise click.ClickException(str(exc)) from exc
     rows = chunks(iter_events(event_filter), ExportFormat(export_format))
     # newline="": the CSV writer already ends rows with CRLF (RFC 4180).
     if output == "-":
@@ -73,22 +71,15 @@ def events_export(export_format, output, **filters) -> None:
 
 
 @events.command("prune")
-@click.option(
-    "--older-than",
-    type=Duration(),
-    required=True,
-    help="Delete events that occurred longer ago than this (e.g. 90d).",
-)
+@older_than_option("Delete events that occurred longer ago than this (e.g. 90d).")
 @with_appcontext
 def events_prune(older_than) -> None:
     """Delete old events in batches of 1000, each its own short transaction."""
     from app.audit.service import prune_events
     from app.locks.errors import InvalidInput
 
-    try:
+    with refusals_reported(InvalidInput):
         pruned = prune_events(older_than)
-    except InvalidInput as exc:
-        raise click.ClickException(str(exc)) from exc
     click.echo(f"Pruned {pruned} event(s).")
 
 

@@ -51,6 +51,16 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _seconds_option(name: str, default: float, help: str, *, positive=False):  # noqa: A002
+    """A float option in seconds; 0 allowed unless ``positive``."""
+    return click.option(
+        name,
+        type=click.FloatRange(min=0, min_open=positive),
+        default=default,
+        help=help,
+    )
+
+
 @click.command(
     "exec",
     context_settings={"show_default": True},
@@ -58,17 +68,14 @@ def _fail(message: str, code: int) -> None:
 )
 @click.argument("resource")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option(
+@_seconds_option(
     "--ttl",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    help="Lock ttl in seconds; renewed every ttl/3 while the command runs.",
+    30.0,
+    "Lock ttl in seconds; renewed every ttl/3 while the command runs.",
+    positive=True,
 )
-@click.option(
-    "--wait",
-    type=click.FloatRange(min=0),
-    default=60.0,
-    help="Seconds to wait for a held lock before giving up with status 75.",
+@_seconds_option(
+    "--wait", 60.0, "Seconds to wait for a held lock before giving up with status 75."
 )
 @click.option("--url", envvar="LOCKKEEPER_URL", help="Server URL [env LOCKKEEPER_URL].")
 @click.option(
@@ -83,11 +90,8 @@ def _fail(message: str, code: int) -> None:
     default="kill",
     help="On loss: terminate the command and exit 76, or warn and keep it running.",
 )
-@click.option(
-    "--grace",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    help="Seconds between SIGTERM and SIGKILL when the lock is lost.",
+@_seconds_option(
+    "--grace", 10.0, "Seconds between SIGTERM and SIGKILL when the lock is lost."
 )
 def exec_command(resource, command, ttl, wait, url, token, owner, on_lost, grace):
     """Run COMMAND only while holding the lock RESOURCE, renewing it as it runs.

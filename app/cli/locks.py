@@ -7,7 +7,7 @@ import getpass
 import click
 from flask.cli import with_appcontext
 
-from app.cli.params import Duration
+from app.cli.params import Duration, older_than_option, refusals_reported
 
 locks = click.Group("locks", help="Inspect and administer locks.")
 
@@ -19,10 +19,6 @@ def operator_actor() -> str:
     except (KeyError, OSError):  # no passwd entry and no $USER (some containers)
         user = "unknown"
     return f"cli:{user}"
-
-
-def _fail_on_invalid(exc) -> click.ClickException:
-    return click.ClickException(str(exc))
 
 
 class ChangedHands(click.ClickException):
@@ -54,12 +50,10 @@ def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
         "resource\towner\tfence\tstate\tacquired_at\texpires_at\tttl_remaining\ttoken"
     )
     while True:
-        try:
+        with refusals_reported(InvalidInput):
             page = service.list_locks(
                 state=state, prefix=prefix, owner=owner, limit=MAX_PAGE, cursor=cursor
             )
-        except InvalidInput as exc:
-            raise _fail_on_invalid(exc) from exc
         for lock in page.items:
             click.echo(
                 "\t".join(
@@ -117,12 +111,10 @@ def locks_release(
         raise click.UsageError("--fence goes with RESOURCE")
     service = lock_service()
     if stale:
-        try:
+        with refusals_reported(InvalidInput):
             released = service.release_stale(
                 actor=operator_actor(), reason=reason, prefix=prefix, owner=owner
             )
-        except InvalidInput as exc:
-            raise _fail_on_invalid(exc) from exc
         for lock in released:
             click.echo(f"{lock.resource}\t{lock.owner}\t{lock.fence}")
         click.echo(f"Force-released {len(released)} stale lock(s).")
@@ -134,7 +126,7 @@ def locks_release(
     except LockChanged as exc:
         raise ChangedHands(f"{exc}; nothing was released.") from exc
     except (InvalidInput, LockNotFound) as exc:
-        raise _fail_on_invalid(exc) from exc
+        raise click.ClickException(str(exc)) from exc
     click.echo(
         f"Force-released {lock.resource!r} (owner {lock.owner!r}, fence {lock.fence})."
     )
@@ -194,7 +186,7 @@ def locks_claim(
     except ResourceFrozen as exc:
         raise click.ClickException(f"{exc} (pass --force to claim it anyway)") from exc
     except InvalidInput as exc:
-        raise _fail_on_invalid(exc) from exc
+        raise click.ClickException(str(exc)) from exc
     token = f"token {lock.token!r}" if lock.token else "no token"
     click.echo(
         f"Claimed {lock.resource!r} for {lock.owner!r} ({token}, fence {lock.fence})."
@@ -217,12 +209,10 @@ def locks_freeze(prefix: str, reason: str | None, duration) -> None:
     from app.locks.errors import InvalidInput
     from app.locks.service import lock_service
 
-    try:
+    with refusals_reported(InvalidInput):
         freeze = lock_service().freeze(
             prefix, actor=operator_actor(), reason=reason, duration=duration
         )
-    except InvalidInput as exc:
-        raise _fail_on_invalid(exc) from exc
     click.echo(f"Froze {freeze.prefix!r} {_until(freeze)}.")
 
 
@@ -235,10 +225,8 @@ def locks_unfreeze(prefix: str, reason: str | None) -> None:
     from app.locks.errors import InvalidInput, NotFrozen
     from app.locks.service import lock_service
 
-    try:
+    with refusals_reported(InvalidInput, NotFrozen):
         freeze = lock_service().unfreeze(prefix, actor=operator_actor(), reason=reason)
-    except (InvalidInput, NotFrozen) as exc:
-        raise _fail_on_invalid(exc) from exc
     click.echo(f"Unfroze {freeze.prefix!r} (frozen for: {freeze.reason}).")
 
 
@@ -265,12 +253,7 @@ def _until(freeze) -> str:
 
 
 @locks.command("purge-stale")
-@click.option(
-    "--older-than",
-    type=Duration(),
-    required=True,
-    help="Delete rows expired for longer than this (e.g. 7d, 12h).",
-)
+@older_than_option("Delete rows expired for longer than this (e.g. 7d, 12h).")
 @with_appcontext
 def locks_purge_stale(older_than) -> None:
     """Delete long-expired lock rows. Fences stay monotonic: they come from a
@@ -278,10 +261,8 @@ def locks_purge_stale(older_than) -> None:
     from app.locks.errors import InvalidInput
     from app.locks.service import lock_service
 
-    try:
+    with refusals_reported(InvalidInput):
         purged = lock_service().purge_stale(older_than)
-    except InvalidInput as exc:
-        raise _fail_on_invalid(exc) from exc
     click.echo(f"Purged {len(purged)} stale lock(s).")
 
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 import click
 from flask.cli import with_appcontext
 
-from app.cli.params import Duration
+from app.cli.params import Duration, name_command, refusals_reported
 
 tokens = click.Group("tokens", help="API tokens for workers.")
 
@@ -43,7 +43,7 @@ def tokens_create(
     """Create a token; the token is printed alone on the last line, once."""
     from app.auth.service import AuthError, create_token
 
-    try:
+    with refusals_reported(AuthError):
         token = create_token(
             name,
             prefixes=prefixes,
@@ -51,8 +51,6 @@ def tokens_create(
             expires_in=expires_in,
             max_locks=max_locks,
         )
-    except AuthError as exc:
-        raise click.ClickException(str(exc)) from exc
     click.echo(f"Created API token {name!r}. Store it now; it is not shown again:")
     click.echo(token)
 
@@ -88,17 +86,9 @@ def tokens_list() -> None:
         )
 
 
-@tokens.command("revoke")
-@click.argument("name")
-@with_appcontext
-def tokens_revoke(name: str) -> None:
-    from app.auth.service import AuthError, revoke_token
-
-    try:
-        revoke_token(name)
-    except AuthError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"Revoked API token {name!r}.")
+tokens_revoke = name_command(
+    tokens, "revoke", "revoke_token", done="Revoked API token {name}."
+)
 
 
 COMMANDS = [tokens]

@@ -8,6 +8,7 @@ import click
 from flask.cli import with_appcontext
 
 from app.auth.models import ROLES
+from app.cli.params import name_command, refusals_reported
 
 users = click.Group("users", help="Dashboard accounts (operators and viewers).")
 
@@ -33,10 +34,8 @@ def users_create(name: str, role: str, password_stdin: bool) -> None:
     from app.auth.service import AuthError, create_user
 
     password = _read_password(password_stdin)
-    try:
+    with refusals_reported(AuthError):
         create_user(name, password, role)
-    except AuthError as exc:
-        raise click.ClickException(str(exc)) from exc
     click.echo(f"Created {role} {name!r}.")
 
 
@@ -62,39 +61,25 @@ def users_set_password(name: str, password_stdin: bool) -> None:
     from app.auth.service import AuthError, set_password
 
     password = _read_password(password_stdin)
-    try:
+    with refusals_reported(AuthError):
         set_password(name, password)
-    except AuthError as exc:
-        raise click.ClickException(str(exc)) from exc
     click.echo(f"Set a new password for {name!r}; its sessions have ended.")
 
 
-@users.command("disable")
-@click.argument("name")
-@with_appcontext
-def users_disable(name: str) -> None:
-    """Refuse NAME's logins and end all of its dashboard sessions now."""
-    from app.auth.service import AuthError, disable_user
-
-    try:
-        disable_user(name)
-    except AuthError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"Disabled {name!r}; its sessions have ended.")
-
-
-@users.command("enable")
-@click.argument("name")
-@with_appcontext
-def users_enable(name: str) -> None:
-    """Let the disabled account NAME log in again."""
-    from app.auth.service import AuthError, enable_user
-
-    try:
-        enable_user(name)
-    except AuthError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"Enabled {name!r}.")
+users_disable = name_command(
+    users,
+    "disable",
+    "disable_user",
+    help="Refuse NAME's logins and end all of its dashboard sessions now.",
+    done="Disabled {name}; its sessions have ended.",
+)
+users_enable = name_command(
+    users,
+    "enable",
+    "enable_user",
+    help="Let the disabled account NAME log in again.",
+    done="Enabled {name}.",
+)
 
 
 COMMANDS = [users]
