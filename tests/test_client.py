@@ -11,6 +11,7 @@ import time
 from datetime import UTC, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app.client import (
@@ -119,11 +120,15 @@ def test_renew_extends_expiry_and_keeps_fence_and_acquired_at(worker):
     assert renewed.ttl_remaining > 59
 
 
-def test_renew_of_expired_lock_raises_lock_lost_naming_the_resource(worker):
-    worker.acquire("job:42", "w-1", ttl=0.2)
-    time.sleep(0.4)
-    with pytest.raises(LockLost, match="job:42") as caught:
-        worker.renew("job:42", "w-1", ttl=5)
+def test_renew_of_expired_lock_raises_lock_lost_naming_the_resource(make_app, clock):
+    with (
+        serve(make_app(LOCKKEEPER_CLOCK=clock)) as server,
+        LockClient(server.url, server.token, timeout=5) as worker,
+    ):
+        worker.acquire("job:42", "w-1", ttl=1)
+        clock.advance(2)
+        with pytest.raises(LockLost, match="job:42") as caught:
+            worker.renew("job:42", "w-1", ttl=5)
     assert caught.value.resource == "job:42"
     assert caught.value.status == 409
 
@@ -307,29 +312,53 @@ def test_auto_renew_keeps_a_short_lock_alive_well_past_its_ttl(make_app, clock):
     assert not lock.lost.is_set()
 
 
+class AcquireSeen(httpx.HTTPTransport):
+    """A transport that tells when an acquire has gone out to the server."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent = threading.Event()
+
+    def handle_request(self, request):
+        if request.method == "POST":
+            self.sent.set()
+        return super().handle_request(request)
+
+
 def test_two_clients_contend_and_the_waiter_gets_the_lock_after_release(
-    worker, other_worker
+    live_server, worker
 ):
-    holding = threading.Event()
-    fences = {}
+    """Ordered by events, not durations: the waiter asks while the lock is held
+    and is granted only after the holder lets go."""
+    held = worker.lock("job:42", ttl=30, wait=1)
+    held.acquire()
+    released = threading.Event()
+    seen = AcquireSeen()
+    outcome = {}
 
-    def first_worker():
-        with worker.lock("job:42", ttl=5, wait=1) as lock:
-            fences["first"] = lock.fence
-            holding.set()
-            time.sleep(0.8)
+    def wait_for_it():
+        with (
+            LockClient(live_server.url, live_server.token, transport=seen) as waiter,
+            waiter.lock("job:42", ttl=5, wait=30) as lock,
+        ):
+            outcome["released_first"] = released.is_set()
+            outcome["fence"] = lock.fence
+            outcome["owner_seen"] = worker.get("job:42").owner == lock.owner
 
-    holder_thread = threading.Thread(target=first_worker)
-    holder_thread.start()
-    assert holding.wait(5)
-    start = time.monotonic()
-    with other_worker.lock("job:42", ttl=5, wait=5) as lock:
-        waited = time.monotonic() - start
-        fences["second"] = lock.fence
-        assert worker.get("job:42").owner == lock.owner
-    holder_thread.join()
-    assert 0.5 < waited < 3
-    assert fences["second"] > fences["first"]
+    waiter_thread = threading.Thread(target=wait_for_it)
+    waiter_thread.start()
+    assert seen.sent.wait(10)
+    assert worker.get("job:42").owner == held.owner
+    released.set()
+    held.release()
+    waiter_thread.join(30)
+    assert not waiter_thread.is_alive()
+    assert outcome == {
+        "released_first": True,
+        "fence": outcome["fence"],
+        "owner_seen": True,
+    }
+    assert outcome["fence"] > held.fence
 
 
 def test_wait_timeout_raises_lock_not_acquired_naming_resource_and_holder(
