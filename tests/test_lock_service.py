@@ -46,6 +46,33 @@ def test_acquire_of_free_resource_grants_it_with_a_fence(service, clock):
     assert lock.state is LockState.HELD
 
 
+def test_stored_instants_equal_what_sqlalchemy_binds(service, clock):
+    """Equality in SQL with instants SQLAlchemy binds (text on SQLite, whole
+    seconds included): the hot path stores what every other query compares with."""
+    clock.advance(0.5)
+    service.acquire("job:format", "w-1", ttl=30)
+    service.renew("job:format", "w-1", ttl=30)
+    now, expires_at = clock.now(), clock.now() + timedelta(seconds=30)
+    assert lock_rows_where(
+        DistributedLock.acquired_at == now, DistributedLock.expires_at == expires_at
+    )
+    clock.advance(0.5)
+    service.release("job:format", "w-1")
+    assert lock_rows_where(DistributedLock.expires_at == clock.now())
+    assert [event.occurred_at for event in events_of("job:format")] == [
+        now,
+        now,
+        clock.now(),
+    ]
+
+
+def lock_rows_where(*conditions) -> int:
+    db.session.rollback()  # a fresh snapshot
+    return db.session.scalar(
+        select(func.count()).select_from(DistributedLock).where(*conditions)
+    )
+
+
 def test_acquire_uses_default_ttl_when_none_given(service, clock):
     lock = service.acquire("job:1", "w-1").lock
     assert lock.expires_at - clock.now() == timedelta(seconds=30)

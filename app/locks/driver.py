@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import re
 from collections import namedtuple
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -131,6 +133,37 @@ class DriverConnection:
                     pass
             fairy.close()
 
+    @contextmanager
+    def transaction(self, begin: str) -> Iterator[DriverTransaction]:
+        """SQLite: ``begin`` (``BEGIN IMMEDIATE``), the statements, COMMIT on one
+        pooled connection; any error rolls back. Engine ``commit`` listeners hear
+        the commit (``conn`` None)."""
+        try:
+            fairy = self.engine.raw_connection()
+        except self._dbapi_error as exc:
+            raise self._wrapped(exc, begin, {}, invalidated=False) from exc
+        try:
+            dbapi_connection = fairy.dbapi_connection
+            transaction = DriverTransaction(self, dbapi_connection.cursor())
+            transaction.execute(begin, {})
+            try:
+                yield transaction
+                dbapi_connection.commit()
+            except BaseException:
+                try:
+                    dbapi_connection.rollback()
+                except self._dbapi_error:
+                    pass
+                raise
+            finally:
+                transaction.cursor.close()
+            for listener in self.engine.dispatch.commit:
+                listener(None)
+        except self._dbapi_error as exc:
+            raise self._wrapped(exc, begin, {}, invalidated=False) from exc
+        finally:
+            fairy.close()
+
     def _wrapped(self, exc, sql, params, *, invalidated: bool) -> Exception:
         return DBAPIError.instance(
             sql,
@@ -146,3 +179,58 @@ class DriverConnection:
         if row_type is None:
             row_type = self._row_types[names] = namedtuple("DriverRow", names)
         return row_type
+
+
+# SQLite keeps an instant as naive-UTC text in SQLAlchemy's DATETIME format (always
+# six fraction digits: the text orders as the instant does); these are the columns
+# that hold one.
+_SQLITE_TIMES = frozenset({"acquired_at", "expires_at", "frozen_at", "ends_at"})
+
+
+def _sqlite_text(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    return value
+
+
+class DriverTransaction:
+    """The statements of one ``DriverConnection.transaction`` (SQLite): fixed SQL
+    with ``:name`` parameters on the sqlite3 cursor, datetimes bound as SQLite's
+    text and read back as aware UTC instants."""
+
+    __slots__ = ("_connection", "_listeners", "cursor")
+
+    def __init__(self, connection: DriverConnection, cursor) -> None:
+        self._connection = connection
+        self._listeners = connection.engine.dispatch.before_cursor_execute
+        self.cursor = cursor
+
+    def execute(self, sql: str, params: dict[str, Any]):
+        """Run ``sql``; returns the cursor, its rows unread."""
+        params = {name: _sqlite_text(value) for name, value in params.items()}
+        for listener in self._listeners:
+            listener(None, self.cursor, sql, params, None, False)
+        try:
+            return self.cursor.execute(sql, params)
+        except self._connection._dbapi_error as exc:
+            raise self._connection._wrapped(
+                exc, sql, params, invalidated=False
+            ) from exc
+
+    def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        raw = self.execute(sql, params or {}).fetchone()
+        return None if raw is None else raw[0]
+
+    def one(self, sql: str, params: dict[str, Any]) -> Any | None:
+        """The first row (attributes by column name), or None."""
+        cursor = self.execute(sql, params)
+        raw = cursor.fetchone()
+        if raw is None:
+            return None
+        names = tuple(column[0] for column in cursor.description)
+        return self._connection._row_type(names)._make(
+            datetime.fromisoformat(value).replace(tzinfo=UTC)
+            if value is not None and name in _SQLITE_TIMES
+            else value
+            for name, value in zip(names, raw, strict=True)
+        )

@@ -126,6 +126,9 @@ class LockService:
         self._autocommit_engine = autocommit(engine)
         self._driver = DriverConnection(self._autocommit_engine)
         self._write_engine = engine.execution_options(sqlite_immediate=True)
+        # SQLite's hot path: its transaction on the driver's connection.
+        self._driver_begin = getattr(self.statements, "driver_transaction", None)
+        self._write_driver = DriverConnection(self._write_engine)
         self._runner = TransactionRunner(settings.retries)
         self.queue = WaitQueue(
             self,
@@ -158,6 +161,7 @@ class LockService:
         work: Callable[[Connection], T],
         *,
         autocommit: bool = False,
+        driver: bool = False,
         decide: Callable[[T], R] | None = None,
     ) -> R:
         """Run ``work`` in its own transaction and ``decide`` on its result, the
@@ -166,11 +170,16 @@ class LockService:
         ``Raced``).
 
         ``autocommit``: ``work`` is one statement and gets the ``DriverConnection``.
+        ``driver`` (and a statements class with ``driver_transaction``: SQLite):
+        ``work`` gets a ``DriverTransaction`` instead of a SQLAlchemy connection.
         """
 
         def attempt():
             if autocommit:
                 result = work(self._driver)
+            elif driver and self._driver_begin:
+                with self._write_driver.transaction(self._driver_begin) as transaction:
+                    result = work(transaction)
             else:
                 with self._write_engine.connect() as conn, conn.begin():
                     result = work(conn)
@@ -332,6 +341,7 @@ class LockService:
                 waiter,
             ),
             autocommit=self.statements.autocommit,
+            driver=True,
             decide=decide,
         )
 
@@ -385,6 +395,7 @@ class LockService:
                 conn, resource, owner, token, ttl, actor, self._now()
             ),
             autocommit=self.statements.autocommit,
+            driver=True,
             decide=decide,
         )
 
@@ -425,6 +436,7 @@ class LockService:
                 conn, resource, owner, token, actor, self._now()
             ),
             autocommit=self.statements.autocommit,
+            driver=True,
             decide=decide,
         )
 
