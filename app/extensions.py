@@ -1,5 +1,6 @@
 """Extensions created without an app and bound in ``create_app`` (no import cycles)."""
 
+from flask import current_app
 from flask_compress import Compress
 from flask_login import LoginManager
 from flask_migrate import Migrate
@@ -53,4 +54,23 @@ def init_app(app) -> None:
     csrf.init_app(app)
     login_manager.init_app(app)
     app.config.setdefault("COMPRESS_MIMETYPES", COMPRESS_MIMETYPES)
+    register = app.config.get("COMPRESS_REGISTER", True)
+    app.config["COMPRESS_REGISTER"] = False  # its hook is registered below
     compress.init_app(app)
+    app.config["COMPRESS_REGISTER"] = register
+    if register and app.config["COMPRESS_MIMETYPES"]:
+        app.after_request(_compress_unless_small)
+
+
+def _compress_unless_small(response):
+    """Flask-Compress's hook, not called for a body under ``COMPRESS_MIN_SIZE``.
+
+    It would send such a body as it is whatever the client accepts, after
+    reading the request's Accept-Encoding and adding ``Vary: Accept-Encoding``
+    (needless, since nothing varies): a small API answer is most requests.
+    Bodies of unknown length (streams) and larger ones go through it as before.
+    """
+    length = response.content_length
+    if length is not None and length < current_app.config["COMPRESS_MIN_SIZE"]:
+        return response
+    return compress.after_request(response)
