@@ -31,11 +31,38 @@ from app.paths import (
 )
 
 
+class Lockkeeper(Flask):
+    """Flask, asking once per function whether a view or hook is a coroutine.
+
+    ``ensure_sync`` runs for every view and every request hook, about a dozen
+    times a request, and each call asked ``inspect`` again. The answers are
+    kept for up to ``_SYNC_CACHE_SIZE`` functions (the app's views and hooks;
+    a per-request ``after_this_request`` closure past that is asked as before).
+    """
+
+    _SYNC_CACHE_SIZE = 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sync_functions: dict[Any, Any] = {}
+
+    def ensure_sync(self, func):
+        try:
+            return self._sync_functions[func]
+        except KeyError:
+            sync = super().ensure_sync(func)
+            if len(self._sync_functions) < self._SYNC_CACHE_SIZE:
+                self._sync_functions[func] = sync
+            return sync
+        except TypeError:  # an unhashable callable
+            return super().ensure_sync(func)
+
+
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     instance = os.environ.get("LOCKKEEPER_INSTANCE_PATH", str(INSTANCE_DIR))
     if test_config and test_config.get("LOCKKEEPER_INSTANCE_PATH"):
         instance = str(test_config["LOCKKEEPER_INSTANCE_PATH"])
-    app = Flask(
+    app = Lockkeeper(
         "app",
         instance_path=os.path.abspath(instance),
         instance_relative_config=True,
