@@ -189,7 +189,12 @@ _SQLITE_TIMES = frozenset({"acquired_at", "expires_at", "frozen_at", "ends_at"})
 
 def _sqlite_text(value: Any) -> Any:
     if isinstance(value, datetime):
-        return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+        if value.tzinfo is not UTC:
+            if value.tzinfo is None:
+                raise ValueError(f"naive datetime {value!r}: pass an aware UTC instant")
+            value = value.astimezone(UTC)
+        # The first 26 characters: the text without its "+00:00".
+        return value.isoformat(" ", "microseconds")[:26]
     return value
 
 
@@ -208,8 +213,9 @@ class DriverTransaction:
     def execute(self, sql: str, params: dict[str, Any]):
         """Run ``sql``; returns the cursor, its rows unread."""
         params = {name: _sqlite_text(value) for name, value in params.items()}
-        for listener in self._listeners:
-            listener(None, self.cursor, sql, params, None, False)
+        if self._listeners:
+            for listener in self._listeners:
+                listener(None, self.cursor, sql, params, None, False)
         try:
             return self.cursor.execute(sql, params)
         except self._connection._dbapi_error as exc:
