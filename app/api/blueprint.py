@@ -6,7 +6,7 @@ consulted here, which is why the blueprint may be exempt from CSRF.
 
 from __future__ import annotations
 
-from flask import Blueprint, g, request
+from flask import Blueprint, Request, g, request
 
 from app.api import problems
 from app.api.schemas import raw_input_errors
@@ -21,8 +21,9 @@ PUBLIC_ENDPOINTS = frozenset({"api.openapi_json"})
 AUTHENTICATE = 'Bearer realm="lockkeeper"'
 
 
-def bearer_token() -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+def bearer_token(req: Request | None = None) -> str | None:
+    req = request if req is None else req
+    scheme, _, token = req.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None
@@ -39,11 +40,13 @@ def authenticate():
     resource. Lists and event queries are narrowed to the prefixes by the
     services (``g.token.prefixes``).
     """
-    if request.endpoint in PUBLIC_ENDPOINTS:
+    # The request proxy resolved once: each use of it looks up the context again.
+    req = request._get_current_object()
+    if req.endpoint in PUBLIC_ENDPOINTS:
         return None
     from app.auth.service import verify_token
 
-    token = bearer_token()
+    token = bearer_token(req)
     identity = verify_token(token) if token else None
     if identity is None:
         response = problem(
@@ -53,18 +56,19 @@ def authenticate():
         )
         response.headers["WWW-Authenticate"] = AUTHENTICATE
         return response
-    g.token = identity
-    g.actor = identity.name
-    if not identity.may_send(request.method):
+    state = g._get_current_object()
+    state.token = identity
+    state.actor = identity.name
+    if not identity.may_send(req.method):
         return problem(403, "Forbidden", "this API token is read-only")
-    resources = [(request.view_args or {}).get("resource")]
-    resources.append(request.args.get("resource"))
+    resources = [(req.view_args or {}).get("resource")]
+    resources.append(req.args.get("resource"))
     for resource in resources:
         if resource is not None and not identity.covers(resource):
             return problem(
                 403, "Forbidden", "the resource is outside this API token's scope"
             )
-    errors = raw_input_errors(request)
+    errors = raw_input_errors(req)
     if errors:
         return problems.validation_problem(errors)
     return None
