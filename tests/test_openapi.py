@@ -11,9 +11,10 @@ from openapi_spec_validator import validate
 
 from app.api.openapi import openapi_document
 from app.config import DEFAULTS
+from app.locks.pagination import DEFAULT_PAGE, MAX_PAGE
 from app.locks.service import lock_service
 from app.locks.state import Action, LockState
-from app.locks.validation import RESOURCE_PATTERN
+from app.locks.validation import MAX_NAME, RESOURCE_PATTERN
 
 # Not an operation: answers /api/v1/locks/a/b with a 400 naming the resource,
 # because a resource never contains '/'.
@@ -86,6 +87,28 @@ def test_schema_enums_and_limits_match_the_code(document):
         assert not pattern.search(name)
         assert not RESOURCE_PATTERN.fullmatch(name)
     assert resource["maxLength"] == 255
+    limit = document["components"]["parameters"]["Limit"]["schema"]
+    assert (limit["maximum"], limit["default"]) == (MAX_PAGE, DEFAULT_PAGE)
+    assert schemas["Owner"]["maxLength"] == MAX_NAME
+
+
+def test_served_document_carries_the_configured_limits_and_requests_obey_it(
+    make_app,
+):
+    """Requests are checked against the document served, so it says what this
+    server allows, not the defaults."""
+    from tests.conftest import ApiClient
+
+    api = ApiClient(make_app(LOCKKEEPER_MAX_TTL=60.0, LOCKKEEPER_MAX_WAIT=0.5))
+    served = api.client.get("/api/v1/openapi.json").get_json()
+    schemas = served["components"]["schemas"]
+    assert schemas["Ttl"]["maximum"] == 60
+    assert schemas["AcquireRequest"]["properties"]["wait"]["maximum"] == 0.5
+    response = api.post("/api/v1/locks/job:1", json={"owner": "w", "ttl": 61})
+    assert response.status_code == 400
+    assert response.get_json()["errors"] == [
+        {"field": "ttl", "message": "must be more than 0 and at most 60"}
+    ]
 
 
 # -- responses conform to the document ----------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Blueprint, Request, g, request
 
 from app.api import problems
-from app.api.schemas import raw_input_errors
+from app.api.shapes import request_errors
 from app.errors import problem
 from app.extensions import csrf
 
@@ -68,7 +68,7 @@ def authenticate():
             return problem(
                 403, "Forbidden", "the resource is outside this API token's scope"
             )
-    errors = raw_input_errors(req)
+    errors = request_errors(req)
     if errors:
         return problems.validation_problem(errors)
     return None

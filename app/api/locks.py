@@ -1,4 +1,8 @@
-"""Acquire, get, renew, release and list locks: parse, call ``LockService``, render."""
+"""Acquire, get, renew, release and list locks: call ``LockService``, render.
+
+The guard has checked every request against the document before a view runs
+(``app.api.shapes``); the views read the checked body and query from there.
+"""
 
 from __future__ import annotations
 
@@ -9,46 +13,27 @@ from flask import Response, g, jsonify, request
 from app.api.blueprint import bp
 from app.api.problems import validation_problem
 from app.api.schemas import (
-    NUMBER,
     SLASH_MESSAGE,
-    QueryArgs,
     encoded_slash_errors,
     freeze_to_json,
     lock_to_json,
-    parse_json_body,
-    seconds_value,
-    ttl_value,
 )
+from app.api.shapes import body, query, seconds
 from app.errors import problem
 from app.locks.errors import InvalidInput
-from app.locks.pagination import DEFAULT_PAGE
 from app.locks.queue import client_still_there
 from app.locks.service import lock_service
-
-OWNER_AND_TTL = {"owner": str, "ttl": NUMBER}
-ACQUIRE_FIELDS = {**OWNER_AND_TTL, "wait": NUMBER}
-OWNER_ONLY = {"owner": str}
-
-
-def _owner_and_ttl() -> tuple[str, float | None]:
-    body = parse_json_body(request, fields=OWNER_AND_TTL) or {}
-    if "owner" not in body:
-        raise InvalidInput([("owner", "is required")])
-    return body["owner"], ttl_value(body.get("ttl"))
 
 
 @bp.post("/locks/<resource>")
 def acquire_lock(resource: str):
-    body = parse_json_body(request, fields=ACQUIRE_FIELDS) or {}
-    if "owner" not in body:
-        raise InvalidInput([("owner", "is required")])
-    QueryArgs(request.args, allowed=()).raise_errors()
+    fields = body()
     result = lock_service().acquire(
         resource,
-        body["owner"],
-        ttl_value(body.get("ttl")),
+        fields["owner"],
+        seconds(fields.get("ttl")),
         actor=g.actor,
-        wait=seconds_value("wait", body.get("wait")),
+        wait=seconds(fields.get("wait")),
         still_wanted=client_still_there(request.environ),
         token=g.token.name,
         max_locks=g.token.max_locks,
@@ -80,10 +65,8 @@ def acquire_lock(resource: str):
 def get_lock(resource: str):
     """The valid lock; with ``?fence=N``, the lock only if its valid grant is N
     (else a 409 problem with the current ``lock``, or null)."""
-    query = QueryArgs(request.args, allowed=("fence",))
-    fence = query.positive_integer("fence")
-    query.raise_errors()
-    if "fence" in request.args:
+    fence = query()["fence"]
+    if fence is not None:
         return jsonify(lock_to_json(lock_service().check_fence(resource, fence)))
     return jsonify(lock_to_json(lock_service().get(resource)))
 
@@ -91,7 +74,6 @@ def get_lock(resource: str):
 @bp.get("/freezes")
 def list_freezes():
     """The freezes in force: no new grants under their prefixes."""
-    QueryArgs(request.args, allowed=()).raise_errors()
     return jsonify(
         freezes=[freeze_to_json(freeze) for freeze in lock_service().list_freezes()]
     )
@@ -99,18 +81,20 @@ def list_freezes():
 
 @bp.patch("/locks/<resource>")
 def renew_lock(resource: str):
-    owner, ttl = _owner_and_ttl()
-    QueryArgs(request.args, allowed=()).raise_errors()
-    lock = lock_service().renew(resource, owner, ttl, actor=g.actor, token=g.token.name)
+    fields = body()
+    lock = lock_service().renew(
+        resource,
+        fields["owner"],
+        seconds(fields.get("ttl")),
+        actor=g.actor,
+        token=g.token.name,
+    )
     return jsonify(lock_to_json(lock))
 
 
 @bp.delete("/locks/<resource>")
 def release_lock(resource: str):
-    body = parse_json_body(request, fields=OWNER_ONLY) or {}
-    query = QueryArgs(request.args, allowed=("owner",))
-    query.raise_errors()
-    in_body, in_query = body.get("owner"), query.text("owner")
+    in_body, in_query = body().get("owner"), query()["owner"]
     if in_body is not None and in_query is not None and in_body != in_query:
         raise InvalidInput([("owner", "differs between the body and the query")])
     owner = in_body if in_body is not None else in_query
@@ -124,19 +108,7 @@ def release_lock(resource: str):
 
 @bp.get("/locks")
 def list_locks():
-    query = QueryArgs(
-        request.args, allowed=("state", "prefix", "owner", "limit", "cursor")
-    )
-    limit = query.limit(DEFAULT_PAGE)
-    query.raise_errors()
-    page = lock_service().list_locks(
-        state=query.text("state"),
-        prefix=query.text("prefix"),
-        owner=query.text("owner"),
-        limit=limit,
-        cursor=query.text("cursor"),
-        scope=g.token.prefixes,
-    )
+    page = lock_service().list_locks(**query(), scope=g.token.prefixes)
     return jsonify(
         locks=[lock_to_json(lock) for lock in page.items],
         next_cursor=page.next_cursor,

@@ -1,4 +1,6 @@
-"""``GET /api/v1/openapi.json``: the hand-written ``openapi.yaml``, served as JSON."""
+"""``GET /api/v1/openapi.json``: the hand-written ``openapi.yaml``, with this
+server's configured limits, served as JSON; requests are checked against it
+(``app.api.shapes``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 import yaml
 from flask import jsonify
 
+from app.api import shapes
 from app.api.blueprint import bp
 
 
@@ -19,6 +22,10 @@ def openapi_document() -> dict[str, Any]:
     return yaml.safe_load(text)
 
 
+# Compiled once per app, when the blueprint is registered on it.
+bp.record_once(lambda state: shapes.init_app(state.app, openapi_document()))
+
+
 @bp.get("/openapi.json")
 def openapi_json():
-    return jsonify(openapi_document())
+    return jsonify(shapes.shapes().document)

@@ -13,6 +13,9 @@ DOT_SEGMENTS = frozenset({".", ".."})
 MAX_NAME = 255
 MAX_REASON = 1000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+RESOURCE_CHARACTERS = "may contain only A-Z a-z 0-9 and . _ : @ = + -"
+DOT_SEGMENT_MESSAGE = "must not be . or .. (a URL path would resolve it away)"
+CONTROL_MESSAGE = "must not contain control or non-printable characters"
 
 
 def has_control_characters(value: str) -> bool:
@@ -25,9 +28,9 @@ def resource_error(value: Any) -> str | None:
     if len(value) > MAX_NAME:
         return f"must be at most {MAX_NAME} characters"
     if not RESOURCE_PATTERN.fullmatch(value):
-        return "may contain only A-Z a-z 0-9 and . _ : @ = + -"
+        return RESOURCE_CHARACTERS
     if value in DOT_SEGMENTS:
-        return "must not be . or .. (a URL path would resolve it away)"
+        return DOT_SEGMENT_MESSAGE
     return None
 
 
@@ -38,7 +41,7 @@ def name_error(value: Any, what: str = "owner") -> str | None:
     if len(value) > MAX_NAME:
         return f"must be at most {MAX_NAME} characters"
     if has_control_characters(value) or not value.isprintable():
-        return "must not contain control or non-printable characters"
+        return CONTROL_MESSAGE
     return None
 
 
