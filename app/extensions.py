@@ -37,7 +37,6 @@ COMPRESS_MIMETYPES = [
 
 
 def init_app(app) -> None:
-    from app.auth.sessions import CookieSessions
     from app.database import (
         attach_autocommit_engine,
         engine_options,
@@ -50,7 +49,6 @@ def init_app(app) -> None:
         install_engine_events(db.engine)
         attach_autocommit_engine(db.engine, app.config["SQLALCHEMY_ENGINE_OPTIONS"])
     migrate.init_app(app, db)
-    app.session_interface = CookieSessions()
     csrf.init_app(app)
     login_manager.init_app(app)
     app.config.setdefault("COMPRESS_MIMETYPES", COMPRESS_MIMETYPES)

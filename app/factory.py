@@ -72,6 +72,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     config.load_config(app, test_config)
     secure_files(app)
     extensions.init_app(app)
+    register_sessions(app)
     register_services(app)
     register_blueprints(app)
     errors.register_error_handlers(app)
@@ -102,6 +103,12 @@ def secure_files(app: Flask) -> None:
     make_private_file(database)
     for suffix in ("-wal", "-shm", "-journal"):
         restrict_to_owner(database.with_name(database.name + suffix), 0o600)
+
+
+def register_sessions(app: Flask) -> None:
+    from app.auth.sessions import CookieSessions
+
+    app.session_interface = CookieSessions()
 
 
 def register_services(app: Flask) -> None:
