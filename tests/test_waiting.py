@@ -459,6 +459,23 @@ def test_the_client_polls_when_the_waiting_room_is_full(make_app):
         assert line(locks, "q:13") == []
 
 
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        ("must be at least 0 and at most 0.3", 0.3),
+        ("must be at most 30 seconds", 30.0),
+        ("must be at least 0 and at most 1e+06", 1e6),
+        ("must be a number", None),
+    ],
+)
+def test_the_client_reads_the_servers_max_wait_from_its_400(message, expected):
+    from app.client.errors import InvalidRequest
+    from app.client.waiting import server_max_wait
+
+    refused = InvalidRequest("q:1", "invalid", errors=[("owner", "x"), ("wait", message)])
+    assert server_max_wait(refused) == expected
+
+
 def test_the_client_waits_in_chunks_of_the_servers_max_wait(make_app):
     from app.client import LockClient
 

@@ -29,7 +29,7 @@ from app.client.grants import AcquireAttempt
 if TYPE_CHECKING:
     from app.client.http import LockClient
 
-_MAX_WAIT_MESSAGE = re.compile(r"must be at most ([0-9.]+) seconds")
+_MAX_WAIT_MESSAGE = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?)")
 
 
 def server_max_wait(exc: InvalidRequest) -> float | None:
