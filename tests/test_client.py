@@ -215,7 +215,7 @@ def test_unreachable_server_raises_service_unavailable_after_retries(live_server
     with LockClient(url, live_server.token, retries=2, backoff=0.05) as lock_client:
         with pytest.raises(ServiceUnavailable, match="job:42"):
             lock_client.acquire("job:42", "w-1")
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 5  # two short backoffs, not a hang
 
 
 def test_503_answers_are_retried_until_the_service_answers(live_server):
@@ -369,7 +369,7 @@ def test_wait_timeout_raises_lock_not_acquired_naming_resource_and_holder(
     with pytest.raises(LockNotAcquired, match="job:42.*holder-1") as caught:
         with other_worker.lock("job:42", ttl=5, wait=0.6):
             pytest.fail("the block must not run without the lock")
-    assert 0.6 <= time.monotonic() - start < 2
+    assert 0.6 <= time.monotonic() - start < 4  # the wait, not the holder's 30 s
     assert caught.value.holder.owner == "holder-1"
     assert worker.get("job:42").owner == "holder-1"
 
@@ -391,7 +391,7 @@ def test_retry_after_bounds_the_backoff_so_the_waiter_is_back_at_expiry(
         with waiter.lock("job:42", ttl=5, wait=8) as lock:
             waited = time.monotonic() - start
             assert lock.owner != "crashed-worker"
-    assert waited < 3
+    assert waited < 5  # at the expiry (1 s), not after the first backoff window (6 s)
 
 
 def test_force_release_mid_block_sets_lost_and_calls_on_lost_once(live_server, worker):

@@ -179,7 +179,10 @@ def test_waits_for_a_held_lock_and_runs_once_it_is_released(
         "--",
         *child("import pathlib; pathlib.Path('ran').touch()"),
     )
-    time.sleep(0.7)
+    deadline = time.monotonic() + 10
+    while lock_client.get("job:42").waiters < 1:  # exec is in line
+        assert time.monotonic() < deadline, "exec never joined the line"
+        time.sleep(0.02)
     assert not (tmp_path / "ran").exists()
     lock_client.release("job:42", "finishing-worker")
     assert process.wait(timeout=15) == 0

@@ -24,6 +24,7 @@ class LockGrant:
     expires_at: datetime
     ttl_remaining: float
     state: str
+    waiters: int = 0  # acquires waiting in line for it
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LockGrant:
@@ -36,6 +37,7 @@ class LockGrant:
             expires_at=parse_rfc3339(data["expires_at"]),
             ttl_remaining=float(data["ttl_remaining"]),
             state=data["state"],
+            waiters=int(data.get("waiters", 0)),  # absent from older servers
         )
 
 
