@@ -460,7 +460,7 @@ def test_the_client_polls_when_the_waiting_room_is_full(make_app):
 
 
 @pytest.mark.parametrize(
-    "message, expected",
+    ("message", "expected"),
     [
         ("must be at least 0 and at most 0.3", 0.3),
         ("must be at most 30 seconds", 30.0),
@@ -472,7 +472,8 @@ def test_the_client_reads_the_servers_max_wait_from_its_400(message, expected):
     from app.client.errors import InvalidRequest
     from app.client.waiting import server_max_wait
 
-    refused = InvalidRequest("q:1", "invalid", errors=[("owner", "x"), ("wait", message)])
+    errors = [("owner", "x"), ("wait", message)]
+    refused = InvalidRequest("q:1", "invalid", errors=errors)
     assert server_max_wait(refused) == expected
 
 
