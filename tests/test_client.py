@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from app.client import (
+    AccessDenied,
     AuthenticationFailed,
     InvalidRequest,
     LockClient,
@@ -179,6 +180,31 @@ def test_quota_answer_raises_lock_quota_reached_with_retry_after(live_server):
         assert 0 < caught.value.retry_after <= 30
         with pytest.raises(LockQuotaReached), quota_worker.lock("job:2", wait=5):
             pytest.fail("the block must not run past the quota")
+
+
+def test_a_token_outside_its_scope_raises_access_denied_not_lock_lost(
+    live_server, worker
+):
+    from app.auth.service import create_token
+
+    with live_server.app.app_context():
+        read_only = create_token("watcher", read_only=True)
+        jobs_only = create_token("jobs-only", prefixes=["job:"])
+    assert worker.acquire("job:42", "w-1", ttl=30).acquired
+    with LockClient(live_server.url, read_only, timeout=5) as watcher:
+        assert watcher.get("job:42").owner == "w-1"
+        with pytest.raises(AccessDenied, match="read-only") as caught:
+            watcher.release("job:42", "w-1")
+        assert caught.value.status == 403
+        with pytest.raises(AccessDenied):
+            watcher.acquire("job:43", "w-2")
+    with LockClient(live_server.url, jobs_only, timeout=5) as scoped:
+        with pytest.raises(AccessDenied, match="scope"):
+            scoped.acquire("report:1", "w-3")
+        # Held by another holder: still the lock's own 403, a lost lock.
+        with pytest.raises(LockLost):
+            scoped.release("job:42", "w-3")
+    assert worker.get("job:42").owner == "w-1"
 
 
 def test_the_client_imports_neither_flask_nor_sqlalchemy():

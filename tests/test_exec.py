@@ -343,6 +343,21 @@ def test_refused_token_exits_77(run_exec, tmp_path):
     assert "job:42" in result.stderr
 
 
+def test_token_outside_its_scope_exits_77_without_running(
+    run_exec, live_server, tmp_path
+):
+    from app.auth.service import create_token
+
+    with live_server.app.app_context():
+        reports_only = create_token("reports-only", prefixes=["report:"])
+    result = run_exec(
+        "--token", reports_only, "job:42", "--", *child("open('ran', 'w')")
+    )
+    assert result.returncode == 77, result.stderr
+    assert "scope" in result.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 def test_unknown_command_exits_127_without_taking_the_lock(run_exec, lock_client):
     result = run_exec("job:42", "--", "no-such-command-lk")
     assert result.returncode == 127

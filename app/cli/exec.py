@@ -12,7 +12,7 @@ Exit status:
 - 76: the lock was lost while the command ran; the command was terminated
   (SIGTERM, then SIGKILL after ``--grace`` seconds). With ``--on-lost=warn`` the
   command keeps running and its own status is returned;
-- 77 (EX_NOPERM): the token was refused;
+- 77 (EX_NOPERM): the token was refused, or may not lock this resource;
 - 126 / 127: the command could not be executed / was not found (as in a shell);
 - 2: bad usage (no URL or token, bad option or resource).
 """
@@ -102,9 +102,11 @@ def exec_command(resource, command, ttl, wait, url, token, owner, on_lost, grace
     The command gets LOCKKEEPER_FENCE, LOCKKEEPER_RESOURCE and LOCKKEEPER_OWNER in
     its environment. SIGINT, SIGTERM and SIGHUP are forwarded to it. Exit status:
     the command's; 75 when the lock could not be had within --wait; 76 when the
-    lock was lost and the command terminated; 77 when the token was refused.
+    lock was lost and the command terminated; 77 when the token was refused or
+    may not lock it.
     """
     from app.client import (
+        AccessDenied,
         AuthenticationFailed,
         InvalidRequest,
         LockClient,
@@ -148,7 +150,7 @@ def exec_command(resource, command, ttl, wait, url, token, owner, on_lost, grace
             _fail(str(exc), EXIT_NOT_ACQUIRED)
         except ServiceUnavailable as exc:
             _fail(str(exc), EXIT_NOT_ACQUIRED)
-        except AuthenticationFailed as exc:
+        except (AuthenticationFailed, AccessDenied) as exc:
             _fail(str(exc), EXIT_AUTH_FAILED)
         except InvalidRequest as exc:
             raise click.UsageError(str(exc)) from exc

@@ -21,6 +21,7 @@ Where each part lives:
 """
 
 from app.client.errors import (
+    AccessDenied,
     AuthenticationFailed,
     FenceRejected,
     InvalidRequest,
@@ -40,6 +41,7 @@ from app.client.http import API_PREFIX, DEFAULT_TIMEOUT, LockClient
 __all__ = [
     "API_PREFIX",
     "DEFAULT_TIMEOUT",
+    "AccessDenied",
     "AcquireAttempt",
     "AuthenticationFailed",
     "FenceRejected",

@@ -37,6 +37,12 @@ class AuthenticationFailed(LockClientError):
     """The token is missing, wrong or revoked (401)."""
 
 
+class AccessDenied(LockClientError):
+    """The token may not do this (403): it is read-only and asked for a change, or
+    the resource is outside the prefixes it was given. Not retried; fix the token.
+    """
+
+
 class LockQuotaReached(LockClientError):
     """The token already holds its quota of live locks (429); nothing was granted.
 

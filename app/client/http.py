@@ -30,6 +30,7 @@ from tenacity import (
 )
 
 from app.client.errors import (
+    AccessDenied,
     AuthenticationFailed,
     FenceRejected,
     InvalidRequest,
@@ -53,6 +54,7 @@ DEFAULT_TIMEOUT = 10.0
 TRANSIENT_STATUSES = frozenset({502, 503, 504})
 # The title of the server's 503 for "too many waiting acquires in this worker".
 WAITING_ROOM_FULL = "Too many waiting acquires"
+ACCESS_DENIED_TITLE = "Forbidden"  # the 403 of a token's scope
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -94,6 +96,18 @@ def problem_detail(response: httpx.Response) -> tuple[str, list[tuple[str, str]]
     ]
     detail = str(body.get("detail") or body.get("title") or response.reason_phrase)
     return detail, errors
+
+
+def _is_access_denied(response: httpx.Response) -> bool:
+    """A 403 about the token (its scope), not about who holds the lock: a release
+    by another holder is a 403 too, titled after the holder."""
+    if response.status_code != 403:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("title") == ACCESS_DENIED_TITLE
 
 
 def _lost(response: httpx.Response, resource: str, what: str) -> LockLost:
@@ -259,7 +273,7 @@ class LockClient:
         response, maybe_applied = self._send("DELETE", resource, json={"owner": owner})
         if response.status_code in (200, 204):
             return
-        if response.status_code in (403, 404):
+        if response.status_code in (403, 404) and not _is_access_denied(response):
             if maybe_applied:
                 # An earlier attempt may have released it before its reply was
                 # lost; the lock is not ours either way, which is what was asked.
@@ -447,6 +461,8 @@ class LockClient:
         message = f"{operation} of lock {resource!r} failed ({status}): {detail}"
         if status == 401:
             return AuthenticationFailed(resource, message, status)
+        if status == 403:
+            return AccessDenied(resource, message, status)
         if status == 429:
             return LockQuotaReached(
                 resource,
