@@ -84,6 +84,15 @@ CLIENT_CHECK_INTERVAL = 0.25
 # PostgreSQL: a waiter whose holder is valid re-checks this often even without a
 # notification (a notification lost while the listener reconnects).
 NOTIFY_SAFETY_INTERVAL = 1.0
+# The listener only reads, so a server that vanished without closing the TCP
+# connection (a failed-over host, a dropped route) is noticed only by keepalive
+# probes: after about idle + interval x count seconds it reconnects.
+LISTENER_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
 # Past the holder's expires_at by this much, so the attempt finds it expired.
 EXPIRY_MARGIN = 0.002
 
@@ -301,6 +310,7 @@ class NotificationListener:
             self.conninfo,
             autocommit=True,
             application_name=LISTENER_APPLICATION_NAME,
+            **LISTENER_KEEPALIVES,
         ) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
             self.backend_pid = conn.info.backend_pid
