@@ -459,6 +459,71 @@ def test_the_client_polls_when_the_waiting_room_is_full(make_app):
         assert line(locks, "q:13") == []
 
 
+class StatusLog(httpx.HTTPTransport):
+    """An HTTP transport that notes the status of every answer."""
+
+    def __init__(self):
+        super().__init__()
+        self.statuses: list[int] = []
+
+    def handle_request(self, request):
+        response = super().handle_request(request)
+        self.statuses.append(response.status_code)
+        return response
+
+
+def test_a_client_turned_away_by_a_full_waiting_room_joins_the_line_later(make_app):
+    """A plain acquire may not jump the line, so a client that polled after a 503
+    would be refused for as long as anyone waits; it must keep asking for a place
+    and be served in its turn."""
+    from app.client import LockClient
+
+    crowded = make_app(LOCKKEEPER_MAX_WAITERS=1)
+    elsewhere = make_app()  # another instance: a waiting room of its own
+    with serve(crowded) as server, elsewhere.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:15", "holder", ttl=30).acquired
+        let_first_go = threading.Event()
+        line_at_grant: dict[str, list[str]] = {}
+
+        def take(owner: str, transport=None, hold: threading.Event | None = None):
+            with (
+                LockClient(server.url, server.token, transport=transport) as client,
+                client.lock("q:15", ttl=30, wait=20, owner=owner),
+            ):
+                line_at_grant[owner] = line(locks, "q:15")
+                if hold is not None:
+                    hold.wait(30)
+
+        first = threading.Thread(
+            target=take, args=("first",), kwargs={"hold": let_first_go}, daemon=True
+        )
+        first.start()
+        wait_until(lambda: line(locks, "q:15") == ["first"], what="first in line")
+        answers = StatusLog()
+        turned_away = threading.Thread(
+            target=take, args=("turned-away", answers), daemon=True
+        )
+        turned_away.start()
+        wait_until(lambda: 503 in answers.statuses, what="the full room's 503")
+        locks.release("q:15", "holder")  # first is granted: the room has space
+        wait_until(lambda: "first" in line_at_grant, what="first granted")
+        wait_until(
+            lambda: line(locks, "q:15") == ["turned-away"], what="a place in line"
+        )
+        later = Waiters(locks, "q:15")
+        later.start("later")
+        wait_until(
+            lambda: line(locks, "q:15") == ["turned-away", "later"], what="later"
+        )
+        let_first_go.set()
+        first.join(30)
+        turned_away.join(30)
+        later.join()
+    assert line_at_grant["turned-away"] == ["later"]  # served before the later one
+    assert later.granted == ["later"]
+
+
 @pytest.mark.parametrize(
     ("message", "expected"),
     [

@@ -1,12 +1,14 @@
-"""Waiting for a held lock: first in the server's line, then by polling.
+"""Waiting for a held lock: in the server's line, retried until the wait ends.
 
 The server grants waiting acquires in order of arrival and hands a released lock
 over at once, so a wait is spent in its line, in requests of at most
-``client.max_server_wait`` seconds. When the server's waiting room is full (503),
-the server does not wait (an older one), or it cannot be reached, the rest of the
-wait polls: exponential backoff with full jitter, each delay capped by the
-``Retry-After`` of the refusal (the holder's remaining ttl). A wait never lasts
-longer than asked.
+``client.max_server_wait`` seconds, one after another. When the server's waiting
+room is full (503) or it cannot be reached, the client backs off (exponential,
+full jitter, each delay capped by the ``Retry-After`` of the refusal) and asks to
+join the line again: a plain acquire would never be granted while others wait in
+line (it may not jump it), so a client turned away by a full room keeps asking
+for a place rather than polling. Against a server that does not wait (an older
+one) every attempt is such a plain acquire. A wait never lasts longer than asked.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class GrantWait:
         self.ttl = ttl
         self.wait = wait
         self.sent_at = 0.0
+        self._in_line_for = 0.0  # the wait of the last attempt (0: a plain one)
         self._unreachable: ServiceUnavailable | None = None
 
     def run(self) -> AcquireAttempt:
@@ -63,49 +66,10 @@ class GrantWait:
         :raise ServiceUnavailable: the service could not be reached in that time.
         """
         deadline = time.monotonic() + self.wait
-        result = self._in_line(deadline)
-        if result is None:
-            result = self._poll(deadline)
-        return result
-
-    def _in_line(self, deadline: float) -> AcquireAttempt | None:
-        """Wait in the server's line in chunks until granted or ``deadline``.
-
-        Returns the grant, or None when the rest of the wait must poll (the
-        waiting room is full, the server does not wait, or no wait was asked).
-        :raise LockNotAcquired: the whole wait ran out in line.
-        """
-        client = self.client
-        last: AcquireAttempt | None = None
-        while True:
-            remaining = deadline - time.monotonic()
-            chunk = min(remaining, client.max_server_wait)
-            if chunk < 0.001:
-                if last is None:
-                    return None  # wait=0: one plain try, by the polling path
-                raise self._not_acquired(last)
-            self.sent_at = time.monotonic()
-            try:
-                last = client.acquire(self.resource, self.owner, self.ttl, wait=chunk)
-            except InvalidRequest as exc:
-                server_max = server_max_wait(exc)
-                if server_max is None or server_max >= client.max_server_wait:
-                    client.max_server_wait = 0.0  # the server does not wait: poll
-                    return None
-                client.max_server_wait = server_max
-                continue
-            except ServiceUnavailable:
-                return None  # the polling path retries for the rest of the wait
-            if last.acquired:
-                return last
-            if last.waiting_room_full:
-                return None
-
-    def _poll(self, deadline: float) -> AcquireAttempt:
         retrying = Retrying(
             retry=retry_if_result(lambda result: not result.acquired),
-            wait=self._contention_delay,
-            stop=stop_after_delay(max(deadline - time.monotonic(), 0.0)),
+            wait=self._delay,
+            stop=stop_after_delay(self.wait),
         )
         try:
             return retrying(self._attempt, deadline)
@@ -116,17 +80,46 @@ class GrantWait:
             raise self._not_acquired(last) from None
 
     def _attempt(self, deadline: float) -> AcquireAttempt:
-        self.sent_at = time.monotonic()
-        try:
-            result = self.client.acquire(self.resource, self.owner, self.ttl)
-        except ServiceUnavailable as exc:
-            if time.monotonic() >= deadline:
-                raise
-            # Unreachable for a moment: count it as a refusal and wait on.
-            self._unreachable = exc
-            return AcquireAttempt(False, None, None)
-        self._unreachable = None
-        return result
+        """One acquire: waiting in the server's line for the rest of the wait (at
+        most ``client.max_server_wait``), or a plain one when the server does
+        not wait."""
+        client = self.client
+        while True:
+            self.sent_at = time.monotonic()
+            chunk = min(deadline - self.sent_at, client.max_server_wait)
+            self._in_line_for = chunk if chunk >= 0.001 else 0.0
+            try:
+                result = client.acquire(
+                    self.resource, self.owner, self.ttl, wait=self._in_line_for
+                )
+            except InvalidRequest as exc:
+                if not self._in_line_for:
+                    raise
+                server_max = server_max_wait(exc)
+                if server_max is None or server_max >= client.max_server_wait:
+                    server_max = 0.0  # the server does not wait: plain acquires
+                client.max_server_wait = server_max
+                continue  # at once, with a wait the server takes
+            except ServiceUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                # Unreachable for a moment: count it as a refusal and wait on.
+                self._unreachable = exc
+                return AcquireAttempt(False, None, None)
+            self._unreachable = None
+            return result
+
+    def _delay(self, state: RetryCallState) -> float:
+        """0 after a turn in line that ran out (join the line again at once);
+        else the backoff of a poll."""
+        result: AcquireAttempt = state.outcome.result()
+        waited = time.monotonic() - self.sent_at
+        # A turn in line ends early only when the server's line is not to be had
+        # (the room is full) or something unexpected: never retry that at once.
+        if self._in_line_for and not result.waiting_room_full:
+            if waited >= self._in_line_for / 2:
+                return 0.0
+        return self._contention_delay(state)
 
     def _contention_delay(self, state: RetryCallState) -> float:
         result: AcquireAttempt = state.outcome.result()
