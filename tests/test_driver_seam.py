@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from app.database import autocommit
 from app.extensions import db
 from app.locks.driver import DriverConnection, DriverSQL
+from app.locks.statements import statements_for
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("backend")
 @pytest.fixture
 def driver(app, backend):
     if backend == "sqlite":
-        # SQLite's hot path is a transaction of SQLAlchemy statements, not the seam.
+        # SQLite's hot path is a transaction on the seam (below), never one
+        # autocommit statement.
         return None
     with app.app_context():
         return DriverConnection(autocommit(db.engine))
@@ -63,3 +65,86 @@ def test_an_unreachable_server_is_an_operational_error(driver):
     dead = DriverConnection(create_engine(url, isolation_level="AUTOCOMMIT"))
     with pytest.raises(OperationalError):
         dead.one(DriverSQL("SELECT 1 AS one"), {})
+
+
+# -- transactions (SQLite, MariaDB) ------------------------------------------------
+
+
+@pytest.fixture
+def transactional(app, backend):
+    """The statements and connection of the dialects whose hot path is one
+    transaction on the seam; None for PostgreSQL (one autocommit statement)."""
+    statements = statements_for(_dialect(app))
+    if getattr(statements, "driver_transaction", None) is None:
+        return None
+    with app.app_context():
+        return statements, DriverConnection(db.engine)
+
+
+def _dialect(app) -> str:
+    with app.app_context():
+        return db.engine.dialect.name
+
+
+def test_a_transaction_binds_and_reads_back_aware_utc_instants(transactional):
+    if transactional is None:
+        return
+    statements, connection = transactional
+    acquired = datetime(2026, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    values = {
+        "owner": "w-1",
+        "token": "t",
+        "fence": 3,
+        "acquired_at": acquired,
+        "expires_at": acquired.replace(minute=5),
+    }
+    with connection.transaction(statements.driver_transaction) as conn:
+        statements._write_grant(conn, None, "seam:2", values)
+    with connection.transaction(statements.driver_transaction) as conn:
+        row = statements.lock_row(conn, "seam:2", acquired)
+    assert (row.owner, row.fence, row.waiters, row.ahead) == ("w-1", 3, 0, 0)
+    assert row.acquired_at == acquired
+    assert row.expires_at == values["expires_at"]
+    assert row.expires_at.tzinfo is UTC
+
+
+def test_a_transaction_refuses_a_naive_instant_and_writes_nothing(transactional):
+    if transactional is None:
+        return
+    statements, connection = transactional
+    naive = datetime(2026, 5, 1, 12, 0)  # noqa: DTZ001 - the point of the test
+    values = {
+        "owner": "w-1",
+        "token": "t",
+        "fence": 4,
+        "acquired_at": naive,
+        "expires_at": naive,
+    }
+    with (
+        pytest.raises(ValueError, match="naive"),
+        connection.transaction(statements.driver_transaction) as conn,
+    ):
+        statements._write_grant(conn, None, "seam:3", values)
+    with connection.transaction(statements.driver_transaction) as conn:
+        assert statements.lock_row(conn, "seam:3", naive.replace(tzinfo=UTC)) is None
+
+
+def test_a_duplicate_insert_in_a_transaction_is_an_integrity_error(transactional):
+    if transactional is None:
+        return
+    statements, connection = transactional
+    when = datetime(2026, 5, 1, tzinfo=UTC)
+    values = {
+        "owner": "w-1",
+        "token": "t",
+        "fence": 5,
+        "acquired_at": when,
+        "expires_at": when,
+    }
+    with connection.transaction(statements.driver_transaction) as conn:
+        statements._write_grant(conn, None, "seam:4", values)
+    with (
+        pytest.raises(IntegrityError),
+        connection.transaction(statements.driver_transaction) as conn,
+    ):
+        statements._write_grant(conn, None, "seam:4", values)

@@ -135,17 +135,24 @@ class DriverConnection:
 
     @contextmanager
     def transaction(self, begin: str) -> Iterator[DriverTransaction]:
-        """SQLite: ``begin`` (``BEGIN IMMEDIATE``), the statements, COMMIT on one
-        pooled connection; any error rolls back. Engine ``commit`` listeners hear
-        the commit (``conn`` None)."""
+        """``begin`` (SQLite: ``BEGIN IMMEDIATE``; empty for MariaDB, whose
+        driver opens the transaction with the first statement), the statements,
+        COMMIT on one pooled connection; any error rolls back. Engine ``commit``
+        listeners hear the commit (``conn`` None)."""
         try:
             fairy = self.engine.raw_connection()
         except self._dbapi_error as exc:
             raise self._wrapped(exc, begin, {}, invalidated=False) from exc
+        transaction_class = (
+            SQLiteTransaction if self.dialect.name == "sqlite" else MySQLTransaction
+        )
+        transaction = None
+        reset = False
         try:
             dbapi_connection = fairy.dbapi_connection
-            transaction = DriverTransaction(self, dbapi_connection.cursor())
-            transaction.execute(begin, {})
+            transaction = transaction_class(self, dbapi_connection.cursor())
+            if begin:
+                transaction.execute(begin, {})
             try:
                 yield transaction
                 dbapi_connection.commit()
@@ -157,12 +164,28 @@ class DriverConnection:
                 raise
             finally:
                 transaction.cursor.close()
+            reset = True
             for listener in self.engine.dispatch.commit:
                 listener(None)
-        except self._dbapi_error as exc:
-            raise self._wrapped(exc, begin, {}, invalidated=False) from exc
+        except (self._dbapi_error, DBAPIError) as exc:
+            # A statement's error comes wrapped (DBAPIError), COMMIT's bare.
+            orig = exc.orig if isinstance(exc, DBAPIError) else exc
+            disconnect = self.dialect.is_disconnect(
+                orig, fairy.dbapi_connection, transaction and transaction.cursor
+            )
+            if disconnect:
+                fairy.invalidate(orig)
+            if isinstance(exc, DBAPIError):
+                exc.connection_invalidated = exc.connection_invalidated or disconnect
+                raise
+            raise self._wrapped(exc, begin, {}, invalidated=disconnect) from exc
         finally:
-            fairy.close()
+            if reset:
+                # Committed: the pool need not roll back on check-in (a round
+                # trip on MariaDB), as SQLAlchemy's own Connection tells it.
+                fairy._close_special(transaction_reset=True)
+            else:
+                fairy.close()
 
     def _wrapped(self, exc, sql, params, *, invalidated: bool) -> Exception:
         return DBAPIError.instance(
@@ -199,9 +222,8 @@ def _sqlite_text(value: Any) -> Any:
 
 
 class DriverTransaction:
-    """The statements of one ``DriverConnection.transaction`` (SQLite): fixed SQL
-    with ``:name`` parameters on the sqlite3 cursor, datetimes bound as SQLite's
-    text and read back as aware UTC instants."""
+    """The statements of one ``DriverConnection.transaction``: fixed SQL on the
+    driver's cursor, instants bound and read back as the dialect keeps them."""
 
     __slots__ = ("_connection", "_listeners", "cursor")
 
@@ -210,33 +232,108 @@ class DriverTransaction:
         self._listeners = connection.engine.dispatch.before_cursor_execute
         self.cursor = cursor
 
-    def execute(self, sql: str, params: dict[str, Any]):
+    def _prepared(self, sql: Any, params: dict[str, Any]) -> tuple[str, dict]:
+        raise NotImplementedError
+
+    def _value(self, name: str, value: Any) -> Any:
+        raise NotImplementedError
+
+    def execute(self, sql: Any, params: dict[str, Any]):
         """Run ``sql``; returns the cursor, its rows unread."""
-        params = {name: _sqlite_text(value) for name, value in params.items()}
+        sql, params = self._prepared(sql, params)
         if self._listeners:
             for listener in self._listeners:
                 listener(None, self.cursor, sql, params, None, False)
         try:
-            return self.cursor.execute(sql, params)
+            self.cursor.execute(sql, params)
+            return self.cursor
         except self._connection._dbapi_error as exc:
             raise self._connection._wrapped(
                 exc, sql, params, invalidated=False
             ) from exc
 
-    def scalar(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+    def scalar(self, sql: Any, params: dict[str, Any] | None = None) -> Any:
         raw = self.execute(sql, params or {}).fetchone()
-        return None if raw is None else raw[0]
+        return None if raw is None else self._value("", raw[0])
 
-    def one(self, sql: str, params: dict[str, Any]) -> Any | None:
+    def one(self, sql: Any, params: dict[str, Any]) -> Any | None:
         """The first row (attributes by column name), or None."""
         cursor = self.execute(sql, params)
         raw = cursor.fetchone()
         if raw is None:
             return None
         names = tuple(column[0] for column in cursor.description)
+        value = self._value
         return self._connection._row_type(names)._make(
-            datetime.fromisoformat(value).replace(tzinfo=UTC)
-            if value is not None and name in _SQLITE_TIMES
-            else value
-            for name, value in zip(names, raw, strict=True)
+            value(name, item) for name, item in zip(names, raw, strict=True)
         )
+
+
+class SQLiteTransaction(DriverTransaction):
+    """``:name`` parameters as sqlite3 takes them; instants as SQLite's text."""
+
+    __slots__ = ()
+
+    def _prepared(self, sql, params):
+        return sql, {name: _sqlite_text(value) for name, value in params.items()}
+
+    def _value(self, name, value):
+        if value is not None and name in _SQLITE_TIMES:
+            return datetime.fromisoformat(value).replace(tzinfo=UTC)
+        return value
+
+
+class FixedSQL:
+    """A statement for PyMySQL: ``%(name)s`` parameters, and the values the
+    statement fixes itself (a compiled construct's literals) in ``defaults``."""
+
+    __slots__ = ("defaults", "sql")
+
+    def __init__(self, sql: str, defaults: dict[str, Any] | None = None) -> None:
+        self.sql = sql
+        self.defaults = defaults or {}
+
+    @classmethod
+    def written(cls, sql: str) -> FixedSQL:
+        """From SQL written with ``:name`` parameters."""
+        return cls(DriverSQL(sql).sql)
+
+    @classmethod
+    def compiled(cls, statement, dialect) -> FixedSQL:
+        """From a SQLAlchemy construct, compiled once for ``dialect`` (whose
+        paramstyle must be ``pyformat``)."""
+        compiled = statement.compile(dialect=dialect)
+        defaults = {
+            name: value for name, value in compiled.params.items() if value is not None
+        }
+        return cls(compiled.string, defaults)
+
+
+class MySQLTransaction(DriverTransaction):
+    """``FixedSQL`` on PyMySQL; instants bound as naive UTC (what a MariaDB
+    DATETIME holds) and read back as aware UTC."""
+
+    __slots__ = ()
+
+    def _prepared(self, sql, params):
+        if isinstance(sql, str):
+            return sql, params  # BEGIN and the like
+        bound = dict(sql.defaults)
+        for name, value in params.items():
+            if isinstance(value, datetime):
+                if value.tzinfo is None:
+                    raise ValueError(
+                        f"naive datetime {value!r}: pass an aware UTC instant"
+                    )
+                value = value.astimezone(UTC).replace(tzinfo=None)
+            bound[name] = value
+        return sql.sql, bound
+
+    def _value(self, name, value):
+        if isinstance(value, datetime):
+            return value.replace(tzinfo=UTC)
+        if isinstance(value, str) and name == "now":
+            # A clock the caller gave (``SELECT %(now)s``) comes back as the
+            # text it was sent as.
+            return datetime.fromisoformat(value).replace(tzinfo=UTC)
+        return value

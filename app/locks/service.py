@@ -170,14 +170,15 @@ class LockService:
         ``Raced``).
 
         ``autocommit``: ``work`` is one statement and gets the ``DriverConnection``.
-        ``driver`` (and a statements class with ``driver_transaction``: SQLite):
+        ``driver`` (and a statements class with ``driver_transaction``: SQLite,
+        MariaDB):
         ``work`` gets a ``DriverTransaction`` instead of a SQLAlchemy connection.
         """
 
         def attempt():
             if autocommit:
                 result = work(self._driver)
-            elif driver and self._driver_begin:
+            elif driver and self._driver_begin is not None:
                 with self._write_driver.transaction(self._driver_begin) as transaction:
                     result = work(transaction)
             else:

@@ -57,7 +57,7 @@ from sqlalchemy import (
 from sqlalchemy.types import Integer, String
 
 from app.database import UTCDateTime
-from app.locks.driver import DriverConnection, DriverSQL
+from app.locks.driver import DriverConnection, DriverSQL, FixedSQL
 from app.locks.models import (
     NO_TOKEN,
     DistributedLock,
@@ -633,7 +633,7 @@ class TransactionalStatements:
             statement = self._clock_statement(
                 now is None, conditional, unless_frozen is not None, counting
             )
-            row = conn.execute(statement, params).one()
+            row = self._clock_row(conn, statement, params)
             return Clock(
                 row.now,
                 row.fence,
@@ -661,6 +661,9 @@ class TransactionalStatements:
             self._next_fence_unless_frozen, {"resource": unless_frozen, "now": now}
         )
         return Clock(now, drawn, drawn is None, False)
+
+    def _clock_row(self, conn, statement, params) -> Row:
+        return conn.execute(statement, params).one()
 
     def _next_fence(self, conn: Connection) -> int:
         return conn.scalar(self._next_fence_statement)
@@ -1111,9 +1114,101 @@ VALUES (:resource, :action, :owner, :previous_owner, :token, :fence, :acquired_a
         :expires_at, :actor, :reason, :occurred_at)"""
 
 
+class MariaDBStatements(TransactionalStatements):
+    """``TransactionalStatements``' acquire, renew and release on a
+    ``DriverTransaction`` over PyMySQL, as ``SQLiteStatements`` does for SQLite:
+    the same transaction and statements, each compiled once (the reads, from the
+    same constructs) or written once (the writes, the same SQL as SQLite's).
+    Through SQLAlchemy each of the 4–6 statements per operation cost 80–100 µs
+    of Python for a round trip PyMySQL makes in about 15. Operator actions stay
+    on SQLAlchemy connections (``transactional``).
+    """
+
+    # PyMySQL opens the transaction with the first statement; no BEGIN is sent.
+    driver_transaction = ""
+
+    def __init__(self, dialect_name: str = "mariadb") -> None:
+        super().__init__(dialect_name)
+        self.transactional = TransactionalStatements(dialect_name)
+        self._dialect = _pyformat_mariadb_dialect()
+        self._fixed_lock_row = {
+            key: self._fixed(statement) for key, statement in self._lock_row.items()
+        }
+        self._fixed_read_now = self._fixed(self._read_now)
+        self._fixed_freeze_row = self._fixed(self._freeze_row)
+        self._fixed_clock: dict[Any, FixedSQL] = {}
+
+    def _fixed(self, statement) -> FixedSQL:
+        return FixedSQL.compiled(statement, self._dialect)
+
+    def lock_row(
+        self, conn, resource, now, waiter=None, *, quota_token=None, max_locks=None
+    ):
+        counting = bool(max_locks) and quota_token is not None
+        params: dict[str, Any] = {"resource": resource, "waiter": waiter}
+        if now is not None:
+            params["now"] = now
+        if counting:
+            params.update(quota_token=quota_token, max_locks=max_locks)
+        return conn.one(self._fixed_lock_row[now is None, counting], params)
+
+    def read_now(self, conn) -> datetime:
+        return conn.scalar(self._fixed_read_now)
+
+    def freeze_of(self, conn, resource, now):
+        return conn.one(self._fixed_freeze_row, {"resource": resource, "now": now})
+
+    def _clock_row(self, conn, statement, params):
+        fixed = self._fixed_clock.get(statement)
+        if fixed is None:
+            fixed = self._fixed_clock[statement] = self._fixed(statement)
+        return conn.one(fixed, params)
+
+    def _write_grant(self, conn, row, resource, values) -> None:
+        if row is None:
+            conn.execute(_MARIADB_INSERT_LOCK, {"resource": resource, **values})
+        else:
+            conn.execute(_MARIADB_UPDATE_LOCK, {"id": row.id, **values})
+
+    def _write_expiry(self, conn, row, expires_at) -> None:
+        conn.execute(_MARIADB_SET_EXPIRY, {"id": row.id, "expires_at": expires_at})
+
+    def _write_free(self, conn, row, now) -> None:
+        conn.execute(_MARIADB_FREE, {"id": row.id, "expires_at": now})
+
+    def _dequeue(self, conn, waiter) -> None:
+        conn.execute(_MARIADB_DEQUEUE, {"id": waiter})
+
+    def _insert_event(self, conn, params) -> None:
+        conn.execute(_MARIADB_INSERT_EVENT, params)
+
+
+def _pyformat_mariadb_dialect():
+    """The MariaDB dialect of PyMySQL with ``%(name)s`` parameters, for
+    compiling the hot reads once (no server is asked: 10.3 is the oldest
+    supported, the first with sequences)."""
+    from sqlalchemy.dialects.mysql.mariadb import loader
+
+    dialect = loader("pymysql")(paramstyle="pyformat")
+    dialect.server_version_info = (10, 3)
+    dialect.supports_sequences = True
+    return dialect
+
+
+# The writes are SQL that both SQLite and MariaDB take.
+_MARIADB_INSERT_LOCK = FixedSQL.written(_SQLITE_INSERT_LOCK)
+_MARIADB_UPDATE_LOCK = FixedSQL.written(_SQLITE_UPDATE_LOCK)
+_MARIADB_SET_EXPIRY = FixedSQL.written(_SQLITE_SET_EXPIRY)
+_MARIADB_FREE = FixedSQL.written(_SQLITE_FREE)
+_MARIADB_DEQUEUE = FixedSQL.written(_SQLITE_DEQUEUE)
+_MARIADB_INSERT_EVENT = FixedSQL.written(_SQLITE_INSERT_EVENT)
+
+
 def statements_for(dialect_name: str):
     if dialect_name == "postgresql":
         return PostgresStatements()
     if dialect_name == "sqlite":
         return SQLiteStatements()
+    if dialect_name == "mariadb":
+        return MariaDBStatements()
     return TransactionalStatements(dialect_name)
