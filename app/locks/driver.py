@@ -316,8 +316,6 @@ class MySQLTransaction(DriverTransaction):
     __slots__ = ()
 
     def _prepared(self, sql, params):
-        if isinstance(sql, str):
-            return sql, params  # BEGIN and the like
         bound = dict(sql.defaults)
         for name, value in params.items():
             if isinstance(value, datetime):

@@ -562,7 +562,7 @@ class TransactionalStatements:
     def read_now(self, conn: Connection) -> datetime:
         if self._server_now is None:
             raise RuntimeError("SQLite has no server clock: pass the host's time")
-        return conn.scalar(self._read_now)
+        return self._scalar(conn, self._read_now)
 
     def lock_row(
         self,
@@ -584,13 +584,11 @@ class TransactionalStatements:
             params["now"] = now
         if counting:
             params.update(quota_token=quota_token, max_locks=max_locks)
-        return conn.execute(self._lock_row[now is None, counting], params).one_or_none()
+        return self._row(conn, self._lock_row[now is None, counting], params)
 
     def freeze_of(self, conn: Connection, resource: str, now: datetime) -> Row | None:
         """The freeze in force over ``resource`` at ``now``, if any."""
-        return conn.execute(
-            self._freeze_row, {"resource": resource, "now": now}
-        ).one_or_none()
+        return self._row(conn, self._freeze_row, {"resource": resource, "now": now})
 
     def clock_after_lock(
         self,
@@ -633,7 +631,7 @@ class TransactionalStatements:
             statement = self._clock_statement(
                 now is None, conditional, unless_frozen is not None, counting
             )
-            row = self._clock_row(conn, statement, params)
+            row = self._row(conn, statement, params)
             return Clock(
                 row.now,
                 row.fence,
@@ -662,8 +660,14 @@ class TransactionalStatements:
         )
         return Clock(now, drawn, drawn is None, False)
 
-    def _clock_row(self, conn, statement, params) -> Row:
-        return conn.execute(statement, params).one()
+    # How a prebuilt read is run: ``MariaDBStatements`` sends the same constructs
+    # compiled once on a ``DriverTransaction``.
+
+    def _row(self, conn, statement, params: dict[str, Any]) -> Row | None:
+        return conn.execute(statement, params).one_or_none()
+
+    def _scalar(self, conn, statement, params: dict[str, Any] | None = None) -> Any:
+        return conn.scalar(statement, params)
 
     def _next_fence(self, conn: Connection) -> int:
         return conn.scalar(self._next_fence_statement)
@@ -1027,7 +1031,66 @@ _SQLITE_NEXT_FENCE = (
 )
 
 
-class SQLiteStatements(TransactionalStatements):
+_SQLITE_INSERT_LOCK = """INSERT INTO distributed_locks
+    (resource, owner, token, fence, acquired_at, expires_at)
+VALUES (:resource, :owner, :token, :fence, :acquired_at, :expires_at)"""
+_SQLITE_UPDATE_LOCK = """UPDATE distributed_locks
+SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
+    expires_at = :expires_at
+WHERE id = :id"""
+_SQLITE_SET_EXPIRY = (
+    "UPDATE distributed_locks SET expires_at = :expires_at WHERE id = :id"
+)
+_SQLITE_FREE = (
+    "UPDATE distributed_locks SET owner = NULL, token = NULL, expires_at = :expires_at "
+    "WHERE id = :id"
+)
+_SQLITE_DEQUEUE = "DELETE FROM lock_waiters WHERE id = :id"
+_SQLITE_INSERT_EVENT = """INSERT INTO lock_events
+    (resource, action, owner, previous_owner, token, fence, acquired_at,
+     expires_at, actor, reason, occurred_at)
+VALUES (:resource, :action, :owner, :previous_owner, :token, :fence, :acquired_at,
+        :expires_at, :actor, :reason, :occurred_at)"""
+# The hot path's writes: SQL that both SQLite and MariaDB take (``DriverWrites``).
+_WRITES = {
+    "insert_lock": _SQLITE_INSERT_LOCK,
+    "update_lock": _SQLITE_UPDATE_LOCK,
+    "set_expiry": _SQLITE_SET_EXPIRY,
+    "free": _SQLITE_FREE,
+    "dequeue": _SQLITE_DEQUEUE,
+    "insert_event": _SQLITE_INSERT_EVENT,
+}
+
+
+class DriverWrites:
+    """The hot path's writes as SQL written once, which SQLite and MariaDB both
+    take; ``_writes`` holds it in the form the dialect's ``DriverTransaction``
+    runs (``:name`` text for sqlite3, ``FixedSQL`` for PyMySQL)."""
+
+    _writes: dict[str, Any]
+
+    def _write_grant(self, conn, row, resource, values) -> None:
+        if row is None:
+            conn.execute(self._writes["insert_lock"], {"resource": resource, **values})
+        else:
+            conn.execute(self._writes["update_lock"], {"id": row.id, **values})
+
+    def _write_expiry(self, conn, row, expires_at) -> None:
+        conn.execute(
+            self._writes["set_expiry"], {"id": row.id, "expires_at": expires_at}
+        )
+
+    def _write_free(self, conn, row, now) -> None:
+        conn.execute(self._writes["free"], {"id": row.id, "expires_at": now})
+
+    def _dequeue(self, conn, waiter) -> None:
+        conn.execute(self._writes["dequeue"], {"id": waiter})
+
+    def _insert_event(self, conn, params) -> None:
+        conn.execute(self._writes["insert_event"], params)
+
+
+class SQLiteStatements(DriverWrites, TransactionalStatements):
     """``TransactionalStatements``' acquire, renew and release, run by the service
     on a ``DriverTransaction`` (``app.locks.driver``): the same BEGIN IMMEDIATE
     transaction and statements, as SQL written once. Through SQLAlchemy each
@@ -1037,6 +1100,7 @@ class SQLiteStatements(TransactionalStatements):
     """
 
     driver_transaction = "BEGIN IMMEDIATE"
+    _writes = _WRITES
 
     def __init__(self) -> None:
         super().__init__("sqlite")
@@ -1073,52 +1137,12 @@ class SQLiteStatements(TransactionalStatements):
     def freeze_of(self, conn, resource, now):
         return conn.one(self._sqlite_freeze_row, {"resource": resource, "now": now})
 
-    def _write_grant(self, conn, row, resource, values) -> None:
-        if row is None:
-            conn.execute(_SQLITE_INSERT_LOCK, {"resource": resource, **values})
-        else:
-            conn.execute(_SQLITE_UPDATE_LOCK, {"id": row.id, **values})
 
-    def _write_expiry(self, conn, row, expires_at) -> None:
-        conn.execute(_SQLITE_SET_EXPIRY, {"id": row.id, "expires_at": expires_at})
-
-    def _write_free(self, conn, row, now) -> None:
-        conn.execute(_SQLITE_FREE, {"id": row.id, "expires_at": now})
-
-    def _dequeue(self, conn, waiter) -> None:
-        conn.execute(_SQLITE_DEQUEUE, {"id": waiter})
-
-    def _insert_event(self, conn, params) -> None:
-        conn.execute(_SQLITE_INSERT_EVENT, params)
-
-
-_SQLITE_INSERT_LOCK = """INSERT INTO distributed_locks
-    (resource, owner, token, fence, acquired_at, expires_at)
-VALUES (:resource, :owner, :token, :fence, :acquired_at, :expires_at)"""
-_SQLITE_UPDATE_LOCK = """UPDATE distributed_locks
-SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
-    expires_at = :expires_at
-WHERE id = :id"""
-_SQLITE_SET_EXPIRY = (
-    "UPDATE distributed_locks SET expires_at = :expires_at WHERE id = :id"
-)
-_SQLITE_FREE = (
-    "UPDATE distributed_locks SET owner = NULL, token = NULL, expires_at = :expires_at "
-    "WHERE id = :id"
-)
-_SQLITE_DEQUEUE = "DELETE FROM lock_waiters WHERE id = :id"
-_SQLITE_INSERT_EVENT = """INSERT INTO lock_events
-    (resource, action, owner, previous_owner, token, fence, acquired_at,
-     expires_at, actor, reason, occurred_at)
-VALUES (:resource, :action, :owner, :previous_owner, :token, :fence, :acquired_at,
-        :expires_at, :actor, :reason, :occurred_at)"""
-
-
-class MariaDBStatements(TransactionalStatements):
+class MariaDBStatements(DriverWrites, TransactionalStatements):
     """``TransactionalStatements``' acquire, renew and release on a
     ``DriverTransaction`` over PyMySQL, as ``SQLiteStatements`` does for SQLite:
     the same transaction and statements, each compiled once (the reads, from the
-    same constructs) or written once (the writes, the same SQL as SQLite's).
+    same constructs, on first use) or written once (the writes, ``DriverWrites``).
     Through SQLAlchemy each of the 4–6 statements per operation cost 80–100 µs
     of Python for a round trip PyMySQL makes in about 15. Operator actions stay
     on SQLAlchemy connections (``transactional``).
@@ -1126,61 +1150,28 @@ class MariaDBStatements(TransactionalStatements):
 
     # PyMySQL opens the transaction with the first statement; no BEGIN is sent.
     driver_transaction = ""
+    _writes = {name: FixedSQL.written(sql) for name, sql in _WRITES.items()}
 
     def __init__(self, dialect_name: str = "mariadb") -> None:
         super().__init__(dialect_name)
         self.transactional = TransactionalStatements(dialect_name)
         self._dialect = _pyformat_mariadb_dialect()
-        self._fixed_lock_row = {
-            key: self._fixed(statement) for key, statement in self._lock_row.items()
-        }
-        self._fixed_read_now = self._fixed(self._read_now)
-        self._fixed_freeze_row = self._fixed(self._freeze_row)
-        self._fixed_clock: dict[Any, FixedSQL] = {}
+        self._fixed_reads: dict[Any, FixedSQL] = {}
 
-    def _fixed(self, statement) -> FixedSQL:
-        return FixedSQL.compiled(statement, self._dialect)
+    def _row(self, conn, statement, params):
+        return conn.one(self._compiled(statement), params)
 
-    def lock_row(
-        self, conn, resource, now, waiter=None, *, quota_token=None, max_locks=None
-    ):
-        counting = bool(max_locks) and quota_token is not None
-        params: dict[str, Any] = {"resource": resource, "waiter": waiter}
-        if now is not None:
-            params["now"] = now
-        if counting:
-            params.update(quota_token=quota_token, max_locks=max_locks)
-        return conn.one(self._fixed_lock_row[now is None, counting], params)
+    def _scalar(self, conn, statement, params=None):
+        return conn.scalar(self._compiled(statement), params)
 
-    def read_now(self, conn) -> datetime:
-        return conn.scalar(self._fixed_read_now)
-
-    def freeze_of(self, conn, resource, now):
-        return conn.one(self._fixed_freeze_row, {"resource": resource, "now": now})
-
-    def _clock_row(self, conn, statement, params):
-        fixed = self._fixed_clock.get(statement)
+    def _compiled(self, statement) -> FixedSQL:
+        """``statement`` (one of the prebuilt reads) as compiled SQL, once."""
+        fixed = self._fixed_reads.get(statement)
         if fixed is None:
-            fixed = self._fixed_clock[statement] = self._fixed(statement)
-        return conn.one(fixed, params)
-
-    def _write_grant(self, conn, row, resource, values) -> None:
-        if row is None:
-            conn.execute(_MARIADB_INSERT_LOCK, {"resource": resource, **values})
-        else:
-            conn.execute(_MARIADB_UPDATE_LOCK, {"id": row.id, **values})
-
-    def _write_expiry(self, conn, row, expires_at) -> None:
-        conn.execute(_MARIADB_SET_EXPIRY, {"id": row.id, "expires_at": expires_at})
-
-    def _write_free(self, conn, row, now) -> None:
-        conn.execute(_MARIADB_FREE, {"id": row.id, "expires_at": now})
-
-    def _dequeue(self, conn, waiter) -> None:
-        conn.execute(_MARIADB_DEQUEUE, {"id": waiter})
-
-    def _insert_event(self, conn, params) -> None:
-        conn.execute(_MARIADB_INSERT_EVENT, params)
+            fixed = self._fixed_reads[statement] = FixedSQL.compiled(
+                statement, self._dialect
+            )
+        return fixed
 
 
 def _pyformat_mariadb_dialect():
@@ -1193,15 +1184,6 @@ def _pyformat_mariadb_dialect():
     dialect.server_version_info = (10, 3)
     dialect.supports_sequences = True
     return dialect
-
-
-# The writes are SQL that both SQLite and MariaDB take.
-_MARIADB_INSERT_LOCK = FixedSQL.written(_SQLITE_INSERT_LOCK)
-_MARIADB_UPDATE_LOCK = FixedSQL.written(_SQLITE_UPDATE_LOCK)
-_MARIADB_SET_EXPIRY = FixedSQL.written(_SQLITE_SET_EXPIRY)
-_MARIADB_FREE = FixedSQL.written(_SQLITE_FREE)
-_MARIADB_DEQUEUE = FixedSQL.written(_SQLITE_DEQUEUE)
-_MARIADB_INSERT_EVENT = FixedSQL.written(_SQLITE_INSERT_EVENT)
 
 
 def statements_for(dialect_name: str):
