@@ -96,8 +96,8 @@ def connect(url: str) -> Any:
 
 # The service's own statements, as its driver seam sends them (server clock).
 _PG_SERVICE = PostgresStatements()
-_PG_SERVICE_ACQUIRE = _PG_SERVICE._acquire[True].sql
-_PG_SERVICE_RELEASE = _PG_SERVICE._release[True].sql
+_PG_SERVICE_ACQUIRE = _PG_SERVICE.acquire_sql.sql
+_PG_SERVICE_RELEASE = _PG_SERVICE.release_sql.sql
 
 _PG_IDEAL_ACQUIRE = """
 INSERT INTO distributed_locks AS l (resource, owner, fence, acquired_at, expires_at)
@@ -149,6 +149,7 @@ class PostgresDriver:
                 "ttl": ttl,
                 "actor": None,
                 "waiter": None,
+                "now": None,
             }
             | self.token,
         ).fetchone()
@@ -161,8 +162,8 @@ class PostgresDriver:
                 "resource": resource,
                 "owner": owner,
                 "actor": None,
-                "waiter": None,
                 "token": "bench",
+                "now": None,
             },
         ).fetchone()
         return bool(row is not None and row[0])

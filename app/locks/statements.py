@@ -6,6 +6,8 @@ Two strategies give the same answers:
     acquire, renew and release are each ONE statement run in autocommit: a
     data-modifying CTE takes the row (insert, or conditional update/delete), writes
     the audit row and reports the outcome (or the current holder) in one round trip.
+    The statements are server-side functions (migration 0007), planned once per
+    connection even through a pooler that cannot keep prepared statements.
     A refused acquire locks and writes nothing: ``FOR UPDATE`` only touches a row
     that is free, expired or already ours, and ``nextval`` is only reached by a
     grant. Release keeps the row, free (``owner`` NULL): see ``DistributedLock``.
@@ -21,7 +23,7 @@ Two strategies give the same answers:
     winner and is refused.
 
 Both take ``now`` = None to read the database's clock once the row lock is held
-(see ``TransactionalStatements`` and the comment on ``_PG_ACQUIRE``), or a datetime
+(see ``TransactionalStatements``, and for PostgreSQL migration 0007), or a datetime
 (SQLite's host clock, read after ``BEGIN IMMEDIATE``; tests' fake clock).
 
 The holder of a lock is the pair (token, owner): see ``holds``. An acquire that is a
@@ -136,219 +138,21 @@ def token_or_none(token: str | None) -> str | None:
 
 # --- PostgreSQL: one statement per hot operation ---------------------------------
 
-_PG_NOW_SERVER = "clock_timestamp()"
-_PG_NOW_PARAM = "CAST(:now AS timestamptz)"
-
-# Each statement takes its row lock first and reads the clock after it: ``clock``
-# selects from the locking CTE, so PostgreSQL has the row locked before it
-# evaluates clock_timestamp() there. A clock read before the wait for the row lock
-# could be older than the change the statement waited for (a release, a
-# force-release), and the grant would record a time before the end of the grant it
-# follows. ``early`` only pre-selects the rows worth locking; anything it lets
-# through is decided again by ``clock``, and a row expired by ``early`` is expired
-# by the later ``clock`` too.
-_PG_ACQUIRE = """
-WITH early AS MATERIALIZED (SELECT {now} AS now),
-prior AS MATERIALIZED (
-    SELECT l.id, l.owner, l.expires_at
-    FROM distributed_locks AS l, early
-    WHERE l.resource = :resource
-      AND (l.owner IS NULL OR l.expires_at <= early.now
-           OR (l.owner = :owner AND (l.token IS NULL OR l.token = :token)))
-      AND ((l.owner = :owner AND (l.token IS NULL OR l.token = :token)
-            AND l.expires_at > early.now)
-           OR NOT EXISTS ({ahead}))
-    FOR UPDATE OF l
-),
-clock AS MATERIALIZED (
-    SELECT COALESCE((SELECT {now} FROM prior), early.now) AS now FROM early
-),
-decided AS (
-    SELECT prior.id, prior.owner,
-           prior.owner IS NOT NULL AND prior.expires_at > clock.now AS valid
-    FROM prior, clock
-),
-frozen AS MATERIALIZED (
-    SELECT f.prefix, f.reason, f.actor, f.frozen_at, f.ends_at
-    FROM lock_freezes AS f, clock
-    WHERE f.prefix = substr(:resource, 1, length(f.prefix))
-      AND (f.ends_at IS NULL OR f.ends_at > clock.now)
-    ORDER BY f.prefix
-    LIMIT 1
-),
-quota AS MATERIALIZED (
-    SELECT CAST(:max_locks AS integer) IS NOT NULL AND (
-        SELECT count(*) FROM (
-            SELECT 1 FROM distributed_locks AS q, clock
-            WHERE q.token = :token AND q.expires_at > clock.now
-            LIMIT :max_locks
-        ) AS live
-    ) >= :max_locks AS reached
-),
-updated AS (
-    UPDATE distributed_locks AS l
-    SET owner = :owner,
-        token = :token,
-        acquired_at = clock.now,
-        expires_at = clock.now + make_interval(secs => :ttl),
-        fence = CASE WHEN decided.valid THEN l.fence
-                     ELSE nextval('lock_fence_seq') END
-    FROM decided, clock
-    WHERE l.id = decided.id
-      AND (decided.valid OR (NOT EXISTS (SELECT 1 FROM frozen)
-                             AND NOT (SELECT reached FROM quota)))
-    RETURNING l.resource, l.owner, l.token, l.fence, l.acquired_at, l.expires_at,
-              decided.owner AS previous_owner,
-              CASE WHEN decided.owner IS NULL THEN 'acquired'
-                   WHEN decided.valid THEN 'reacquired'
-                   ELSE 'took_over' END AS action
-),
-inserted AS (
-    INSERT INTO distributed_locks (resource, owner, token, fence, acquired_at,
-                                   expires_at)
-    SELECT :resource, :owner, :token, nextval('lock_fence_seq'),
-           clock.now, clock.now + make_interval(secs => :ttl)
-    FROM clock
-    WHERE NOT EXISTS (SELECT 1 FROM distributed_locks WHERE resource = :resource)
-      AND NOT EXISTS (SELECT 1 FROM frozen)
-      AND NOT (SELECT reached FROM quota)
-    ON CONFLICT (resource) DO NOTHING
-    RETURNING resource, owner, token, fence, acquired_at, expires_at,
-              CAST(NULL AS varchar) AS previous_owner, 'acquired' AS action
-),
-granted AS (SELECT * FROM updated UNION ALL SELECT * FROM inserted),
-logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
-                             acquired_at, expires_at, actor, occurred_at)
-    SELECT g.resource, g.action, g.owner, g.previous_owner, g.token, g.fence,
-           g.acquired_at, g.expires_at, :actor, clock.now
-    FROM granted AS g, clock
-),
-dequeued AS (
-    DELETE FROM lock_waiters
-    WHERE id = CAST(:waiter AS bigint) AND EXISTS (SELECT 1 FROM granted)
-),
-{queue}
-SELECT true AS done, g.action, g.resource, g.owner, g.token, g.fence,
-       g.acquired_at, g.expires_at, clock.now, queue.waiters, false AS over_quota,
-       NULL AS frozen_prefix, NULL AS frozen_reason, NULL AS frozen_actor,
-       NULL AS frozen_at, NULL AS frozen_until
-FROM granted AS g, clock, queue
-UNION ALL
-SELECT false, NULL, CAST(:resource AS varchar), l.owner, l.token, l.fence,
-       l.acquired_at, l.expires_at, clock.now, queue.waiters,
-       -- Only a grant can be over quota: a valid lock here is another holder's.
-       CASE WHEN l.owner IS NOT NULL AND l.expires_at > clock.now THEN false
-            ELSE (SELECT reached FROM quota) END,
-       f.prefix, f.reason, f.actor, f.frozen_at, f.ends_at
-FROM clock
-CROSS JOIN queue
-LEFT JOIN distributed_locks AS l ON l.resource = :resource
-LEFT JOIN frozen AS f ON true
-WHERE NOT EXISTS (SELECT 1 FROM granted)
-"""
-
-# Renew and release lock only their owner's row, then read the clock.
-_PG_OWNED_ROW = """
-target AS MATERIALIZED (
-    SELECT l.id FROM distributed_locks AS l
-    WHERE l.resource = :resource AND l.owner = :owner
-    FOR UPDATE OF l
-),
-clock AS MATERIALIZED (
-    SELECT COALESCE((SELECT {now} FROM target), {now}) AS now
-)"""
-
-_PG_RENEW = (
-    "WITH"
-    + _PG_OWNED_ROW
-    + """,
-renewed AS (
-    UPDATE distributed_locks AS l
-    SET expires_at = clock.now + make_interval(secs => :ttl)
-    FROM target, clock
-    WHERE l.id = target.id AND l.owner = :owner
-      AND (l.token IS NULL OR l.token = :token) AND l.expires_at > clock.now
-    RETURNING l.resource, l.owner, l.token, l.fence, l.acquired_at, l.expires_at
-),
-logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
-                             acquired_at, expires_at, actor, occurred_at)
-    SELECT r.resource, 'renewed', r.owner, r.owner, CAST(:token AS varchar),
-           r.fence, r.acquired_at, r.expires_at, :actor, clock.now
-    FROM renewed AS r, clock
-),
-{queue}
-SELECT true AS done, 'renewed' AS action, r.resource, r.owner, r.token, r.fence,
-       r.acquired_at, r.expires_at, clock.now, queue.waiters
-FROM renewed AS r, clock, queue
-UNION ALL
-SELECT false, NULL, l.resource, l.owner, l.token, l.fence, l.acquired_at,
-       l.expires_at, clock.now, queue.waiters
-FROM distributed_locks AS l, clock, queue
-WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM renewed)
-"""
+# The statements live in the database as functions (migration 0007, where their
+# SQL and its reasoning are): PostgreSQL plans each once per connection, with or
+# without a pooler that cannot carry prepared statements. ``now`` NULL: the
+# server's clock, read after the row lock; a datetime: a test's fake clock.
+_PG_ACQUIRE = DriverSQL(
+    "SELECT * FROM lockkeeper_acquire(:resource, :owner, :token, :ttl, :actor,"
+    " :max_locks, :waiter, :now)"
 )
-
-_PG_RELEASE = (
-    "WITH"
-    + _PG_OWNED_ROW
-    + """,
-released AS (
-    UPDATE distributed_locks AS l
-    SET owner = NULL, token = NULL, expires_at = clock.now
-    FROM target, clock
-    WHERE l.id = target.id AND l.owner = :owner
-      AND (l.token IS NULL OR l.token = :token) AND l.expires_at > clock.now
-    RETURNING l.resource, CAST(:owner AS varchar) AS owner,
-              CAST(:token AS varchar) AS token, l.fence, l.acquired_at,
-              l.expires_at
-),
-logged AS (
-    INSERT INTO lock_events (resource, action, owner, previous_owner, token, fence,
-                             acquired_at, expires_at, actor, occurred_at)
-    SELECT r.resource, 'released', r.owner, r.owner, r.token, r.fence,
-           r.acquired_at, r.expires_at, :actor, clock.now
-    FROM released AS r, clock
-),
-{queue}
-SELECT true AS done, 'released' AS action, r.resource, r.owner, r.token, r.fence,
-       r.acquired_at, r.expires_at, clock.now, queue.waiters
-FROM released AS r, clock, queue
-UNION ALL
-SELECT false, NULL, l.resource, l.owner, l.token, l.fence, l.acquired_at,
-       l.expires_at, clock.now, queue.waiters
-FROM distributed_locks AS l, clock, queue
-WHERE l.resource = :resource AND NOT EXISTS (SELECT 1 FROM released)
-"""
+_PG_RENEW = DriverSQL(
+    "SELECT * FROM lockkeeper_renew(:resource, :owner, :token, :ttl, :actor, :now)"
 )
-
+_PG_RELEASE = DriverSQL(
+    "SELECT * FROM lockkeeper_release(:resource, :owner, :token, :actor, :now)"
+)
 _PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
-
-
-# Live waiters queued for the resource (a waiter's own row excluded): the Lock's
-# ``waiters``. Rows past their deadline (a killed app instance's) never count.
-_PG_QUEUE = """queue AS (
-    SELECT count(*) AS waiters FROM lock_waiters AS w, clock
-    WHERE w.resource = :resource AND w.deadline > clock.now
-      AND w.id IS DISTINCT FROM CAST(:waiter AS bigint)
-)"""
-
-# Someone is in line before this acquire: anyone for a non-waiting acquire
-# (:waiter NULL), the waiters that arrived earlier for a waiting one.
-_PG_AHEAD = """SELECT 1 FROM lock_waiters AS w
-        WHERE w.resource = :resource AND w.deadline > early.now
-          AND (CAST(:waiter AS bigint) IS NULL OR w.id < CAST(:waiter AS bigint))"""
-
-
-def _pg_statements(template: str) -> dict[bool, DriverSQL]:
-    """The same SQL twice, keyed by "reads the server clock": with ``clock_timestamp()``
-    (production), and with a ``:now`` parameter (a test's fake clock)."""
-    pieces = {"queue": _PG_QUEUE, "ahead": _PG_AHEAD}
-    return {
-        True: DriverSQL(template.format(now=_PG_NOW_SERVER, **pieces)),
-        False: DriverSQL(template.format(now=_PG_NOW_PARAM, **pieces)),
-    }
 
 
 class PostgresStatements:
@@ -359,20 +163,18 @@ class PostgresStatements:
     """
 
     autocommit = True
+    acquire_sql = _PG_ACQUIRE
+    renew_sql = _PG_RENEW
+    release_sql = _PG_RELEASE
 
     def __init__(self) -> None:
-        self._acquire = _pg_statements(_PG_ACQUIRE)
-        self._renew = _pg_statements(_PG_RENEW)
-        self._release = _pg_statements(_PG_RELEASE)
         self.transactional = TransactionalStatements("postgresql")
 
     def _run(
-        self, conn: DriverConnection, statements, now, waiter=None, **params
+        self, conn: DriverConnection, statement: DriverSQL, params: dict[str, Any]
     ) -> Outcome:
-        params["waiter"] = waiter
-        if now is not None:
-            params["now"] = now
-        row = conn.one(statements[now is None], params)
+        now = params["now"]
+        row = conn.one(statement, params)
         if row is None:
             return Outcome(False, None, None, now or conn.one(_PG_READ_NOW, {}).now)
         if row.done:
@@ -398,38 +200,44 @@ class PostgresStatements:
     ) -> Outcome:
         return self._run(
             conn,
-            self._acquire,
-            now,
-            waiter,
-            resource=resource,
-            owner=owner,
-            token=token,
-            ttl=ttl,
-            actor=actor,
-            max_locks=max_locks,
+            _PG_ACQUIRE,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "ttl": ttl,
+                "actor": actor,
+                "max_locks": max_locks,
+                "waiter": waiter,
+                "now": now,
+            },
         )
 
     def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
         return self._run(
             conn,
-            self._renew,
-            now,
-            resource=resource,
-            owner=owner,
-            token=token,
-            ttl=ttl,
-            actor=actor,
+            _PG_RENEW,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "ttl": ttl,
+                "actor": actor,
+                "now": now,
+            },
         )
 
     def release(self, conn, resource, owner, token, actor, now) -> Outcome:
         return self._run(
             conn,
-            self._release,
-            now,
-            resource=resource,
-            owner=owner,
-            token=token,
-            actor=actor,
+            _PG_RELEASE,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "actor": actor,
+                "now": now,
+            },
         )
 
 
