@@ -60,14 +60,20 @@ def init_app(app) -> None:
         app.after_request(_compress_unless_small)
 
 
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+
 def _compress_unless_small(response):
-    """Flask-Compress's hook, not called for a body under ``COMPRESS_MIN_SIZE``.
+    """Flask-Compress's hook, not called for a body under ``COMPRESS_MIN_SIZE``
+    nor for a status that has no body (a release's 204).
 
     It would send such a body as it is whatever the client accepts, after
     reading the request's Accept-Encoding and adding ``Vary: Accept-Encoding``
     (needless, since nothing varies): a small API answer is most requests.
     Bodies of unknown length (streams) and larger ones go through it as before.
     """
+    if response.status_code in _NO_BODY_STATUSES:
+        return response
     length = response.content_length
     if length is not None and length < current_app.config["COMPRESS_MIN_SIZE"]:
         return response

@@ -240,6 +240,19 @@ def test_release_with_owner_in_query_is_204(api):
     assert acquire(api, owner="w-2").status_code == 200
 
 
+def test_a_release_answers_no_body_whatever_encodings_the_client_takes(api):
+    acquire(api)
+    response = api.delete(
+        "/api/v1/locks/job:42?owner=w-1", headers={"Accept-Encoding": "gzip, br"}
+    )
+    assert response.status_code == 204
+    assert response.get_data() == b""
+    # Nothing to encode, so nothing varies with Accept-Encoding.
+    assert "Content-Encoding" not in response.headers
+    assert "Vary" not in response.headers
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
 def test_release_of_absent_lock_is_404(api):
     assert_problem(api.delete("/api/v1/locks/job:42?owner=w-1"), 404)
 

@@ -150,6 +150,39 @@ def test_html_responses_carry_security_headers(client):
     assert response.headers["X-Frame-Options"] == "DENY"
 
 
+def test_other_responses_carry_the_headers_for_every_response_and_no_page_policy(
+    app, client
+):
+    @app.get("/_test/own-headers")
+    def own_headers():
+        return "{}", 200, {
+            "Content-Type": "application/json",
+            "referrer-policy": "no-referrer",
+        }
+
+    response = client.get("/_test/own-headers")
+    assert response.headers.getlist("X-Content-Type-Options") == ["nosniff"]
+    # A view's own value is kept, whatever the case of its name.
+    assert response.headers.getlist("Referrer-Policy") == ["no-referrer"]
+    assert "Content-Security-Policy" not in response.headers
+    assert "X-Frame-Options" not in response.headers
+
+    problem = client.get("/api/v1/locks")  # no token: a problem+json 401
+    assert problem.status_code == 401
+    assert problem.headers["X-Content-Type-Options"] == "nosniff"
+    assert "Content-Security-Policy" not in problem.headers
+
+
+def test_an_html_type_with_parameters_gets_the_page_policy(app, client):
+    @app.get("/_test/html")
+    def html_page():
+        return "<p>hi</p>", 200, {"Content-Type": "Text/HTML ; charset=utf-8"}
+
+    response = client.get("/_test/html")
+    assert response.headers.getlist("X-Frame-Options") == ["DENY"]
+    assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+
+
 def test_login_page_has_no_inline_script_or_style(client):
     page = soup(client.get("/login"))
     assert all(script.get("src") for script in page.find_all("script"))

@@ -294,6 +294,10 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# Built once: json.loads() with hooks builds a decoder (and its scanner) per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def json_body(request: Request) -> Any:
     """The request's JSON document, or NO_BODY when there is none, whatever its
     declared type: generated clients send ``Content-Type: application/json`` with
@@ -315,9 +319,7 @@ def json_body(request: Request) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidInput([(BODY, "is not valid UTF-8")]) from exc
     try:
-        return json.loads(
-            text, parse_constant=_reject_constant, parse_float=_finite_float
-        )
+        return _DECODER.decode(text)
     except RecursionError as exc:
         raise InvalidInput([(BODY, "is nested too deeply")]) from exc
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, huge numbers

@@ -58,14 +58,32 @@ def refuse_cross_site_changes() -> None:
         abort(403, description=CROSS_SITE_REFUSED)
 
 
+# (lower-case name, name, value); a header a view set itself is kept.
+_EVERY_RESPONSE = (
+    ("x-content-type-options", "X-Content-Type-Options", "nosniff"),
+    ("referrer-policy", "Referrer-Policy", "same-origin"),
+)
+_HTML_PAGES = _EVERY_RESPONSE + (
+    ("content-security-policy", "Content-Security-Policy", CONTENT_SECURITY_POLICY),
+    # For browsers that predate frame-ancestors.
+    ("x-frame-options", "X-Frame-Options", "DENY"),
+)
+
+
 def add_security_headers(response: Response) -> Response:
+    # One pass over the headers and no Content-Type parsing: this runs on every
+    # response, and setdefault() per header plus ``response.mimetype`` cost a
+    # request more than the rest of its after-request hooks together.
     headers = response.headers
-    headers.setdefault("X-Content-Type-Options", "nosniff")
-    headers.setdefault("Referrer-Policy", "same-origin")
-    if response.mimetype == "text/html":
-        headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-        # For browsers that predate frame-ancestors.
-        headers.setdefault("X-Frame-Options", "DENY")
+    present = {name.lower() for name, _ in headers}
+    content_type = headers.get("Content-Type")
+    is_html = (
+        content_type is not None
+        and content_type.partition(";")[0].strip().lower() == "text/html"
+    )
+    for key, name, value in _HTML_PAGES if is_html else _EVERY_RESPONSE:
+        if key not in present:
+            headers.add(name, value)
     return response
 
 
