@@ -155,10 +155,14 @@ def test_other_responses_carry_the_headers_for_every_response_and_no_page_policy
 ):
     @app.get("/_test/own-headers")
     def own_headers():
-        return "{}", 200, {
-            "Content-Type": "application/json",
-            "referrer-policy": "no-referrer",
-        }
+        return (
+            "{}",
+            200,
+            {
+                "Content-Type": "application/json",
+                "referrer-policy": "no-referrer",
+            },
+        )
 
     response = client.get("/_test/own-headers")
     assert response.headers.getlist("X-Content-Type-Options") == ["nosniff"]
