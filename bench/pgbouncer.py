@@ -65,7 +65,11 @@ class PgBouncer:
                 shutil.chown(path, "postgres")
             command = ["runuser", "-u", "postgres", "--", *command]
         self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            # A folder the postgres user owns, not the caller's (maybe closed to it).
+            cwd=self.root,
         )
         deadline = time.monotonic() + 15
         while True:

@@ -90,6 +90,9 @@ class PostgresCluster:
             text=True,
             timeout=120,
             check=False,
+            # The server's user must be able to enter its working directory;
+            # the caller's (a clone under /root, say) may be closed to it.
+            cwd=self.root,
         )
         if result.returncode != 0:
             raise ClusterError(
@@ -121,6 +124,7 @@ class PostgresCluster:
             [*self._as_user, str(self.bin / "pg_ctl"), "-D", str(self.data), "status"],
             capture_output=True,
             check=False,
+            cwd=self.root,
         )
         return result.returncode == 0
 
@@ -168,6 +172,7 @@ class MariaDBServer:
             text=True,
             timeout=180,
             check=False,
+            cwd=self.root,
         )
         if result.returncode != 0:
             raise ClusterError(f"mariadb-install-db failed: {result.stderr[-2000:]}")

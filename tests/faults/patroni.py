@@ -59,6 +59,18 @@ class Member:
         self.log = self.dir / "patroni.log"
         self.process: subprocess.Popen | None = None
 
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def log_has_traceback(self) -> bool:
+        return "Traceback (most recent call last)" in self.log_text()
+
     @property
     def rest(self) -> str:
         return f"http://127.0.0.1:{self.rest_port}"
@@ -237,11 +249,13 @@ class PatroniCluster:
                 raise ClusterError(f"etcd did not start: see {self.root}/etcd.log")
             time.sleep(0.1)
         # The first member bootstraps alone; the others clone it once it leads.
+        # Until the cluster is healthy no member has any reason to log a
+        # traceback, so one ends the start at once.
         self.start_member(self.members[0])
-        self.wait_for_leader(timeout=timeout)
+        self.wait_for_leader(timeout=timeout, bootstrapping=True)
         for member in self.members[1:]:
             self.start_member(member)
-        self.wait_healthy(timeout=timeout)
+        self.wait_healthy(timeout=timeout, bootstrapping=True)
 
     def start_member(self, member: Member) -> None:
         log = open(member.log, "ab")  # noqa: SIM115
@@ -250,8 +264,29 @@ class PatroniCluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # Patroni's bootstrap spawns Python processes that chdir to the
+            # working directory they inherit: it must be one the postgres user
+            # may enter, wherever (and under whatever mode) the clone sits.
+            cwd=member.dir,
         )
         log.close()
+
+    def raise_if_broken(self, *, tracebacks: bool) -> None:
+        """Raise at once, with the member's log tail, when a started member's
+        Patroni has exited or (``tracebacks``) its log shows a Python traceback;
+        waiting out a deadline would only hide why."""
+        for member in self.members:
+            if member.process is None:
+                continue
+            code = member.process.poll()
+            if code is not None:
+                raise ClusterError(
+                    f"{member.name}: patroni exited with {code}:\n{member.log_tail()}"
+                )
+            if tracebacks and member.log_has_traceback():
+                raise ClusterError(
+                    f"{member.name}: patroni failed:\n{member.log_tail()}"
+                )
 
     def cluster_state(self) -> dict:
         """Patroni's ``/cluster`` from the first member that answers."""
@@ -291,11 +326,16 @@ class PatroniCluster:
         return None
 
     def wait_for_leader(
-        self, *, other_than: Member | None = None, timeout: float = 60.0
+        self,
+        *,
+        other_than: Member | None = None,
+        timeout: float = 60.0,
+        bootstrapping: bool = False,
     ) -> tuple[Member, float]:
         """The new writable primary and the monotonic time it was first seen."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.raise_if_broken(tracebacks=bootstrapping)
             found = self.writable()
             if found is not None and found is not other_than:
                 return found, time.monotonic()
@@ -304,11 +344,12 @@ class PatroniCluster:
             f"no writable primary after {timeout} s: {self.cluster_state()}"
         )
 
-    def wait_healthy(self, timeout: float = 120.0) -> None:
+    def wait_healthy(self, timeout: float = 120.0, bootstrapping: bool = False) -> None:
         """A leader, every member streaming, and (synchronous) a sync standby."""
         deadline = time.monotonic() + timeout
         state: dict = {}
         while time.monotonic() < deadline:
+            self.raise_if_broken(tracebacks=bootstrapping)
             state = self.cluster_state()
             members = state.get("members", [])
             roles = [m.get("role") for m in members]
@@ -445,7 +486,11 @@ class PatroniCluster:
         self.kill_primary_postgres()
 
     def __enter__(self) -> PatroniCluster:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc_info) -> None:

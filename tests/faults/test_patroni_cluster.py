@@ -1,0 +1,104 @@
+"""The failover harness's cluster starts wherever the project is cloned, and a
+member that cannot start ends the wait at once with its log, not after minutes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.cluster import ClusterError
+from tests.faults.patroni import PatroniCluster
+from tests.faults.test_faults import require_patroni
+
+TRACEBACK = """\
+2026-12-01 10:00:00,000 INFO: bootstrap in progress
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/multiprocessing/spawn.py", line 229, in prepare
+    os.chdir(data['dir'])
+PermissionError: [Errno 13] Permission denied: '/root/clone'
+2026-12-01 10:00:01,000 INFO: bootstrap in progress
+"""
+
+
+@pytest.fixture
+def unstarted_cluster():
+    """A cluster's folders and configs, none of its processes."""
+    require_patroni()
+    cluster = PatroniCluster(members=2)
+    yield cluster
+    cluster.close()
+
+
+def running_stand_in() -> subprocess.Popen:
+    """A live process standing in for a member's Patroni."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        start_new_session=True,
+    )
+
+
+def test_a_member_whose_log_shows_a_traceback_fails_the_bootstrap_wait(
+    unstarted_cluster,
+):
+    member = unstarted_cluster.members[0]
+    member.log.write_text(TRACEBACK)
+    member.process = running_stand_in()
+    try:
+        # Outside the bootstrap a traceback may be a member riding out a fault.
+        unstarted_cluster.raise_if_broken(tracebacks=False)
+        with pytest.raises(ClusterError, match="pg0: patroni failed") as failure:
+            unstarted_cluster.raise_if_broken(tracebacks=True)
+        assert "Permission denied: '/root/clone'" in str(failure.value)
+    finally:
+        member.process.kill()
+        member.process.wait()
+
+
+def test_a_member_whose_patroni_exited_fails_every_wait(unstarted_cluster):
+    member = unstarted_cluster.members[1]
+    member.log.write_text("FATAL: could not read configuration\n")
+    member.process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    member.process.wait()
+    with pytest.raises(ClusterError, match="pg1: patroni exited with 3") as failure:
+        unstarted_cluster.raise_if_broken(tracebacks=False)
+    assert "could not read configuration" in str(failure.value)
+
+
+def test_a_member_with_a_broken_configuration_ends_the_start_at_once():
+    require_patroni()
+    cluster = PatroniCluster(members=2)
+    try:
+        cluster.members[0].config.write_text("postgresql: [this is not a config\n")
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match="pg0: patroni"):
+            cluster.start(timeout=180.0)
+        assert time.monotonic() - started < 60, "waited for the deadline"
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_the_cluster_starts_from_a_working_directory_closed_to_postgres(monkeypatch):
+    """The clone may sit in a folder only root may enter (``mktemp -d``, or
+    root's home): the members must not inherit it as their working directory."""
+    require_patroni()
+    closed = Path(tempfile.mkdtemp(prefix="lk-closed-clone-"))
+    try:
+        assert stat.S_IMODE(closed.stat().st_mode) == 0o700
+        monkeypatch.chdir(closed)
+        with PatroniCluster(members=2) as cluster:
+            leader = cluster.leader()
+            assert leader is not None
+            assert cluster.scalar(leader, "SELECT 1") == 1
+            for member in cluster.members:
+                assert not member.log_has_traceback(), member.log_tail()
+    finally:
+        monkeypatch.undo()
+        os.rmdir(closed)
