@@ -7,7 +7,7 @@ which backs off exponentially with jitter, capped by the refusal's Retry-After;
 "queue" is the worker client as shipped: it waits in the server's line
 (``"wait"``), granted in order of arrival. The clients are threads spread over a
 few processes (so the client side is not one GIL), all driven through
-``app.client.LockClient`` against a Lockkeeper gunicorn server (gthread, as many
+``lockkeeper_client.LockClient`` against a Lockkeeper gunicorn server (gthread, as many
 threads per worker as ``app.ops.gunicorn_conf`` gives: 4 + the waiting room).
 
 From the queue run:
@@ -41,7 +41,7 @@ _CTX = multiprocessing.get_context("fork")
 
 
 def _client_loop(base_url, token, mode, index, start, end, out, lock) -> None:
-    from app.client import LockClient, LockNotAcquired
+    from lockkeeper_client import LockClient, LockNotAcquired
 
     client = LockClient(
         base_url, token, max_server_wait=30.0 if mode == "queue" else 0.0
@@ -165,7 +165,7 @@ def run_contention(base_url: str, token: str, mode: str, seconds: float) -> Samp
 
 def acquire_round_trip(base_url: str, token: str, rounds: int = 40) -> float:
     """The median round trip of an uncontended acquire (released after each)."""
-    from app.client import LockClient
+    from lockkeeper_client import LockClient
 
     samples = []
     with LockClient(base_url, token) as client:

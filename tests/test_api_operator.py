@@ -4,8 +4,8 @@ database, and the worker client's side of both."""
 from __future__ import annotations
 
 import pytest
+from lockkeeper_client import FenceRejected, LockClient, LockFrozen
 
-from app.client import FenceRejected, LockClient, LockFrozen
 from app.locks.service import lock_service
 
 LOCK = "/api/v1/locks/billing:42"

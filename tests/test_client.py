@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from app.client import (
+from lockkeeper_client import (
     AccessDenied,
     AuthenticationFailed,
     InvalidRequest,
@@ -25,6 +24,7 @@ from app.client import (
     LockQuotaReached,
     ServiceUnavailable,
 )
+
 from tests.live_server import serve
 
 
@@ -209,7 +209,7 @@ def test_a_token_outside_its_scope_raises_access_denied_not_lock_lost(
 
 def test_the_client_imports_neither_flask_nor_sqlalchemy():
     code = (
-        "import sys, app.client; "
+        "import sys, lockkeeper_client; "
         "assert 'flask' not in sys.modules, 'flask'; "
         "assert 'sqlalchemy' not in sys.modules, 'sqlalchemy'"
     )

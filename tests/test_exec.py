@@ -15,8 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from lockkeeper_client import LockClient, LockMissing
 
-from app.client import LockClient, LockMissing
 from tests.live_server import LiveServer, serve
 
 LOCKKEEPER = str(Path(sys.executable).with_name("lockkeeper"))
@@ -120,7 +120,7 @@ def test_command_runs_holding_the_lock_with_fence_in_env_and_exits_0(
         "--",
         *child("""
             import os, pathlib
-            from app.client import LockClient
+            from lockkeeper_client import LockClient
             client = LockClient(os.environ["LOCKKEEPER_URL"],
                                 os.environ["LOCKKEEPER_TOKEN"])
             lock = client.get(os.environ["LOCKKEEPER_RESOURCE"])

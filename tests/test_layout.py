@@ -9,6 +9,7 @@ from pathlib import Path
 from app.paths import PROJECT_ROOT
 
 APP = PROJECT_ROOT / "app"
+CLIENT = PROJECT_ROOT / "client" / "src" / "lockkeeper_client"
 
 
 def _module_name(path: Path) -> str:
@@ -106,10 +107,19 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_the_lock_core_imports_no_face():
-    faces = ("app.api", "app.dashboard", "app.cli", "app.ops", "app.client")
+    faces = ("app.api", "app.dashboard", "app.cli", "app.ops")
     for name, targets in import_graph().items():
         if name.startswith("app.locks"):
             assert not [t for t in targets if t.startswith(faces)], name
+
+
+def test_the_client_never_imports_the_server():
+    """The client is a distribution of its own, installed without the server:
+    an import of ``app`` would fail there, or find the worker's own ``app``."""
+    sources = sorted(CLIENT.rglob("*.py"))
+    assert sources
+    for path in sources:
+        assert _runtime_imports(ast.parse(path.read_text())) == [], path
 
 
 SETTING = re.compile(r"LOCKKEEPER_[A-Z0-9_]+")

@@ -422,7 +422,7 @@ def test_waits_show_in_the_metrics(app, locks):
 
 
 def test_the_client_waits_in_the_servers_line(app):
-    from app.client import LockClient
+    from lockkeeper_client import LockClient
 
     with serve(app) as server, app.app_context():
         locks = lock_service()
@@ -443,7 +443,7 @@ def test_the_client_waits_in_the_servers_line(app):
 
 
 def test_the_client_polls_when_the_waiting_room_is_full(make_app):
-    from app.client import LockClient
+    from lockkeeper_client import LockClient
 
     app = make_app(LOCKKEEPER_MAX_WAITERS=0)
     with serve(app) as server, app.app_context():
@@ -476,7 +476,7 @@ def test_a_client_turned_away_by_a_full_waiting_room_joins_the_line_later(make_a
     """A plain acquire may not jump the line, so a client that polled after a 503
     would be refused for as long as anyone waits; it must keep asking for a place
     and be served in its turn."""
-    from app.client import LockClient
+    from lockkeeper_client import LockClient
 
     crowded = make_app(LOCKKEEPER_MAX_WAITERS=1)
     elsewhere = make_app()  # another instance: a waiting room of its own
@@ -534,8 +534,8 @@ def test_a_client_turned_away_by_a_full_waiting_room_joins_the_line_later(make_a
     ],
 )
 def test_the_client_reads_the_servers_max_wait_from_its_400(message, expected):
-    from app.client.errors import InvalidRequest
-    from app.client.waiting import server_max_wait
+    from lockkeeper_client.errors import InvalidRequest
+    from lockkeeper_client.waiting import server_max_wait
 
     errors = [("owner", "x"), ("wait", message)]
     refused = InvalidRequest("q:1", "invalid", errors=errors)
@@ -543,7 +543,7 @@ def test_the_client_reads_the_servers_max_wait_from_its_400(message, expected):
 
 
 def test_the_client_waits_in_chunks_of_the_servers_max_wait(make_app):
-    from app.client import LockClient
+    from lockkeeper_client import LockClient
 
     app = make_app(LOCKKEEPER_MAX_WAIT=0.3)
     with serve(app) as server, app.app_context():

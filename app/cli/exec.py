@@ -105,7 +105,7 @@ def exec_command(resource, command, ttl, wait, url, token, owner, on_lost, grace
     lock was lost and the command terminated; 77 when the token was refused or
     may not lock it.
     """
-    from app.client import (
+    from lockkeeper_client import (
         AccessDenied,
         AuthenticationFailed,
         InvalidRequest,

@@ -3,7 +3,7 @@ a skewed clock, with every grant recorded and the history checked afterwards.
 
 - ``cluster``: a private PostgreSQL server the harness may stop and start.
 - ``instances``: gunicorn app instances, one of them under libfaketime.
-- ``worker``: a worker process taking locks through ``app.client.LockClient``.
+- ``worker``: a worker process taking locks through ``lockkeeper_client.LockClient``.
 - ``faults``: the kill/restart loop and the database outage probe.
 - ``checker``: the properties the recorded history must have.
 - ``run``: wires it together; ``python -m tests.faults --help`` for the long mode.

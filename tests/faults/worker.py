@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.client import (
+from lockkeeper_client import (
     LockClient,
     LockClientError,
     LockLost,

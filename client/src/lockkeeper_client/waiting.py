@@ -25,11 +25,11 @@ from tenacity import (
     stop_after_delay,
 )
 
-from app.client.errors import InvalidRequest, LockNotAcquired, ServiceUnavailable
-from app.client.grants import AcquireAttempt
+from lockkeeper_client.errors import InvalidRequest, LockNotAcquired, ServiceUnavailable
+from lockkeeper_client.grants import AcquireAttempt
 
 if TYPE_CHECKING:
-    from app.client.http import LockClient
+    from lockkeeper_client.http import LockClient
 
 _MAX_WAIT_MESSAGE = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?)")
 
@@ -112,6 +112,7 @@ class GrantWait:
     def _delay(self, state: RetryCallState) -> float:
         """0 after a turn in line that ran out (join the line again at once);
         else the backoff of a poll."""
+        assert state.outcome is not None  # called after an attempt
         result: AcquireAttempt = state.outcome.result()
         waited = time.monotonic() - self.sent_at
         # A turn in line ends early only when the server's line is not to be had
@@ -122,6 +123,7 @@ class GrantWait:
         return self._contention_delay(state)
 
     def _contention_delay(self, state: RetryCallState) -> float:
+        assert state.outcome is not None
         result: AcquireAttempt = state.outcome.result()
         client = self.client
         window = min(
@@ -132,7 +134,7 @@ class GrantWait:
         delay = client.rng.uniform(0, window)
         if result.retry_after:
             delay = min(delay, result.retry_after)
-        remaining = self.wait - state.seconds_since_start
+        remaining = self.wait - (state.seconds_since_start or 0.0)
         return max(min(delay, remaining), 0.0)
 
     def _not_acquired(self, last: AcquireAttempt) -> LockNotAcquired:

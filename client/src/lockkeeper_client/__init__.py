@@ -20,7 +20,7 @@ Where each part lives:
 - ``errors.py``: one exception per thing the caller can do about a failure.
 """
 
-from app.client.errors import (
+from lockkeeper_client.errors import (
     AccessDenied,
     AuthenticationFailed,
     FenceRejected,
@@ -34,9 +34,9 @@ from app.client.errors import (
     ServiceUnavailable,
     UnexpectedResponse,
 )
-from app.client.grants import AcquireAttempt, LockGrant, default_owner
-from app.client.held import HeldLock
-from app.client.http import API_PREFIX, DEFAULT_TIMEOUT, LockClient
+from lockkeeper_client.grants import AcquireAttempt, LockGrant, default_owner
+from lockkeeper_client.held import HeldLock
+from lockkeeper_client.http import API_PREFIX, DEFAULT_TIMEOUT, LockClient
 
 __all__ = [
     "API_PREFIX",

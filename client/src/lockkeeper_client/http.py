@@ -28,8 +28,9 @@ from tenacity import (
     stop_after_attempt,
     stop_before_delay,
 )
+from tenacity.stop import stop_base
 
-from app.client.errors import (
+from lockkeeper_client.errors import (
     AccessDenied,
     AuthenticationFailed,
     FenceRejected,
@@ -42,8 +43,8 @@ from app.client.errors import (
     ServiceUnavailable,
     UnexpectedResponse,
 )
-from app.client.grants import AcquireAttempt, LockGrant, default_owner
-from app.client.held import HeldLock
+from lockkeeper_client.grants import AcquireAttempt, LockGrant, default_owner
+from lockkeeper_client.held import HeldLock
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def _is_waiting_room_full(response: httpx.Response) -> bool:
     if response.status_code != 503:
         return False
     try:
-        return response.json().get("title") == WAITING_ROOM_FULL
+        return bool(response.json().get("title") == WAITING_ROOM_FULL)
     except (ValueError, AttributeError):
         return False
 
@@ -187,7 +188,7 @@ class LockClient:
     def __enter__(self) -> LockClient:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- single requests ---------------------------------------------------------
@@ -365,6 +366,7 @@ class LockClient:
         """
         path = "/locks/" + quote(resource, safe="")
         maybe_applied = False
+        stop: stop_base
         if retry_until is None:
             stop = stop_after_attempt(self.retries + 1)
         else:

@@ -6,10 +6,8 @@ import os
 import secrets
 import socket
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
-
-from app.timestamps import parse_rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +31,8 @@ class LockGrant:
             resource=data["resource"],
             owner=data["owner"],
             fence=int(data["fence"]),
-            acquired_at=parse_rfc3339(data["acquired_at"]),
-            expires_at=parse_rfc3339(data["expires_at"]),
+            acquired_at=parse_timestamp(data["acquired_at"]),
+            expires_at=parse_timestamp(data["expires_at"]),
             ttl_remaining=float(data["ttl_remaining"]),
             state=data["state"],
             waiters=int(data.get("waiters", 0)),  # absent from older servers
@@ -56,6 +54,18 @@ class AcquireAttempt:
     retry_after: float | None = None
     # A waiting acquire found the server's waiting room full (503): poll instead.
     waiting_room_full: bool = False
+
+
+def parse_timestamp(text: str) -> datetime:
+    """A timestamp of the server's answers (RFC 3339, always with an offset) as an
+    aware UTC datetime.
+
+    :raise ValueError: not such a timestamp.
+    """
+    value = datetime.fromisoformat(text)
+    if value.tzinfo is None:
+        raise ValueError(f"timestamp {text!r} has no UTC offset")
+    return value.astimezone(UTC)
 
 
 def default_owner() -> str:

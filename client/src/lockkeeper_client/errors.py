@@ -7,16 +7,19 @@ seen by a worker, only the HTTP answers they become.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.client.grants import LockGrant
+    from lockkeeper_client.grants import LockGrant
 
 
 class LockClientError(Exception):
     """Base of every failure the client reports; ``resource`` names the lock."""
 
-    def __init__(self, resource: str | None, message: str, status: int | None = None):
+    def __init__(
+        self, resource: str | None, message: str, status: int | None = None
+    ) -> None:
         self.resource = resource
         self.status = status
         super().__init__(message)
@@ -28,7 +31,13 @@ class InvalidRequest(LockClientError):
     ``errors`` holds the server's ``(field, message)`` pairs.
     """
 
-    def __init__(self, resource, message, status=None, errors=()):
+    def __init__(
+        self,
+        resource: str | None,
+        message: str,
+        status: int | None = None,
+        errors: Iterable[tuple[str, str]] = (),
+    ):
         super().__init__(resource, message, status)
         self.errors = list(errors)
 
@@ -51,7 +60,9 @@ class LockQuotaReached(LockClientError):
     soonest of them expires.
     """
 
-    def __init__(self, resource, message, retry_after: float | None = None):
+    def __init__(
+        self, resource: str | None, message: str, retry_after: float | None = None
+    ):
         super().__init__(resource, message, 429)
         self.retry_after = retry_after
 
@@ -66,7 +77,9 @@ class LockNotAcquired(LockClientError):
     ``holder`` is the last holder the server named, when it named one.
     """
 
-    def __init__(self, resource, message, holder: LockGrant | None = None):
+    def __init__(
+        self, resource: str | None, message: str, holder: LockGrant | None = None
+    ):
         super().__init__(resource, message, 409)
         self.holder = holder
 
@@ -79,7 +92,12 @@ class LockFrozen(LockClientError):
     ``frozen_at`` and ``ends_at`` (None: until unfrozen).
     """
 
-    def __init__(self, resource, message, freeze: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        resource: str | None,
+        message: str,
+        freeze: dict[str, Any] | None = None,
+    ):
         super().__init__(resource, message, 423)
         self.freeze = freeze or {}
 
@@ -90,7 +108,9 @@ class FenceRejected(LockClientError):
     ``current`` is the lock as it is now (None when nobody holds it).
     """
 
-    def __init__(self, resource, message, current: LockGrant | None = None):
+    def __init__(
+        self, resource: str | None, message: str, current: LockGrant | None = None
+    ):
         super().__init__(resource, message, 409)
         self.current = current
 

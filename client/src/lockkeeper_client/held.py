@@ -9,16 +9,16 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from app.client.errors import (
+from lockkeeper_client.errors import (
     LockClientError,
     LockLost,
     UnexpectedResponse,
 )
-from app.client.grants import LockGrant
-from app.client.waiting import GrantWait
+from lockkeeper_client.grants import LockGrant
+from lockkeeper_client.waiting import GrantWait
 
 if TYPE_CHECKING:
-    from app.client.http import LockClient
+    from lockkeeper_client.http import LockClient
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,8 @@ class HeldLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
-        return False
 
     def acquire(self) -> None:
         """Wait up to ``wait`` seconds for the lock, then start renewing it.

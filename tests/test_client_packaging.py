@@ -1,0 +1,109 @@
+"""The worker client as its own distribution: built from ``client/`` into a fresh
+virtual environment, with nothing of the server, usable from a worker project."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from lockkeeper_client import LockClient, LockMissing
+
+from app.paths import PROJECT_ROOT
+
+pytest_plugins = ["tests.live_server"]
+
+# What the server needs and a worker must never be made to install.
+SERVER_ONLY = {
+    "flask",
+    "flask-sqlalchemy",
+    "flask-migrate",
+    "sqlalchemy",
+    "alembic",
+    "psycopg",
+    "psycopg-binary",
+    "pymysql",
+    "gunicorn",
+    "prometheus-client",
+    "lockkeeper",
+}
+
+
+def _run(*args, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300, **kwargs)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def client_venv(tmp_path_factory) -> Path:
+    """``pip install ./client`` into a new virtual environment (from a copy of the
+    folder: a build writes into its source tree, and tests run in parallel)."""
+    root = tmp_path_factory.mktemp("client-dist")
+    source = root / "client"
+    shutil.copytree(
+        PROJECT_ROOT / "client",
+        source,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+    )
+    venv = root / "venv"
+    _run(sys.executable, "-m", "venv", str(venv))
+    _run(str(venv / "bin" / "pip"), "install", "-q", str(source))
+    return venv
+
+
+def _installed(venv: Path) -> dict[str, str]:
+    listed = _run(str(venv / "bin" / "pip"), "list", "--format=freeze").stdout
+    pairs = (line.split("==", 1) for line in listed.splitlines() if "==" in line)
+    return {name.lower().replace("_", "-"): version for name, version in pairs}
+
+
+@pytest.mark.slow
+def test_the_client_installs_alone_without_anything_of_the_server(client_venv):
+    installed = _installed(client_venv)
+    assert "lockkeeper-client" in installed
+    assert "httpx" in installed
+    assert not SERVER_ONLY & installed.keys(), sorted(installed)
+
+
+@pytest.mark.slow
+def test_the_installed_client_takes_a_lock_from_a_project_with_its_own_app_package(
+    client_venv, tmp_path, live_server
+):
+    """The most common worker layout (Flask, FastAPI) has a top-level ``app``:
+    the client must neither be shadowed by it nor shadow it."""
+    project = tmp_path / "worker-project"
+    (project / "app").mkdir(parents=True)
+    (project / "app" / "__init__.py").write_text("WORKER_APP = True\n")
+    (project / "job.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+
+            import app
+            from lockkeeper_client import LockClient
+
+            assert app.WORKER_APP, "the project's own app package"
+            assert "flask" not in sys.modules and "sqlalchemy" not in sys.modules
+            with LockClient(sys.argv[1], sys.argv[2]) as client:
+                with client.lock("job:packaged", ttl=10, wait=5) as lock:
+                    print(lock.fence)
+            """
+        )
+    )
+    result = _run(
+        str(client_venv / "bin" / "python"),
+        "job.py",
+        live_server.url,
+        live_server.token,
+        cwd=project,
+    )
+    assert int(result.stdout.strip()) >= 1  # granted a fence
+    with (
+        LockClient(live_server.url, live_server.token) as observer,
+        pytest.raises(LockMissing),
+    ):
+        observer.get("job:packaged")  # and released on leaving the block
