@@ -1,7 +1,9 @@
 """``create_app``: the steps in order, then the steps themselves.
 
-Config, extensions, services, blueprints, error handlers, CLI, then the first-start
-work on the database.
+Config, extensions, services, blueprints, error handlers, CLI, then, when the app
+is built to serve (gunicorn, ``lockkeeper run``, any WSGI server), the first-start
+work on the database. A command of the CLI (``lockkeeper users create``,
+``db current``, ``--help``) builds the same app and leaves the database alone.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import click
 from alembic import command
 from flask import Flask
 from sqlalchemy import inspect
@@ -77,18 +80,38 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     register_blueprints(app)
     errors.register_error_handlers(app)
     register_cli(app)
-    prepare_database(app)
+    if not building_for_a_command():
+        start_serving(app)
     return app
 
 
-def secure_files(app: Flask) -> None:
+def building_for_a_command() -> bool:
+    """Flask's CLI (``lockkeeper``, ``flask --app app``) builds the app inside a
+    click context; gunicorn and other WSGI servers do not."""
+    return click.get_current_context(silent=True) is not None
+
+
+def start_serving(app: Flask) -> None:
+    """What a server does once before it answers: SQLite's schema, the first-start
+    bootstrap, and a line in the log saying whether the database is ready."""
+    from app.ops.health import log_schema_state
+
+    prepare_database(app)
+    log_schema_state(app)
+
+
+def secure_files(app: Flask, *, create: bool | None = None) -> None:
     """The instance folder 0700; a SQLite database and its -wal/-shm 0600.
 
     They hold password and token hashes and the session signing key. Done before
     the first connection, so the file SQLite opens (and the -wal/-shm it creates
     with the same permissions) is private from its first byte, and an existing
-    0644 database from an older version is tightened.
+    0644 database from an older version is tightened. A command of the CLI
+    tightens what exists and creates no database file (``db upgrade`` does, on
+    purpose): an empty file would pass for a database someone made.
     """
+    if create is None:
+        create = not building_for_a_command()
     instance = Path(app.instance_path)
     if instance.exists():
         make_private_dir(instance)
@@ -96,11 +119,14 @@ def secure_files(app: Flask) -> None:
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         return
     database = Path(url.database)
-    if database.parent == instance:
+    if create and database.parent == instance:
         make_private_dir(instance)
     if not database.parent.is_dir():
         return  # SQLite will say so
-    make_private_file(database)
+    if create:
+        make_private_file(database)
+    else:
+        restrict_to_owner(database, 0o600)
     for suffix in ("-wal", "-shm", "-journal"):
         restrict_to_owner(database.with_name(database.name + suffix), 0o600)
 
