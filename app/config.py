@@ -29,6 +29,13 @@ DEFAULTS: dict[str, Any] = {
     # SQLite/MariaDB: how often a waiting acquire looks whether its turn has come
     # (PostgreSQL is woken by NOTIFY instead).
     "LOCKKEEPER_WAIT_POLL_INTERVAL": 0.05,
+    # Event streams (GET /api/v1/events?follow=true) one server worker holds open
+    # at once, each on a thread of its own; past it a stream is answered 503.
+    "LOCKKEEPER_MAX_STREAMS": 8,
+    # A stream sends a comment at least this often, so proxies keep it open.
+    "LOCKKEEPER_STREAM_KEEPALIVE": 15.0,
+    # How often a stream looks for new events (PostgreSQL: also woken by NOTIFY).
+    "LOCKKEEPER_STREAM_POLL_INTERVAL": 0.1,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": 5,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": 300,
     "LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS": 20,
@@ -78,6 +85,9 @@ _PARSED = {
     "LOCKKEEPER_MAX_WAIT": float,
     "LOCKKEEPER_MAX_WAITERS": int,
     "LOCKKEEPER_WAIT_POLL_INTERVAL": float,
+    "LOCKKEEPER_MAX_STREAMS": int,
+    "LOCKKEEPER_STREAM_KEEPALIVE": float,
+    "LOCKKEEPER_STREAM_POLL_INTERVAL": float,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": int,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
@@ -171,6 +181,14 @@ def _validate(config: Mapping[str, Any]) -> None:
     poll = config["LOCKKEEPER_WAIT_POLL_INTERVAL"]
     if not (math.isfinite(poll) and 0 < poll <= 5):
         raise ConfigError("LOCKKEEPER_WAIT_POLL_INTERVAL must be in (0, 5] seconds")
+    if int(config["LOCKKEEPER_MAX_STREAMS"]) < 0:
+        raise ConfigError("LOCKKEEPER_MAX_STREAMS must be zero or more")
+    keepalive = config["LOCKKEEPER_STREAM_KEEPALIVE"]
+    if not (math.isfinite(keepalive) and 0 < keepalive <= 15):
+        raise ConfigError("LOCKKEEPER_STREAM_KEEPALIVE must be in (0, 15] seconds")
+    stream_poll = config["LOCKKEEPER_STREAM_POLL_INTERVAL"]
+    if not (math.isfinite(stream_poll) and 0 < stream_poll <= 5):
+        raise ConfigError("LOCKKEEPER_STREAM_POLL_INTERVAL must be in (0, 5] seconds")
     if not (math.isfinite(window) and window >= 0):
         raise ConfigError("LOCKKEEPER_EXPIRING_WITHIN must be zero or more seconds")
     for key in ("LOCKKEEPER_SESSION_HOURS", "LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS"):

@@ -34,7 +34,12 @@ worker_class = "gthread"
 # each worker keeps 4 threads for everything else on top of the waiting room
 # (LOCKKEEPER_MAX_WAITERS, 16 by default), so waiters never starve the releases
 # they wait for. See docs/deploy.md, "Sizing".
-threads = _env_int("LOCKKEEPER_THREADS", 4 + _env_int("LOCKKEEPER_MAX_WAITERS", 16))
+# An event stream holds its thread too, so its cap (LOCKKEEPER_MAX_STREAMS) is
+# added on top (docs/deploy.md, "Event streams").
+threads = _env_int(
+    "LOCKKEEPER_THREADS",
+    4 + _env_int("LOCKKEEPER_MAX_WAITERS", 16) + _env_int("LOCKKEEPER_MAX_STREAMS", 8),
+)
 # Each worker opens its own pool after the fork; nothing is shared across it.
 preload_app = False
 

@@ -211,6 +211,13 @@ class AppMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._streams = Gauge(
+            "lockkeeper_open_streams",
+            "Event streams (GET /api/v1/events?follow=true) open in this server's "
+            "workers right now.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
         if not self.multiprocess_dir:
             self.registry.register(LockStateCollector(app))
         # (method, route, status) -> its counter and histogram children: labels()
@@ -232,6 +239,12 @@ class AppMetrics:
             )
         children[0].inc()
         children[1].observe(seconds)
+
+    def stream_opened(self) -> None:
+        self._streams.inc()
+
+    def stream_closed(self) -> None:
+        self._streams.dec()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""

@@ -1,0 +1,172 @@
+"""Following the audit log: every event after a given id, in id order, exactly once.
+
+An event's id is drawn when it is inserted, but transactions commit in their own
+order: on PostgreSQL and MariaDB id 41 may become visible after id 42. A reader
+that hands out 42 and later resumes "after 42" would never see 41. So a follower
+hands out an id only once every smaller id is *settled* (committed or rolled
+back), and then resuming after any id it handed out is gap-free.
+
+How an id is known to be settled, per database:
+
+* SQLite has one writer at a time (``BEGIN IMMEDIATE``): ids commit in order, so
+  every visible id is settled.
+* PostgreSQL: read the newest visible id ``N`` and then the database clock
+  ``t``. Every id up to ``N`` was drawn before ``t`` (ids are drawn in increasing
+  order), so by a transaction that began before ``t``. Once no transaction that
+  began at or before ``t`` is still open (``pg_stat_activity.xact_start``, which
+  PostgreSQL clears only after the commit is visible), every id up to ``N`` is
+  settled, and a statement started after that check sees all that committed. An
+  open transaction older than ``t`` holds the follower back until it ends.
+* MariaDB: a locking read (``LOCK IN SHARE MODE``) of the ids up to ``N`` waits
+  for every row still being inserted by an open transaction (its implicit lock),
+  so once it returns, the ids it finds are settled and committed. An id missing
+  below ``N`` was rolled back, or is still between being drawn and being written
+  (microseconds): it holds the follower back for ``HOLE_GRACE`` seconds, then is
+  taken as rolled back. (``information_schema.innodb_trx`` is no help: it is a
+  cache that is not refreshed while it is read more often than every 0.1 s.)
+
+The cost is latency, never an event.
+
+Each step is a few short statements on a pooled connection, returned at once: a
+follower holds no connection or transaction between steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select, text
+from sqlalchemy.exc import OperationalError
+
+from app.audit.service import EventFilter, events, newest_event_id
+from app.extensions import db
+from app.locks.results import Event
+
+# Rows per read; a busy log is read in several steps, each its own short read.
+FOLLOW_BATCH = 200
+# MariaDB: how long an id missing below visible ones holds a follower back
+# before it is taken as rolled back (see the module docstring).
+HOLE_GRACE = 2.0
+# MariaDB: ids checked by one locking read at the most.
+LOCK_WINDOW = 1000
+
+_NEWEST = select(events.c.id).order_by(events.c.id.desc()).limit(1)
+_PG_CLOCK = text("SELECT clock_timestamp()")
+# When the oldest transaction still open in this database began (other than the
+# asking one); NULL when none is.
+_PG_OLDEST_OPEN = text(
+    "SELECT min(xact_start) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    " AND backend_type = 'client backend'"
+)
+# Waits (a second at most) for rows of open transactions in the range.
+_MARIADB_SETTLED_IDS = text(
+    "SET STATEMENT innodb_lock_wait_timeout = 1 FOR"
+    " SELECT id FROM lock_events WHERE id > :after AND id <= :upto"
+    " ORDER BY id LOCK IN SHARE MODE"
+).bindparams(bindparam("after"), bindparam("upto"))
+
+
+@dataclass(frozen=True, slots=True)
+class FollowPosition:
+    """Where a follower is: every event with an id up to ``after`` has been read,
+    and every id up to ``settled`` (>= ``after``) is settled.
+
+    PostgreSQL: ``pending`` is (newest id seen, database time just after seeing
+    it), settled once no transaction older than that time is open. MariaDB:
+    ``hole`` is (the first missing id, when it was first seen missing).
+    """
+
+    after: int
+    settled: int = 0
+    pending: tuple[int, Any] | None = None
+    hole: tuple[int, float] | None = None
+
+
+def start_position(after: int | None) -> FollowPosition:
+    """After event ``after``, or after the newest event now when it is None."""
+    after = newest_event_id() if after is None else after
+    return FollowPosition(after, after)
+
+
+def _settle(conn: Connection, dialect: str, position: FollowPosition) -> FollowPosition:
+    """``position`` with ``settled`` raised as far as can be known now."""
+    newest = conn.scalar(_NEWEST) or 0
+    if newest <= position.settled:
+        return position
+    if dialect == "postgresql":
+        return _settle_postgresql(conn, position, newest)
+    if dialect in ("mysql", "mariadb"):
+        return _settle_mariadb(conn, position, newest)
+    # SQLite: one writer at a time, so ids commit in order.
+    return replace(position, settled=newest)
+
+
+def _settle_postgresql(conn, position: FollowPosition, newest: int) -> FollowPosition:
+    # Read after the newest id: every id up to ``newest`` was drawn before ``now``.
+    now = conn.scalar(_PG_CLOCK)
+    pending = position.pending or (newest, now)
+    # Read after ``now``, and after ``pending``'s time: a fresh look at who is
+    # open (PostgreSQL reads the activity table once per transaction).
+    oldest: datetime | None = conn.scalar(_PG_OLDEST_OPEN)
+    if oldest is None or oldest > now:
+        return replace(position, settled=newest, pending=None)
+    if oldest > pending[1]:
+        return replace(position, settled=pending[0], pending=(newest, now))
+    return replace(position, pending=pending)
+
+
+def _settle_mariadb(conn, position: FollowPosition, newest: int) -> FollowPosition:
+    upto = min(newest, position.settled + LOCK_WINDOW)
+    try:
+        present = conn.scalars(
+            _MARIADB_SETTLED_IDS, {"after": position.settled, "upto": upto}
+        ).all()
+    except OperationalError:
+        return position  # a long transaction still writes: look again later
+    settled, hole = position.settled, position.hole
+    now = time.monotonic()
+    # ``upto + 1`` closes the window: ids missing at its end are a hole too.
+    for found in [*present, upto + 1]:
+        if found == settled + 1:
+            settled = found
+            continue
+        if hole is None or hole[0] != settled + 1:
+            hole = (settled + 1, now)
+        if now - hole[1] < HOLE_GRACE:
+            break
+        # Missing for the whole grace: rolled back.
+        settled, hole = found, None
+    settled = min(settled, upto)
+    if hole is not None and hole[0] <= settled:
+        hole = None
+    return replace(position, settled=settled, hole=hole)
+
+
+def follow_step(
+    filters: EventFilter, position: FollowPosition, *, limit: int = FOLLOW_BATCH
+) -> tuple[list[Event], FollowPosition]:
+    """The next settled events matching ``filters`` after ``position`` (oldest
+    first, at most ``limit``) and the position after them.
+
+    ``filters`` must have been validated. Fewer than ``limit`` events means the
+    follower has caught up with what is settled now.
+    """
+    with db.engine.connect() as conn:
+        if position.after >= position.settled:
+            position = _settle(conn, db.engine.dialect.name, position)
+        if position.after >= position.settled:
+            return [], position
+        # A statement of its own: its snapshot is taken after the settle check,
+        # so it sees every settled event that committed.
+        rows = conn.execute(
+            filters.apply(select(events))
+            .where(events.c.id > position.after, events.c.id <= position.settled)
+            .order_by(events.c.id)
+            .limit(limit)
+        ).all()
+    after = rows[-1].id if len(rows) == limit else position.settled
+    return [Event.from_row(row) for row in rows], replace(position, after=after)

@@ -1,0 +1,346 @@
+"""Following the audit log: ``GET /api/v1/events?follow=true`` as Server-Sent Events,
+against a real HTTP server on every database, with real threads."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from sqlalchemy import insert, select
+
+from app.extensions import db
+from app.locks.models import LockEvent
+from tests.live_server import serve
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+FOLLOW = "/api/v1/events?follow=true"
+events_table = LockEvent.__table__
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+class Stream:
+    """One open stream, read by a thread of its own: its messages (id, event) and
+    its comment lines, as they arrive."""
+
+    def __init__(self, server, path: str = FOLLOW, *, token=None, last_id=None):
+        headers = {"Authorization": f"Bearer {token or server.token}"}
+        if last_id is not None:
+            headers["Last-Event-ID"] = str(last_id)
+        self.client = httpx.Client(base_url=server.url, timeout=30)
+        self.response = self.client.send(
+            self.client.build_request("GET", path, headers=headers), stream=True
+        )
+        self.messages: list[tuple[int, dict]] = []
+        self.comments: list[str] = []
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        fields: dict[str, str] = {}
+        try:
+            for line in self.response.iter_lines():
+                if line.startswith(":"):
+                    self.comments.append(line[1:].strip())
+                elif line:
+                    name, _, value = line.partition(":")
+                    fields[name] = value.removeprefix(" ")
+                elif fields:
+                    event = json.loads(fields["data"])
+                    self.messages.append((int(fields["id"]), event))
+                    fields = {}
+        except httpx.HTTPError:
+            pass  # closed under it: a forced reconnect
+        finally:
+            self.closed.set()
+
+    def ids(self) -> list[int]:
+        return [event_id for event_id, _ in self.messages]
+
+    def close(self) -> None:
+        self.response.close()
+        self.client.close()
+        self.closed.wait(10)
+
+
+def grant(server, resource: str, owner: str = "w") -> None:
+    with server.service() as locks:
+        assert locks.acquire(resource, owner, 30).acquired
+
+
+def event_ids(server, prefix: str) -> list[int]:
+    with server.app.app_context(), db.engine.connect() as conn:
+        return list(
+            conn.scalars(
+                select(events_table.c.id)
+                .where(events_table.c.resource.startswith(prefix))
+                .order_by(events_table.c.id)
+            )
+        )
+
+
+@pytest.fixture
+def server(make_app):
+    app = make_app(
+        LOCKKEEPER_STREAM_KEEPALIVE=0.3,
+        LOCKKEEPER_STREAM_POLL_INTERVAL=0.05,
+        LOCKKEEPER_MAX_STREAMS=4,
+    )
+    with serve(app) as running:
+        yield running
+
+
+def test_a_stream_sends_each_new_event_with_its_id_and_json(server):
+    grant(server, "before:1")  # written before the stream opens: not sent
+    stream = Stream(server)
+    try:
+        wait_until(lambda: "open" in stream.comments, what="the stream to open")
+        assert stream.response.headers["content-type"].startswith("text/event-stream")
+        grant(server, "after:1", "w-1")
+        wait_until(lambda: stream.messages, what="the event")
+        event_id, event = stream.messages[0]
+        page = httpx.get(
+            server.url + "/api/v1/events",
+            headers=server.auth_headers,
+            params={"resource": "after:1"},
+        ).json()
+        assert event == page["events"][0]
+        assert event_id == event["id"]
+        assert [e["resource"] for _, e in stream.messages] == ["after:1"]
+    finally:
+        stream.close()
+
+
+def test_a_burst_from_many_threads_arrives_exactly_once_across_two_reconnects(
+    server,
+):
+    stream = Stream(server)
+    wait_until(lambda: "open" in stream.comments, what="the stream to open")
+    received: list[int] = []
+    total = 1000
+
+    def burst():
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: grant(server, f"burst:{n}"), range(total)))
+
+    writer = threading.Thread(target=burst)
+    writer.start()
+    try:
+        for cut in (300, 650):
+            wait_until(
+                lambda c=cut, s=stream, r=received: len(r) + len(s.messages) >= c,
+                what=f"{cut} events",
+            )
+            stream.close()  # the connection drops mid-burst
+            received.extend(stream.ids())
+            stream = Stream(server, last_id=received[-1])
+        writer.join(60)
+        wait_until(
+            lambda: len(received) + len(stream.messages) >= total, what="every event"
+        )
+        received += stream.ids()
+    finally:
+        stream.close()
+        writer.join(60)
+    written = event_ids(server, "burst:")
+    assert len(written) == total
+    assert received == written  # each once, in id order, none missing
+
+
+def test_a_prefix_scoped_token_never_sees_other_events(server):
+    from app.auth.service import create_token
+
+    with server.app.app_context():
+        scoped = create_token("team-a", prefixes=["team-a:"])
+    stream = Stream(server, token=scoped)
+    everything = Stream(server)
+    try:
+        wait_until(lambda: "open" in stream.comments, what="the stream to open")
+        wait_until(lambda: "open" in everything.comments, what="the stream to open")
+        for n in range(5):
+            grant(server, f"team-b:{n}")
+            grant(server, f"team-a:{n}")
+        wait_until(lambda: len(everything.messages) == 10, what="all ten events")
+        wait_until(lambda: len(stream.messages) == 5, what="the team's five")
+        assert {e["resource"] for _, e in stream.messages} == {
+            f"team-a:{n}" for n in range(5)
+        }
+    finally:
+        stream.close()
+        everything.close()
+
+
+def test_filters_apply_to_a_stream(server):
+    stream = Stream(server, FOLLOW + "&prefix=keep:&action=acquired")
+    try:
+        wait_until(lambda: "open" in stream.comments, what="the stream to open")
+        grant(server, "drop:1")
+        grant(server, "keep:1")
+        with server.service() as locks:
+            locks.release("keep:1", "w")
+        grant(server, "keep:2")
+        wait_until(lambda: len(stream.messages) == 2, what="two events")
+        assert [(e["resource"], e["action"]) for _, e in stream.messages] == [
+            ("keep:1", "acquired"),
+            ("keep:2", "acquired"),
+        ]
+    finally:
+        stream.close()
+
+
+def test_a_stream_starts_after_the_cursor_event_id(server):
+    for n in range(3):
+        grant(server, f"c:{n}")
+    first, *rest = event_ids(server, "c:")
+    stream = Stream(server, FOLLOW + f"&cursor={first}")
+    try:
+        wait_until(lambda: len(stream.messages) == 2, what="the two after it")
+        assert stream.ids() == rest
+    finally:
+        stream.close()
+
+
+def test_keepalive_comments_arrive_while_no_event_does(server):
+    stream = Stream(server)
+    try:
+        wait_until(
+            lambda: stream.comments.count("keepalive") >= 2, what="two keepalives"
+        )
+        assert stream.messages == []
+    finally:
+        stream.close()
+
+
+def test_past_the_cap_a_stream_is_answered_503_with_retry_after(make_app):
+    app = make_app(LOCKKEEPER_MAX_STREAMS=1, LOCKKEEPER_STREAM_KEEPALIVE=0.2)
+    with serve(app) as server:
+        first = Stream(server)
+        try:
+            wait_until(lambda: "open" in first.comments, what="the first stream")
+            refused = httpx.get(server.url + FOLLOW, headers=server.auth_headers)
+            assert refused.status_code == 503
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert int(refused.headers["Retry-After"]) >= 1
+        finally:
+            first.close()
+        # Its place is free again once the client is gone (noticed at the latest
+        # by the next keepalive's write).
+        wait_until(
+            lambda: (
+                httpx.head(server.url + FOLLOW, headers=server.auth_headers).status_code
+                == 200
+            ),
+            what="the freed place",
+        )
+
+
+def test_a_bad_last_event_id_is_a_400_problem(server):
+    answer = httpx.get(
+        server.url + FOLLOW,
+        headers={**server.auth_headers, "Last-Event-ID": "12x"},
+    )
+    assert answer.status_code == 400
+    assert answer.json()["errors"][0]["field"] == "Last-Event-ID"
+
+
+def test_a_bad_follow_value_is_a_400_problem(server):
+    answer = httpx.get(
+        server.url + "/api/v1/events?follow=yes", headers=server.auth_headers
+    )
+    assert answer.status_code == 400
+    assert answer.json()["errors"][0]["field"] == "follow"
+
+
+def test_the_open_streams_gauge_counts_open_streams(server):
+    def gauge() -> float:
+        text = httpx.get(server.url + "/metrics").text
+        line = next(
+            line for line in text.splitlines() if line.startswith("lockkeeper_open_")
+        )
+        return float(line.split()[-1])
+
+    stream = Stream(server)
+    try:
+        wait_until(lambda: "open" in stream.comments, what="the stream to open")
+        assert gauge() == 1
+    finally:
+        stream.close()
+    wait_until(lambda: gauge() == 0, what="the gauge to drop")
+
+
+# -- commits out of id order ------------------------------------------------------
+
+
+def test_an_event_that_commits_after_a_later_id_is_sent_first_and_not_lost(
+    server, backend
+):
+    """Id N is drawn, N+1 commits, and only then N: a follower that sent N+1 at
+    once would skip N for good (and a client resuming after N+1 would too).
+    (SQLite has one writer at a time: there N+1 waits for N to commit.)"""
+    stream = Stream(server)
+    wait_until(lambda: "open" in stream.comments, what="the stream to open")
+    inserted, go_on = threading.Event(), threading.Event()
+    slow_id: list[int] = []
+
+    def slow_writer():
+        with server.app.app_context(), db.engine.begin() as conn:
+            slow_id.append(
+                conn.execute(
+                    insert(events_table).values(
+                        resource="race:slow",
+                        action="acquired",
+                        owner="slow",
+                        occurred_at=datetime.now(UTC),
+                    )
+                ).inserted_primary_key[0]
+            )
+            inserted.set()
+            go_on.wait(30)
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    try:
+        assert inserted.wait(10)
+        fast = threading.Thread(target=grant, args=(server, "race:fast"))
+        fast.start()  # a later id, committed first (but on SQLite)
+        if backend != "sqlite":
+            fast.join(10)
+            assert event_ids(server, "race:fast")
+        # Let the stream look several times while the slow one is open.
+        seen = len(stream.comments)
+        wait_until(lambda: len(stream.comments) >= seen + 2, what="two keepalives")
+        held_back = list(stream.messages)
+        go_on.set()
+        writer.join(10)
+        fast.join(20)
+        fast_id = event_ids(server, "race:fast")[0]
+        assert fast_id > slow_id[0]
+        wait_until(lambda: len(stream.messages) == 2, what="both events")
+        assert held_back == []
+        assert stream.ids() == [slow_id[0], fast_id]
+        # And a client resuming after the fast one has nothing missing behind it.
+        resumed = Stream(server, last_id=fast_id)
+        try:
+            wait_until(lambda: "open" in resumed.comments, what="the resumed stream")
+            grant(server, "race:after")
+            wait_until(lambda: resumed.messages, what="the next event")
+            assert [e["resource"] for _, e in resumed.messages] == ["race:after"]
+        finally:
+            resumed.close()
+    finally:
+        go_on.set()
+        writer.join(10)
+        stream.close()
