@@ -130,9 +130,26 @@ def normalize_database_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+#: Where the database URL came from, for the CLI to say (``database_source``).
+DEFAULT_DATABASE = "the default: no LOCKKEEPER_DATABASE_URL is set"
+
+
+def database_source(app: Flask) -> str:
+    return app.extensions.get("lockkeeper.database_source", DEFAULT_DATABASE)
+
+
 def load_config(app: Flask, test_config: Mapping[str, Any] | None) -> None:
     app.config.from_mapping(DEFAULTS)
+    source = DEFAULT_DATABASE
+    instance_file = Path(app.instance_path) / "config.py"
     app.config.from_pyfile("config.py", silent=True)
+    if app.config.get("LOCKKEEPER_DATABASE_URL"):
+        source = str(instance_file)
+    if os.environ.get("LOCKKEEPER_DATABASE_URL"):
+        source = "LOCKKEEPER_DATABASE_URL"
+    if test_config is not None and test_config.get("LOCKKEEPER_DATABASE_URL"):
+        source = "the test configuration"
+    app.extensions["lockkeeper.database_source"] = source
     for key in _ENV_KEYS:
         if key in os.environ:
             raw = os.environ[key]

@@ -21,6 +21,7 @@ the whole pool, and the service's one retry reconnects through the multi-host UR
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from flask import Flask
@@ -38,8 +39,39 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator
 
+from app.paths import make_private_dir, make_private_file, restrict_to_owner
+
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 SERVER_CLOCK_DIALECTS = frozenset({"postgresql", "mysql", "mariadb"})
+
+
+def secure_files(app: Flask, *, create: bool) -> None:
+    """The instance folder 0700; a SQLite database and its -wal/-shm 0600.
+
+    They hold password and token hashes and the session signing key. Done before
+    the first connection, so the file SQLite opens (and the -wal/-shm it creates
+    with the same permissions) is private from its first byte, and an existing
+    0644 database from an older version is tightened. A command of the CLI
+    tightens what exists and creates no database file (``db upgrade`` does, on
+    purpose): an empty file would pass for a database someone made.
+    """
+    instance = Path(app.instance_path)
+    if instance.exists():
+        make_private_dir(instance)
+    url = make_url(app.config["SQLALCHEMY_DATABASE_URI"])
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return
+    database = Path(url.database)
+    if create and database.parent == instance:
+        make_private_dir(instance)
+    if not database.parent.is_dir():
+        return  # SQLite will say so
+    if create:
+        make_private_file(database)
+    else:
+        restrict_to_owner(database, 0o600)
+    for suffix in ("-wal", "-shm", "-journal"):
+        restrict_to_owner(database.with_name(database.name + suffix), 0o600)
 
 
 def engine_options(app: Flask) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import click
 from alembic import command
 from flask import Flask
 from sqlalchemy import inspect
-from sqlalchemy.engine import make_url
 
 from app import config, errors, extensions
 from app.extensions import db, migrate
@@ -29,8 +28,6 @@ from app.paths import (
     STATIC_DIR,
     TEMPLATES_DIR,
     make_private_dir,
-    make_private_file,
-    restrict_to_owner,
 )
 
 
@@ -100,35 +97,10 @@ def start_serving(app: Flask) -> None:
     log_schema_state(app)
 
 
-def secure_files(app: Flask, *, create: bool | None = None) -> None:
-    """The instance folder 0700; a SQLite database and its -wal/-shm 0600.
+def secure_files(app: Flask) -> None:
+    from app.database import secure_files as secure
 
-    They hold password and token hashes and the session signing key. Done before
-    the first connection, so the file SQLite opens (and the -wal/-shm it creates
-    with the same permissions) is private from its first byte, and an existing
-    0644 database from an older version is tightened. A command of the CLI
-    tightens what exists and creates no database file (``db upgrade`` does, on
-    purpose): an empty file would pass for a database someone made.
-    """
-    if create is None:
-        create = not building_for_a_command()
-    instance = Path(app.instance_path)
-    if instance.exists():
-        make_private_dir(instance)
-    url = make_url(app.config["SQLALCHEMY_DATABASE_URI"])
-    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
-        return
-    database = Path(url.database)
-    if create and database.parent == instance:
-        make_private_dir(instance)
-    if not database.parent.is_dir():
-        return  # SQLite will say so
-    if create:
-        make_private_file(database)
-    else:
-        restrict_to_owner(database, 0o600)
-    for suffix in ("-wal", "-shm", "-journal"):
-        restrict_to_owner(database.with_name(database.name + suffix), 0o600)
+    secure(app, create=not building_for_a_command())
 
 
 def register_sessions(app: Flask) -> None:

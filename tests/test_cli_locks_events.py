@@ -31,14 +31,14 @@ def history(service, clock):
 def test_locks_list_prints_every_lock_with_its_state(cli, history):
     result = cli.invoke(args=["locks", "list"])
     assert result.exit_code == 0, result.output
-    lines = [line.split("\t") for line in result.output.splitlines()]
+    lines = [line.split("\t") for line in result.stdout.splitlines()]
     assert lines[0][:4] == ["resource", "owner", "fence", "state"]
     assert [(r[0], r[3]) for r in lines[1:]] == [("job:1", "stale"), ("job:2", "held")]
 
 
 def test_locks_list_filters_by_state(cli, history):
     result = cli.invoke(args=["locks", "list", "--state", "stale"])
-    assert [line.split("\t")[0] for line in result.output.splitlines()[1:]] == ["job:1"]
+    assert [line.split("\t")[0] for line in result.stdout.splitlines()[1:]] == ["job:1"]
 
 
 def test_locks_release_force_releases_as_the_cli_user_with_the_reason(
@@ -131,7 +131,7 @@ def test_purge_stale_rejects_a_bad_duration(cli, service):
 def test_events_export_csv_has_the_same_rows_as_the_page(cli, history, fake_app):
     result = cli.invoke(args=["events", "export", "--format", "csv"])
     assert result.exit_code == 0, result.output
-    rows = list(csv.DictReader(io.StringIO(result.output, newline="")))
+    rows = list(csv.DictReader(io.StringIO(result.stdout, newline="")))
     with fake_app.app_context():
         page = list_events(EventFilter(), limit=500).items
     assert [int(r["id"]) for r in rows] == [e.id for e in page]
@@ -145,7 +145,7 @@ def test_events_export_applies_the_filters(cli, history, fake_app):
         + ["--prefix", "report:", "--since", "2026-11-30T09:01:00Z"]
     )
     assert result.exit_code == 0, result.output
-    records = [json.loads(line) for line in result.output.splitlines()]
+    records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [(r["resource"], r["action"]) for r in records] == [("report:7", "acquired")]
 
 

@@ -321,6 +321,19 @@ def enable_user(username: str) -> None:
     db.session.commit()
 
 
+def list_users() -> list[User]:
+    return list(db.session.scalars(select(User).order_by(User.username)))
+
+
+def delete_user(username: str) -> None:
+    """Remove the account; its sessions go with it (ON DELETE CASCADE). The
+    audit log keeps the username it recorded as the actor."""
+    user = _user_for_update(username)
+    _end_sessions(user)
+    db.session.delete(user)
+    db.session.commit()
+
+
 def check_password(user: User, password: str) -> bool:
     return check_password_hash(user.password_hash, password)
 

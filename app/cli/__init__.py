@@ -7,13 +7,21 @@ with the app's commands.
 
 from __future__ import annotations
 
+import click
 from flask import Flask
 
 
 def register_commands(app: Flask) -> None:
     """The command groups that work on the app's database."""
     from app.cli import events, locks, tokens, users
+    from app.cli.target import acts_on_database, naming_the_database
 
     for module in (tokens, users, locks, events):
         for command in module.COMMANDS:
+            # Every command of these groups names its database on stderr first,
+            # and stops if it is not the one meant or not at this code's schema.
+            command.callback = acts_on_database
             app.cli.add_command(command)
+    migrations = app.cli.commands.get("db")
+    if isinstance(migrations, click.Group):
+        naming_the_database(migrations)

@@ -80,6 +80,33 @@ users_enable = name_command(
     help="Let the disabled account NAME log in again.",
     done="Enabled {name}.",
 )
+users_delete = name_command(
+    users,
+    "delete",
+    "delete_user",
+    help="Remove the account NAME (the first start's 'admin', say) and its sessions.",
+    done="Deleted {name}; its sessions have ended.",
+)
+
+
+@users.command("list")
+@with_appcontext
+def users_list() -> None:
+    """Every account: role, status and when it was created."""
+    from app.auth.service import list_users, token_clock
+
+    now = token_clock()
+    click.echo("name\trole\tstatus\tcreated")
+    for user in list_users():
+        if user.disabled_at is not None:
+            status = "disabled"
+        elif user.locked_until is not None and user.locked_until > now:
+            status = "locked"
+        else:
+            status = "active"
+        click.echo(
+            "\t".join((user.username, user.role, status, user.created_at.isoformat()))
+        )
 
 
 COMMANDS = [users]
