@@ -15,7 +15,13 @@ from app.locks.errors import LockNotFound
 from app.locks.service import lock_service
 from tests.databases import ServerDatabase, unavailable
 
-FUNCTIONS = {"lockkeeper_acquire", "lockkeeper_renew", "lockkeeper_release"}
+# 0007's hot path, and 0008's guard (tests/test_guard.py), all gone at 0006.
+FUNCTIONS = {
+    "lockkeeper_acquire",
+    "lockkeeper_renew",
+    "lockkeeper_release",
+    "lockkeeper_guard",
+}
 
 
 def _functions(app) -> set[str]:
