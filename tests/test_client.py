@@ -11,7 +11,6 @@ import time
 from datetime import UTC, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 from lockkeeper_client import (
     AccessDenied,
@@ -25,6 +24,7 @@ from lockkeeper_client import (
     ServiceUnavailable,
 )
 
+from tests.client_flavours import FLAVOURS, connect
 from tests.live_server import serve
 
 
@@ -67,17 +67,34 @@ class FailingFront:
         return self.app(environ, start_response)
 
 
+@pytest.fixture(params=FLAVOURS)
+def make_client(request):
+    """``make_client(url, token, **options)``: a ``LockClient``, or an
+    ``AsyncLockClient`` behind the same blocking surface: every test that takes
+    this fixture runs against both clients."""
+    made = []
+
+    def make(url, token, **options):
+        made.append(connect(request.param, url, token, **options))
+        return made[-1]
+
+    yield make
+    for lock_client in made:
+        lock_client.close()
+
+
 @pytest.fixture
-def worker(live_server):
-    with LockClient(live_server.url, live_server.token, timeout=5) as lock_client:
+def worker(live_server, make_client, backend):
+    """A worker on this test's database (each of the three) and client flavour."""
+    with make_client(live_server.url, live_server.token, timeout=5) as lock_client:
         yield lock_client
 
 
 @pytest.fixture
-def other_worker(live_server):
+def other_worker(live_server, make_client):
     """A second worker with its own token."""
     token = live_server.create_token("other-worker")
-    with LockClient(live_server.url, token, timeout=5) as lock_client:
+    with make_client(live_server.url, token, timeout=5) as lock_client:
         yield lock_client
 
 
@@ -121,10 +138,12 @@ def test_renew_extends_expiry_and_keeps_fence_and_acquired_at(worker):
     assert renewed.ttl_remaining > 59
 
 
-def test_renew_of_expired_lock_raises_lock_lost_naming_the_resource(make_app, clock):
+def test_renew_of_expired_lock_raises_lock_lost_naming_the_resource(
+    make_client, make_app, clock
+):
     with (
         serve(make_app(LOCKKEEPER_CLOCK=clock)) as server,
-        LockClient(server.url, server.token, timeout=5) as worker,
+        make_client(server.url, server.token, timeout=5) as worker,
     ):
         worker.acquire("job:42", "w-1", ttl=1)
         clock.advance(2)
@@ -161,18 +180,20 @@ def test_release_of_a_lock_never_held_raises_lock_lost(worker):
         worker.release("job:none", "w-1")
 
 
-def test_wrong_token_raises_authentication_failed(live_server):
-    with LockClient(live_server.url, "lk_not-a-token") as bad:
+def test_wrong_token_raises_authentication_failed(make_client, live_server):
+    with make_client(live_server.url, "lk_not-a-token") as bad:
         with pytest.raises(AuthenticationFailed, match="job:42"):
             bad.acquire("job:42", "w-1")
 
 
-def test_quota_answer_raises_lock_quota_reached_with_retry_after(live_server):
+def test_quota_answer_raises_lock_quota_reached_with_retry_after(
+    make_client, live_server
+):
     from app.auth.service import create_token
 
     with live_server.app.app_context():
         token = create_token("one-lock", max_locks=1)
-    with LockClient(live_server.url, token, timeout=5) as quota_worker:
+    with make_client(live_server.url, token, timeout=5) as quota_worker:
         assert quota_worker.acquire("job:1", "w-1", ttl=30).acquired
         with pytest.raises(LockQuotaReached, match="job:2") as caught:
             quota_worker.acquire("job:2", "w-1", ttl=30)
@@ -183,7 +204,7 @@ def test_quota_answer_raises_lock_quota_reached_with_retry_after(live_server):
 
 
 def test_a_token_outside_its_scope_raises_access_denied_not_lock_lost(
-    live_server, worker
+    make_client, live_server, worker
 ):
     from app.auth.service import create_token
 
@@ -191,14 +212,14 @@ def test_a_token_outside_its_scope_raises_access_denied_not_lock_lost(
         read_only = create_token("watcher", read_only=True)
         jobs_only = create_token("jobs-only", prefixes=["job:"])
     assert worker.acquire("job:42", "w-1", ttl=30).acquired
-    with LockClient(live_server.url, read_only, timeout=5) as watcher:
+    with make_client(live_server.url, read_only, timeout=5) as watcher:
         assert watcher.get("job:42").owner == "w-1"
         with pytest.raises(AccessDenied, match="read-only") as caught:
             watcher.release("job:42", "w-1")
         assert caught.value.status == 403
         with pytest.raises(AccessDenied):
             watcher.acquire("job:43", "w-2")
-    with LockClient(live_server.url, jobs_only, timeout=5) as scoped:
+    with make_client(live_server.url, jobs_only, timeout=5) as scoped:
         with pytest.raises(AccessDenied, match="scope"):
             scoped.acquire("report:1", "w-3")
         # Held by another holder: still the lock's own 403, a lost lock.
@@ -226,43 +247,47 @@ def test_invalid_resource_raises_invalid_request_with_field_errors(worker):
     assert any(field == "resource" for field, _ in caught.value.errors)
 
 
-def test_base_url_with_api_prefix_is_accepted(live_server):
-    with LockClient(live_server.url + "/api/v1/", live_server.token) as lock_client:
+def test_base_url_with_api_prefix_is_accepted(make_client, live_server):
+    with make_client(live_server.url + "/api/v1/", live_server.token) as lock_client:
         assert lock_client.acquire("job:1", "w-1").acquired
 
 
 # -- transient failures ------------------------------------------------------------
 
 
-def test_unreachable_server_raises_service_unavailable_after_retries(live_server):
+def test_unreachable_server_raises_service_unavailable_after_retries(
+    make_client, live_server
+):
     with serve(live_server.app, token=live_server.token) as doomed:
         url = doomed.url
     start = time.monotonic()
-    with LockClient(url, live_server.token, retries=2, backoff=0.05) as lock_client:
+    with make_client(url, live_server.token, retries=2, backoff=0.05) as lock_client:
         with pytest.raises(ServiceUnavailable, match="job:42"):
             lock_client.acquire("job:42", "w-1")
     assert time.monotonic() - start < 5  # two short backoffs, not a hang
 
 
-def test_503_answers_are_retried_until_the_service_answers(live_server):
+def test_503_answers_are_retried_until_the_service_answers(make_client, live_server):
     front = FailingFront(live_server.app.wsgi_app, 503, count=2)
     live_server.app.wsgi_app = front
-    with LockClient(live_server.url, live_server.token, backoff=0.01) as lock_client:
+    with make_client(live_server.url, live_server.token, backoff=0.01) as lock_client:
         assert lock_client.acquire("job:42", "w-1").acquired
     assert front.seen == 3
 
 
-def test_persistent_503_raises_service_unavailable(live_server):
+def test_persistent_503_raises_service_unavailable(make_client, live_server):
     live_server.app.wsgi_app = FailingFront(live_server.app.wsgi_app, 503, count=99)
-    with LockClient(
+    with make_client(
         live_server.url, live_server.token, retries=2, backoff=0.01
     ) as lock_client:
         with pytest.raises(ServiceUnavailable, match="job:42.*503"):
             lock_client.get("job:42")
 
 
-def test_renew_whose_reply_was_lost_is_retried_and_keeps_the_fence(live_server):
-    with LockClient(live_server.url, live_server.token, backoff=0.01) as lock_client:
+def test_renew_whose_reply_was_lost_is_retried_and_keeps_the_fence(
+    make_client, live_server
+):
+    with make_client(live_server.url, live_server.token, backoff=0.01) as lock_client:
         fence = lock_client.acquire("job:42", "w-1", ttl=5).lock.fence
         front = FailingFront(
             live_server.app.wsgi_app, 502, count=1, method="PATCH", apply_first=True
@@ -274,8 +299,10 @@ def test_renew_whose_reply_was_lost_is_retried_and_keeps_the_fence(live_server):
     assert renewed.ttl_remaining > 59
 
 
-def test_release_whose_reply_was_lost_is_not_reported_as_a_loss(live_server):
-    with LockClient(live_server.url, live_server.token, backoff=0.01) as lock_client:
+def test_release_whose_reply_was_lost_is_not_reported_as_a_loss(
+    make_client, live_server
+):
+    with make_client(live_server.url, live_server.token, backoff=0.01) as lock_client:
         lock_client.acquire("job:42", "w-1", ttl=30)
         front = FailingFront(
             live_server.app.wsgi_app, 502, count=1, method="DELETE", apply_first=True
@@ -316,12 +343,14 @@ def wait_until(condition, what: str, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_auto_renew_keeps_a_short_lock_alive_well_past_its_ttl(make_app, clock):
+def test_auto_renew_keeps_a_short_lock_alive_well_past_its_ttl(
+    make_client, make_app, clock
+):
     """The server's clock moves only once the renewer has caught up with it, so a
     busy machine delays the test but cannot expire the lock under it."""
     with (
         serve(make_app(LOCKKEEPER_CLOCK=clock)) as server,
-        LockClient(server.url, server.token, timeout=5) as worker,
+        make_client(server.url, server.token, timeout=5) as worker,
         worker.lock("job:42", ttl=1, wait=1, renew_every=0.05) as lock,
     ):
         fence = lock.fence
@@ -338,33 +367,22 @@ def test_auto_renew_keeps_a_short_lock_alive_well_past_its_ttl(make_app, clock):
     assert not lock.lost.is_set()
 
 
-class AcquireSeen(httpx.HTTPTransport):
-    """A transport that tells when an acquire has gone out to the server."""
-
-    def __init__(self):
-        super().__init__()
-        self.sent = threading.Event()
-
-    def handle_request(self, request):
-        if request.method == "POST":
-            self.sent.set()
-        return super().handle_request(request)
-
-
 def test_two_clients_contend_and_the_waiter_gets_the_lock_after_release(
-    live_server, worker
+    make_client, live_server, worker
 ):
     """Ordered by events, not durations: the waiter asks while the lock is held
     and is granted only after the holder lets go."""
     held = worker.lock("job:42", ttl=30, wait=1)
     held.acquire()
     released = threading.Event()
-    seen = AcquireSeen()
+    acquire_sent = threading.Event()
     outcome = {}
 
     def wait_for_it():
         with (
-            LockClient(live_server.url, live_server.token, transport=seen) as waiter,
+            make_client(
+                live_server.url, live_server.token, acquire_sent=acquire_sent
+            ) as waiter,
             waiter.lock("job:42", ttl=5, wait=30) as lock,
         ):
             outcome["released_first"] = released.is_set()
@@ -373,7 +391,7 @@ def test_two_clients_contend_and_the_waiter_gets_the_lock_after_release(
 
     waiter_thread = threading.Thread(target=wait_for_it)
     waiter_thread.start()
-    assert seen.sent.wait(10)
+    assert acquire_sent.wait(10)
     assert worker.get("job:42").owner == held.owner
     released.set()
     held.release()
@@ -401,12 +419,12 @@ def test_wait_timeout_raises_lock_not_acquired_naming_resource_and_holder(
 
 
 def test_retry_after_bounds_the_backoff_so_the_waiter_is_back_at_expiry(
-    live_server, worker
+    make_client, live_server, worker
 ):
     worker.acquire("job:42", "crashed-worker", ttl=1)
     # Backoff windows of 6 s, 12 s... with jitter pinned to the top: without the
     # Retry-After bound the first retry would come after 6 s.
-    with LockClient(
+    with make_client(
         live_server.url,
         live_server.token,
         backoff=6,
@@ -440,12 +458,14 @@ def test_takeover_after_loss_is_not_released_by_the_old_holder(live_server, work
     assert worker.get("job:42").owner == "new-owner"
 
 
-def test_service_gone_mid_block_sets_lost_by_the_time_the_lock_expires(make_app):
+def test_service_gone_mid_block_sets_lost_by_the_time_the_lock_expires(
+    make_client, make_app
+):
     from tests.live_server import serve as serve_app
 
     app = make_app()
     with serve_app(app) as server:
-        lock_client = LockClient(server.url, server.token, timeout=1, backoff=0.05)
+        lock_client = make_client(server.url, server.token, timeout=1, backoff=0.05)
         held = lock_client.lock("job:42", ttl=1, wait=1)
         held.acquire()
     start = time.monotonic()
@@ -470,7 +490,7 @@ def readme_block(section: str, language: str) -> str:
     return body.split(f"```{language}\n", 1)[1].split("```", 1)[0]
 
 
-def test_readme_worker_example_runs_as_written(live_server, worker):
+def test_readme_worker_example_runs_as_written(live_server):
     env = {
         **os.environ,
         "LOCKKEEPER_URL": live_server.url,
@@ -486,5 +506,8 @@ def test_readme_worker_example_runs_as_written(live_server, worker):
     )
     assert result.returncode == 0, result.stderr
     assert "writing summary with fence" in result.stdout
-    with pytest.raises(LockMissing):
+    with (
+        LockClient(live_server.url, live_server.token) as worker,
+        pytest.raises(LockMissing),
+    ):
         worker.get("report:nightly")

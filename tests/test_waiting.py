@@ -534,8 +534,8 @@ def test_a_client_turned_away_by_a_full_waiting_room_joins_the_line_later(make_a
     ],
 )
 def test_the_client_reads_the_servers_max_wait_from_its_400(message, expected):
+    from lockkeeper_client.decisions import server_max_wait
     from lockkeeper_client.errors import InvalidRequest
-    from lockkeeper_client.waiting import server_max_wait
 
     errors = [("owner", "x"), ("wait", message)]
     refused = InvalidRequest("q:1", "invalid", errors=errors)

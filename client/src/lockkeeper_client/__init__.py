@@ -1,9 +1,9 @@
 """Worker client for the Lockkeeper JSON API.
 
-``LockClient`` speaks the ``/api/v1`` contract over HTTP and needs nothing of the
-server's code or database (neither Flask nor SQLAlchemy is imported): a worker
-installs this package with httpx and tenacity, names the server and a token, and
-takes locks::
+``LockClient`` (blocking) and ``AsyncLockClient`` (asyncio) speak the ``/api/v1``
+contract over HTTP and need nothing of the server's code or database: a worker
+installs this distribution (``lockkeeper-client``, with httpx), names the server
+and a token, and takes locks::
 
     client = LockClient("http://locks.internal:8000", token)
     with client.lock("job:42", ttl=30, wait=10) as lock:
@@ -11,15 +11,25 @@ takes locks::
         if lock.lost.is_set():
             ...  # stop writing: someone else may hold job:42 now
 
+    async with AsyncLockClient(url, token) as client:
+        async with client.lock("job:42", ttl=30, wait=10) as lock:
+            await run_job(fence=lock.fence)
+
 Where each part lives:
 
-- ``http.py``: ``LockClient``, one method per API call, transient failures retried;
+- ``_async/``: the behaviour, written once as asyncio code (the client, the held
+  lock and its renewal task, waiting in line); ``_sync/`` is generated from it;
+- ``decisions.py``: every decision without I/O (status → outcome, retries,
+  backoff), shared by both;
 - ``grants.py``: what the server answers (``LockGrant``, ``AcquireAttempt``);
-- ``held.py``: ``HeldLock``, the ``with`` block and its renewal thread;
-- ``waiting.py``: waiting for a held lock, in the server's line, then polling;
 - ``errors.py``: one exception per thing the caller can do about a failure.
 """
 
+from lockkeeper_client._async.client import AsyncLockClient
+from lockkeeper_client._async.held import AsyncHeldLock
+from lockkeeper_client._sync.client import LockClient
+from lockkeeper_client._sync.held import HeldLock
+from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
 from lockkeeper_client.errors import (
     AccessDenied,
     AuthenticationFailed,
@@ -35,14 +45,14 @@ from lockkeeper_client.errors import (
     UnexpectedResponse,
 )
 from lockkeeper_client.grants import AcquireAttempt, LockGrant, default_owner
-from lockkeeper_client.held import HeldLock
-from lockkeeper_client.http import API_PREFIX, DEFAULT_TIMEOUT, LockClient
 
 __all__ = [
     "API_PREFIX",
     "DEFAULT_TIMEOUT",
     "AccessDenied",
     "AcquireAttempt",
+    "AsyncHeldLock",
+    "AsyncLockClient",
     "AuthenticationFailed",
     "FenceRejected",
     "HeldLock",

@@ -1,53 +1,55 @@
-"""``HeldLock``: a lock held for a ``with`` block, renewed by a background thread."""
+"""The lock of a ``with client.lock(...)`` block, renewed in the background."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from lockkeeper_client.errors import (
-    LockClientError,
-    LockLost,
-    UnexpectedResponse,
+from lockkeeper_client import decisions
+from lockkeeper_client._async.waiting import AsyncGrantWait
+from lockkeeper_client._concurrency import (
+    AsyncBackground,
+    AsyncEvent,
+    async_wait_event,
 )
+from lockkeeper_client.errors import LockClientError, LockLost, UnexpectedResponse
 from lockkeeper_client.grants import LockGrant
-from lockkeeper_client.waiting import GrantWait
 
 if TYPE_CHECKING:
-    from lockkeeper_client.http import LockClient
+    from lockkeeper_client._async.client import AsyncLockClient
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lockkeeper_client")
 
 
-class HeldLock:
+class AsyncHeldLock:
     """The lock behind ``with client.lock(...) as lock``.
 
     - ``lock.fence``, ``lock.expires_at``, ``lock.owner``: the current grant.
-    - ``lock.lost``: a ``threading.Event`` set when a renew is refused (404/409) or
-      the service could not be reached before the lock expired. ``on_lost(lock)``
-      is called once, from the renewal thread, at that moment.
+    - ``lock.lost``: an event (``threading.Event`` for ``LockClient``,
+      ``asyncio.Event`` for ``AsyncLockClient``) set when a renew is refused
+      (404/409) or the service could not be reached before the lock expired.
+      ``on_lost(lock)`` is called once, from the renewer, at that moment.
     - Leaving the block releases the lock unless it was lost. Leaving never raises
       a lock error of its own: a loss is reported by ``lost``, a release that
       cannot reach the service is logged (the lock then ends with its ttl), and an
       exception raised inside the block propagates unchanged.
 
-    Entering waits for the lock as ``waiting.GrantWait`` does, at most ``wait``
-    seconds.
+    Entering waits for the lock as ``GrantWait`` does, at most ``wait`` seconds.
+    The renewer is a thread for ``LockClient``, a task for ``AsyncLockClient``.
     """
 
     def __init__(
         self,
-        client: LockClient,
+        client: AsyncLockClient,
         resource: str,
         *,
         ttl: float,
         wait: float,
         owner: str,
-        on_lost: Callable[[HeldLock], None] | None = None,
+        on_lost: Callable[[AsyncHeldLock], None] | None = None,
         renew_every: float | None = None,
     ):
         if not ttl > 0:
@@ -61,12 +63,12 @@ class HeldLock:
         self.wait = wait
         self.on_lost = on_lost
         self.renew_every = renew_every if renew_every is not None else ttl / 3
-        self.lost = threading.Event()
+        self.lost = AsyncEvent()
         self.lost_reason: str | None = None
         self.current: LockGrant | None = None
         self._valid_until = 0.0  # time.monotonic() by which the lock surely expired
-        self._stop = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._stop = AsyncEvent()
+        self._renewer: AsyncBackground | None = None
 
     @property
     def fence(self) -> int:
@@ -81,41 +83,38 @@ class HeldLock:
             raise RuntimeError(f"lock {self.resource!r} has not been acquired")
         return self.current
 
-    def __enter__(self) -> HeldLock:
-        self.acquire()
+    async def __aenter__(self) -> AsyncHeldLock:
+        await self.acquire()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.release()
 
-    def acquire(self) -> None:
+    async def acquire(self) -> None:
         """Wait up to ``wait`` seconds for the lock, then start renewing it.
 
         :raise LockNotAcquired: another owner held it for the whole wait.
         :raise ServiceUnavailable: the service could not be reached in that time.
         :raise LockQuotaReached: the token holds its quota of locks already.
         """
-        wait = GrantWait(
+        wait = AsyncGrantWait(
             self.client, self.resource, owner=self.owner, ttl=self.ttl, wait=self.wait
         )
-        granted = wait.run()
+        granted = await wait.run()
         self._granted(granted.lock, sent_at=wait.sent_at)
-        self._renewer = threading.Thread(
-            target=self._renew_until_stopped,
-            name=f"lockkeeper-renew:{self.resource}",
-            daemon=True,
+        self._renewer = AsyncBackground(
+            self._renew_until_stopped, name=f"lockkeeper-renew:{self.resource}"
         )
-        self._renewer.start()
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """Stop renewing and release the lock, unless it was lost already."""
         self._stop.set()
         if self._renewer is not None:
-            self._renewer.join()
+            await self._renewer.join()
         if self.current is None or self.lost.is_set():
             return
         try:
-            self.client.release(self.resource, self.owner)
+            await self.client.release(self.resource, self.owner)
         except LockLost as exc:
             # Lost between the last renew and the release: report it, do not raise.
             self._mark_lost(str(exc), notify=False)
@@ -129,12 +128,12 @@ class HeldLock:
         # Measured from when the request left: never later than the server's expiry.
         self._valid_until = sent_at + lock.ttl_remaining
 
-    def _renew_until_stopped(self) -> None:
+    async def _renew_until_stopped(self) -> None:
         interval = self.renew_every
-        while not self._stop.wait(interval):
+        while not await async_wait_event(self._stop, interval):
             sent_at = time.monotonic()
             try:
-                lock = self.client.renew(
+                lock = await self.client.renew(
                     self.resource, self.owner, self.ttl, retry_until=self._valid_until
                 )
             except LockLost as exc:
@@ -148,7 +147,9 @@ class HeldLock:
                     )
                     return
                 log.warning("renewing %r failed, retrying: %s", self.resource, exc)
-                interval = min(self.renew_every, self.client.max_backoff) / 2
+                interval = decisions.renewal_retry_interval(
+                    self.renew_every, self.client.max_backoff
+                )
                 continue
             self._granted(lock, sent_at)
             interval = self.renew_every

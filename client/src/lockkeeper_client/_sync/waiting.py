@@ -1,3 +1,4 @@
+# Generated from _async/ by client/scripts/make_sync.py: edit that.
 """Waiting for a held lock: in the server's line, retried until the wait ends.
 
 The server grants waiting acquires in order of arrival and hands a released lock
@@ -13,35 +14,16 @@ one) every attempt is such a plain acquire. A wait never lasts longer than asked
 
 from __future__ import annotations
 
-import re
 import time
 from typing import TYPE_CHECKING
 
-from tenacity import (
-    RetryCallState,
-    RetryError,
-    Retrying,
-    retry_if_result,
-    stop_after_delay,
-)
-
-from lockkeeper_client.errors import InvalidRequest, LockNotAcquired, ServiceUnavailable
+from lockkeeper_client import decisions
+from lockkeeper_client._concurrency import sleep
+from lockkeeper_client.errors import InvalidRequest, ServiceUnavailable
 from lockkeeper_client.grants import AcquireAttempt
 
 if TYPE_CHECKING:
-    from lockkeeper_client.http import LockClient
-
-_MAX_WAIT_MESSAGE = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?)")
-
-
-def server_max_wait(exc: InvalidRequest) -> float | None:
-    """The server's largest ``wait`` from its 400, or None when it names none
-    (an older server that does not know ``wait``)."""
-    for field, message in exc.errors:
-        if field == "wait":
-            found = _MAX_WAIT_MESSAGE.search(message)
-            return float(found.group(1)) if found else None
-    return None
+    from lockkeeper_client._sync.client import LockClient
 
 
 class GrantWait:
@@ -50,7 +32,13 @@ class GrantWait:
     left: the lock surely ends no later than that plus its ttl."""
 
     def __init__(
-        self, client: LockClient, resource: str, *, owner: str, ttl: float, wait: float
+        self,
+        client: LockClient,
+        resource: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float,
     ):
         self.client = client
         self.resource = resource
@@ -65,19 +53,33 @@ class GrantWait:
         """:raise LockNotAcquired: another owner held it for the whole wait.
         :raise ServiceUnavailable: the service could not be reached in that time.
         """
-        deadline = time.monotonic() + self.wait
-        retrying = Retrying(
-            retry=retry_if_result(lambda result: not result.acquired),
-            wait=self._delay,
-            stop=stop_after_delay(self.wait),
-        )
-        try:
-            return retrying(self._attempt, deadline)
-        except RetryError as exc:
-            last = exc.last_attempt.result()
-            if last.lock is None and self._unreachable is not None:
-                raise self._unreachable from None
-            raise self._not_acquired(last) from None
+        started = time.monotonic()
+        deadline = started + self.wait
+        attempt_number = 0
+        while True:
+            attempt_number += 1
+            result = self._attempt(deadline)
+            if result.acquired:
+                return result
+            now = time.monotonic()
+            if now - started >= self.wait:
+                if result.lock is None and self._unreachable is not None:
+                    raise self._unreachable
+                raise decisions.not_acquired(self.resource, self.wait, result)
+            if decisions.rejoin_at_once(result, self._in_line_for, now - self.sent_at):
+                continue
+            client = self.client
+            sleep(
+                decisions.contention_delay(
+                    result,
+                    attempt_number,
+                    backoff=client.backoff,
+                    max_backoff=client.max_backoff,
+                    max_lock_poll=client.max_lock_poll,
+                    rng=client.rng,
+                    remaining=self.wait - (now - started),
+                )
+            )
 
     def _attempt(self, deadline: float) -> AcquireAttempt:
         """One acquire: waiting in the server's line for the rest of the wait (at
@@ -95,7 +97,7 @@ class GrantWait:
             except InvalidRequest as exc:
                 if not self._in_line_for:
                     raise
-                server_max = server_max_wait(exc)
+                server_max = decisions.server_max_wait(exc)
                 if server_max is None or server_max >= client.max_server_wait:
                     server_max = 0.0  # the server does not wait: plain acquires
                 client.max_server_wait = server_max
@@ -108,39 +110,3 @@ class GrantWait:
                 return AcquireAttempt(False, None, None)
             self._unreachable = None
             return result
-
-    def _delay(self, state: RetryCallState) -> float:
-        """0 after a turn in line that ran out (join the line again at once);
-        else the backoff of a poll."""
-        assert state.outcome is not None  # called after an attempt
-        result: AcquireAttempt = state.outcome.result()
-        waited = time.monotonic() - self.sent_at
-        # A turn in line ends early only when the server's line is not to be had
-        # (the room is full) or something unexpected: never retry that at once.
-        if self._in_line_for and not result.waiting_room_full:
-            if waited >= self._in_line_for / 2:
-                return 0.0
-        return self._contention_delay(state)
-
-    def _contention_delay(self, state: RetryCallState) -> float:
-        assert state.outcome is not None
-        result: AcquireAttempt = state.outcome.result()
-        client = self.client
-        window = min(
-            client.max_backoff,
-            client.max_lock_poll,
-            client.backoff * 2 ** (state.attempt_number - 1),
-        )
-        delay = client.rng.uniform(0, window)
-        if result.retry_after:
-            delay = min(delay, result.retry_after)
-        remaining = self.wait - (state.seconds_since_start or 0.0)
-        return max(min(delay, remaining), 0.0)
-
-    def _not_acquired(self, last: AcquireAttempt) -> LockNotAcquired:
-        holder = f" by {last.lock.owner!r}" if last.lock else ""
-        return LockNotAcquired(
-            self.resource,
-            f"lock {self.resource!r} stayed held{holder} for {self.wait:g} s",
-            last.lock,
-        )

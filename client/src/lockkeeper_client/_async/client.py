@@ -1,0 +1,243 @@
+"""The client class: one method per API call, transient failures retried.
+
+Each call is one request; transient failures (connection errors, timeouts,
+502/503/504) are retried as ``decisions.TransientRetries`` decides. Every other
+answer outside the call's success becomes one exception of ``errors.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from lockkeeper_client import decisions
+from lockkeeper_client._async.held import AsyncHeldLock
+from lockkeeper_client._concurrency import async_sleep
+from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
+from lockkeeper_client.grants import AcquireAttempt, LockGrant, default_owner
+
+
+class AsyncLockClient:
+    """HTTP client for one Lockkeeper server.
+
+    :param base_url: the server, e.g. ``http://locks.internal:8000`` (a trailing
+        ``/api/v1`` is accepted too).
+    :param token: an API token (``lockkeeper tokens create NAME``).
+    :param timeout: seconds for one HTTP request.
+    :param retries: attempts after the first for a transient failure.
+    :param backoff: the first retry window in seconds; each further retry doubles it
+        (full jitter: the delay is uniform in ``[0, window]``) up to ``max_backoff``.
+    :param max_lock_poll: the largest window while waiting for a held lock. Kept
+        short: a waiter whose window had grown to seconds would lose every race to
+        one that just released and polls again within ``backoff``.
+    :param rng: the source of jitter (tests pass a seeded or fixed one).
+    :param max_server_wait: ``lock()`` waits in the server's line in requests of at
+        most this many seconds (the server's ``LOCKKEEPER_MAX_WAIT``, 30 by
+        default; a smaller server maximum is learnt from its 400). 0: never wait
+        server-side, poll.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        retries: int = 4,
+        backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        max_lock_poll: float = 0.5,
+        max_server_wait: float = 30.0,
+        rng: random.Random | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        self.base_url = decisions.api_root(base_url)
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_lock_poll = max_lock_poll
+        self.max_server_wait = max_server_wait
+        self.rng = rng or random.Random()
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url + API_PREFIX,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/json",
+            },
+            timeout=timeout,
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncLockClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- single requests ---------------------------------------------------------
+
+    async def acquire(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        *,
+        wait: float | None = None,
+    ) -> AcquireAttempt:
+        """Try once to take ``resource`` for ``owner``.
+
+        Without ``wait`` it never waits for a holder. With ``wait`` > 0 the server
+        keeps the request in the resource's line (granted in order of arrival) for
+        up to ``wait`` seconds; when that server worker's waiting room is full the
+        result has ``waiting_room_full`` set and the caller should poll.
+
+        A same-owner acquire of a still-valid lock keeps its fence, so a retry of an
+        acquire whose reply was lost does not fence out its own caller.
+        """
+        response, _ = await self._send(
+            "POST",
+            resource,
+            json=decisions.acquire_body(owner, ttl, wait),
+            waiting=float(wait or 0.0),
+        )
+        return decisions.acquire_outcome(response, resource)
+
+    async def renew(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        *,
+        retry_until: float | None = None,
+    ) -> LockGrant:
+        """Extend ``owner``'s lock to ``now + ttl``; same fence and acquired_at.
+
+        Renew is idempotent, so a renew whose reply was lost is simply sent again.
+
+        :param retry_until: a ``time.monotonic()`` deadline for transient retries
+            (the renewer passes the lock's expiry: retrying later is pointless).
+        :raise LockLost: the lock expired, or another owner holds it (404/409).
+        """
+        response, _ = await self._send(
+            "PATCH",
+            resource,
+            json=decisions.acquire_body(owner, ttl),
+            retry_until=retry_until,
+        )
+        return decisions.renew_outcome(response, resource, owner)
+
+    async def release(self, resource: str, owner: str) -> None:
+        """Release ``owner``'s lock.
+
+        :raise LockLost: the lock had expired or was held by another owner
+            (404/403): whatever the caller did since it was lost was unprotected.
+        """
+        response, maybe_applied = await self._send(
+            "DELETE", resource, json={"owner": owner}
+        )
+        decisions.release_outcome(response, resource, owner, maybe_applied)
+
+    async def get(self, resource: str) -> LockGrant:
+        """The valid lock on ``resource``.
+
+        :raise LockMissing: nobody holds it (absent or expired).
+        """
+        response, _ = await self._send("GET", resource)
+        return decisions.get_outcome(response, resource)
+
+    async def check_fence(self, resource: str, fence: int) -> LockGrant:
+        """Ask whether ``fence`` is the valid grant of ``resource`` right now, for
+        a store that cannot compare fences itself; returns that lock.
+
+        :raise FenceRejected: another grant, a lapsed one, or none is in place.
+        """
+        response, _ = await self._send(
+            "GET", resource, params={"fence": str(int(fence))}
+        )
+        return decisions.fence_outcome(response, resource, fence)
+
+    # -- the context manager -----------------------------------------------------
+
+    def lock(
+        self,
+        resource: str,
+        ttl: float = 30.0,
+        wait: float = 10.0,
+        *,
+        owner: str | None = None,
+        on_lost: Callable[[AsyncHeldLock], None] | None = None,
+        renew_every: float | None = None,
+    ) -> AsyncHeldLock:
+        """A context manager that holds ``resource`` for the ``with`` block.
+
+        Entering waits at most ``wait`` seconds for the lock (raising
+        ``LockNotAcquired``), then renews it every ``renew_every`` seconds (default
+        ``ttl / 3``) in the background; leaving releases it. See ``HeldLock``.
+        """
+        return AsyncHeldLock(
+            self,
+            resource,
+            ttl=ttl,
+            wait=wait,
+            owner=owner or default_owner(),
+            on_lost=on_lost,
+            renew_every=renew_every,
+        )
+
+    # -- plumbing ----------------------------------------------------------------
+
+    async def _send(
+        self,
+        method: str,
+        resource: str,
+        *,
+        json: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        retry_until: float | None = None,
+        waiting: float = 0.0,
+    ) -> tuple[httpx.Response, bool]:
+        """One API call with transient failures retried.
+
+        Returns the response and whether an earlier attempt may have reached the
+        server and been applied (its reply lost). ``waiting``: the seconds a
+        waiting acquire may stay at the server (added to the timeout); its
+        "waiting room full" 503 is returned, not retried.
+        """
+        retries = decisions.TransientRetries(
+            self.retries,
+            self.backoff,
+            self.max_backoff,
+            self.rng,
+            retry_until=retry_until,
+        )
+        while True:
+            try:
+                response = await self._http.request(
+                    method,
+                    decisions.lock_path(resource),
+                    json=json,
+                    params=params,
+                    timeout=retries.timeout(self.timeout) + waiting,
+                )
+            except httpx.TransportError as exc:
+                delay = retries.next_delay(error=exc)
+                if delay is None:
+                    raise retries.gave_up(
+                        method, resource, self.base_url, error=exc
+                    ) from exc
+            else:
+                if not retries.should_retry(response, bool(waiting)):
+                    return response, retries.maybe_applied
+                delay = retries.next_delay(response=response)
+                if delay is None:
+                    raise retries.gave_up(
+                        method, resource, self.base_url, response=response
+                    )
+            await async_sleep(delay)

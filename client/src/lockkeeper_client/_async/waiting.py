@@ -1,0 +1,111 @@
+"""Waiting for a held lock: in the server's line, retried until the wait ends.
+
+The server grants waiting acquires in order of arrival and hands a released lock
+over at once, so a wait is spent in its line, in requests of at most
+``client.max_server_wait`` seconds, one after another. When the server's waiting
+room is full (503) or it cannot be reached, the client backs off (exponential,
+full jitter, each delay capped by the ``Retry-After`` of the refusal) and asks to
+join the line again: a plain acquire would never be granted while others wait in
+line (it may not jump it), so a client turned away by a full room keeps asking
+for a place rather than polling. Against a server that does not wait (an older
+one) every attempt is such a plain acquire. A wait never lasts longer than asked.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from lockkeeper_client import decisions
+from lockkeeper_client._concurrency import async_sleep
+from lockkeeper_client.errors import InvalidRequest, ServiceUnavailable
+from lockkeeper_client.grants import AcquireAttempt
+
+if TYPE_CHECKING:
+    from lockkeeper_client._async.client import AsyncLockClient
+
+
+class AsyncGrantWait:
+    """One wait of up to ``wait`` seconds for ``resource``; ``run()`` returns the
+    grant. ``sent_at`` is the ``time.monotonic()`` at which the granted request
+    left: the lock surely ends no later than that plus its ttl."""
+
+    def __init__(
+        self,
+        client: AsyncLockClient,
+        resource: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float,
+    ):
+        self.client = client
+        self.resource = resource
+        self.owner = owner
+        self.ttl = ttl
+        self.wait = wait
+        self.sent_at = 0.0
+        self._in_line_for = 0.0  # the wait of the last attempt (0: a plain one)
+        self._unreachable: ServiceUnavailable | None = None
+
+    async def run(self) -> AcquireAttempt:
+        """:raise LockNotAcquired: another owner held it for the whole wait.
+        :raise ServiceUnavailable: the service could not be reached in that time.
+        """
+        started = time.monotonic()
+        deadline = started + self.wait
+        attempt_number = 0
+        while True:
+            attempt_number += 1
+            result = await self._attempt(deadline)
+            if result.acquired:
+                return result
+            now = time.monotonic()
+            if now - started >= self.wait:
+                if result.lock is None and self._unreachable is not None:
+                    raise self._unreachable
+                raise decisions.not_acquired(self.resource, self.wait, result)
+            if decisions.rejoin_at_once(result, self._in_line_for, now - self.sent_at):
+                continue
+            client = self.client
+            await async_sleep(
+                decisions.contention_delay(
+                    result,
+                    attempt_number,
+                    backoff=client.backoff,
+                    max_backoff=client.max_backoff,
+                    max_lock_poll=client.max_lock_poll,
+                    rng=client.rng,
+                    remaining=self.wait - (now - started),
+                )
+            )
+
+    async def _attempt(self, deadline: float) -> AcquireAttempt:
+        """One acquire: waiting in the server's line for the rest of the wait (at
+        most ``client.max_server_wait``), or a plain one when the server does
+        not wait."""
+        client = self.client
+        while True:
+            self.sent_at = time.monotonic()
+            chunk = min(deadline - self.sent_at, client.max_server_wait)
+            self._in_line_for = chunk if chunk >= 0.001 else 0.0
+            try:
+                result = await client.acquire(
+                    self.resource, self.owner, self.ttl, wait=self._in_line_for
+                )
+            except InvalidRequest as exc:
+                if not self._in_line_for:
+                    raise
+                server_max = decisions.server_max_wait(exc)
+                if server_max is None or server_max >= client.max_server_wait:
+                    server_max = 0.0  # the server does not wait: plain acquires
+                client.max_server_wait = server_max
+                continue  # at once, with a wait the server takes
+            except ServiceUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                # Unreachable for a moment: count it as a refusal and wait on.
+                self._unreachable = exc
+                return AcquireAttempt(False, None, None)
+            self._unreachable = None
+            return result

@@ -1,0 +1,168 @@
+# Generated from _async/ by client/scripts/make_sync.py: edit that.
+"""The lock of a ``with client.lock(...)`` block, renewed in the background."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from lockkeeper_client import decisions
+from lockkeeper_client._concurrency import (
+    Background,
+    Event,
+    wait_event,
+)
+from lockkeeper_client._sync.waiting import GrantWait
+from lockkeeper_client.errors import LockClientError, LockLost, UnexpectedResponse
+from lockkeeper_client.grants import LockGrant
+
+if TYPE_CHECKING:
+    from lockkeeper_client._sync.client import LockClient
+
+log = logging.getLogger("lockkeeper_client")
+
+
+class HeldLock:
+    """The lock behind ``with client.lock(...) as lock``.
+
+    - ``lock.fence``, ``lock.expires_at``, ``lock.owner``: the current grant.
+    - ``lock.lost``: an event (``threading.Event`` for ``LockClient``,
+      ``asyncio.Event`` for ``AsyncLockClient``) set when a renew is refused
+      (404/409) or the service could not be reached before the lock expired.
+      ``on_lost(lock)`` is called once, from the renewer, at that moment.
+    - Leaving the block releases the lock unless it was lost. Leaving never raises
+      a lock error of its own: a loss is reported by ``lost``, a release that
+      cannot reach the service is logged (the lock then ends with its ttl), and an
+      exception raised inside the block propagates unchanged.
+
+    Entering waits for the lock as ``GrantWait`` does, at most ``wait`` seconds.
+    The renewer is a thread for ``LockClient``, a task for ``AsyncLockClient``.
+    """
+
+    def __init__(
+        self,
+        client: LockClient,
+        resource: str,
+        *,
+        ttl: float,
+        wait: float,
+        owner: str,
+        on_lost: Callable[[HeldLock], None] | None = None,
+        renew_every: float | None = None,
+    ):
+        if not ttl > 0:
+            raise ValueError(f"ttl for {resource!r} must be positive, not {ttl!r}")
+        if wait < 0:
+            raise ValueError(f"wait for {resource!r} must not be negative")
+        self.client = client
+        self.resource = resource
+        self.owner = owner
+        self.ttl = ttl
+        self.wait = wait
+        self.on_lost = on_lost
+        self.renew_every = renew_every if renew_every is not None else ttl / 3
+        self.lost = Event()
+        self.lost_reason: str | None = None
+        self.current: LockGrant | None = None
+        self._valid_until = 0.0  # time.monotonic() by which the lock surely expired
+        self._stop = Event()
+        self._renewer: Background | None = None
+
+    @property
+    def fence(self) -> int:
+        return self._held().fence
+
+    @property
+    def expires_at(self) -> datetime:
+        return self._held().expires_at
+
+    def _held(self) -> LockGrant:
+        if self.current is None:
+            raise RuntimeError(f"lock {self.resource!r} has not been acquired")
+        return self.current
+
+    def __enter__(self) -> HeldLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        """Wait up to ``wait`` seconds for the lock, then start renewing it.
+
+        :raise LockNotAcquired: another owner held it for the whole wait.
+        :raise ServiceUnavailable: the service could not be reached in that time.
+        :raise LockQuotaReached: the token holds its quota of locks already.
+        """
+        wait = GrantWait(
+            self.client, self.resource, owner=self.owner, ttl=self.ttl, wait=self.wait
+        )
+        granted = wait.run()
+        self._granted(granted.lock, sent_at=wait.sent_at)
+        self._renewer = Background(
+            self._renew_until_stopped, name=f"lockkeeper-renew:{self.resource}"
+        )
+
+    def release(self) -> None:
+        """Stop renewing and release the lock, unless it was lost already."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        if self.current is None or self.lost.is_set():
+            return
+        try:
+            self.client.release(self.resource, self.owner)
+        except LockLost as exc:
+            # Lost between the last renew and the release: report it, do not raise.
+            self._mark_lost(str(exc), notify=False)
+        except LockClientError as exc:
+            log.warning("%s; the lock ends when its ttl runs out", exc)
+
+    def _granted(self, lock: LockGrant | None, sent_at: float) -> None:
+        if lock is None:
+            raise UnexpectedResponse(self.resource, "a grant without a lock object")
+        self.current = lock
+        # Measured from when the request left: never later than the server's expiry.
+        self._valid_until = sent_at + lock.ttl_remaining
+
+    def _renew_until_stopped(self) -> None:
+        interval = self.renew_every
+        while not wait_event(self._stop, interval):
+            sent_at = time.monotonic()
+            try:
+                lock = self.client.renew(
+                    self.resource, self.owner, self.ttl, retry_until=self._valid_until
+                )
+            except LockLost as exc:
+                self._mark_lost(str(exc))
+                return
+            except LockClientError as exc:
+                if time.monotonic() >= self._valid_until:
+                    self._mark_lost(
+                        f"lock {self.resource!r} expired before it could be renewed: "
+                        f"{exc}"
+                    )
+                    return
+                log.warning("renewing %r failed, retrying: %s", self.resource, exc)
+                interval = decisions.renewal_retry_interval(
+                    self.renew_every, self.client.max_backoff
+                )
+                continue
+            self._granted(lock, sent_at)
+            interval = self.renew_every
+
+    def _mark_lost(self, reason: str, notify: bool = True) -> None:
+        if self.lost.is_set():
+            return
+        self.lost_reason = reason
+        self.lost.set()
+        log.warning("%s", reason)
+        if notify and self.on_lost is not None:
+            try:
+                self.on_lost(self)
+            except Exception:
+                log.exception("on_lost callback for %r failed", self.resource)

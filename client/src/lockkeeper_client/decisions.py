@@ -1,0 +1,401 @@
+"""Every decision of the client, without I/O: what an answer means, whether and
+how long to wait before the next try.
+
+The async client (``_async/``) and its generated sync twin (``_sync/``) send
+requests and sleep; everything they decide comes from here, so both behave the
+same by construction:
+
+- ``*_outcome(response, ...)``: the API's answer to one call as the client's
+  value or exception (status → outcome);
+- ``TransientRetries``: the retry budget of one call against connection errors,
+  timeouts and 502/503/504 (exponential backoff, full jitter, never shorter than a
+  ``Retry-After``);
+- ``contention_delay`` / ``rejoin_at_once``: the pauses of a wait for a held lock;
+- ``server_max_wait``: the server's largest ``wait``, read from its 400.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from lockkeeper_client.errors import (
+    AccessDenied,
+    AuthenticationFailed,
+    FenceRejected,
+    InvalidRequest,
+    LockClientError,
+    LockFrozen,
+    LockLost,
+    LockMissing,
+    LockNotAcquired,
+    LockQuotaReached,
+    ServiceUnavailable,
+    UnexpectedResponse,
+)
+from lockkeeper_client.grants import AcquireAttempt, LockGrant
+
+log = logging.getLogger("lockkeeper_client")
+
+API_PREFIX = "/api/v1"
+DEFAULT_TIMEOUT = 10.0
+# Gateways answer 502/504 when the app behind them restarts; the app answers 503
+# when its database does not.
+TRANSIENT_STATUSES = frozenset({502, 503, 504})
+# The title of the server's 503 for "too many waiting acquires in this worker".
+WAITING_ROOM_FULL = "Too many waiting acquires"
+ACCESS_DENIED_TITLE = "Forbidden"  # the 403 of a token's scope
+_MAX_WAIT_MESSAGE = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?)")
+
+
+def api_root(base_url: str) -> str:
+    """The server's root URL; a trailing ``/api/v1`` is accepted too."""
+    root = base_url.rstrip("/")
+    if root.endswith(API_PREFIX):
+        root = root[: -len(API_PREFIX)]
+    return root
+
+
+def lock_path(resource: str) -> str:
+    return "/locks/" + quote(resource, safe="")
+
+
+def acquire_body(
+    owner: str, ttl: float | None, wait: float | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"owner": owner}
+    if ttl is not None:
+        body["ttl"] = ttl
+    if wait:
+        body["wait"] = wait
+    return body
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: delta-seconds or an HTTP date (RFC 9110)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
+def problem_detail(response: httpx.Response) -> tuple[str, list[tuple[str, str]]]:
+    """The human part of an RFC 9457 problem body, and its field errors."""
+    try:
+        body = response.json()
+    except ValueError:
+        return (response.text.strip()[:200] or response.reason_phrase), []
+    if not isinstance(body, dict):
+        return response.reason_phrase, []
+    errors = [
+        (str(item.get("field")), str(item.get("message")))
+        for item in body.get("errors") or []
+        if isinstance(item, dict)
+    ]
+    detail = str(body.get("detail") or body.get("title") or response.reason_phrase)
+    return detail, errors
+
+
+def _title(response: httpx.Response) -> Any:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("title") if isinstance(body, dict) else None
+
+
+def is_waiting_room_full(response: httpx.Response) -> bool:
+    return response.status_code == 503 and _title(response) == WAITING_ROOM_FULL
+
+
+def _is_access_denied(response: httpx.Response) -> bool:
+    """A 403 about the token (its scope), not about who holds the lock: a release
+    by another holder is a 403 too, titled after the holder."""
+    return response.status_code == 403 and _title(response) == ACCESS_DENIED_TITLE
+
+
+def _json(response: httpx.Response, resource: str) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError as exc:
+        raise UnexpectedResponse(
+            resource,
+            f"lock {resource!r}: HTTP {response.status_code} without a JSON body",
+            response.status_code,
+        ) from exc
+    if not isinstance(data, dict):
+        raise UnexpectedResponse(
+            resource,
+            f"lock {resource!r}: HTTP {response.status_code} body is not an object",
+            response.status_code,
+        )
+    return data
+
+
+def _lock_from(data: Any, resource: str) -> LockGrant:
+    try:
+        return LockGrant.from_json(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnexpectedResponse(
+            resource, f"lock {resource!r}: malformed lock object {data!r}"
+        ) from exc
+
+
+def _lost(response: httpx.Response, resource: str, what: str) -> LockLost:
+    detail, _ = problem_detail(response)
+    return LockLost(
+        resource, f"lock {resource!r} {what}: {detail}", response.status_code
+    )
+
+
+def failure(response: httpx.Response, resource: str, operation: str) -> LockClientError:
+    """An answer outside the call's success, as the exception the caller can act
+    on."""
+    status = response.status_code
+    detail, errors = problem_detail(response)
+    message = f"{operation} of lock {resource!r} failed ({status}): {detail}"
+    if status == 401:
+        return AuthenticationFailed(resource, message, status)
+    if status == 403:
+        return AccessDenied(resource, message, status)
+    if status == 429:
+        return LockQuotaReached(
+            resource, message, parse_retry_after(response.headers.get("Retry-After"))
+        )
+    if status == 423:
+        try:
+            freeze = response.json().get("freeze")
+        except (ValueError, AttributeError):
+            freeze = None
+        return LockFrozen(
+            resource, message, freeze if isinstance(freeze, dict) else None
+        )
+    if status in (400, 413, 415, 422):
+        if errors:
+            message += " [" + "; ".join(f"{f}: {m}" for f, m in errors) + "]"
+        return InvalidRequest(resource, message, status, errors)
+    return UnexpectedResponse(resource, message, status)
+
+
+# -- status → outcome, one function per call ------------------------------------------
+
+
+def acquire_outcome(response: httpx.Response, resource: str) -> AcquireAttempt:
+    """200: granted; 409: refused with the holder; 503 (only returned for a full
+    waiting room): refused, poll instead."""
+    retry_after = parse_retry_after(response.headers.get("Retry-After"))
+    if response.status_code == 503:
+        return AcquireAttempt(False, None, retry_after, waiting_room_full=True)
+    if response.status_code == 200:
+        data = _json(response, resource)
+        return AcquireAttempt(True, _lock_from(data.get("lock"), resource))
+    if response.status_code == 409:
+        holder = _json(response, resource).get("lock")
+        return AcquireAttempt(
+            False, _lock_from(holder, resource) if holder else None, retry_after
+        )
+    raise failure(response, resource, "acquire")
+
+
+def renew_outcome(response: httpx.Response, resource: str, owner: str) -> LockGrant:
+    if response.status_code == 200:
+        return _lock_from(_json(response, resource), resource)
+    if response.status_code in (404, 409):
+        raise _lost(response, resource, f"is no longer held by {owner!r}")
+    raise failure(response, resource, "renew")
+
+
+def release_outcome(
+    response: httpx.Response, resource: str, owner: str, maybe_applied: bool
+) -> None:
+    if response.status_code in (200, 204):
+        return
+    if response.status_code in (403, 404) and not _is_access_denied(response):
+        if maybe_applied:
+            # An earlier attempt may have released it before its reply was lost;
+            # the lock is not ours either way, which is what was asked.
+            log.info("release of %r: earlier attempt likely applied", resource)
+            return
+        raise _lost(response, resource, f"was no longer held by {owner!r}")
+    raise failure(response, resource, "release")
+
+
+def get_outcome(response: httpx.Response, resource: str) -> LockGrant:
+    if response.status_code == 200:
+        return _lock_from(_json(response, resource), resource)
+    if response.status_code == 404:
+        detail, _ = problem_detail(response)
+        raise LockMissing(resource, f"no lock on {resource!r}: {detail}", 404)
+    raise failure(response, resource, "get")
+
+
+def fence_outcome(response: httpx.Response, resource: str, fence: int) -> LockGrant:
+    if response.status_code == 200:
+        return _lock_from(_json(response, resource), resource)
+    if response.status_code == 409:
+        current = _json(response, resource).get("lock")
+        raise FenceRejected(
+            resource,
+            f"fence {fence} is not the valid grant of {resource!r}: "
+            f"{problem_detail(response)[0]}",
+            _lock_from(current, resource) if current else None,
+        )
+    raise failure(response, resource, "fence check")
+
+
+# -- transient failures ---------------------------------------------------------------
+
+
+@dataclass
+class TransientRetries:
+    """The retry budget of one API call against transient failures.
+
+    ``retries`` attempts after the first, or, with ``retry_until`` (a
+    ``time.monotonic()`` deadline), as many as fit before it. Full-jitter backoff:
+    the n-th delay is uniform in ``[0, min(max_backoff, backoff * 2**(n-1))]``,
+    never shorter than a 503's ``Retry-After``.
+    """
+
+    retries: int
+    backoff: float
+    max_backoff: float
+    rng: random.Random
+    retry_until: float | None = None
+    attempts: int = 0
+    # Whether an earlier attempt may have reached the server and been applied
+    # (its reply lost): only a refused connection or a 503 (the app's "database
+    # not answering") proves it was not.
+    maybe_applied: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def timeout(self, timeout: float) -> float:
+        """The next request's timeout: never past ``retry_until``."""
+        if self.retry_until is None:
+            return timeout
+        return min(timeout, max(self.retry_until - time.monotonic(), 0.1))
+
+    def should_retry(self, response: httpx.Response, waiting: bool) -> bool:
+        """A 502/503/504 is retried; a waiting acquire's "room full" 503 is an
+        answer (the caller polls)."""
+        if waiting and is_waiting_room_full(response):
+            return False
+        return response.status_code in TRANSIENT_STATUSES
+
+    def next_delay(
+        self,
+        *,
+        error: httpx.TransportError | None = None,
+        response: httpx.Response | None = None,
+    ) -> float | None:
+        """After a failed attempt: seconds to pause before the next, or None when
+        the budget is spent."""
+        self.attempts += 1
+        if not isinstance(error, httpx.ConnectError | httpx.ConnectTimeout) and not (
+            response is not None and response.status_code == 503
+        ):
+            self.maybe_applied = True
+        window = min(self.max_backoff, self.backoff * 2 ** (self.attempts - 1))
+        delay = self.rng.uniform(0, window)
+        if response is not None:
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            if retry_after is not None:
+                delay = max(delay, retry_after)
+        if self.retry_until is None:
+            return delay if self.attempts <= self.retries else None
+        return delay if time.monotonic() + delay < self.retry_until else None
+
+    @staticmethod
+    def gave_up(
+        method: str,
+        resource: str,
+        base_url: str,
+        *,
+        error: httpx.TransportError | None = None,
+        response: httpx.Response | None = None,
+    ) -> ServiceUnavailable:
+        if response is not None:
+            detail, _ = problem_detail(response)
+            return ServiceUnavailable(
+                resource,
+                f"{method} of lock {resource!r}: the server kept answering "
+                f"{response.status_code}: {detail}",
+                response.status_code,
+            )
+        return ServiceUnavailable(
+            resource,
+            f"{method} of lock {resource!r}: cannot reach {base_url}: "
+            f"{type(error).__name__}: {error}",
+        )
+
+
+# -- waiting for a held lock ----------------------------------------------------------
+
+
+def server_max_wait(exc: InvalidRequest) -> float | None:
+    """The server's largest ``wait`` from its 400, or None when it names none
+    (an older server that does not know ``wait``)."""
+    for name, message in exc.errors:
+        if name == "wait":
+            found = _MAX_WAIT_MESSAGE.search(message)
+            return float(found.group(1)) if found else None
+    return None
+
+
+def rejoin_at_once(result: AcquireAttempt, in_line_for: float, waited: float) -> bool:
+    """After a turn in the server's line that ran out: join the line again at
+    once. A turn ends early only when the line is not to be had (the room is
+    full) or something unexpected: never retry that at once."""
+    return (
+        bool(in_line_for)
+        and not result.waiting_room_full
+        and (waited >= in_line_for / 2)
+    )
+
+
+def contention_delay(
+    result: AcquireAttempt,
+    attempt_number: int,
+    *,
+    backoff: float,
+    max_backoff: float,
+    max_lock_poll: float,
+    rng: random.Random,
+    remaining: float,
+) -> float:
+    """The pause before asking again for a held lock: full jitter over a window
+    that doubles up to ``max_lock_poll``, capped by the refusal's ``Retry-After``
+    and by what is left of the wait."""
+    window = min(max_backoff, max_lock_poll, backoff * 2 ** (attempt_number - 1))
+    delay = rng.uniform(0, window)
+    if result.retry_after:
+        delay = min(delay, result.retry_after)
+    return max(min(delay, remaining), 0.0)
+
+
+def not_acquired(resource: str, wait: float, last: AcquireAttempt) -> LockNotAcquired:
+    holder = f" by {last.lock.owner!r}" if last.lock else ""
+    return LockNotAcquired(
+        resource, f"lock {resource!r} stayed held{holder} for {wait:g} s", last.lock
+    )
+
+
+def renewal_retry_interval(renew_every: float, max_backoff: float) -> float:
+    """After a renew that failed transiently: try again sooner than usual."""
+    return min(renew_every, max_backoff) / 2
