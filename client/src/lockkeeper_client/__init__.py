@@ -22,6 +22,8 @@ Where each part lives:
 - ``decisions.py``: every decision without I/O (status → outcome, retries,
   backoff), shared by both;
 - ``grants.py``: what the server answers (``LockGrant``, ``AcquireAttempt``);
+- ``guard.py``: ``guard(conn, lock)``, the fence check inside the caller's own
+  database transaction (when its data lives in the lock database);
 - ``errors.py``: one exception per thing the caller can do about a failure.
 """
 
@@ -34,6 +36,8 @@ from lockkeeper_client.errors import (
     AccessDenied,
     AuthenticationFailed,
     FenceRejected,
+    GuardOutsideTransaction,
+    GuardRefused,
     InvalidRequest,
     LockClientError,
     LockFrozen,
@@ -45,6 +49,7 @@ from lockkeeper_client.errors import (
     UnexpectedResponse,
 )
 from lockkeeper_client.grants import AcquireAttempt, LockGrant, default_owner
+from lockkeeper_client.guard import guard
 
 __all__ = [
     "API_PREFIX",
@@ -55,6 +60,8 @@ __all__ = [
     "AsyncLockClient",
     "AuthenticationFailed",
     "FenceRejected",
+    "GuardOutsideTransaction",
+    "GuardRefused",
     "HeldLock",
     "InvalidRequest",
     "LockClient",
@@ -68,4 +75,5 @@ __all__ = [
     "ServiceUnavailable",
     "UnexpectedResponse",
     "default_owner",
+    "guard",
 ]

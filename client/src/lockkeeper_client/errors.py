@@ -128,3 +128,27 @@ class ServiceUnavailable(LockClientError):
 class UnexpectedResponse(LockClientError):
     """An answer outside the API contract (a 500, or a body that is not the JSON
     the contract promises)."""
+
+
+class GuardRefused(LockLost):
+    """``guard`` refused the write: the grant of ``fence`` is not valid any more,
+    by the database's clock. ``reason`` is ``"lost"`` (it ended: released,
+    force-released, taken over, claimed), ``"expired"`` (its ttl passed) or
+    ``"never held"`` (no grant of that fence on that resource is on record);
+    ``sqlstate`` is the database's (LK001, LK002, LK003). Roll the transaction
+    back: nothing it wrote may commit.
+    """
+
+    def __init__(
+        self, resource: str, message: str, reason: str, fence: int, sqlstate: str
+    ) -> None:
+        super().__init__(resource, message)
+        self.reason = reason
+        self.fence = fence
+        self.sqlstate = sqlstate
+
+
+class GuardOutsideTransaction(LockClientError):
+    """``guard`` was called on a connection in autocommit: the row lock would end
+    with the call and guard nothing. Open a transaction first (SQLSTATE LK004 when
+    the database says so)."""
