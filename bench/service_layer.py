@@ -8,6 +8,7 @@ is timed.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
@@ -45,6 +46,33 @@ def _service_cycle(url: str, instance: Path):
     return cycle
 
 
+def _token_cycle(url: str, instance: Path):
+    """The service cycle as an API token with the default lock quota makes it,
+    every worker on the same token: what checking the token where each grant
+    commits, and counting its quota exactly, cost a token many workers share."""
+    _service_cycle(url, instance)  # the app, its context pushed
+    from flask import current_app
+
+    from app.auth.service import AuthError, create_token
+    from app.locks.service import lock_service
+
+    with contextlib.suppress(AuthError):  # another worker made it first
+        create_token(BENCH_TOKEN)
+    service = lock_service()
+    quota = int(current_app.config["LOCKKEEPER_MAX_LOCKS_PER_TOKEN"]) or None
+
+    def cycle(resource: str, owner: str) -> bool:
+        mine = {"token": BENCH_TOKEN, "max_locks": quota}
+        granted = service.acquire(resource, owner, ttl=30, **mine).acquired
+        service.release(resource, owner, token=BENCH_TOKEN)
+        return granted
+
+    return cycle
+
+
+BENCH_TOKEN = "bench-shared"
+
+
 def _driver_cycle(url: str, _instance: Path):
     from bench.driver_sql import connect, driver_for
 
@@ -57,7 +85,11 @@ def _driver_cycle(url: str, _instance: Path):
     return cycle
 
 
-_CYCLES = {"service": _service_cycle, "driver": _driver_cycle}
+_CYCLES = {
+    "service": _service_cycle,
+    "driver": _driver_cycle,
+    "token": _token_cycle,
+}
 
 
 def _worker(kind, url, instance, index, duration, barrier, results) -> None:
@@ -125,10 +157,24 @@ def bench_service_layer(
                 kind: partial(
                     run_cycles, kind, database.url, instance, workers, duration
                 )
-                for kind in ("service", "driver")
+                for kind in ("service", "driver", "token")
             }
             samples = alternate(sides, rounds)
             suffix = "" if workers == 1 else f"_{workers}w"
+            token = compare(
+                f"token_vs_service_{backend}{suffix}",
+                samples,
+                "token",
+                "service",
+                "cycles/s",
+                workers=workers,
+                backend=backend,
+            )
+            log(
+                f"{token.name}: one shared API token {token.value:.0f} vs no token "
+                f"{token.baseline:.0f} cycles/s -> {token.ratio:.2f}x"
+            )
+            comparisons.append(token)
             result = compare(
                 f"service_vs_driver_{backend}{suffix}",
                 samples,
