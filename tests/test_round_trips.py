@@ -33,20 +33,22 @@ EXPECTED = {
     # evaluates UTC_TIMESTAMP(6) when a statement starts, before it waits for the
     # row lock); a grant's fence comes in that same statement.
     "mariadb": {
-        # locking read, clock (+ the quota count) + nextval, insert, event
-        "acquire new": (4, 1),
-        # locking read, clock (+ the quota count) + nextval, update, event
-        "acquire free row": (4, 1),
+        # locking read, the token's row lock (a new tenure: the quota's count
+        # must follow it), clock + the quota count + nextval, insert, event
+        "acquire new": (5, 1),
+        # the same, with an update
+        "acquire free row": (5, 1),
         "reacquire": (4, 1),  # locking read, clock, update, event
         "refused acquire": (2, 1),  # locking read, clock
         "renew": (4, 1),
         "release": (4, 1),
     },
     "sqlite": {
-        # BEGIN IMMEDIATE, read, quota count (no clock read to ride on), counter,
-        # insert, event
-        "acquire new": (6, 1),
-        "acquire free row": (5, 1),  # the quota count rides on the read
+        # BEGIN IMMEDIATE, read, quota count (no clock read to ride on), the
+        # token's row, counter, insert, event
+        "acquire new": (7, 1),
+        # the quota count rides on the read; the token's row
+        "acquire free row": (6, 1),
         "reacquire": (4, 1),
         "refused acquire": (2, 1),
         "renew": (4, 1),

@@ -10,7 +10,7 @@ import math
 
 from flask import Response, g, jsonify, request
 
-from app.api.blueprint import bp
+from app.api.blueprint import bearer_token, bp
 from app.api.problems import validation_problem
 from app.api.schemas import (
     SLASH_MESSAGE,
@@ -19,6 +19,7 @@ from app.api.schemas import (
     lock_to_json,
 )
 from app.api.shapes import body, query, seconds
+from app.auth.service import verify_token
 from app.errors import problem
 from app.locks.errors import InvalidInput
 from app.locks.queue import client_still_there
@@ -28,6 +29,7 @@ from app.locks.service import lock_service
 @bp.post("/locks/<resource>")
 def acquire_lock(resource: str):
     fields = body()
+    credential = bearer_token()
     result = lock_service().acquire(
         resource,
         fields["owner"],
@@ -37,6 +39,8 @@ def acquire_lock(resource: str):
         still_wanted=client_still_there(request.environ),
         token=g.token.name,
         max_locks=g.token.max_locks,
+        # Asked again while the acquire waits in line (the token cache's bound).
+        token_live=lambda: verify_token(credential) is not None,
     )
     if result.acquired:
         return jsonify(acquired=True, lock=lock_to_json(result.lock))

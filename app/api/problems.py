@@ -21,6 +21,7 @@ from app.locks.errors import (
     QuotaExceeded,
     ResourceFrozen,
     ServiceBusy,
+    TokenEnded,
     WaitersFull,
 )
 
@@ -36,6 +37,7 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
     ResourceFrozen: (423, "Resource frozen"),
     NotFrozen: (404, "Not frozen"),
     QuotaExceeded: (429, "Lock quota reached"),
+    TokenEnded: (401, "Unauthorized"),
     ServiceBusy: (503, "Service busy"),
     WaitersFull: (503, "Too many waiting acquires"),
 }
@@ -64,6 +66,10 @@ def lock_problem(exc: LockError) -> Response:
     response = problem(status, title, str(exc), **extra)
     if status == 503:
         response.headers["Retry-After"] = "1"
+    if isinstance(exc, TokenEnded):
+        from app.api.blueprint import AUTHENTICATE
+
+        response.headers["WWW-Authenticate"] = AUTHENTICATE
     if isinstance(exc, QuotaExceeded):
         response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return response

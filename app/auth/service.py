@@ -247,6 +247,11 @@ def revoke_token(name: str) -> None:
     token.revoked_at = _now()
     db.session.commit()
     token_cache().forget(name)
+    # Its waiting acquires lose their places now (a grant would refuse the token
+    # anyway); after the commit, so no grant waits on both rows at once.
+    from app.locks.service import lock_service
+
+    lock_service().queue.remove_token(name)
 
 
 def create_user(username: str, password: str, role: str) -> User:

@@ -140,3 +140,14 @@ class WaitersFull(LockError):
         super().__init__(
             f"this server already has {limit} acquires waiting; poll instead"
         )
+
+
+class TokenEnded(LockError):
+    """The API token was revoked or expired before the grant could commit (while
+    its acquire waited in line, or in another worker that still cached it)."""
+
+    def __init__(self, token: str | None):
+        self.token = token
+        super().__init__(
+            f"the API token {token!r} was revoked or has expired; no lock was granted"
+        )

@@ -56,7 +56,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from app.database import UTCDateTime
-from app.locks.errors import WaitersFull
+from app.locks.errors import TokenEnded, WaitersFull
 from app.locks.models import DistributedLock, LockWaiter
 from app.locks.results import AcquireResult
 
@@ -547,6 +547,30 @@ class WaitQueue:
         if not self._notifies:
             self._ring(resource)
 
+    def remove_token(self, token: str) -> list[str]:
+        """Take every place in line of ``token`` (revoked) out; returns the
+        resources whose lines changed, whose next waiters are woken. The
+        requests themselves find the token ended at their next look."""
+
+        def work(conn):
+            found = conn.scalars(
+                select(waiters.c.resource).where(waiters.c.token == token).distinct()
+            ).all()
+            if found:
+                conn.execute(delete(waiters).where(waiters.c.token == token))
+                if self._notifies:
+                    for resource in found:
+                        conn.execute(
+                            self._notify, {"channel": CHANNEL, "resource": resource}
+                        )
+            return found
+
+        resources = self.service.run_transaction(work)
+        if not self._notifies:
+            for resource in resources:
+                self._ring(resource)
+        return resources
+
     def line(self, resource: str) -> list[Waiter]:
         """Who waits for ``resource``, first in line first."""
         now = self.service.now()
@@ -603,18 +627,24 @@ class WaitQueue:
     def wait(
         self,
         attempt: Callable[[int | None], AcquireResult],
+        *,
         resource: str,
         owner: str,
         token: str | None,
-        wait: float,
+        seconds: float,
         still_wanted: Callable[[], bool],
+        token_live: Callable[[], bool],
     ) -> AcquireResult:
-        """Wait in line up to ``wait`` seconds; ``attempt(waiter_id)`` is the
-        service's acquire for one place in line.
+        """Wait in line up to ``seconds``; ``attempt(waiter_id)`` is the service's
+        acquire for one place in line. ``token_live()`` is asked before every
+        attempt and at every look at the client (``CLIENT_CHECK_INTERVAL``): a
+        token that ended leaves the line at once.
 
         :raise WaitersFull: this worker already has ``max_waiters`` requests
             waiting.
+        :raise TokenEnded: the token was revoked or expired while in line.
         """
+        wait = seconds
         if self._slots is None or not self._slots.acquire(blocking=False):
             raise WaitersFull(self.max_waiters)
         started = time.monotonic()
@@ -629,12 +659,12 @@ class WaitQueue:
                 result = None
                 try:
                     result = self._wait_in_line(
-                        attempt,
+                        _checked(attempt, token, token_live),
                         resource,
                         waiter_id,
                         woken,
                         started + wait,
-                        still_wanted,
+                        _checked(still_wanted, token, token_live),
                         listener,
                     )
                 finally:
@@ -722,6 +752,17 @@ def stop_background(url: str | None = None) -> None:
     for queue in list(_running):
         if url is None or queue.serves(url):
             queue.stop()
+
+
+def _checked(step: Callable, token: str | None, token_live: Callable[[], bool]):
+    """``step`` run only while ``token_live()``; else ``TokenEnded``."""
+
+    def run(*args):
+        if not token_live():
+            raise TokenEnded(token)
+        return step(*args)
+
+    return run
 
 
 def _with_remaining(refusal: AcquireResult, remaining: float) -> AcquireResult:

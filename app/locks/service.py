@@ -42,6 +42,7 @@ from app.locks.errors import (
     NotOwner,
     QuotaExceeded,
     ResourceFrozen,
+    TokenEnded,
 )
 from app.locks.instrumentation import NO_METRICS, NoMetrics
 from app.locks.models import NO_TOKEN
@@ -251,6 +252,7 @@ class LockService:
         still_wanted: Callable[[], bool] | None = None,
         token: str | None = None,
         max_locks: int | None = None,
+        token_live: Callable[[], bool] | None = None,
     ) -> AcquireResult:
         """Take ``resource`` for (``token``, ``owner``) if it is free, stale, or
         already theirs, and no one waits in line before us.
@@ -261,10 +263,14 @@ class LockService:
         ``max_locks``: the token's quota of live locks; a new grant beyond it
         raises ``QuotaExceeded`` (a re-acquire never does). ``token`` None: the
         caller has no token (tests, tools): it holds only locks with none recorded.
+        ``token_live()``: whether the token is still live, asked again before every
+        attempt in line and while waiting; the grant itself also refuses a token
+        revoked or expired by then (``TokenEnded``), whatever this says.
 
         :raise WaitersFull: ``wait`` > 0 and this worker's waiting room is full.
         :raise ResourceFrozen: a freeze covers it and this would be a new grant
             (a same-owner re-acquire of a valid lock goes on).
+        :raise TokenEnded: the token was revoked or expired before the grant.
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
         ttl = self._ttl(ttl)
@@ -275,15 +281,17 @@ class LockService:
             self.metrics.acquire_refused()
             raise
         if not result.acquired and wait:
+            # The line's identity is the token (the actor may be a session's).
             result = self.queue.wait(
                 lambda waiter: self._attempt(
                     resource, owner, ttl, actor, waiter, **quota
                 ),
-                resource,
-                owner,
-                actor,
-                wait,
-                still_wanted or (lambda: True),
+                resource=resource,
+                owner=owner,
+                token=token,
+                seconds=wait,
+                still_wanted=still_wanted or (lambda: True),
+                token_live=token_live or (lambda: True),
             )
         if result.acquired:
             self.metrics.acquired(result.action)
@@ -313,6 +321,8 @@ class LockService:
             queued = getattr(row, "waiters", 0) or 0
             if held_by_another(row, owner, token, outcome.now):
                 return AcquireResult(False, self._lock(row, outcome.now), None, queued)
+            if outcome.token_ended:
+                raise TokenEnded(token)
             if outcome.freeze is not None:
                 self.metrics.acquire_refused()
                 raise ResourceFrozen(resource, Freeze.from_row(outcome.freeze))

@@ -26,11 +26,17 @@ Both take ``now`` = None to read the database's clock once the row lock is held
 (see ``TransactionalStatements``, and for PostgreSQL migration 0007), or a datetime
 (SQLite's host clock, read after ``BEGIN IMMEDIATE``; tests' fake clock).
 
-The holder of a lock is the pair (token, owner): see ``holds``. An acquire that is a
-new grant (not a re-acquire) is also refused when the token's quota of live locks is
-full; that count is part of the same statement (PostgreSQL), of the clock read that
-follows the row lock (MariaDB) or of the locking read (SQLite), never a round trip
-of its own on re-acquire or renew.
+The holder of a lock is the pair (token, owner): see ``holds``. An acquire that
+would start a new tenure (a first acquire, the grant of a free row, a take-over;
+not a re-acquire) first locks its API token's row, in the same function
+(PostgreSQL, migration 0008) or transaction: it is refused when the token was
+revoked or has expired by the deciding clock (``token_ended``), and when the
+token's quota of live locks is full. Under a quota that lock is exclusive, so one
+token's new grants count one after another and the quota is exact under parallel
+requests; without one it is shared. The count is part of the same statement
+(PostgreSQL), of the clock read that follows the token's row lock (MariaDB) or of
+the locking read (SQLite, one writer at a time), never a round trip of its own on
+re-acquire or renew.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.sql import column, table
 from sqlalchemy.types import Integer, String
 
 from app.database import UTCDateTime
@@ -76,6 +83,16 @@ events = LockEvent.__table__
 freezes = LockFreeze.__table__
 fence_counter = FenceCounter.__table__
 waiters = LockWaiter.__table__
+# The API tokens, as far as a grant reads them (the lock core does not import
+# ``app.auth``): a grant locks its token's row and refuses a revoked or expired
+# token there, in its own transaction. A token name with no row is a caller's
+# own label (tests, tools): nothing to check.
+api_tokens = table(
+    "api_tokens",
+    column("name", String()),
+    column("revoked_at", UTCDateTime()),
+    column("expires_at", UTCDateTime()),
+)
 
 
 def queue_columns(resource, now, waiter=None):
@@ -129,6 +146,8 @@ class Outcome:
     # A grant refused because a freeze covers the resource: that freeze's row.
     freeze: Any = None
     over_quota: bool = False
+    # A new grant refused because its API token was revoked or has expired.
+    token_ended: bool = False
 
 
 def token_or_none(token: str | None) -> str | None:
@@ -138,10 +157,11 @@ def token_or_none(token: str | None) -> str | None:
 
 # --- PostgreSQL: one statement per hot operation ---------------------------------
 
-# The statements live in the database as functions (migration 0007, where their
-# SQL and its reasoning are): PostgreSQL plans each once per connection, with or
-# without a pooler that cannot carry prepared statements. ``now`` NULL: the
-# server's clock, read after the row lock; a datetime: a test's fake clock.
+# The statements live in the database as functions (migrations 0007 and 0008,
+# where their SQL and its reasoning are): PostgreSQL plans each once per
+# connection, with or without a pooler that cannot carry prepared statements.
+# ``now`` NULL: the server's clock, read after the row lock; a datetime: a
+# test's fake clock.
 _PG_ACQUIRE = DriverSQL(
     "SELECT * FROM lockkeeper_acquire(:resource, :owner, :token, :ttl, :actor,"
     " :max_locks, :waiter, :now)"
@@ -194,7 +214,15 @@ class PostgresStatements:
         over_quota = bool(getattr(row, "over_quota", False))
         # A refused acquire always answers one row; fence NULL: there is no row.
         holder = row if row.fence is not None else None
-        return Outcome(False, None, holder, row.now, freeze, over_quota)
+        return Outcome(
+            False,
+            None,
+            holder,
+            row.now,
+            freeze,
+            over_quota,
+            bool(getattr(row, "token_ended", False)),
+        )
 
     def acquire(
         self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
@@ -299,8 +327,19 @@ class TransactionalStatements:
                 self._lock_row[on_server, counting] = (
                     select(locks, *columns).where(by_resource).with_for_update()
                 )
-        # SQLite with no row to ride on: the count alone.
+        # SQLite with no row to ride on, and a grant after its token's row lock
+        # elsewhere: the count alone.
         self._live_count = select(_live_locks(given_now).label("live"))
+        token_row = select(api_tokens.c.revoked_at, api_tokens.c.expires_at).where(
+            api_tokens.c.name == bindparam("token")
+        )
+        # Keyed by "a quota applies": then one new grant of the token at a time
+        # (its count must see the grant before it); otherwise a shared lock, which
+        # only a revocation waits for.
+        self._token_rows = {
+            True: token_row.with_for_update(),
+            False: token_row.with_for_update(read=True),
+        }
         self._next_fence_statement = (
             select(fence_sequence.next_value())
             if self.uses_sequence
@@ -567,6 +606,10 @@ class TransactionalStatements:
         self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
     ) -> Outcome:
         counting = bool(max_locks) and token is not None
+        checks_token = token is not None and token != NO_TOKEN
+        # SQLite has one writer at a time: its count rides on the locking read.
+        # Elsewhere the count follows the token's row lock, so two parallel new
+        # grants of one token cannot both count the same free place.
         count_on_read = counting and not self.uses_sequence
         row = self.lock_row(
             conn,
@@ -577,6 +620,7 @@ class TransactionalStatements:
             max_locks=max_locks if count_on_read else None,
         )
         held = row is not None and row.owner is not None
+        token_row, token_locked = None, False
         if row is not None and row.ahead:
             # Others are in line first: only a re-acquire of our valid lock goes on.
             now = self.clock_after_lock(conn, now).now
@@ -584,14 +628,21 @@ class TransactionalStatements:
                 return Outcome(False, None, row, now)
             fence, frozen, over_quota = None, False, False
         else:
+            # A free row (or none) granted is a new tenure: lock the token's row
+            # before the clock read, so the quota count rides on that read. A
+            # held row locks it only once it turns out expired (below).
+            if not held and checks_token and self.uses_sequence:
+                token_row = self._token_row(conn, token, exclusive=counting)
+                token_locked = True
+            count_now = count_on_read or (token_locked and counting)
             now, fence, frozen, over_quota = self.clock_after_lock(
                 conn,
                 now,
                 fence=True,
                 fence_unless_valid_until=row.expires_at if held else None,
                 unless_frozen=resource,
-                quota_token=token if counting else None,
-                max_locks=max_locks if counting else None,
+                quota_token=token if count_now else None,
+                max_locks=max_locks if count_now else None,
                 live=row.live if count_on_read and row is not None else None,
             )
         if not held:
@@ -602,11 +653,25 @@ class TransactionalStatements:
             action, fence = Action.REACQUIRED, row.fence
         else:
             return Outcome(False, None, row, now)
+        holder = row if held else None
+        if action is not Action.REACQUIRED and checks_token:
+            # A new tenure: the token must be live where the grant commits.
+            if not token_locked:
+                token_row = self._token_row(conn, token, exclusive=counting)
+                if counting and not count_on_read:
+                    # A take-over: counted now, after the token's row lock.
+                    live = self._scalar(
+                        conn,
+                        self._live_count,
+                        {"now": now, "quota_token": token, "max_locks": max_locks},
+                    )
+                    over_quota = over_quota or live >= max_locks
+            if token_ended(token_row, now):
+                return Outcome(False, None, holder, now, token_ended=True)
         if action is not Action.REACQUIRED and frozen:
             return Outcome(False, None, row, now, self.freeze_of(conn, resource, now))
         if action is not Action.REACQUIRED and over_quota:
             # Only a new grant counts against the quota; nothing is written.
-            holder = row if held else None
             return Outcome(False, None, holder, now, over_quota=True)
         outcome = self._grant(
             conn, row, resource, owner, token, fence, now, ttl, action, actor
@@ -614,6 +679,13 @@ class TransactionalStatements:
         if waiter is not None:
             self._dequeue(conn, waiter)
         return outcome
+
+    def _token_row(self, conn, token: str, *, exclusive: bool) -> Row | None:
+        """The token's row (revoked_at, expires_at), locked until commit: for
+        update under a quota (one new grant of the token at a time), else shared
+        (only a revocation waits); a revocation that committed first is seen,
+        one that comes later waits for this grant. None: no such token."""
+        return self._row(conn, self._token_rows[exclusive], {"token": token})
 
     def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
         row = self.lock_row(conn, resource, now)
@@ -753,6 +825,14 @@ class TransactionalStatements:
         return candidates
 
 
+def token_ended(found, now: datetime) -> bool:
+    """A token row (``_token_row``) that was revoked, or has expired by ``now``."""
+    return found is not None and (
+        found.revoked_at is not None
+        or (found.expires_at is not None and found.expires_at <= now)
+    )
+
+
 def _live_locks(now_column):
     """How many live locks the token ``:quota_token`` holds, counted no further
     than ``:max_locks`` (an index range on (token, expires_at), bounded)."""
@@ -855,6 +935,7 @@ _SQLITE_FREE = (
     "WHERE id = :id"
 )
 _SQLITE_DEQUEUE = "DELETE FROM lock_waiters WHERE id = :id"
+_SQLITE_TOKEN_ROW = "SELECT revoked_at, expires_at FROM api_tokens WHERE name = :token"
 _SQLITE_INSERT_EVENT = """INSERT INTO lock_events
     (resource, action, owner, previous_owner, token, fence, acquired_at,
      expires_at, actor, reason, occurred_at)
@@ -945,6 +1026,10 @@ class SQLiteStatements(DriverWrites, TransactionalStatements):
 
     def freeze_of(self, conn, resource, now):
         return conn.one(self._sqlite_freeze_row, {"resource": resource, "now": now})
+
+    def _token_row(self, conn, token, *, exclusive):
+        # BEGIN IMMEDIATE already made this the only writer.
+        return conn.one(_SQLITE_TOKEN_ROW, {"token": token})
 
 
 class MariaDBStatements(DriverWrites, TransactionalStatements):
