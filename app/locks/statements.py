@@ -29,7 +29,7 @@ Both take ``now`` = None to read the database's clock once the row lock is held
 The holder of a lock is the pair (token, owner): see ``holds``. An acquire that
 would start a new tenure (a first acquire, the grant of a free row, a take-over;
 not a re-acquire) first locks its API token's row, in the same function
-(PostgreSQL, migration 0008) or transaction: it is refused when the token was
+(PostgreSQL, migration 0009) or transaction: it is refused when the token was
 revoked or has expired by the deciding clock (``token_ended``), and when the
 token's quota of live locks is full. Under a quota that lock is exclusive, so one
 token's new grants count one after another and the quota is exact under parallel
@@ -157,7 +157,7 @@ def token_or_none(token: str | None) -> str | None:
 
 # --- PostgreSQL: one statement per hot operation ---------------------------------
 
-# The statements live in the database as functions (migrations 0007 and 0008,
+# The statements live in the database as functions (migrations 0007 and 0009,
 # where their SQL and its reasoning are): PostgreSQL plans each once per
 # connection, with or without a pooler that cannot carry prepared statements.
 # ``now`` NULL: the server's clock, read after the row lock; a datetime: a

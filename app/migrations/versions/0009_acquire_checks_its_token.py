@@ -12,8 +12,8 @@ holder lock nothing more than before.
 The answer gains a column, so the function is dropped and created again
 (``CREATE OR REPLACE`` cannot change a function's result type).
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-01
 """
 
@@ -21,8 +21,8 @@ import importlib
 
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
