@@ -3,6 +3,7 @@ virtual environment, with nothing of the server, usable from a worker project.""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -102,6 +103,23 @@ def test_the_installed_client_takes_a_lock_from_a_project_with_its_own_app_packa
         cwd=project,
     )
     assert int(result.stdout.strip()) >= 1  # granted a fence
+    # A cron host with only the client has the exec command too.
+    env = {
+        "PATH": os.environ["PATH"],
+        "LOCKKEEPER_URL": live_server.url,
+        "LOCKKEEPER_TOKEN": live_server.token,
+    }
+    ran = _run(
+        str(client_venv / "bin" / "lockkeeper-exec"),
+        "job:packaged",
+        "--",
+        "sh",
+        "-c",
+        'test -n "$LOCKKEEPER_FENCE" && test -z "$LOCKKEEPER_TOKEN" && echo ran',
+        cwd=project,
+        env=env,
+    )
+    assert ran.stdout.strip() == "ran"
     with (
         LockClient(live_server.url, live_server.token) as observer,
         pytest.raises(LockMissing),

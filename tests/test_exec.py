@@ -20,6 +20,8 @@ from lockkeeper_client import LockClient, LockMissing
 from tests.live_server import LiveServer, serve
 
 LOCKKEEPER = str(Path(sys.executable).with_name("lockkeeper"))
+# The client distribution's own console script: the same command.
+LOCKKEEPER_EXEC = str(Path(sys.executable).with_name("lockkeeper-exec"))
 
 
 def child(code: str) -> list[str]:
@@ -112,22 +114,22 @@ def lock_client(live_server):
 
 
 def test_command_runs_holding_the_lock_with_fence_in_env_and_exits_0(
-    run_exec, lock_client, tmp_path, untouched
+    run_exec, lock_client, live_server, tmp_path, untouched
 ):
     # The child asks the server who holds the lock while it runs.
     result = run_exec(
         "report:nightly",
         "--",
         *child("""
-            import os, pathlib
+            import os, pathlib, sys
             from lockkeeper_client import LockClient
-            client = LockClient(os.environ["LOCKKEEPER_URL"],
-                                os.environ["LOCKKEEPER_TOKEN"])
+            client = LockClient(os.environ["LOCKKEEPER_URL"], sys.argv[1])
             lock = client.get(os.environ["LOCKKEEPER_RESOURCE"])
             assert lock.owner == os.environ["LOCKKEEPER_OWNER"], lock
             assert lock.fence == int(os.environ["LOCKKEEPER_FENCE"]), lock
             pathlib.Path("seen").write_text(f"{lock.resource} {lock.fence}")
         """),
+        live_server.token,
     )
     assert result.returncode == 0, result.stderr
     resource, fence = (tmp_path / "seen").read_text().split()
@@ -440,3 +442,93 @@ def test_ctrl_c_at_a_terminal_reaches_the_command_once(exec_env, tmp_path):
         os.close(terminal)
     assert (tmp_path / "sigints").read_text() == "1"
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_command_never_gets_the_api_token(run_exec, exec_env):
+    """With the token and LOCKKEEPER_OWNER a command could act as the holder, or
+    use the token for anything else it may do."""
+    assert exec_env["LOCKKEEPER_TOKEN"]
+    result = run_exec(
+        "job:secret",
+        "--",
+        *child("""
+            import os, sys
+            leaked = [k for k, v in os.environ.items()
+                      if k == "LOCKKEEPER_TOKEN" or v == sys.argv[1]]
+            sys.exit(3 if leaked else 0)
+        """),
+        exec_env["LOCKKEEPER_TOKEN"],
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_token_file_gives_the_token_without_the_command_line(
+    run_exec, exec_env, tmp_path
+):
+    token_file = tmp_path / "token"
+    token_file.write_text(exec_env.pop("LOCKKEEPER_TOKEN") + "\n")
+    token_file.chmod(0o600)
+    result = run_exec("--token-file", str(token_file), "job:42", "--", "true")
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" not in result.stderr
+
+
+def test_token_on_the_command_line_works_with_a_warning_about_ps(run_exec, exec_env):
+    token = exec_env.pop("LOCKKEEPER_TOKEN")
+    result = run_exec("--token", token, "job:42", "--", "true")
+    assert result.returncode == 0, result.stderr
+    assert "process list" in result.stderr
+
+
+def test_no_token_at_all_is_a_usage_error_naming_the_safe_ways(run_exec, exec_env):
+    del exec_env["LOCKKEEPER_TOKEN"]
+    result = run_exec("job:42", "--", "true")
+    assert result.returncode == 2
+    assert "LOCKKEEPER_TOKEN" in result.stderr
+    assert "--token-file" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("job:42", "--", "sh", "-c", "exit 9"), 9),
+        (("job:42", "--", "no-such-command-here"), 127),
+        (("--token", "lk_wrong", "job:42", "--", "true"), 77),
+    ],
+)
+def test_lockkeeper_exec_of_the_client_distribution_is_the_same_command(
+    exec_env, tmp_path, lock_client, args, expected
+):
+    """A cron host installs only the client: its console script takes the same
+    options and answers the same exit codes as ``lockkeeper exec``."""
+    results = [
+        subprocess.run(
+            [*prefix, *args],
+            env=exec_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        for prefix in ([LOCKKEEPER, "exec"], [LOCKKEEPER_EXEC])
+    ]
+    assert [result.returncode for result in results] == [expected, expected], [
+        result.stderr for result in results
+    ]
+    with pytest.raises(LockMissing):
+        lock_client.get("job:42")
+
+
+def test_lockkeeper_exec_with_a_held_lock_past_wait_exits_75(
+    exec_env, tmp_path, lock_client
+):
+    lock_client.acquire("job:42", "someone-else", ttl=30)
+    result = subprocess.run(
+        [LOCKKEEPER_EXEC, "job:42", "--wait", "0", "--", "true"],
+        env=exec_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 75, result.stderr
