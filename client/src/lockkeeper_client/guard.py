@@ -130,7 +130,9 @@ def _outside(resource: str) -> GuardOutsideTransaction:
     )
 
 
-def _raise_refusal(error: Any, raised: BaseException, resource: str, fence: int):
+def _raise_refusal(
+    error: Any, raised: BaseException, resource: str, fence: int
+) -> None:
     """Raise the client's exception for the guard's own failures; return for any
     other error (the caller re-raises it as it is)."""
     state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
@@ -152,8 +154,8 @@ def _message(error: Any) -> str:
     diag = getattr(error, "diag", None)  # psycopg: the primary message alone
     primary = getattr(diag, "message_primary", None)
     if primary:
-        return primary
-    args = getattr(error, "args", ())
+        return str(primary)
+    args: tuple[Any, ...] = tuple(getattr(error, "args", ()))
     if len(args) >= 2 and isinstance(args[1], str):  # PyMySQL: (errno, message)
         return args[1]
     return str(error)
