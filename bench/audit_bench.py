@@ -35,7 +35,10 @@ PG_ADMIN_URL = os.environ.get(
 KINDS = ("job", "report", "build", "sync", "mail", "backup", "index", "cache")
 OWNERS = 500
 PASSWORD = "bench-password-1"
-BASE = datetime(2026, 11, 1, tzinfo=UTC)
+# Two events per 100 ms: the history runs from BASE to about now, so the last hour
+# (the overview's charts) holds its share of it, as on a live system.
+EVENT_SPACING = timedelta(milliseconds=50)
+BASE = datetime.now(UTC).replace(microsecond=0) - EVENT_SPACING * 1_000_000
 
 
 # -- data -----------------------------------------------------------------------
@@ -45,7 +48,9 @@ def resource_name(n: int) -> str:
     return f"{KINDS[n % len(KINDS)]}:{n}"
 
 
-def generate_events(locks: int, events: int, holder: dict, seed: int = 7):
+def generate_events(
+    locks: int, events: int, holder: dict, seed: int = 7, base: datetime = BASE
+):
     """Event tuples in time order (ties included), streamed: never all in memory.
 
     Each resource walks a small state machine, so the history is one a real service
@@ -57,7 +62,7 @@ def generate_events(locks: int, events: int, holder: dict, seed: int = 7):
     for i in range(events):
         r = rng.randrange(locks)
         # Two events per 100 ms tick: ties in occurred_at are common.
-        at = BASE + timedelta(milliseconds=100 * (i // 2))
+        at = base + timedelta(milliseconds=100 * (i // 2))
         owner = f"worker-{rng.randrange(OWNERS)}"
         actor, reason, previous = f"token-{rng.randrange(20)}", None, None
         current = holder.get(r)
@@ -117,7 +122,9 @@ def load(url: str, n_locks: int, n_events: int) -> None:
     from sqlalchemy import create_engine, text
 
     holder: dict = {}
-    events = generate_events(n_locks, n_events, holder)
+    # The newest event is about now, whatever the number of events.
+    base = datetime.now(UTC).replace(microsecond=0) - EVENT_SPACING * n_events
+    events = generate_events(n_locks, n_events, holder, base=base)
     # Lock rows use fences above every event's; the counter starts above both.
     next_fence = n_events + n_locks + 1
 
@@ -174,10 +181,18 @@ def load(url: str, n_locks: int, n_events: int) -> None:
             raw.close()
     with engine.connect() as conn:
         counted = conn.execute(text("SELECT count(*) FROM lock_events")).scalar()
+        size = ""
+        if engine.dialect.name == "postgresql":
+            # What one audit row costs on disk, indexes included (the figure for
+            # deciding whether every renewal should stay a row).
+            total = conn.execute(
+                text("SELECT pg_total_relation_size('lock_events')")
+            ).scalar()
+            size = f", {total / counted:.0f} bytes per event with its indexes"
     engine.dispose()
     print(
         f"  loaded {n_locks} locks, {counted} events in "
-        f"{time.perf_counter() - started:.1f} s",
+        f"{time.perf_counter() - started:.1f} s{size}",
         flush=True,
     )
 
@@ -339,6 +354,7 @@ def bench(
     runs: int,
     show_plans: bool,
     exports: bool = True,
+    only: list[str] | None = None,
 ):
     from app.auth.service import create_user
     from app.factory import upgrade_schema
@@ -357,6 +373,9 @@ def bench(
         client = app.test_client()
         login = client.post("/login", data={"username": "bench", "password": PASSWORD})
         assert login.status_code in (302, 303), login.status_code
+        stamp = datetime.now(UTC)
+        now = stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+        hour_ago = (stamp - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
         first = client.get("/audit?limit=50")
         from bs4 import BeautifulSoup
 
@@ -372,9 +391,16 @@ def bench(
             "audit, by prefix (1 in 8 events)": "/audit?prefix=job:",
             "audit, by prefix (rare: job:4242*)": "/audit?prefix=job:4242",
             "audit, by resource": "/audit?resource=report:4242",
-            "audit, one hour": (
-                "/audit?since=2026-11-01T06:00:00Z&until=2026-11-01T07:00:00Z"
-            ),
+            "audit, one hour": f"/audit?since={hour_ago}&until={now}",
+            "activity /activity": "/activity",
+            "overview, stale tab": "/?state=stale",
+            "overview, prefix job:1": "/?prefix=job:1",
+            "overview, by owner": "/?group=owner",
+            "overview, by host": "/?group=host",
+            "freezes /freezes": "/freezes",
+        }
+        pages = {
+            k: v for k, v in pages.items() if not only or any(o in k for o in only)
         }
         for label, url in pages.items():
             median, p95, status = timed(client, url, runs)
@@ -416,6 +442,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--explain", action="store_true")
     parser.add_argument("--no-export", action="store_true", help="pages only")
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="time only the pages whose label contains this (repeatable)",
+    )
     parser.add_argument("--export-child", nargs=3, metavar=("URL", "INSTANCE", "QUERY"))
     args = parser.parse_args()
     if args.export_child:
@@ -430,6 +461,7 @@ def main() -> None:
             args.runs,
             args.explain,
             exports=not args.no_export,
+            only=args.only,
         )
 
 

@@ -1,16 +1,18 @@
-"""The last hour's charts: states per minute and events per minute, from events."""
+"""The last hour's charts: states per minute and events per minute, counted by
+the database from the events and lock rows (each test on every backend)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from app.dashboard import charts
-from app.locks.results import Event, Lock
-from app.locks.state import Action, LockState
+from app.extensions import db
+from app.locks.models import DistributedLock, LockEvent
 from tests.dashboard_helpers import poller_version, soup
 
 NOW = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
-_ids = iter(range(1, 100_000))
 
 
 def minutes_ago(minutes: float) -> datetime:
@@ -19,33 +21,42 @@ def minutes_ago(minutes: float) -> datetime:
 
 def event(action, minutes, resource="job:1", owner="w", ttl_minutes=10.0, prev=None):
     at = minutes_ago(minutes)
-    return Event(
-        id=next(_ids),
+    return LockEvent(
         resource=resource,
-        action=Action(action),
+        action=action,
         owner=owner,
         previous_owner=prev,
         fence=1,
         acquired_at=at,
         expires_at=at + timedelta(minutes=ttl_minutes) if owner else at,
-        actor=None,
-        reason=None,
         occurred_at=at,
     )
 
 
 def row(resource, owner, acquired_minutes, expires_minutes):
-    expires = minutes_ago(expires_minutes)
-    remaining = (expires - NOW).total_seconds()
-    return Lock(
+    return DistributedLock(
         resource=resource,
         owner=owner,
         fence=1,
         acquired_at=minutes_ago(acquired_minutes),
-        expires_at=expires,
-        ttl_remaining=max(remaining, 0),
-        state=LockState.STALE if remaining <= 0 else LockState.HELD,
+        expires_at=minutes_ago(expires_minutes),
     )
+
+
+@pytest.fixture
+def stored(app, backend):
+    """Stores events (in order: ids follow) and lock rows, then answers the
+    samples as the overview's chart counts them."""
+
+    def store(events=(), rows=(), within=15):
+        with app.app_context():
+            for item in [*events, *rows]:
+                db.session.add(item)
+                db.session.flush()
+            db.session.commit()
+            return charts.samples(NOW, within)
+
+    return store
 
 
 def at_minute(samples, minutes):
@@ -53,10 +64,10 @@ def at_minute(samples, minutes):
     return (sample.held, sample.expiring, sample.stale)
 
 
-def test_a_lock_that_runs_out_goes_held_expiring_stale():
-    events = [event("acquired", 30, ttl_minutes=10)]
-    current = [row("job:1", "w", 30, 20)]
-    sampled = charts.samples(events, current, NOW, expiring_within=120)
+def test_a_lock_that_runs_out_goes_held_expiring_stale(stored):
+    sampled = stored(
+        [event("acquired", 30, ttl_minutes=10)], [row("job:1", "w", 30, 20)], 120
+    )
     assert len(sampled) == 61
     assert at_minute(sampled, 40) == (0, 0, 0)  # before the acquire: free
     assert at_minute(sampled, 30) == (1, 0, 0)
@@ -65,59 +76,78 @@ def test_a_lock_that_runs_out_goes_held_expiring_stale():
     assert at_minute(sampled, 0) == (0, 0, 1)
 
 
-def test_renewals_and_a_release_within_the_hour():
-    events = [
-        event("renewed", 50, ttl_minutes=5),  # held since before the hour
-        event("renewed", 46, ttl_minutes=5),
-        event("released", 44),
-    ]
-    sampled = charts.samples(events, [], NOW, expiring_within=15)
+def test_renewals_and_a_release_within_the_hour(stored):
+    sampled = stored(
+        [
+            event("renewed", 50, ttl_minutes=5),  # held since before the hour
+            event("renewed", 46, ttl_minutes=5),
+            event("released", 44),
+        ]
+    )
     assert at_minute(sampled, 60) == (1, 0, 0)
     assert at_minute(sampled, 45) == (1, 0, 0)
     assert at_minute(sampled, 44) == (0, 0, 0)
 
 
-def test_a_take_over_was_stale_before_it():
-    events = [event("took_over", 10, owner="w2", prev="w1")]
-    sampled = charts.samples(events, [], NOW, expiring_within=15)
+def test_a_take_over_was_stale_before_it(stored):
+    sampled = stored([event("took_over", 10, owner="w2", prev="w1")])
     assert at_minute(sampled, 60) == (0, 0, 1)
     assert at_minute(sampled, 10) == (1, 0, 0)
 
 
-def test_the_charts_and_the_tenures_agree_on_a_stale_lock_ended_later():
+def test_the_charts_and_the_tenures_agree_on_a_stale_lock_ended_later(stored):
     """A lock that ran out and was force-released later: its tenure ended
     ("expired") at its expiry, so the chart counts it stale, not held, between."""
-    from app.audit.tenures import derive
-
-    events = [
-        event("acquired", 40, ttl_minutes=5),
-        event("force_released", 20, prev="w"),
-    ]
-    [tenure] = derive(events, NOW)
-    assert (tenure.held_until, tenure.ended_by) == (minutes_ago(35), "expired")
-    sampled = charts.samples(events, [], NOW, expiring_within=0)
+    sampled = stored(
+        [
+            event("acquired", 40, ttl_minutes=5),
+            event("force_released", 20, prev="w"),
+        ],
+        within=0,
+    )
     assert at_minute(sampled, 36) == (1, 0, 0)
     assert at_minute(sampled, 30) == (0, 0, 1)
     assert at_minute(sampled, 20) == (0, 0, 0)
 
 
-def test_a_lock_untouched_all_hour_counts_from_its_row():
-    current = [row("job:long", "w", 180, -120), row("job:dead", "w", 300, 200)]
-    sampled = charts.samples([], current, NOW, expiring_within=15)
+def test_a_lock_untouched_all_hour_counts_from_its_row(stored):
+    rows = [row("job:long", "w", 180, -120), row("job:dead", "w", 300, 200)]
+    rows.append(row("job:free", None, 300, 200))  # a released row counts as nothing
+    sampled = stored(rows=rows)
     assert {at_minute(sampled, m) for m in range(61)} == {(1, 0, 1)}
 
 
-def test_events_per_minute_and_the_drawing():
-    events = [event("acquired", 5.5, resource=f"job:{n}") for n in range(3)]
-    events.append(event("acquired", 0.5, resource="job:x"))
-    events.append(event("acquired", 61, resource="job:old"))  # outside the window
-    minutes = charts.per_minute(events, NOW)
+def test_a_row_that_changed_in_the_hour_counts_from_its_events_not_its_row(stored):
+    events = [event("acquired", 30, resource="job:2", ttl_minutes=60)]
+    sampled = stored(events, [row("job:2", "w", 30, -30)])
+    assert at_minute(sampled, 31) == (0, 0, 0)
+    assert at_minute(sampled, 0) == (1, 0, 0)
+
+
+def test_expiries_on_the_minute_count_as_the_python_rule_does(stored):
+    """Held while more than ``within`` is left, expiring up to the expiry
+    itself, stale from the expiry on: boundaries fall on sample moments."""
+    sampled = stored(rows=[row("job:3", "w", 90, 10)], within=300)
+    assert at_minute(sampled, 16) == (1, 0, 0)
+    assert at_minute(sampled, 15) == (0, 1, 0)  # exactly 5 min left
+    assert at_minute(sampled, 11) == (0, 1, 0)
+    assert at_minute(sampled, 10) == (0, 0, 1)  # expires now
+
+
+def test_events_per_minute_and_the_drawing(app, backend):
+    with app.app_context():
+        for n in range(3):
+            db.session.add(event("acquired", 5.5, resource=f"job:{n}"))
+        db.session.add(event("acquired", 0.5, resource="job:x"))
+        db.session.add(event("acquired", 61, resource="job:old"))  # outside
+        db.session.commit()
+        minutes = charts.per_minute(NOW)
+        drawn = charts.build(NOW, 15)
     assert len(minutes) == 60
     assert dict(minutes)[minutes_ago(6)] == 3
     assert dict(minutes)[minutes_ago(1)] == 1
     assert sum(count for _, count in minutes) == 4
 
-    drawn = charts.build(events, [], NOW, 15)
     assert drawn.total_events == 4
     assert [bar[4] for bar in drawn.events.bars] == [
         "3 events at 09:54Z",

@@ -142,24 +142,6 @@ def newest_event_id(resource: str | None = None) -> int:
         return conn.execute(query).scalar() or 0
 
 
-def events_between(
-    since: datetime, until: datetime, *, limit: int = 20_000
-) -> tuple[list[Event], bool]:
-    """Events in ``[since, until)``, oldest first, at most ``limit`` of them (the
-    newest); the flag says whether older ones were left out."""
-    query = (
-        select(events)
-        .where(events.c.occurred_at >= since, events.c.occurred_at < until)
-        .order_by(events.c.id.desc())
-        .limit(limit + 1)
-    )
-    with db.engine.connect() as conn:
-        rows = conn.execute(query).all()
-    found = [Event.from_row(row) for row in rows[:limit]]
-    found.reverse()
-    return found, len(rows) > limit
-
-
 def iter_events(
     filters: EventFilter | None = None, *, batch: int = 1000
 ) -> Iterator[Event]:

@@ -1,27 +1,17 @@
 """The last hour in two small charts: locks held / expiring / stale, minute by
-minute, and audit events per minute. Both are derived from the audit events (and
-the current lock rows, for locks that did not change in the hour); a pure
-function of its inputs, like ``timeline.py``, drawn as SVG by
+minute, and audit events per minute. The database counts (``app.audit.activity``,
+bucketed ``GROUP BY`` queries); this module only turns the counts into SVG
+geometry, a pure function like ``timeline.py``, drawn by
 ``templates/dashboard/_activity.html``.
-
-Each event says what a resource looked like after it (owner and expiry, or
-free). Before a resource's first event of the hour its state is inferred from
-that event: a renewal or release means it was validly held (counted as held), a
-take-over or a claim with a previous owner means it was stale, a first acquire
-means it was free. A resource without events in the hour kept its current row
-all hour.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from app.audit import tenures
+from app.audit import activity as counts_of
 from app.dashboard.timeline import ticks
-from app.locks.results import Event, Lock
-from app.locks.state import Action
 
 WINDOW = timedelta(hours=1)
 STEP = timedelta(minutes=1)
@@ -31,16 +21,7 @@ LEFT = 36
 RIGHT = 12
 TOP = 12
 BOTTOM = 24
-STATES = ("held", "expiring", "stale")
-
-# The actions as the tenure rules sort them (``app.audit.tenures``): after a
-# grant or an extension the event names the holder and its expiry.
-HOLDING = {*tenures.GRANTS, *tenures.EXTENSIONS}
-# Before one of these, the resource was validly held (expiry unknown).
-VALID_BEFORE = {*tenures.EXTENSIONS, *tenures.ENDINGS, Action.FORCE_CLAIMED}
-# Holders whose expiry is unknown (before the first event of the hour).
-VALID_UNKNOWN = object()
-STALE_UNKNOWN = object()
+STATES = counts_of.STATES
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +56,6 @@ class Activity:
     per_minute: list[tuple[datetime, int]]
     states: Chart
     events: Chart
-    truncated: bool = False
 
     @property
     def now(self) -> Sample:
@@ -86,82 +66,22 @@ class Activity:
         return sum(count for _, count in self.per_minute)
 
 
-def _state_before(first: Event) -> tuple[object, datetime | None]:
-    if first.action in VALID_BEFORE:
-        return VALID_UNKNOWN, None
-    if first.previous_owner is not None:  # took_over, or claimed a stale lock
-        return STALE_UNKNOWN, None
-    return None, None
+def window(now: datetime) -> counts_of.Window:
+    return counts_of.Window(end=now, step=STEP, slots=int(WINDOW / STEP))
 
 
-def _classify(
-    holder: object, expires_at: datetime | None, at: datetime, within: float
-) -> str | None:
-    if holder is None:
-        return None
-    if holder is VALID_UNKNOWN:
-        return "held"
-    if holder is STALE_UNKNOWN or expires_at is None:
-        return "stale"
-    left = (expires_at - at).total_seconds()
-    if left <= 0:
-        return "stale"
-    return "expiring" if left <= within else "held"
+def samples(now: datetime, expiring_within: float) -> list[Sample]:
+    """How many locks were held / expiring / stale at each minute of the last
+    hour up to ``now``, as the database counts them."""
+    span = window(now)
+    counted = counts_of.states(span, expiring_within)
+    return [Sample(at, **c) for at, c in zip(span.moments, counted, strict=True)]
 
 
-def samples(
-    events: Sequence[Event],
-    current: Sequence[Lock],
-    now: datetime,
-    expiring_within: float,
-    window: timedelta = WINDOW,
-) -> list[Sample]:
-    """How many locks were held / expiring / stale at each minute of ``window``
-    up to ``now`` (``events`` oldest first)."""
-    start = now - window
-    moments = [start + STEP * i for i in range(int(window / STEP) + 1)]
-    by_resource: dict[str, list[Event]] = {}
-    for event in events:
-        by_resource.setdefault(event.resource, []).append(event)
-    counts = [dict.fromkeys(STATES, 0) for _ in moments]
-
-    def add(changes: list[tuple[datetime, object, datetime | None]]) -> None:
-        index = 0
-        for slot, moment in enumerate(moments):
-            while index + 1 < len(changes) and changes[index + 1][0] <= moment:
-                index += 1
-            _, holder, expires = changes[index]
-            state = _classify(holder, expires, moment, expiring_within)
-            if state:
-                counts[slot][state] += 1
-
-    for resource_events in by_resource.values():
-        before = _state_before(resource_events[0])
-        changes: list[tuple[datetime, object, datetime | None]] = [(start, *before)]
-        for event in resource_events:
-            if event.action in HOLDING:
-                changes.append((event.occurred_at, event.owner, event.expires_at))
-            elif event.action in tenures.ENDINGS:
-                changes.append((event.occurred_at, None, None))
-        add(changes)
-    for lock in current:
-        if lock.resource not in by_resource:
-            add([(start, lock.owner, lock.expires_at)])
-    return [Sample(at, **count) for at, count in zip(moments, counts, strict=True)]
-
-
-def per_minute(
-    events: Sequence[Event], now: datetime, window: timedelta = WINDOW
-) -> list[tuple[datetime, int]]:
-    """Events in each minute of ``window`` ending at ``now``, oldest first."""
-    start = now - window
-    slots = int(window / STEP)
-    counts = [0] * slots
-    for event in events:
-        slot = int((event.occurred_at - start) / STEP)
-        if 0 <= slot < slots:
-            counts[slot] += 1
-    return [(start + STEP * i, counts[i]) for i in range(slots)]
+def per_minute(now: datetime) -> list[tuple[datetime, int]]:
+    """Events in each minute of the last hour ending at ``now``, oldest first."""
+    span = window(now)
+    return list(zip(span.moments, counts_of.per_bucket(span), strict=False))
 
 
 def _nice_max(value: int) -> int:
@@ -183,16 +103,10 @@ def _frame(start: datetime, end: datetime, y_max: int) -> Chart:
     return chart
 
 
-def build(
-    events: Sequence[Event],
-    current: Sequence[Lock],
-    now: datetime,
-    expiring_within: float,
-    truncated: bool = False,
-) -> Activity:
+def build(now: datetime, expiring_within: float) -> Activity:
     start = now - WINDOW
-    sampled = samples(events, current, now, expiring_within)
-    minutes = per_minute(events, now)
+    sampled = samples(now, expiring_within)
+    minutes = per_minute(now)
     span = WINDOW.total_seconds()
 
     states = _frame(
@@ -234,5 +148,4 @@ def build(
         per_minute=minutes,
         states=states,
         events=counts,
-        truncated=truncated,
     )

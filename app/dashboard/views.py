@@ -16,7 +16,6 @@ from flask_login import current_user
 
 from app.audit.service import (
     EventFilter,
-    events_between,
     list_events,
     newest_event_id,
 )
@@ -244,15 +243,8 @@ def activity_context(live: bool, version: str | None = None) -> dict[str, Any]:
     now = service.now()
     if version is None:
         version = shown_version(newest_event_id(), now.replace(second=0, microsecond=0))
-    found, truncated = events_between(now - charts.WINDOW, now)
     return {
-        "activity": charts.build(
-            found,
-            service.current_grants(),
-            now,
-            service.settings.expiring_within,
-            truncated,
-        ),
+        "activity": charts.build(now, service.settings.expiring_within),
         "activity_live": live,
         "activity_version": version,
         "activity_poll_seconds": ACTIVITY_POLL_SECONDS,
