@@ -220,3 +220,53 @@ def test_export_with_bad_filters_is_a_400_not_a_partial_file(viewer, history):
 def test_export_needs_a_login(fake_app):
     response = fake_app.test_client().get("/audit/export.csv")
     assert response.status_code == 302
+
+
+@pytest.fixture
+def renewed(service, clock):
+    service.acquire("job:9", "w-9", ttl=60, actor="tok-a")
+    for _ in range(3):
+        clock.advance(5)
+        service.renew("job:9", "w-9", ttl=60, actor="tok-a")
+    service.release("job:9", "w-9", actor="tok-a")
+    return service
+
+
+def actions_of(response) -> list[str]:
+    return [tr.select("td")[2].get_text() for tr in rows(response)]
+
+
+def test_audit_shows_ownership_changes_with_renewals_folded_by_default(viewer, renewed):
+    response = viewer.get("/audit")
+    assert actions_of(response) == [
+        "released",
+        "acquired · renewed 3×, last 09:00:15Z",
+    ]
+    every = soup(response).select_one("#audit-results .rows-shown a")["href"]
+    assert actions_of(viewer.get(every)) == [
+        "released",
+        "renewed",
+        "renewed",
+        "renewed",
+        "acquired",
+    ]
+
+
+def test_audit_action_filter_takes_several_actions_and_a_not(viewer, renewed):
+    both = viewer.get("/audit?action=acquired&action=released")
+    assert actions_of(both) == ["released", "acquired"]
+    but_renewals = viewer.get("/audit?action=renewed&except=1")
+    assert [a.split(" ·")[0] for a in actions_of(but_renewals)] == [
+        "released",
+        "acquired",
+    ]
+    only = viewer.get("/audit?action=renewed")
+    assert actions_of(only) == ["renewed"] * 3
+    assert viewer.get("/audit?action=renewed&action=nope").status_code == 400
+
+
+def test_audit_export_keeps_every_row_unless_actions_are_chosen(viewer, renewed):
+    every = viewer.get("/audit/export.jsonl").get_data(as_text=True).splitlines()
+    assert len(every) == 5
+    chosen = viewer.get("/audit/export.jsonl?action=renewed&except=1")
+    assert len(chosen.get_data(as_text=True).splitlines()) == 2

@@ -536,6 +536,12 @@ def test_lock_page_shows_row_history_and_timeline(operator, service, clock):
     actions = [
         row.select("td")[1].get_text() for row in page.select("#history tbody tr")
     ]
+    # Renewals are folded into the grant they extend.
+    assert actions == ["took over · renewed 1×, last 09:00:11Z", "acquired"]
+    every = soup(operator.get(page.select_one("#history .rows-shown a")["href"]))
+    actions = [
+        row.select("td")[1].get_text() for row in every.select("#history tbody tr")
+    ]
     assert actions == ["renewed", "took over", "acquired"]
     svg = page.select_one("svg.timeline")
     assert svg["role"] == "img"
@@ -550,7 +556,7 @@ def test_lock_page_history_pages_newest_first_without_gaps(operator, service, cl
         clock.advance(1)
         service.renew("job:1", "w", ttl=100)
     seen = []
-    url = "/locks/job:1"
+    url = "/locks/job:1?rows=all"
     while url:
         page = soup(operator.get(url, headers={**HTMX, "HX-Target": "div#lock-live"}))
         assert page.body is None
@@ -563,6 +569,21 @@ def test_lock_page_history_pages_newest_first_without_gaps(operator, service, cl
     assert len(seen) == 45
     assert seen == sorted(seen, reverse=True)
     assert len(set(seen)) == 45
+
+
+def test_a_lock_renewed_200_times_shows_its_acquire_on_page_one(
+    operator, service, clock
+):
+    service.acquire("job:1", "w", ttl=100)
+    for _ in range(200):
+        clock.advance(1)
+        service.renew("job:1", "w", ttl=100)
+    page = soup(operator.get("/locks/job:1"))
+    [row] = page.select("#history tbody tr")
+    assert row.select("td")[1].get_text() == "acquired · renewed 200×, last 09:03:20Z"
+    audit = soup(operator.get("/audit?resource=job:1"))
+    [row] = audit.select("#audit-results tbody tr")
+    assert "acquired · renewed 200×" in row.get_text()
 
 
 def test_lock_page_of_free_resource_offers_a_claim(operator):

@@ -88,7 +88,7 @@ def test_unchanged_lock_page_poll_is_204_until_the_lock_changes(
         row.select("td")[1].get_text()
         for row in soup(changed).select("#history tbody tr")
     ]
-    assert actions[0] == "renewed"
+    assert actions[0].startswith("acquired · renewed 1×")
 
     version = shown_version(soup(changed))
     clock.advance(121)  # runs out: stale, no event
@@ -233,3 +233,35 @@ def test_an_idle_overview_costs_ten_times_fewer_bytes_a_minute(
     )
     assert before >= 10 * after
     assert before >= 4 * changing
+
+
+def test_a_search_counts_what_it_shows_and_a_quiet_search_polls_204(
+    operator, service, clock
+):
+    for n in range(3):
+        service.acquire(f"batch:{n}", "batch-07:1:aa", ttl=600)
+    for n in range(5):
+        service.acquire(f"job:{n}", "web-1:2:bb", ttl=5)
+    clock.advance(10)  # the job: locks go stale
+    page = soup(operator.get("/?prefix=batch:"))
+    shown_rows = page.select("#locks-table tbody tr[id]")
+    assert len(shown_rows) == 3
+    counts = {
+        s: int(page.select_one(f"#count-{s} .count").get_text())
+        for s in ("held", "expiring", "stale")
+    }
+    assert counts == {"held": 3, "expiring": 0, "stale": 0}
+    assert page.select_one("#tab-all .tab-count").get_text() == "(3)"
+    assert "of 8 locks in all" in page.select_one("#counts-scope").get_text()
+
+    version = shown_version(page)
+    poll_url = page.select_one(".poller")["hx-get"]
+    # Elsewhere things change: a release, a new grant, a lock going stale.
+    service.force_release("job:0", actor="olga", reason="gone")
+    service.acquire("job:9", "web-1:3:cc", ttl=1)
+    clock.advance(2)
+    assert poll(operator, poll_url, "live", version).status_code == 204
+    service.release("batch:1", "batch-07:1:aa")
+    changed = poll(operator, poll_url, "live", version)
+    assert changed.status_code == 200
+    assert soup(changed).select_one("#count-held .count").get_text() == "2"

@@ -46,6 +46,10 @@ class EventFilter:
     prefix: str | None = None
     owner: str | None = None
     action: str | None = None
+    # Several actions: events with one of them, or with none of them when
+    # ``except_actions`` (the dashboard's "everything but renewals").
+    actions: tuple[str, ...] = ()
+    except_actions: bool = False
     actor: str | None = None
     since: datetime | None = None
     until: datetime | None = None
@@ -63,10 +67,12 @@ class EventFilter:
                 or validation.has_control_characters(value)
             ):
                 errors.append((field, "must be at most 255 printable characters"))
-        if self.action is not None and self.action not in set(Action):
-            errors.append(
-                ("action", "must be one of " + ", ".join(a.value for a in Action))
-            )
+        for action in (self.action, *self.actions):
+            if action is not None and action not in set(Action):
+                errors.append(
+                    ("action", "must be one of " + ", ".join(a.value for a in Action))
+                )
+                break
         for field in ("since", "until"):
             value = getattr(self, field)
             if value is not None and value.tzinfo is None:
@@ -88,6 +94,13 @@ class EventFilter:
             query = query.where(events.c.owner == self.owner)
         if self.action is not None:
             query = query.where(events.c.action == self.action)
+        if self.actions:
+            chosen = [str(a) for a in self.actions]
+            query = query.where(
+                events.c.action.not_in(chosen)
+                if self.except_actions
+                else events.c.action.in_(chosen)
+            )
         if self.actor is not None:
             query = query.where(events.c.actor == self.actor)
         if self.since is not None:
@@ -234,6 +247,46 @@ def tenures(page: Iterable[Event]) -> Tenures:
         if found.end_id is not None:
             ended[found.end_id] = found
     return Tenures(started, ended)
+
+
+# -- renewals folded into their tenure ------------------------------------------
+
+# The actions a history hides by default: they extend a tenure, they change no
+# ownership. Each grant then says how often it was extended, and when last.
+FOLDED = tuple(a.value for a in EXTENSIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class Renewals:
+    count: int
+    last_at: datetime
+
+
+def renewals(page: Iterable[Event]) -> dict[int, Renewals]:
+    """For each grant on ``page`` (by id): its tenure's renewals and
+    same-holder re-acquires (events of its resource and fence after it), how
+    many and the newest. One grouped query per page, each grant a range of the
+    (resource, id) index."""
+    grant_ids = [e.id for e in page if e.action in GRANTS]
+    if not grant_ids:
+        return {}
+    grant = events.alias("grant_event")
+    later = events.alias("extension")
+    query = (
+        select(grant.c.id, func.count(later.c.id), func.max(later.c.occurred_at))
+        .join(
+            later,
+            (later.c.resource == grant.c.resource)
+            & (later.c.id > grant.c.id)
+            & (later.c.fence == grant.c.fence)
+            & later.c.action.in_(FOLDED),
+        )
+        .where(grant.c.id.in_(grant_ids))
+        .group_by(grant.c.id)
+    )
+    with db.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return {row[0]: Renewals(row[1], row[2]) for row in rows}
 
 
 # -- retention -------------------------------------------------------------------

@@ -16,9 +16,11 @@ from flask import Blueprint, Response, request, stream_with_context, url_for
 
 from app.audit.export import ExportFormat, chunks
 from app.audit.service import (
+    FOLDED,
     EventFilter,
     iter_events,
     list_events,
+    renewals,
     tenures,
 )
 from app.auth.views import login_required
@@ -30,7 +32,10 @@ from app.timestamps import MissingOffset, human_duration, parse_rfc3339
 
 bp = Blueprint("audit", __name__)
 
-FILTER_FIELDS = ("resource", "prefix", "owner", "action", "actor", "since", "until")
+FILTER_FIELDS = ("resource", "prefix", "owner", "actor", "since", "until")
+# ``?rows=all``: every event, renewals included; by default a history shows the
+# ownership changes, each grant with its renewals counted (``renewals``).
+EVERY_ROW = "all"
 
 
 def held_for(value: timedelta) -> str:
@@ -56,20 +61,51 @@ def _form_instant(text: str) -> datetime:
         return parse_rfc3339(text + "Z")
 
 
-def _shown(args) -> dict[str, str]:
-    """The filters as typed, to show back in the form; empty ones left out."""
-    raw = {field: args.get(field, "").strip() for field in FILTER_FIELDS}
-    return {field: text for field, text in raw.items() if text}
+def _shown(args) -> dict[str, Any]:
+    """The filters as typed, to show back in the form; empty ones left out.
+    ``action`` repeats (a list), ``except`` inverts it, ``rows=all`` shows
+    every row."""
+    raw: dict[str, Any] = {
+        field: args.get(field, "").strip() for field in FILTER_FIELDS
+    }
+    raw["action"] = [a.strip() for a in args.getlist("action") if a.strip()]
+    if raw["action"] and args.get("except") == "1":
+        raw["except"] = "1"
+    if args.get("rows") == EVERY_ROW:
+        raw["rows"] = EVERY_ROW
+    return {field: value for field, value in raw.items() if value}
 
 
-def _parse_query(args) -> tuple[EventFilter, int, str | None]:
-    """The filters, page size and cursor.
+def folds_renewals(shown: dict[str, Any]) -> bool:
+    """Renewals are hidden (and counted on their grant) unless the reader asked
+    for every row or chose actions."""
+    return "action" not in shown and shown.get("rows") != EVERY_ROW
+
+
+def action_filter(shown: dict[str, Any]) -> dict[str, Any]:
+    if folds_renewals(shown):
+        return {"actions": FOLDED, "except_actions": True}
+    return {
+        "actions": tuple(shown.get("action", ())),
+        "except_actions": shown.get("except") == "1",
+    }
+
+
+def _parse_query(args, fold: bool = True) -> tuple[EventFilter, int, str | None]:
+    """The filters, page size and cursor; ``fold=False`` (exports): every row
+    unless actions were chosen.
 
     :raise InvalidInput: naming every bad field; nothing is queried.
     """
     errors: list[tuple[str, str]] = []
     values: dict[str, Any] = {}
-    for field, text in _shown(args).items():
+    shown = _shown(args)
+    if not fold:
+        shown.setdefault("rows", EVERY_ROW)
+    values.update(action_filter(shown))
+    for field, text in shown.items():
+        if field in ("action", "except", "rows"):
+            continue
         if field in ("since", "until"):
             try:
                 values[field] = _form_instant(text)
@@ -101,6 +137,7 @@ def audit():
     shown = _shown(request.args)
     page = None
     found = None
+    folded: dict = {}
     filters = EventFilter()
     limit: Any = DEFAULT_PAGE
     cursor = None
@@ -108,6 +145,8 @@ def audit():
         filters, limit, cursor = _parse_query(request.args)
         page = list_events(filters, limit=limit, cursor=cursor)
         found = tenures(page.items)
+        if folds_renewals(shown):
+            folded = renewals(page.items)
     except InvalidInput as exc:
         errors = exc.errors
     query = dict(shown)
@@ -119,6 +158,12 @@ def audit():
         status=400 if errors else 200,
         page=page,
         tenures=found,
+        renewals=folded,
+        folding=folds_renewals(shown),
+        every_row_url=url_for("audit.audit", **{**query, "rows": EVERY_ROW}),
+        changes_url=url_for(
+            "audit.audit", **{k: v for k, v in query.items() if k != "rows"}
+        ),
         filters=filters,
         shown=shown,
         errors=errors,
@@ -137,7 +182,7 @@ def audit():
 
 def _export(export_format: ExportFormat):
     try:
-        filters, _limit, _cursor = _parse_query(request.args)
+        filters, _limit, _cursor = _parse_query(request.args, fold=False)
     except InvalidInput as exc:
         message = "; ".join(f"{field}: {text}" for field, text in exc.errors)
         return Response(message + "\n", status=400, mimetype="text/plain")

@@ -15,9 +15,11 @@ from flask import Response, abort, make_response, request, session, url_for
 from flask_login import current_user
 
 from app.audit.service import (
+    FOLDED,
     EventFilter,
     list_events,
     newest_event_id,
+    renewals,
 )
 from app.auth.views import login_required, operator_required
 from app.dashboard import charts, timeline
@@ -117,20 +119,27 @@ def overview():
         return url(sort=f"-{key}" if sort == key else key, cursor=None)
 
     here = url(cursor=cursor)
-    # Read the version before the rows: a change in between makes the next poll
-    # fetch again, never miss.
-    counts = service.counts()
-    # Waiting writes no events: the lines' own version shows their changes.
-    version = shown_version(
-        newest_event_id(),
-        [counts[s] for s in LockState],
-        service.queue.version(),
-        here,
-        live,
-    )
-    unchanged = _unchanged(version)
-    if unchanged is not None:
-        return unchanged
+    # A search counts what it shows: its counters and tab counts are of the
+    # matching locks, and its version is of its own rows and counts, so a quiet
+    # search answers its polls 204 while locks elsewhere change.
+    searched = bool(prefix or owner)
+    everywhere = service.counts()
+    counts = everywhere
+    version = None
+    if not searched:
+        # Read the version before the rows: a change in between makes the next
+        # poll fetch again, never miss. Waiting writes no events: the lines'
+        # own version shows their changes.
+        version = shown_version(
+            newest_event_id(),
+            [counts[s] for s in LockState],
+            service.queue.version(),
+            here,
+            live,
+        )
+        unchanged = _unchanged(version)
+        if unchanged is not None:
+            return unchanged
 
     errors: list[tuple[str, str]] = []
     status = 200
@@ -138,6 +147,13 @@ def overview():
     try:
         if group is not None and group not in GROUPS:
             raise InvalidInput([("group", "must be owner or host")])
+        if searched:
+            matching = group_counts(service.owner_counts(prefix=prefix), "owner", owner)
+            counts = {
+                LockState.HELD: sum(g.held for g in matching),
+                LockState.EXPIRING: sum(g.expiring for g in matching),
+                LockState.STALE: sum(g.stale for g in matching),
+            }
         page = service.list_locks(
             state=state,
             prefix=prefix,
@@ -150,6 +166,22 @@ def overview():
             groups = group_counts(service.owner_counts(prefix=prefix), group, owner)
     except InvalidInput as exc:
         errors, status, page = exc.errors, 400, None
+    if version is None:
+        version = shown_version(
+            [counts[s] for s in LockState],
+            [
+                [lock.resource, lock.owner, lock.fence, lock.expires_at, lock.state]
+                + [lock.waiters]
+                for lock in (page.items if page else [])
+            ],
+            groups and [[g.name, g.held, g.expiring, g.stale] for g in groups],
+            errors,
+            here,
+            live,
+        )
+        unchanged = _unchanged(version)
+        if unchanged is not None:
+            return unchanged
 
     extra = {} if is_htmx() else activity_context(live)
     return render_page_or_fragment(
@@ -159,6 +191,8 @@ def overview():
         page=page,
         counts=counts,
         total=sum(counts.values()),
+        searched=searched,
+        total_everywhere=sum(everywhere.values()),
         errors=errors,
         state=state if state in TABS else "all",
         prefix=prefix or "",
@@ -274,12 +308,14 @@ def _current_lock(resource: str) -> Lock | None:
 def lock_page(resource: str):
     _checked_resource(resource)
     cursor = text_arg("cursor")
+    # Renewals folded into their grant unless ``?rows=all`` (as on /audit).
+    every_row = text_arg("rows") == "all"
     live = is_live()
     service = lock_service()
     page_url = _lock_url(resource)
 
     def url(**params: Any) -> str:
-        return url_with(page_url, **params)
+        return url_with(page_url, **{"rows": "all" if every_row else None, **params})
 
     newest = newest_event_id(resource)
     lock = _current_lock(resource)
@@ -289,17 +325,20 @@ def lock_page(resource: str):
         lock and [lock.fence, lock.owner, lock.expires_at, lock.state],
         [waiter.id for waiter in waiting],
         cursor,
+        every_row,
         live,
     )
     unchanged = _unchanged(version)
     if unchanged is not None:
         return unchanged
+    shown = EventFilter(resource=resource)
+    if not every_row:
+        shown = EventFilter(resource=resource, actions=FOLDED, except_actions=True)
     try:
-        history = list_events(
-            EventFilter(resource=resource), limit=HISTORY_PAGE_SIZE, cursor=cursor
-        )
+        history = list_events(shown, limit=HISTORY_PAGE_SIZE, cursor=cursor)
     except InvalidInput as exc:
         abort(400, description=str(exc))
+    folded = {} if every_row else renewals(history.items)
     now = service.now()
     recent = list_events(EventFilter(resource=resource), limit=TIMELINE_EVENTS).items
     return render_page_or_fragment(
@@ -309,6 +348,10 @@ def lock_page(resource: str):
         lock=lock,
         waiting=waiting,
         history=history,
+        renewals=folded,
+        every_row=every_row,
+        every_row_url=url(rows="all"),
+        changes_url=url(rows=None),
         here=url(cursor=cursor),
         poll_url=url(cursor=cursor, live="1" if live else "0"),
         switch_url=url(cursor=cursor, live="0" if live else "1"),
