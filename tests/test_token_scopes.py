@@ -221,3 +221,21 @@ def test_tokens_create_refuses_bad_options(make_app, args):
     result = runner.invoke(args=["tokens", "create", "bad", *args])
     assert result.exit_code != 0
     assert "lk_" not in result.output
+
+
+def test_a_scoped_token_lists_only_the_freezes_over_its_resources(api, fake_app):
+    from app.locks.service import lock_service
+
+    with fake_app.app_context():
+        for prefix, reason in [
+            ("billing:", "secret migration plan"),
+            ("job:nightly", "nightly jobs paused"),
+            ("job", "every job"),
+        ]:
+            lock_service().freeze(prefix, actor="olga", reason=reason)
+    scoped = api.with_token("jobs", prefixes=["job:"])
+    listed = scoped.get("/api/v1/freezes").get_json()["freezes"]
+    # Inside its scope, and over all of it; never another prefix's reason.
+    assert [f["prefix"] for f in listed] == ["job", "job:nightly"]
+    everyone = api.get("/api/v1/freezes").get_json()["freezes"]
+    assert [f["prefix"] for f in everyone] == ["billing:", "job", "job:nightly"]

@@ -78,9 +78,8 @@ def get_lock(resource: str):
 @bp.get("/freezes")
 def list_freezes():
     """The freezes in force: no new grants under their prefixes."""
-    return jsonify(
-        freezes=[freeze_to_json(freeze) for freeze in lock_service().list_freezes()]
-    )
+    found = lock_service().list_freezes(scope=g.token.prefixes)
+    return jsonify(freezes=[freeze_to_json(freeze) for freeze in found])
 
 
 @bp.patch("/locks/<resource>")

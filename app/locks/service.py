@@ -713,8 +713,11 @@ class LockService:
 
         return self.run_transaction(work)
 
-    def list_freezes(self) -> list[Freeze]:
-        """The freezes in force now, by prefix."""
+    def list_freezes(self, *, scope: tuple[str, ...] | None = None) -> list[Freeze]:
+        """The freezes in force now, by prefix; ``scope``: the asking token's
+        prefixes, and only the freezes that cover one of its resources (a freeze
+        inside the scope, or one over all of a scope prefix, which its acquires
+        would be refused with anyway)."""
         now = self.now()
         query = (
             select(freezes)
@@ -722,7 +725,17 @@ class LockService:
             .order_by(freezes.c.prefix)
         )
         with self._autocommit_engine.connect() as conn:
-            return [Freeze.from_row(row) for row in conn.execute(query)]
+            found = [Freeze.from_row(row) for row in conn.execute(query)]
+        if scope is None:
+            return found
+        return [
+            freeze
+            for freeze in found
+            if any(
+                freeze.prefix.startswith(mine) or mine.startswith(freeze.prefix)
+                for mine in scope
+            )
+        ]
 
     def freezes_over(self, resource: str) -> list[Freeze]:
         """The freezes in force now whose prefix ``resource`` starts with."""
