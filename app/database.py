@@ -20,6 +20,7 @@ the whole pool, and the service's one retry reconnects through the multi-host UR
 
 from __future__ import annotations
 
+import select
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator
 
@@ -109,6 +111,45 @@ def install_engine_events(engine: Engine) -> None:
         _install_postgresql_events(engine)
     elif engine.dialect.name == "sqlite":
         _install_sqlite_events(engine)
+    if engine.dialect.name != "sqlite":
+        event.listen(engine, "checkout", _discard_if_dead)
+
+
+def _socket_of(dbapi_connection) -> int | None:
+    """The file descriptor of a psycopg or PyMySQL connection's socket."""
+    pgconn = getattr(dbapi_connection, "pgconn", None)
+    if pgconn is not None:
+        return pgconn.socket if not dbapi_connection.closed else None
+    sock = getattr(dbapi_connection, "_sock", None)  # PyMySQL
+    return sock.fileno() if sock is not None else None
+
+
+def connection_is_dead(dbapi_connection) -> bool:
+    """True when an idle pooled connection was closed by the other end.
+
+    An idle connection has nothing to read: a readable socket means the server
+    or the pooler closed it (``pg_terminate_backend``, a restart, KILL on
+    MariaDB, PgBouncer going away) and left its goodbye or EOF behind. One
+    ``poll`` with no wait, about a microsecond, where ``pool_pre_ping`` would be
+    a round trip to the server on every checkout. A connection that went silent
+    without a goodbye (a host gone) is not seen; the service's one retry on a
+    fresh connection covers that.
+    """
+    try:
+        fd = _socket_of(dbapi_connection)
+    except (OSError, ValueError):
+        return True
+    if fd is None or fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
+def _discard_if_dead(dbapi_connection, _record, _proxy) -> None:
+    if connection_is_dead(dbapi_connection):
+        # The pool invalidates this one and hands out a fresh connection.
+        raise DisconnectionError("the server closed this pooled connection")
 
 
 def _install_postgresql_events(engine: Engine) -> None:

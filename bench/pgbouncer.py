@@ -58,14 +58,17 @@ class PgBouncer:
             "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.root / 'pgbouncer.log'}\n"
         )
-        command = [binary, str(config)]
+        self.command = [binary, str(config)]
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres")
             for path in self.root.iterdir():
                 shutil.chown(path, "postgres")
-            command = ["runuser", "-u", "postgres", "--", *command]
+            self.command = ["runuser", "-u", "postgres", "--", *self.command]
+        self._start()
+
+    def _start(self) -> None:
         self.process = subprocess.Popen(
-            command,
+            self.command,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             # A folder the postgres user owns, not the caller's (maybe closed to it).
@@ -98,7 +101,17 @@ class PgBouncer:
         url: URL = make_url(database_url).set(host="127.0.0.1", port=self.port)
         return url.render_as_string(hide_password=False)
 
+    def restart(self) -> None:
+        """Stop PgBouncer (every client connection drops) and start it again on
+        the same port."""
+        self._stop()
+        self._start()
+
     def close(self) -> None:
+        self._stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -108,4 +121,3 @@ class PgBouncer:
                 self.process.wait()
         if self.process.stderr is not None:
             self.process.stderr.close()
-        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,189 @@
+"""Connections the server or the pooler dropped: after ``pg_terminate_backend``
+of every backend of the app, or a PgBouncer restart, the next 100 requests all
+succeed. Each pool (the transaction one and the autocommit one of the hot path)
+finds its dead connections when it hands them out and replaces them, instead of
+letting a request find them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from app.config import normalize_database_url
+from app.database import autocommit
+from app.extensions import db
+from bench.pgbouncer import PgBouncer, find_pgbouncer
+from tests.conftest import ApiClient
+from tests.databases import SERVER_URLS, unavailable
+
+APP_NAME = "lk_reconnect_test"
+
+
+def fill_pools(app, connections: int = 4) -> None:
+    """Leave ``connections`` idle connections in each of the app's pools, as a
+    worker that served a burst has."""
+    with app.app_context():
+        for engine in (db.engine, autocommit(db.engine)):
+            held = [engine.connect() for _ in range(connections)]
+            for conn in held:
+                conn.execute(text("SELECT 1"))
+            for conn in held:
+                conn.close()
+
+
+def hundred_requests(api: ApiClient) -> list[tuple[int, str, int]]:
+    """100 requests across the API, the token check and /healthz; the ones that
+    did not answer as a healthy server would: (index, what, status)."""
+    failures = []
+    for n in range(25):
+        resource = f"reconnect:{n % 5}"
+        for what, response, expected in (
+            (
+                "acquire",
+                api.post(f"/api/v1/locks/{resource}", json={"owner": "w"}),
+                200,
+            ),
+            ("renew", api.patch(f"/api/v1/locks/{resource}", json={"owner": "w"}), 200),
+            (
+                "release",
+                api.delete(f"/api/v1/locks/{resource}", json={"owner": "w"}),
+                204,
+            ),
+            ("healthz", api.client.get("/healthz"), 200),
+        ):
+            if response.status_code != expected:
+                failures.append((len(failures), what, response.status_code))
+    return failures
+
+
+def terminate_backends(admin_url: str, application_name: str) -> int:
+    admin = create_engine(normalize_database_url(admin_url))
+    try:
+        with admin.connect() as conn:
+            ended = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE application_name = :name"
+                ),
+                {"name": application_name},
+            ).scalar()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                left = conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE application_name = :name"
+                    ),
+                    {"name": application_name},
+                ).scalar()
+                if not left:
+                    break
+                time.sleep(0.02)
+    finally:
+        admin.dispose()
+    return ended
+
+
+@pytest.fixture
+def pg_url(databases, tmp_path) -> str:
+    url = make_url(databases("postgresql").fresh(tmp_path))
+    return url.update_query_dict({"application_name": APP_NAME}).render_as_string(
+        hide_password=False
+    )
+
+
+def test_after_pg_terminate_backend_no_request_fails(make_app, pg_url):
+    app = make_app(LOCKKEEPER_DATABASE_URL=pg_url)
+    api = ApiClient(app)
+    assert api.post("/api/v1/locks/warm", json={"owner": "w"}).status_code == 200
+    fill_pools(app)
+
+    assert terminate_backends(pg_url.split("?")[0], APP_NAME) >= 8
+
+    assert hundred_requests(api) == []
+
+
+@pytest.fixture
+def bouncer():
+    if find_pgbouncer() is None:
+        unavailable("pgbouncer missing (apt-get install pgbouncer)")
+    try:
+        running = PgBouncer(SERVER_URLS["postgresql"])
+    except RuntimeError as exc:
+        unavailable(f"pgbouncer: {exc}")
+    yield running
+    running.close()
+
+
+@pytest.mark.slow
+def test_after_a_pgbouncer_restart_no_request_fails(
+    make_app, databases, tmp_path, bouncer
+):
+    url = bouncer.url_for(databases("postgresql").fresh(tmp_path))
+    app = make_app(LOCKKEEPER_DATABASE_URL=url, LOCKKEEPER_PGBOUNCER=True)
+    api = ApiClient(app)
+    assert api.post("/api/v1/locks/warm", json={"owner": "w"}).status_code == 200
+    fill_pools(app)
+
+    bouncer.restart()
+
+    assert hundred_requests(api) == []
+
+
+@pytest.mark.slow
+def test_after_pg_terminate_backend_behind_pgbouncer_no_request_fails(
+    make_app, databases, tmp_path, bouncer
+):
+    direct = databases("postgresql").fresh(tmp_path)
+    app = make_app(
+        LOCKKEEPER_DATABASE_URL=bouncer.url_for(direct), LOCKKEEPER_PGBOUNCER=True
+    )
+    api = ApiClient(app)
+    assert api.post("/api/v1/locks/warm", json={"owner": "w"}).status_code == 200
+    fill_pools(app)
+    # PgBouncer's own server connections carry no application_name of ours:
+    # end every backend of this database but the one asking.
+    admin = create_engine(normalize_database_url(SERVER_URLS["postgresql"]))
+    try:
+        with admin.connect() as conn:
+            ended = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": make_url(direct).database},
+            ).scalar()
+    finally:
+        admin.dispose()
+    assert ended >= 1
+
+    assert hundred_requests(api) == []
+
+
+def test_after_mariadb_kills_the_apps_connections_no_request_fails(
+    make_app, databases, tmp_path
+):
+    server = databases("mariadb")
+    url = server.fresh(tmp_path)
+    app = make_app(LOCKKEEPER_DATABASE_URL=url)
+    api = ApiClient(app)
+    assert api.post("/api/v1/locks/warm", json={"owner": "w"}).status_code == 200
+    fill_pools(app)
+    with server.admin.connect() as conn:
+        ids = conn.execute(
+            text(
+                "SELECT id FROM information_schema.processlist"
+                " WHERE db = :name AND id <> CONNECTION_ID()"
+            ),
+            {"name": server.name},
+        ).scalars()
+        ids = list(ids)
+        for connection_id in ids:
+            conn.execute(text(f"KILL CONNECTION {int(connection_id)}"))
+    server.engine.dispose()  # the test harness's own, killed too
+    assert len(ids) >= 8
+
+    assert hundred_requests(api) == []
