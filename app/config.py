@@ -26,6 +26,9 @@ DEFAULTS: dict[str, Any] = {
     # Waiting acquires one server worker holds at once (each holds a thread);
     # past it a waiting acquire is answered 503 and the client polls instead.
     "LOCKKEEPER_MAX_WAITERS": 16,
+    # How many of those places one API token may hold at once, so one token
+    # sending without pause cannot turn every other token's wait into a 503.
+    "LOCKKEEPER_MAX_WAITERS_PER_TOKEN": 8,
     # SQLite/MariaDB: how often a waiting acquire looks whether its turn has come
     # (PostgreSQL is woken by NOTIFY instead).
     "LOCKKEEPER_WAIT_POLL_INTERVAL": 0.05,
@@ -86,6 +89,7 @@ _PARSED = {
     "LOCKKEEPER_DEADLOCK_RETRIES": int,
     "LOCKKEEPER_MAX_WAIT": float,
     "LOCKKEEPER_MAX_WAITERS": int,
+    "LOCKKEEPER_MAX_WAITERS_PER_TOKEN": int,
     "LOCKKEEPER_WAIT_POLL_INTERVAL": float,
     "LOCKKEEPER_MAX_STREAMS": int,
     "LOCKKEEPER_STREAM_KEEPALIVE": float,
@@ -197,6 +201,8 @@ def _validate(config: Mapping[str, Any]) -> None:
         raise ConfigError("LOCKKEEPER_MAX_WAIT must be zero or more seconds")
     if int(config["LOCKKEEPER_MAX_WAITERS"]) < 0:
         raise ConfigError("LOCKKEEPER_MAX_WAITERS must be zero or more")
+    if int(config["LOCKKEEPER_MAX_WAITERS_PER_TOKEN"]) < 0:
+        raise ConfigError("LOCKKEEPER_MAX_WAITERS_PER_TOKEN must be zero or more")
     poll = config["LOCKKEEPER_WAIT_POLL_INTERVAL"]
     if not (math.isfinite(poll) and 0 < poll <= 5):
         raise ConfigError("LOCKKEEPER_WAIT_POLL_INTERVAL must be in (0, 5] seconds")

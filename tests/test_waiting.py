@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import httpx
@@ -216,6 +216,41 @@ def test_past_the_cap_a_waiting_acquire_gets_503(make_app):
         released = api.delete("/api/v1/locks/q:8", json={"owner": "holder"})
         assert released.status_code == 204
         assert first.result(timeout=30).status_code == 200
+
+
+def test_one_token_takes_no_more_than_its_share_of_the_waiting_places(make_app):
+    app = make_app(LOCKKEEPER_MAX_WAITERS=4, LOCKKEEPER_MAX_WAITERS_PER_TOKEN=2)
+    api = ApiClient(app)
+    greedy, other = api.with_token("greedy"), api.with_token("other")
+    assert api.post("/api/v1/locks/q:16", json={"owner": "holder"}).status_code == 200
+    with ThreadPoolExecutor(3) as pool:
+        waiting = [
+            pool.submit(
+                greedy.app.test_client().post,
+                "/api/v1/locks/q:16",
+                json={"owner": f"g-{n}", "wait": 20},
+                headers={"Authorization": f"Bearer {greedy.token}"},
+            )
+            for n in range(2)
+        ]
+        with app.app_context():
+            wait_until(lambda: len(line(lock_service(), "q:16")) == 2)
+        third = greedy.post("/api/v1/locks/q:16", json={"owner": "g-3", "wait": 5})
+        assert third.status_code == 503
+        assert "share" in third.get_json()["detail"]
+        # Another token still has places to wait in.
+        fair = pool.submit(
+            other.post, "/api/v1/locks/q:16", json={"owner": "o", "wait": 20}
+        )
+        with app.app_context():
+            wait_until(lambda: len(line(lock_service(), "q:16")) == 3)
+        assert api.delete("/api/v1/locks/q:16", json={"owner": "holder"}).status_code
+        for future in as_completed(waiting, timeout=30):
+            granted = future.result()
+            assert granted.status_code == 200
+            owner = granted.get_json()["lock"]["owner"]
+            greedy.delete("/api/v1/locks/q:16", json={"owner": owner})
+        assert fair.result(timeout=30).status_code == 200
 
 
 def test_a_client_that_hangs_up_leaves_the_line(app):

@@ -18,7 +18,7 @@ csrf.exempt(bp)
 problems.register(bp)
 
 PUBLIC_ENDPOINTS = frozenset({"api.openapi_json"})
-AUTHENTICATE = 'Bearer realm="lockkeeper"'
+AUTHENTICATE = problems.AUTHENTICATE
 
 
 def bearer_token(req: Request | None = None) -> str | None:

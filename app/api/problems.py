@@ -25,6 +25,9 @@ from app.locks.errors import (
     WaitersFull,
 )
 
+# The challenge of every 401: the API takes bearer tokens.
+AUTHENTICATE = 'Bearer realm="lockkeeper"'
+
 # (status, title) per exception; the message of the exception is the detail.
 STATUS: dict[type[LockError], tuple[int, str]] = {
     InvalidInput: (400, "Invalid request"),
@@ -67,8 +70,6 @@ def lock_problem(exc: LockError) -> Response:
     if status == 503:
         response.headers["Retry-After"] = "1"
     if isinstance(exc, TokenEnded):
-        from app.api.blueprint import AUTHENTICATE
-
         response.headers["WWW-Authenticate"] = AUTHENTICATE
     if isinstance(exc, QuotaExceeded):
         response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))

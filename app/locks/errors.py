@@ -135,11 +135,17 @@ class ServiceBusy(LockError):
 class WaitersFull(LockError):
     """This server worker already has as many acquires waiting as it may."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, *, token: str | None = None):
         self.limit = limit
-        super().__init__(
-            f"this server already has {limit} acquires waiting; poll instead"
-        )
+        self.token = token
+        if token is not None:
+            message = (
+                f"the API token {token!r} already has {limit} acquires waiting on "
+                "this server, its share; poll instead"
+            )
+        else:
+            message = f"this server already has {limit} acquires waiting; poll instead"
+        super().__init__(message)
 
 
 class TokenEnded(LockError):

@@ -367,6 +367,7 @@ class WaitQueue:
         engine: Engine,
         *,
         max_waiters: int,
+        max_waiters_per_token: int = 0,
         poll_interval: float,
         listen_url: str | None,
         listen: bool = True,
@@ -382,6 +383,10 @@ class WaitQueue:
             db_file = Path(database)
             self._doorbell = db_file.with_name(f".{db_file.name}.waiters")
         self._slots = threading.BoundedSemaphore(max_waiters) if max_waiters else None
+        # Places in line per token in this worker (``max_waiters_per_token``).
+        self.max_waiters_per_token = max_waiters_per_token
+        self._per_token: dict[str | None, int] = {}
+        self._per_token_lock = threading.Lock()
         self._url = engine.url
         # This queue's background threads (see ``stop``), started by the first
         # waiter of this process (a forked child starts its own).
@@ -647,6 +652,9 @@ class WaitQueue:
         wait = seconds
         if self._slots is None or not self._slots.acquire(blocking=False):
             raise WaitersFull(self.max_waiters)
+        if not self._take_token_share(token):
+            self._slots.release()
+            raise WaitersFull(self.max_waiters_per_token, token=token)
         started = time.monotonic()
         metrics = self.service.metrics
         metrics.wait_started()
@@ -677,7 +685,23 @@ class WaitQueue:
             return result
         finally:
             metrics.wait_ended(outcome, time.monotonic() - started)
+            self._give_token_share(token)
             self._slots.release()
+
+    def _take_token_share(self, token: str | None) -> bool:
+        """One more place for ``token``, unless it holds its share already."""
+        with self._per_token_lock:
+            held = self._per_token.get(token, 0)
+            if self.max_waiters_per_token and held >= self.max_waiters_per_token:
+                return False
+            self._per_token[token] = held + 1
+            return True
+
+    def _give_token_share(self, token: str | None) -> None:
+        with self._per_token_lock:
+            held = self._per_token.pop(token, 1) - 1
+            if held > 0:
+                self._per_token[token] = held
 
     def _wait_in_line(
         self, attempt, resource, waiter_id, woken, deadline, still_wanted, listener

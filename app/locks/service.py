@@ -84,6 +84,7 @@ class LockSettings:
     retries: int = 5
     max_wait: float = 30.0
     max_waiters: int = 16
+    max_waiters_per_token: int = 8
     wait_poll_interval: float = 0.05
     listen_url: str | None = None
     listen: bool = True
@@ -97,6 +98,7 @@ class LockSettings:
             retries=int(config["LOCKKEEPER_DEADLOCK_RETRIES"]),
             max_wait=float(config["LOCKKEEPER_MAX_WAIT"]),
             max_waiters=int(config["LOCKKEEPER_MAX_WAITERS"]),
+            max_waiters_per_token=int(config["LOCKKEEPER_MAX_WAITERS_PER_TOKEN"]),
             wait_poll_interval=float(config["LOCKKEEPER_WAIT_POLL_INTERVAL"]),
             listen_url=config.get("LOCKKEEPER_LISTEN_DATABASE_URL") or None,
             # LISTEN through a transaction-pooling PgBouncer hears nothing: without
@@ -135,6 +137,7 @@ class LockService:
             self,
             engine,
             max_waiters=settings.max_waiters,
+            max_waiters_per_token=settings.max_waiters_per_token,
             poll_interval=settings.wait_poll_interval,
             listen_url=settings.listen_url,
             listen=settings.listen,
