@@ -197,3 +197,19 @@ def api(fake_app) -> ApiClient:
     """An authorized JSON API client (token "worker") on ``fake_app``: move time
     with ``clock``."""
     return ApiClient(fake_app)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """tooz's own suite runs inside one of our tests: show its summary lines."""
+    lines = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == "tooz_summary"
+    ]
+    if lines:
+        terminalreporter.section("tooz test_coordination against Lockkeeper")
+        for line in sorted(lines):
+            terminalreporter.line(line)
