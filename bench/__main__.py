@@ -26,7 +26,7 @@ from bench.measure import Comparison
 from bench.servers import ToolMissing, wrk_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
-SECTIONS = ("service", "http", "contention", "memory", "profile")
+SECTIONS = ("service", "guard", "http", "contention", "memory", "profile")
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,17 @@ def main(argv: list[str] | None = None) -> int:
                         plan.rounds,
                         plan.service_seconds,
                         log,
+                    )
+                ),
+            )
+        if "guard" in sections:
+            from bench.guard_bench import bench_guard
+
+            section(
+                "guard",
+                lambda: comparisons.extend(
+                    bench_guard(
+                        databases, workdir, plan.rounds, plan.service_seconds, log
                     )
                 ),
             )
