@@ -192,6 +192,19 @@ def bench_contention(backend, database, workdir, token, plan, log):
         workdir / f"gunicorn-contention-{backend}.log",
     )
     try:
+        from bench.client_faces import bench_client_faces
+
+        faces = bench_client_faces(
+            backend,
+            server.base_url,
+            token,
+            seconds=min(plan.contention_seconds, 2.0),
+            rounds=2,
+        )
+        log(
+            f"async_client_vs_threads {backend}: {faces.value:.0f} vs "
+            f"{faces.baseline:.0f} cycles/s (x{faces.ratio:.2f})"
+        )
         round_trip = acquire_round_trip(server.base_url, token)
         samples = alternate(
             {
@@ -228,6 +241,7 @@ def bench_contention(backend, database, workdir, token, plan, log):
     handoff = queue.extra["median_handoff_s"]
     handoff = float("nan") if handoff is None else handoff
     return [
+        faces,
         Comparison(
             name=f"contention_grants_queue_vs_polling_{backend}",
             value=queue.rate,

@@ -1,0 +1,93 @@
+"""``async_client_vs_threads``: the worker client's two faces on one server.
+
+16 asyncio tasks sharing one ``AsyncLockClient`` in one event loop against 16
+threads sharing one ``LockClient``, each cycling acquire + release on a resource
+of its own (no contention: what is measured is the client, not the line), against
+the same gunicorn server in the same run, alternated A B A B.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from bench.measure import Comparison, Sample, alternate, median_rate
+
+WORKERS = 16
+TTL = 10.0
+
+
+def _threads(base_url: str, token: str, seconds: float) -> Sample:
+    from lockkeeper_client import LockClient
+
+    cycles = [0] * WORKERS
+    with LockClient(base_url, token) as client:
+        end = time.monotonic() + seconds
+
+        def cycle(index: int) -> None:
+            resource, owner = f"bench.faces.{index}", f"thread-{index}"
+            while time.monotonic() < end:
+                assert client.acquire(resource, owner, TTL).acquired
+                client.release(resource, owner)
+                cycles[index] += 1
+
+        threads = [threading.Thread(target=cycle, args=(i,)) for i in range(WORKERS)]
+        began = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.monotonic() - began
+    return Sample(sum(cycles) / elapsed, {"cycles": sum(cycles)})
+
+
+def _tasks(base_url: str, token: str, seconds: float) -> Sample:
+    from lockkeeper_client import AsyncLockClient
+
+    cycles = [0] * WORKERS
+
+    async def run() -> float:
+        async with AsyncLockClient(base_url, token) as client:
+            end = time.monotonic() + seconds
+
+            async def cycle(index: int) -> None:
+                resource, owner = f"bench.faces.{index}", f"task-{index}"
+                while time.monotonic() < end:
+                    assert (await client.acquire(resource, owner, TTL)).acquired
+                    await client.release(resource, owner)
+                    cycles[index] += 1
+
+            began = time.monotonic()
+            await asyncio.gather(*(cycle(i) for i in range(WORKERS)))
+            return time.monotonic() - began
+
+    elapsed = asyncio.run(run())
+    return Sample(sum(cycles) / elapsed, {"cycles": sum(cycles)})
+
+
+def bench_client_faces(
+    backend: str, base_url: str, token: str, seconds: float, rounds: int
+) -> Comparison:
+    samples = alternate(
+        {
+            "tasks": lambda: _tasks(base_url, token, seconds),
+            "threads": lambda: _threads(base_url, token, seconds),
+        },
+        rounds=rounds,
+    )
+    tasks, threads = median_rate(samples["tasks"]), median_rate(samples["threads"])
+    return Comparison(
+        name=f"async_client_vs_threads_{backend}",
+        value=tasks,
+        baseline=threads,
+        ratio=tasks / threads if threads else float("nan"),
+        unit="cycles/s",
+        baseline_name=f"{WORKERS} threads, LockClient",
+        detail={
+            "workers": WORKERS,
+            "seconds": seconds,
+            "rounds": rounds,
+            "cycle": "acquire + release, a resource per worker",
+        },
+    )
