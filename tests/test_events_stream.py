@@ -3,7 +3,9 @@ against a real HTTP server on every database, with real threads."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -12,10 +14,12 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 
+from app.audit import follow
 from app.extensions import db
 from app.locks.models import LockEvent
+from app.locks.service import lock_service
 from tests.live_server import serve
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -71,6 +75,11 @@ class Stream:
         return [event_id for event_id, _ in self.messages]
 
     def close(self) -> None:
+        """Drop the connection as a network failure would: shut the socket down
+        (closing it alone would not wake the reading thread, nor tell the server)."""
+        sock = self.response.extensions["network_stream"].get_extra_info("socket")
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
         self.response.close()
         self.client.close()
         self.closed.wait(10)
@@ -344,3 +353,76 @@ def test_an_event_that_commits_after_a_later_id_is_sent_first_and_not_lost(
         go_on.set()
         writer.join(10)
         stream.close()
+
+
+# -- PostgreSQL: woken by NOTIFY --------------------------------------------------
+
+
+def listener_rows(server) -> list[int]:
+    with server.app.app_context(), db.engine.connect() as conn:
+        return list(conn.scalars(text("SELECT pid FROM lock_event_listeners")))
+
+
+def test_postgresql_streams_wake_on_notify_not_on_their_poll(
+    make_app, backend, monkeypatch
+):
+    if backend != "postgresql":
+        # Elsewhere the stream's poll is what wakes it; every test above shows it.
+        assert "lock_event_listeners" not in _tables(make_app())
+        return
+    monkeypatch.setattr(follow, "NOTIFY_SAFETY_INTERVAL", 60.0)
+    app = make_app()
+    # Past what the settings allow: only a NOTIFY wakes the stream before its
+    # keepalive (15 s).
+    app.config["LOCKKEEPER_STREAM_POLL_INTERVAL"] = 60.0
+    with serve(app) as server:
+        stream = Stream(server)
+        try:
+            wait_until(lambda: listener_rows(server), what="the listener's row")
+            [pid] = listener_rows(server)
+            with server.service() as locks:
+                assert locks.queue.listener().backend_pid == pid
+            grant(server, "woken:1")
+            wait_until(lambda: stream.messages, timeout=10.0, what="the event")
+            assert stream.comments == ["open"]  # before the first keepalive
+        finally:
+            stream.close()
+        # The last stream gone, writers stop notifying.
+        wait_until(lambda: not listener_rows(server), what="the row to go")
+
+
+def _tables(app) -> set[str]:
+    from sqlalchemy import inspect
+
+    with app.app_context():
+        return set(inspect(db.engine).get_table_names())
+
+
+def _notifications_until_marker(conn) -> list[str]:
+    conn.execute("SELECT pg_notify('lockkeeper_events', 'marker')")
+    found = []
+    for notify in conn.notifies(timeout=10):
+        if notify.payload == "marker":
+            return found
+        found.append(notify.payload)
+    raise AssertionError("the marker never came")
+
+
+def test_postgresql_writers_notify_only_while_a_listener_is_registered(
+    app, backend, database_url
+):
+    if backend != "postgresql":
+        assert "lock_event_listeners" not in _tables(app)
+        return
+    import psycopg
+
+    url = database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("LISTEN lockkeeper_events")
+        with app.app_context():
+            assert lock_service().acquire("quiet:1", "w", 30).acquired
+        assert _notifications_until_marker(conn) == []
+        conn.execute("INSERT INTO lock_event_listeners (pid) VALUES (pg_backend_pid())")
+        with app.app_context():
+            assert lock_service().acquire("loud:1", "w", 30).acquired
+        assert _notifications_until_marker(conn) == [""]

@@ -12,13 +12,14 @@ from flask import Response, current_app, g, jsonify, request, stream_with_contex
 from app.api.blueprint import bp
 from app.api.schemas import event_to_json
 from app.api.shapes import query
-from app.audit.follow import follow_step, start_position
+from app.audit.follow import FollowWakeup, follow_step, start_position
 from app.audit.service import EventFilter, list_events
 from app.errors import problem
 from app.extensions import db
 from app.locks.errors import InvalidInput
 from app.locks.pagination import read_cursor
 from app.locks.queue import client_still_there
+from app.locks.service import lock_service
 
 STREAMS = "lockkeeper.api.streams"
 EVENT_STREAM = "text/event-stream"
@@ -156,23 +157,36 @@ def _messages(
     release: Callable[[], None],
 ) -> Iterator[str]:
     try:
-        yield ": open\n\n"
-        last_sent = time.monotonic()
-        while still_there():
-            found, position = follow_step(filters, position)
-            if found:
-                # The same JSON as the pages of /events, one line each.
-                dumps = current_app.json.dumps
-                yield "".join(
-                    f"id: {event.id}\ndata: {dumps(event_to_json(event))}\n\n"
-                    for event in found
-                )
-                last_sent = time.monotonic()
-                if position.after < position.settled:
-                    continue  # more settled events to read at once
-            if time.monotonic() - last_sent >= keepalive:
-                yield ": keepalive\n\n"
-                last_sent = time.monotonic()
-            time.sleep(min(poll, max(0.0, keepalive - (time.monotonic() - last_sent))))
+        with FollowWakeup(lock_service().queue, poll) as wakeup:
+            yield from _follow_loop(
+                filters, position, wakeup, keepalive, still_there, poll
+            )
     finally:
         release()
+
+
+def _follow_loop(
+    filters, position, wakeup, keepalive, still_there, poll_for_settling
+) -> Iterator[str]:
+    yield ": open\n\n"
+    last_sent = time.monotonic()
+    while still_there():
+        found, position = follow_step(filters, position)
+        if found:
+            # The same JSON as the pages of /events, one line each.
+            dumps = current_app.json.dumps
+            yield "".join(
+                f"id: {event.id}\ndata: {dumps(event_to_json(event))}\n\n"
+                for event in found
+            )
+            last_sent = time.monotonic()
+            if position.after < position.settled:
+                continue  # more settled events to read at once
+        if time.monotonic() - last_sent >= keepalive:
+            yield ": keepalive\n\n"
+            last_sent = time.monotonic()
+        until_keepalive = keepalive - (time.monotonic() - last_sent)
+        if position.pending is not None or position.hole is not None:
+            # Waiting for an open transaction to end: no NOTIFY will say so.
+            until_keepalive = min(until_keepalive, poll_for_settling)
+        wakeup.wait(until_keepalive, still_there)

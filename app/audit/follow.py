@@ -27,13 +27,18 @@ How an id is known to be settled, per database:
 
 The cost is latency, never an event.
 
+Between looks a follower sleeps: on PostgreSQL until a NOTIFY from the trigger of
+migration 0010 (or a second at most), elsewhere ``LOCKKEEPER_STREAM_POLL_INTERVAL``.
+
 Each step is a few short statements on a pooled connection, returned at once: a
 follower holds no connection or transaction between steps.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -43,6 +48,7 @@ from sqlalchemy.exc import OperationalError
 
 from app.audit.service import EventFilter, events, newest_event_id
 from app.extensions import db
+from app.locks.queue import CLIENT_CHECK_INTERVAL, EVENTS_WAKEUP, WaitQueue
 from app.locks.results import Event
 
 # Rows per read; a busy log is read in several steps, each its own short read.
@@ -170,3 +176,93 @@ def follow_step(
         ).all()
     after = rows[-1].id if len(rows) == limit else position.settled
     return [Event.from_row(row) for row in rows], replace(position, after=after)
+
+
+# -- sleeping between looks -------------------------------------------------------
+
+# PostgreSQL, listener up: a look at least this often all the same (a NOTIFY sent
+# before this process registered, or lost while the listener reconnected).
+NOTIFY_SAFETY_INTERVAL = 1.0
+# Writers notify while this table has a row (migration 0010); rows whose backend
+# is gone (a process that died) go with the next registration.
+_REGISTER = (
+    text(
+        "DELETE FROM lock_event_listeners"
+        " WHERE pid NOT IN (SELECT pid FROM pg_stat_activity)"
+    ),
+    text("INSERT INTO lock_event_listeners (pid) VALUES (:pid) ON CONFLICT DO NOTHING"),
+)
+_UNREGISTER = text("DELETE FROM lock_event_listeners WHERE pid = :pid")
+# The streams of this process by the listener connection (backend pid) that
+# registered for them: the row goes when its last stream does.
+_registered_lock = threading.Lock()
+_registered: dict[int, int] = {}
+
+
+class FollowWakeup:
+    """What a follower sleeps on between looks (a context manager): woken by the
+    listener of ``queue`` on PostgreSQL, by time alone elsewhere or while the
+    listener is down."""
+
+    def __init__(self, queue: WaitQueue, poll: float):
+        self._queue = queue
+        self._poll = poll
+        self._pid: int | None = None
+        self._subscription = queue.wakeups.subscribe(EVENTS_WAKEUP)
+        self._woken = None
+        self._listener = None
+
+    def __enter__(self) -> FollowWakeup:
+        self._woken = self._subscription.__enter__()
+        if db.engine.dialect.name == "postgresql":
+            self._listener = self._queue.listener()
+            self._register()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._move_to(None)
+        finally:
+            self._subscription.__exit__(*exc)
+
+    def wait(self, longest: float, still_there: Callable[[], bool]) -> None:
+        """Sleep until woken, ``longest`` seconds at the most, or until the client
+        is gone (looked at every ``CLIENT_CHECK_INTERVAL``)."""
+        notified = self._register()
+        limit = NOTIFY_SAFETY_INTERVAL if notified else self._poll
+        if not notified and self._listener is not None:
+            # Starting or reconnecting: register as soon as it is up.
+            limit = min(limit, CLIENT_CHECK_INTERVAL)
+        until = time.monotonic() + max(0.0, min(longest, limit))
+        while (left := until - time.monotonic()) > 0 and still_there():
+            if self._woken.event.wait(min(left, CLIENT_CHECK_INTERVAL)):
+                break
+        self._woken.event.clear()
+
+    def _register(self) -> bool:
+        """Keep this process registered under its listener's current connection;
+        whether NOTIFY wakes this follower now."""
+        listener = self._listener
+        if listener is None or not listener.healthy:
+            return False
+        pid = listener.backend_pid
+        if pid is not None and pid != self._pid:
+            self._move_to(pid)
+        return pid is not None and pid == self._pid
+
+    def _move_to(self, pid: int | None) -> None:
+        old, self._pid = self._pid, None
+        with _registered_lock:
+            if old is not None:
+                _registered[old] -= 1
+                if not _registered[old]:
+                    del _registered[old]
+                    with db.engine.begin() as conn:
+                        conn.execute(_UNREGISTER, {"pid": old})
+            if pid is not None:
+                if pid not in _registered:
+                    with db.engine.begin() as conn:
+                        conn.execute(_REGISTER[0])
+                        conn.execute(_REGISTER[1], {"pid": pid})
+                _registered[pid] = _registered.get(pid, 0) + 1
+                self._pid = pid

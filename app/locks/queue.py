@@ -71,6 +71,10 @@ waiters = LockWaiter.__table__
 locks = DistributedLock.__table__
 
 CHANNEL = "lockkeeper_waiters"
+# Inserts into lock_events while a stream follows the log (migration 0010); the
+# listener rings ``EVENTS_WAKEUP``, a key no resource name can be.
+EVENTS_CHANNEL = "lockkeeper_events"
+EVENTS_WAKEUP = "\0events"
 # The listener's connection shows under this name in pg_stat_activity.
 LISTENER_APPLICATION_NAME = "lockkeeper-listen"
 # How long stopping waits for a background thread (a listener in the middle of
@@ -313,6 +317,7 @@ class NotificationListener:
             **LISTENER_KEEPALIVES,
         ) as conn:
             conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(f"LISTEN {EVENTS_CHANNEL}")
             self.backend_pid = conn.info.backend_pid
             self.healthy = True
             self.wakeups.wake_all()
@@ -325,7 +330,10 @@ class NotificationListener:
                 if conn.fileno() in readable:
                     # A closed connection reads as readable too: this raises then.
                     for notify in conn.notifies(timeout=0):
-                        wake_message(notify.payload, self.wakeups)
+                        if notify.channel == EVENTS_CHANNEL:
+                            self.wakeups.wake(EVENTS_WAKEUP)
+                        else:
+                            wake_message(notify.payload, self.wakeups)
 
 
 # -- the client's socket ----------------------------------------------------------
@@ -484,6 +492,10 @@ class WaitQueue:
                     self._bell_failed = True
                     return
                 self._own(self._bell)
+
+    def listener(self) -> NotificationListener | None:
+        """This process's listener, started if need be (None off PostgreSQL)."""
+        return self._listener_for_waiting()
 
     def threads(self) -> list[threading.Thread]:
         """This queue's background threads that are running."""
