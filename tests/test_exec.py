@@ -532,3 +532,37 @@ def test_lockkeeper_exec_with_a_held_lock_past_wait_exits_75(
         timeout=30,
     )
     assert result.returncode == 75, result.stderr
+
+
+def test_hold_at_least_keeps_a_quick_runs_lock_until_then_by_the_database_clock(
+    run_exec, lock_client
+):
+    """ShedLock's lockAtLeastFor: the run ends at once, the lock stays until 8 s
+    after its grant (judged by the server's clock), so another host's run of
+    the same window is refused."""
+    result = run_exec("report:window", "--hold-at-least", "8s", "--", "true")
+    assert result.returncode == 0, result.stderr
+    lock = lock_client.get("report:window")  # exec is gone, the lock is not
+    held_for = (lock.expires_at - lock.acquired_at).total_seconds()
+    assert 7.9 <= held_for <= 8.5, held_for
+    refused = run_exec("report:window", "--wait", "0", "--", "true")
+    assert refused.returncode == 75, refused.stderr
+
+
+def test_hold_at_least_shorter_than_the_run_releases_at_the_end(run_exec, lock_client):
+    result = run_exec(
+        "report:long",
+        "--hold-at-least",
+        "0.2",
+        "--",
+        *child("import time; time.sleep(0.6)"),
+    )
+    assert result.returncode == 0, result.stderr
+    with pytest.raises(LockMissing):
+        lock_client.get("report:long")
+
+
+def test_hold_at_least_takes_durations_and_refuses_other_text(run_exec):
+    result = run_exec("report:x", "--hold-at-least", "soon", "--", "true")
+    assert result.returncode == 2
+    assert "duration" in result.stderr

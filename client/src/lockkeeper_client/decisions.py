@@ -396,6 +396,21 @@ def not_acquired(resource: str, wait: float, last: AcquireAttempt) -> LockNotAcq
     )
 
 
+# Below this a hold is not worth a renew: release at once.
+SHORTEST_HOLD = 0.01
+
+
+def hold_left(held: LockGrant, now: LockGrant, seconds: float) -> float:
+    """Seconds until ``held``'s grant is ``seconds`` old, by the database clock:
+    ``now`` is the same lock as the server reports it at this moment (its
+    ``expires_at`` minus its ``ttl_remaining`` is the server's time). Negative
+    when that moment has passed; 0 when the lock is no longer this grant."""
+    if (now.owner, now.fence) != (held.owner, held.fence):
+        return 0.0
+    server_now = now.expires_at.timestamp() - now.ttl_remaining
+    return held.acquired_at.timestamp() + seconds - server_now
+
+
 def renewal_retry_interval(renew_every: float, max_backoff: float) -> float:
     """After a renew that failed transiently: try again sooner than usual."""
     return min(renew_every, max_backoff) / 2

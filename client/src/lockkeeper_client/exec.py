@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -74,6 +75,22 @@ class _Interrupted(Exception):
 def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"lockkeeper exec: {message}", err=True)
     sys.exit(code)
+
+
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> float | None:
+    """Seconds, or a number with s, m, h or d."""
+    if value is None:
+        return None
+    found = _DURATION.fullmatch(value)
+    if found is None:
+        raise click.BadParameter(f"{value!r} is not a duration like 90, 90s, 5m or 1h")
+    return float(found.group(1)) * _UNITS[found.group(2)]
 
 
 def _seconds_option(
@@ -128,6 +145,15 @@ def _seconds_option(
     default="kill",
     help="On loss: terminate the command and exit 76, or warn and keep it running.",
 )
+@click.option(
+    "--hold-at-least",
+    callback=_duration,
+    default=None,
+    metavar="DURATION",
+    help="Keep the lock at least this long after it was granted, by the "
+    "database's clock (90, 90s, 5m, 1h): a run that ends sooner leaves the lock "
+    "to expire then, so hosts with skewed clocks run once per window.",
+)
 @_seconds_option(
     "--grace", 10.0, "Seconds between SIGTERM and SIGKILL when the lock is lost."
 )
@@ -143,6 +169,7 @@ def exec_command(
     token_file: Path | None,
     owner: str | None,
     on_lost: str,
+    hold_at_least: float | None,
     grace: float,
 ) -> NoReturn:
     """Run COMMAND only while holding the lock RESOURCE, renewing it as it runs.
@@ -185,7 +212,8 @@ def exec_command(
                 owner=owner or default_owner(),
                 on_lost=runner.lock_lost,
             )
-            with held:
+            held.acquire()
+            try:
                 code = runner.run(
                     {
                         "LOCKKEEPER_FENCE": str(held.fence),
@@ -193,6 +221,11 @@ def exec_command(
                         "LOCKKEEPER_OWNER": held.owner,
                     }
                 )
+            finally:
+                if hold_at_least:
+                    held.hold_at_least(hold_at_least)
+                else:
+                    held.release()
         except _Interrupted as exc:
             _fail(
                 f"interrupted by {exc} while waiting for {resource!r}", 128 + exc.signum

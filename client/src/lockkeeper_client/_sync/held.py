@@ -70,6 +70,7 @@ class HeldLock:
         self._valid_until = 0.0  # time.monotonic() by which the lock surely expired
         self._stop = Event()
         self._renewer: Background | None = None
+        self._released = False  # released, or left to end by itself
 
     @property
     def fence(self) -> int:
@@ -112,8 +113,9 @@ class HeldLock:
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
-        if self.current is None or self.lost.is_set():
+        if self.current is None or self.lost.is_set() or self._released:
             return
+        self._released = True
         try:
             self.client.release(self.resource, self.owner)
         except LockLost as exc:
@@ -121,6 +123,33 @@ class HeldLock:
             self._mark_lost(str(exc), notify=False)
         except LockClientError as exc:
             log.warning("%s; the lock ends when its ttl runs out", exc)
+
+    def hold_at_least(self, seconds: float) -> None:
+        """End the lock no sooner than ``seconds`` after it was granted, by the
+        database's clock (ShedLock's ``lockAtLeastFor``): stop renewing and, if
+        that moment is still ahead, renew once to end there, leaving the lock to
+        expire instead of releasing it; else release it now. Hosts whose clocks
+        disagree thus run a job once per window however fast it finishes.
+        """
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        if self.current is None or self.lost.is_set() or self._released:
+            return
+        try:
+            left = decisions.hold_left(
+                self.current, self.client.get(self.resource), seconds
+            )
+            if left > decisions.SHORTEST_HOLD:
+                self._granted(
+                    self.client.renew(self.resource, self.owner, left),
+                    time.monotonic(),
+                )
+                self._released = True  # it ends by itself, when the hold does
+                return
+        except LockClientError as exc:
+            log.warning("holding %r to its minimum failed: %s", self.resource, exc)
+        self.release()
 
     def _granted(self, lock: LockGrant | None, sent_at: float) -> None:
         if lock is None:
