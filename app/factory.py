@@ -1,14 +1,15 @@
 """``create_app``: the steps in order, then the steps themselves.
 
-Config, extensions, services, blueprints, error handlers, CLI, then, when the app
-is built to serve (gunicorn, ``lockkeeper run``, any WSGI server), the first-start
-work on the database. A command of the CLI (``lockkeeper users create``,
+Config, JSON logging, extensions, services, blueprints, error handlers, CLI, then,
+when the app is built to serve (gunicorn, ``lockkeeper run``, any WSGI server), the
+first-start work on the database. A command of the CLI (``lockkeeper users create``,
 ``db current``, ``--help``) builds the same app and leaves the database alone.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -20,9 +21,11 @@ import click
 from alembic import command
 from flask import Flask
 from sqlalchemy import inspect
+from sqlalchemy.exc import SQLAlchemyError
 
 from app import config, errors, extensions
 from app.extensions import db, migrate
+from app.ops import logs
 from app.paths import (
     INSTANCE_DIR,
     STATIC_DIR,
@@ -70,6 +73,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         static_folder=str(STATIC_DIR),
     )
     config.load_config(app, test_config)
+    logs.init_app(app)
     secure_files(app)
     extensions.init_app(app)
     register_sessions(app)
@@ -186,17 +190,31 @@ def _bootstrap(app: Flask) -> None:
     from app.auth.service import bootstrap
 
     with app.app_context():
-        if not inspect(db.engine).has_table("users"):
+        try:
+            if not inspect(db.engine).has_table("users"):
+                return
+            created = bootstrap()
+        except SQLAlchemyError as exc:
+            # A server starts while its database is down (and answers /healthz
+            # 503) rather than crash-looping; the bootstrap waits for a later start.
+            reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            app.logger.warning("start: no first-start bootstrap: %s", reason)
             return
-        created = bootstrap()
-        db.session.remove()
+        finally:
+            db.session.remove()
     if created is None:
         return
     password, token = created
-    # Shown once, on the console only: never through the logger (logs are shipped).
-    print("Lockkeeper first start: created operator 'admin'", file=sys.stderr)
-    print(f"  password: {password}", file=sys.stderr)
+    # Shown once, on the console only: never through the logger, whose records
+    # may be shipped elsewhere. One JSON object, like every other line on stderr.
+    shown = {
+        "event": "first_start",
+        "message": "Lockkeeper first start: created operator 'admin'"
+        + (" and API token 'bootstrap'" if token else "")
+        + "; shown once, keep them now",
+        "operator": "admin",
+        "password": password,
+    }
     if token:
-        print("Lockkeeper first start: created API token 'bootstrap'", file=sys.stderr)
-        print(f"  token: {token}", file=sys.stderr)
-    sys.stderr.flush()
+        shown.update(token_name="bootstrap", token=token)
+    print(json.dumps(shown), file=sys.stderr, flush=True)

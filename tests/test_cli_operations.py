@@ -88,7 +88,7 @@ def test_a_development_server_start_bootstraps_the_empty_database(env, database_
         while time.monotonic() < deadline:
             line = server.stderr.readline()
             seen.append(line)
-            if "token:" in line or server.poll() is not None:
+            if '"first_start"' in line or server.poll() is not None:
                 break
         assert any("created operator 'admin'" in line for line in seen), seen
     finally:

@@ -12,6 +12,7 @@ another site.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 
@@ -347,8 +348,10 @@ def test_first_start_secrets_go_to_the_console_once_never_to_the_log(
 ):
     app = make_app(LOCKKEEPER_BOOTSTRAP=True)
     console = capsys.readouterr().err
-    password = console.split("password: ")[1].split()[0]
-    token = console.split("token: ")[1].split()[0]
+    (shown,) = [
+        json.loads(line) for line in console.splitlines() if '"first_start"' in line
+    ]
+    password, token = shown["password"], shown["token"]
     assert token.startswith("lk_")
     make_app(LOCKKEEPER_BOOTSTRAP=True)  # a second start shows nothing again
     assert capsys.readouterr().err == ""

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import tempfile
 
 # Must happen before anything imports prometheus_client: it picks its multiprocess
 # value class at import time, and workers inherit whatever the master imported.
+# A folder made here is this server's own: removed when the server exits.
+_OWN_METRICS_DIR = None
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
-        prefix="lockkeeper-metrics-"
-    )
+    _OWN_METRICS_DIR = tempfile.mkdtemp(prefix="lockkeeper-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _OWN_METRICS_DIR
 
 
 def _env_int(name: str, default: int) -> int:
@@ -72,6 +74,10 @@ control_socket_disable = True
 accesslog = None
 errorlog = "-"
 loglevel = os.environ.get("LOCKKEEPER_LOG_LEVEL", "info")
+# gunicorn's own lines (booting, worker timeouts, signals) and everything the app
+# logs go through one JSON formatter to the error log (stderr by default): one
+# JSON object per line. `--error-logfile` and `--log-level` keep working.
+logger_class = "app.ops.gunicorn_logging.JsonLogger"
 
 
 def on_starting(server) -> None:
@@ -95,3 +101,10 @@ def worker_exit(server, worker) -> None:
     from app.locks.queue import stop_background
 
     stop_background()
+
+
+def on_exit(server) -> None:
+    """Remove the metrics folder this server made for itself (none is left in
+    the temp dir per start); one the operator named is left alone."""
+    if _OWN_METRICS_DIR is not None:
+        shutil.rmtree(_OWN_METRICS_DIR, ignore_errors=True)
