@@ -161,7 +161,7 @@ def test_events_per_minute_and_the_drawing(app, backend):
         assert len(points.split()) == 61
 
 
-def test_overview_shows_the_last_hour_and_polls_it_once_a_minute(
+def test_overview_loads_the_last_hour_after_its_table_and_polls_it_once_a_minute(
     operator, fake_app, clock
 ):
     from app.locks.service import lock_service
@@ -169,19 +169,39 @@ def test_overview_shows_the_last_hour_and_polls_it_once_a_minute(
     with fake_app.app_context():
         lock_service().acquire("job:1", "w", ttl=600)
     page = soup(operator.get("/"))
-    section = page.select_one("#activity")
+    placeholder = page.select_one("#activity")
+    assert placeholder.select_one(".poller")["hx-trigger"] == "load"
+    assert placeholder.select_one("a")["href"].startswith("/activity")
+    headers = {"HX-Request": "true", "HX-Target": "section#activity"}
+    section = soup(
+        operator.get(placeholder.select_one(".poller")["hx-get"], headers=headers)
+    )
+    assert section.body is None
     assert "Now 1 held, 0 expiring, 0 stale" in section.select_one("desc").get_text()
     poller = section.select_one(".poller")
     assert poller["hx-trigger"].startswith("every 60s")
-    version = poller_version(poller)
-    headers = {
-        "HX-Request": "true",
-        "HX-Target": "section#activity",
-        "Lockkeeper-Shown": version,
-    }
+    headers["Lockkeeper-Shown"] = poller_version(poller)
     assert operator.get(poller["hx-get"], headers=headers).status_code == 204
     clock.advance(60)
     again = operator.get(poller["hx-get"], headers=headers)
     assert again.status_code == 200
     assert soup(again).body is None
     assert soup(operator.get("/activity")).body is not None
+
+
+def test_the_charts_are_drawn_once_a_minute(operator, fake_app, clock):
+    """Within a minute a poll reuses the minute's drawing; the next minute
+    counts again."""
+    from app.locks.service import lock_service
+
+    def held_now():
+        page = soup(operator.get("/activity"))
+        return page.select_one("#activity desc").get_text()
+
+    clock.advance(5)
+    assert "Now 0 held" in held_now()
+    with fake_app.app_context():
+        lock_service().acquire("job:1", "w", ttl=600)
+    assert "Now 0 held" in held_now()
+    clock.advance(60)
+    assert "Now 1 held" in held_now()

@@ -183,7 +183,6 @@ def overview():
         if unchanged is not None:
             return unchanged
 
-    extra = {} if is_htmx() else activity_context(live)
     return render_page_or_fragment(
         "dashboard/overview.html",
         {"locks": "dashboard/_locks.html", "live": "dashboard/_live.html"},
@@ -216,7 +215,7 @@ def overview():
         banner_resource=None,
         banner_url=url_for("dashboard.freezes"),
         banner_return="/",
-        **extra,
+        activity_url=url_for("dashboard.activity", live="1" if live else "0"),
     )
 
 
@@ -256,33 +255,23 @@ ACTIVITY_POLL_SECONDS = 60
 @bp.get("/activity")
 @login_required
 def activity():
-    """The last hour as two small charts; part of the overview, polled slowly."""
+    """The last hour as two small charts; loaded by the overview after its
+    table, and polled slowly. The charts change once a minute (``charts``)."""
     live = is_live()
     service = lock_service()
-    now = service.now()
-    # A new event or a new minute changes the picture; nothing else does.
-    version = shown_version(newest_event_id(), now.replace(second=0, microsecond=0))
+    drawn = charts.cached(service.now(), service.settings.expiring_within)
+    version = shown_version(drawn.end)
     unchanged = _unchanged(version)
     if unchanged is not None:
         return unchanged
     return render_page_or_fragment(
         "dashboard/activity.html",
         {"activity": "dashboard/_activity.html"},
-        **activity_context(live, version),
+        activity=drawn,
+        activity_live=live,
+        activity_version=version,
+        activity_poll_seconds=ACTIVITY_POLL_SECONDS,
     )
-
-
-def activity_context(live: bool, version: str | None = None) -> dict[str, Any]:
-    service = lock_service()
-    now = service.now()
-    if version is None:
-        version = shown_version(newest_event_id(), now.replace(second=0, microsecond=0))
-    return {
-        "activity": charts.build(now, service.settings.expiring_within),
-        "activity_live": live,
-        "activity_version": version,
-        "activity_poll_seconds": ACTIVITY_POLL_SECONDS,
-    }
 
 
 def _checked_resource(resource: str) -> str:
