@@ -44,7 +44,7 @@ def test_overview_is_a_full_page_with_nav_csrf_meta_and_vendored_htmx(operator):
     assert "HX-Request" in response.vary
     assert page.body is not None
     nav = {a["href"] for a in page.select("nav[aria-label=Main] a")}
-    assert nav == {"/", "/audit"}
+    assert nav == {"/", "/audit", "/freezes"}
     assert page.find("meta", attrs={"name": "csrf-token"})["content"]
     scripts = [script["src"].partition("?")[0] for script in page.find_all("script")]
     assert "/static/vendor/htmx-4.0.1.min.js" in scripts

@@ -21,7 +21,7 @@ from app.dashboard.forms import (
     text_arg,
     text_field,
 )
-from app.dashboard.htmx import render_page_or_fragment
+from app.dashboard.htmx import is_htmx, render_page_or_fragment
 from app.locks.errors import InvalidInput, NotFrozen
 from app.locks.service import lock_service
 from app.timestamps import parse_duration
@@ -39,6 +39,9 @@ def freezes():
         "dashboard/freezes.html",
         {"freezes": "dashboard/_freezes.html"},
         freezes=found,
+        now=service.now(),
+        # The page of freezes shows the list open; a banner, one line.
+        freezes_open=not is_htmx(),
         banner_resource=resource,
         banner_url=request.full_path.rstrip("?"),
         banner_return=(

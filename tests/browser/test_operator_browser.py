@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -26,6 +27,11 @@ def test_freezing_a_prefix_shows_the_banner_and_the_api_refuses_new_grants(
     panel.get_by_role("button", name="Freeze new grants").click()
 
     expect(page.locator("#messages .message-success")).to_contain_text("Froze billing:")
+    summary = page.locator("#freezes summary")
+    expect(summary).to_contain_text(
+        re.compile(r"1 prefix frozen\s+— ends in (1 h 59 min|2 h)")
+    )
+    summary.click()
     banner = page.locator("#freezes .freeze-banner")
     expect(banner).to_contain_text("billing:")
     expect(banner).to_contain_text("ledger migration")
