@@ -7,11 +7,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+from urllib.parse import quote, urlencode
 
 import pytest
 
 from app.audit.export import csv_cell
-from tests.dashboard_helpers import log_in, make_user, soup
+from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -177,3 +178,156 @@ def test_action_next_with_control_characters_goes_to_the_lock_page(app):
     )
     assert response.status_code == 303
     assert response.headers["Location"] == "/locks/job:1"
+
+
+# -- the class: every string a client sends, on every route and form ------------------
+
+# In JSON (the API's bodies) and in forms: Python strings.
+HOSTILE_TEXT = {
+    "lone surrogate": "a\ud800b",
+    "NUL": "a\x00b",
+    "control characters": "a\x1b[31m\x07\rb",
+    "10k characters": "x" * 10_000,
+}
+# In a URL path or query: the same as percent-encoded bytes (a lone surrogate is
+# its CESU-8 form, invalid UTF-8).
+HOSTILE_URL = {
+    "lone surrogate": "a%ED%A0%80b",
+    "NUL": "a%00b",
+    "control characters": "a%1B%5B31m%07%0Db",
+    "10k characters": "x" * 10_000,
+}
+
+
+def _failures(responses) -> list[str]:
+    """Every (what, status) that is a 500 (or any 5xx but a documented 503)."""
+    return [f"{what}: {r.status_code}" for what, r in responses if r.status_code >= 500]
+
+
+def _api_requests(api):
+    """(what, response) for every API operation x every string it takes."""
+    from app.api.shapes import shapes
+
+    with api.app.app_context():
+        operations = shapes().operations
+        for (rule, method), operation in operations.items():
+            body_schema = operation.schema["properties"].get("body")
+            body_fields = []
+            if body_schema is not None:
+                resolved = shapes().resolve(body_schema)
+                body_fields = list(resolved.get("properties", {}))
+            path_params = [p.split(">")[0] for p in rule.split("<")[1:]]
+            path = rule
+            for param in path_params:
+                path = path.replace(f"<{param}>", "job:1")
+            yield rule, method, path, path_params, list(operation.query), body_fields
+
+
+def test_every_api_string_field_refuses_hostile_text_without_a_500(api):
+    responses = []
+    for rule, method, path, path_params, query, body_fields in _api_requests(api):
+        for kind, text in HOSTILE_URL.items():
+            for param in path_params:
+                hostile_path = rule
+                for other in path_params:
+                    value = text if other == param else "job:1"
+                    hostile_path = hostile_path.replace(f"<{other}>", value)
+                what = f"{method} {rule} path {param} {kind}"
+                responses.append((what, api.open(method, hostile_path)))
+            for name in query:
+                what = f"{method} {rule} ?{name} {kind}"
+                responses.append((what, api.open(method, f"{path}?{name}={text}")))
+        for kind, text in HOSTILE_TEXT.items():
+            for name in body_fields:
+                fields = {"owner": "w-1", "reason": "hostile input test", name: text}
+                what = f"{method} {rule} body {name} {kind}"
+                # json.dumps writes a lone surrogate as its \\u escape, as a
+                # hostile client would.
+                sent = api.open(
+                    method,
+                    path,
+                    data=json.dumps(fields),
+                    content_type="application/json",
+                )
+                responses.append((what, sent))
+    assert len(responses) > 50
+    assert _failures(responses) == []
+    refused = [w for w, r in responses if "lone surrogate" in w and r.status_code < 400]
+    assert refused == []
+
+
+def _form(fields: dict[str, str], name: str, encoded: str) -> dict:
+    """A urlencoded form body with ``name`` sent as the bytes ``encoded`` stands
+    for (a browser cannot send a lone surrogate; a hostile client can)."""
+    body = urlencode({k: v for k, v in fields.items() if k != name})
+    body += f"&{quote(name)}={encoded}"
+    return {"data": body, "content_type": "application/x-www-form-urlencoded"}
+
+
+def _form_fields(page) -> dict[str, str]:
+    fields = {}
+    for form in page.find_all("form"):
+        for field in form.find_all(["input", "select", "textarea"]):
+            name = field.get("name")
+            if name and name != "csrf_token":
+                fields[name] = field.get("value") or "x"
+    return fields
+
+
+DASHBOARD_FORMS = [
+    "/locks/job:1/claim",
+    "/locks/job:1/release",
+    "/freezes/new",
+    "/freezes/job:/unfreeze",
+    "/stale/release?prefix=job:",
+]
+DASHBOARD_PAGES = ["/", "/activity", "/audit", "/freezes", "/locks/job:1"]
+QUERY_NAMES = ["cursor", "sort", "state", "prefix", "owner", "q", "next", "tab"]
+
+
+def test_every_dashboard_form_and_filter_refuses_hostile_text_without_a_500(
+    operator, fake_app, clock
+):
+    from app.locks.service import lock_service
+
+    with fake_app.app_context():
+        lock_service().acquire("job:old", "w-1", ttl=1, token="worker")
+        clock.advance(2)  # a stale lock, for the stale tab's form
+        lock_service().acquire("job:1", "w-1", ttl=60, token="worker")
+        lock_service().freeze("job:", actor="olga", reason="hostile input test")
+    responses = []
+    token = csrf_token(operator, "/")
+    for url in DASHBOARD_FORMS:
+        fields = _form_fields(soup(operator.get(url)))
+        assert fields, url
+        for kind, text in HOSTILE_URL.items():
+            for name in fields:
+                data = {**fields, "csrf_token": token}
+                sent = operator.post(url, **_form(data, name, text))
+                responses.append((f"POST {url} {name} {kind}", sent))
+    for url in DASHBOARD_PAGES:
+        page = soup(operator.get(url))
+        names = set(QUERY_NAMES)
+        for form in page.find_all("form", method=lambda m: (m or "get") == "get"):
+            names |= {f.get("name") for f in form.find_all(["input", "select"])}
+        for kind, text in HOSTILE_URL.items():
+            for name in sorted(n for n in names if n):
+                what = f"GET {url}?{name} {kind}"
+                responses.append((what, operator.get(f"{url}?{name}={text}")))
+    for kind, text in HOSTILE_URL.items():
+        for url in ["/locks/{}", "/locks/{}/claim", "/locks/{}/release"]:
+            what = f"GET {url} {kind}"
+            responses.append((what, operator.get(url.format(text))))
+    assert _failures(responses) == []
+
+
+def test_the_login_form_refuses_hostile_text_without_a_500(fake_app):
+    client = fake_app.test_client()
+    responses = []
+    for kind, text in HOSTILE_URL.items():
+        for field in ("username", "password"):
+            data = {"username": "vera", "password": "pw", "csrf_token": "-"}
+            data["csrf_token"] = csrf_token(client)
+            response = client.post("/login", **_form(data, field, text))
+            responses.append((f"POST /login {field} {kind}", response))
+    assert _failures(responses) == []

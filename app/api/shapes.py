@@ -319,11 +319,45 @@ def json_body(request: Request) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidInput([(BODY, "is not valid UTF-8")]) from exc
     try:
-        return _DECODER.decode(text)
+        document = _DECODER.decode(text)
     except RecursionError as exc:
         raise InvalidInput([(BODY, "is nested too deeply")]) from exc
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, huge numbers
         raise InvalidInput([(BODY, f"is not valid JSON: {exc}")]) from exc
+    if _SURROGATE_ESCAPE.search(text):
+        field = _lone_surrogate_in(document)
+        if field is not None:
+            raise InvalidInput([(field, LONE_SURROGATE)])
+    return document
+
+
+# A \ud800-\udfff escape: valid JSON, but alone (not half of a pair) it is no
+# character at all, and encoding it for the database or a log would fail.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+LONE_SURROGATE = "contains a lone surrogate escape (\\ud800-\\udfff), which is not text"
+
+
+def _lone_surrogate_in(document: Any, field: str = BODY) -> str | None:
+    """The top-level field whose value (or name) holds a lone surrogate, if any:
+    a pair decodes to one character and encodes; a lone one does not."""
+    if isinstance(document, str):
+        try:
+            document.encode("utf-8")
+        except UnicodeEncodeError:
+            return field
+        return None
+    if isinstance(document, dict):
+        for key, value in document.items():
+            if _lone_surrogate_in(key) is not None:
+                return field  # the name itself cannot be shown
+            inner = key if field == BODY else field
+            if _lone_surrogate_in(value, inner) is not None:
+                return inner
+    elif isinstance(document, list):
+        for value in document:
+            if _lone_surrogate_in(value, field):
+                return field
+    return None
 
 
 # -- for the app and the views --------------------------------------------------------

@@ -26,6 +26,10 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from app.auth.models import User
 from app.database import UTCDateTime, begin_write
 from app.extensions import db
+from app.locks import validation
+
+# As ``app.auth.service`` creates them.
+MAX_USERNAME = 80
 
 # Compared against when the username is unknown, so a miss costs as much time as
 # a wrong password and timing does not tell which usernames exist.
@@ -124,6 +128,11 @@ def authenticate(username: str, password: str) -> User:
         password.
     """
     now = _now()
+    if validation.name_error(username) or len(username) > MAX_USERNAME:
+        # No account has such a name (NUL, control characters, too long): it
+        # never reaches the database, and costs the hash a miss costs.
+        check_password_hash(_DUMMY_HASH, password)
+        raise LoginRefused("wrong username or password")
     attempt = _count_attempt(username, now)
     # The hash runs with no transaction open: scrypt takes tens of milliseconds
     # and must not hold SQLite's write lock or a row lock.

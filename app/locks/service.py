@@ -637,11 +637,8 @@ class LockService:
     @staticmethod
     def _validate_filters(prefix: str | None, owner: str | None) -> None:
         errors = []
-        if prefix is not None and (
-            len(prefix) > validation.MAX_NAME
-            or validation.has_control_characters(prefix)
-        ):
-            errors.append(("prefix", "must be at most 255 printable characters"))
+        if _filter_error(prefix):
+            errors.append(("prefix", _filter_error(prefix)))
         if owner is not None and validation.name_error(owner):
             errors.append(("owner", validation.name_error(owner)))
         if errors:
@@ -868,11 +865,8 @@ class LockService:
             errors.append(("sort", "must be one of " + ", ".join(SORT_KEYS)))
             sort_key = "resource"
         sort_column = SORT_KEYS[sort_key]
-        if owner_contains is not None and (
-            len(owner_contains) > validation.MAX_NAME
-            or validation.has_control_characters(owner_contains)
-        ):
-            errors.append(("owner", "must be at most 255 printable characters"))
+        if _filter_error(owner_contains):
+            errors.append(("owner", _filter_error(owner_contains)))
         if state not in (None, "all"):
             try:
                 state = LockState(state)
@@ -969,6 +963,8 @@ class LockService:
     def owner_counts(self, *, prefix: str | None = None) -> list[OwnerCounts]:
         """Each owner of a lock with how many it holds in each state, most stale
         first (what needs attention), then most locks."""
+        if _filter_error(prefix):
+            raise InvalidInput([("prefix", _filter_error(prefix))])
         now = self.now()
         soon = now + timedelta(seconds=self.settings.expiring_within)
         expires_at = locks.c.expires_at
@@ -1030,6 +1026,15 @@ SORT_KEYS = {
     "acquired": locks.c.acquired_at,
     "expires": locks.c.expires_at,
 }
+
+
+def _filter_error(text: str | None) -> str | None:
+    """What is wrong with a list filter's text (a prefix, part of an owner)."""
+    if text is not None and (
+        len(text) > validation.MAX_NAME or validation.has_control_characters(text)
+    ):
+        return "must be at most 255 printable characters"
+    return None
 
 
 def _sort_value(key: str, raw: Any) -> Any:

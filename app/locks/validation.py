@@ -12,7 +12,9 @@ RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9._:@=+\-]{1,255}")
 DOT_SEGMENTS = frozenset({".", ".."})
 MAX_NAME = 255
 MAX_REASON = 1000
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Lone surrogates too: no character at all (a CLI argument of invalid UTF-8 comes
+# in as one), and neither the databases nor a log could encode them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 RESOURCE_CHARACTERS = "may contain only A-Z a-z 0-9 and . _ : @ = + -"
 DOT_SEGMENT_MESSAGE = "must not be . or .. (a URL path would resolve it away)"
 CONTROL_MESSAGE = "must not contain control or non-printable characters"
