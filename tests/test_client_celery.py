@@ -10,9 +10,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 from lockkeeper_client import LockClient
 
 from app.paths import PROJECT_ROOT
@@ -42,8 +44,14 @@ def _wait_for(condition, what: str, timeout: float = 60.0) -> None:
 
 
 @pytest.fixture
-def queue() -> str:
-    return f"lockkeeper-test-{uuid.uuid4().hex}"
+def queue() -> Iterator[str]:
+    """A queue of this test's own; its keys leave Redis with the test."""
+    name = f"lockkeeper-test-{uuid.uuid4().hex}"
+    yield name
+    with redis.Redis.from_url(celery_tasks.REDIS) as broker:
+        broker.delete(
+            name, f"_kombu.binding.{name}", f"_kombu.binding_permanent.{name}"
+        )
 
 
 @pytest.fixture
