@@ -113,6 +113,7 @@ def test_every_command_on_locks_users_tokens_names_its_database(
 
 def test_the_sqlite_default_nobody_created_is_refused_not_used(tmp_path):
     env = {"LOCKKEEPER_INSTANCE_PATH": str(tmp_path / "instance")}
+    assert run_cli("--help", env=env).returncode == 0
     for args in (("locks", "list"), ("users", "list"), ("db", "current")):
         result = run_cli(*args, env=env)
         assert result.returncode == 1, (args, result.stderr)
