@@ -203,6 +203,25 @@ def _database_now(conn, server) -> datetime:
     return now.astimezone(UTC) if now.tzinfo else now.replace(tzinfo=UTC)
 
 
+def test_a_transaction_begun_by_hand_on_an_autocommit_connection_is_guarded(
+    service, database_url, server
+):
+    lock = service.acquire(RESOURCE, "w-1", ttl=30).lock
+    conn = _dbapi(database_url, server)
+    try:
+        if server == "postgresql":
+            conn.autocommit = True
+            with conn.transaction():
+                guard(conn, lock)
+        else:
+            conn.autocommit(True)
+            conn.begin()
+            guard(conn, lock)
+            conn.commit()
+    finally:
+        conn.close()
+
+
 class _Lock:
     def __init__(self, resource: str, fence: int):
         self.resource = resource

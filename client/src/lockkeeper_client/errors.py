@@ -149,6 +149,7 @@ class GuardRefused(LockLost):
 
 
 class GuardOutsideTransaction(LockClientError):
-    """``guard`` was called on a connection in autocommit: the row lock would end
-    with the call and guard nothing. Open a transaction first (SQLSTATE LK004 when
-    the database says so)."""
+    """``guard`` was called outside a transaction (a connection in autocommit):
+    the row lock would end with the call and guard nothing. Open a transaction
+    first. On MariaDB the database says so (SQLSTATE LK004); on PostgreSQL,
+    which cannot tell, the client does before it calls."""

@@ -77,7 +77,7 @@ def _guard_sqlalchemy(conn: Any, resource: str, fence: int) -> None:
     kind = "mariadb" if _is_mariadb(dialect) else dialect.name
     if kind not in _SQL:
         raise ValueError(f"no guard on {dialect.name}: PostgreSQL and MariaDB only")
-    if _autocommit(conn.connection.dbapi_connection):
+    if _outside_transaction(conn.connection.dbapi_connection, kind):
         raise _outside(resource)
     try:
         conn.exec_driver_sql(_SQL[kind], (resource, fence))
@@ -97,7 +97,7 @@ def _guard_dbapi(conn: Any, resource: str, fence: int) -> None:
             f"guard takes a SQLAlchemy Connection or Session, or a psycopg, "
             f"PyMySQL or mysqlclient connection, not {type(conn).__name__}"
         )
-    if _autocommit(conn):
+    if _outside_transaction(conn, kind):
         raise _outside(resource)
     cursor = conn.cursor()
     try:
@@ -113,13 +113,14 @@ def _is_mariadb(dialect: Any) -> bool:
     return dialect.name == "mariadb" or bool(getattr(dialect, "is_mariadb", False))
 
 
-def _autocommit(dbapi_connection: Any) -> bool:
-    """The driver's own autocommit flag (SQLAlchemy's AUTOCOMMIT isolation sets
-    it): psycopg has an attribute, PyMySQL and mysqlclient a method."""
-    getter = getattr(dbapi_connection, "get_autocommit", None)
-    if callable(getter):
-        return bool(getter())
-    return bool(getattr(dbapi_connection, "autocommit", False))
+def _outside_transaction(dbapi_connection: Any, kind: str) -> bool:
+    """PostgreSQL: in autocommit (SQLAlchemy's AUTOCOMMIT isolation sets the
+    driver's flag) with no transaction begun by hand (``BEGIN``, psycopg's
+    ``conn.transaction()``); both psycopgs report that state as 0, IDLE.
+    MariaDB's procedure tells this case itself (LK004), exactly."""
+    if kind != "postgresql" or not getattr(dbapi_connection, "autocommit", False):
+        return False
+    return int(dbapi_connection.info.transaction_status) == 0
 
 
 def _outside(resource: str) -> GuardOutsideTransaction:
