@@ -544,7 +544,7 @@ def test_hold_at_least_keeps_a_quick_runs_lock_until_then_by_the_database_clock(
     assert result.returncode == 0, result.stderr
     lock = lock_client.get("report:window")  # exec is gone, the lock is not
     held_for = (lock.expires_at - lock.acquired_at).total_seconds()
-    assert 7.9 <= held_for <= 8.5, held_for
+    assert 7.9 <= held_for <= 9, held_for  # at least; a little more under load
     refused = run_exec("report:window", "--wait", "0", "--", "true")
     assert refused.returncode == 75, refused.stderr
 

@@ -28,6 +28,7 @@ RENAMES = {
     "AsyncLockClient": "LockClient",
     "AsyncHeldLock": "HeldLock",
     "AsyncGrantWait": "GrantWait",
+    "AsyncLockPort": "LockPort",
     "AsyncClient": "Client",
     "AsyncBaseTransport": "BaseTransport",
     "aclose": "close",

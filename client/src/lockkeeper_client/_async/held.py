@@ -19,7 +19,7 @@ from lockkeeper_client.errors import LockClientError, LockLost, UnexpectedRespon
 from lockkeeper_client.grants import LockGrant
 
 if TYPE_CHECKING:
-    from lockkeeper_client._async.client import AsyncLockClient
+    from lockkeeper_client._async.port import AsyncLockPort
 
 log = logging.getLogger("lockkeeper_client")
 
@@ -43,7 +43,7 @@ class AsyncHeldLock:
 
     def __init__(
         self,
-        client: AsyncLockClient,
+        client: AsyncLockPort,
         resource: str,
         *,
         ttl: float,

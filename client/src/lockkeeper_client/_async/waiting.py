@@ -22,7 +22,7 @@ from lockkeeper_client.errors import InvalidRequest, ServiceUnavailable
 from lockkeeper_client.grants import AcquireAttempt
 
 if TYPE_CHECKING:
-    from lockkeeper_client._async.client import AsyncLockClient
+    from lockkeeper_client._async.port import AsyncLockPort
 
 
 class AsyncGrantWait:
@@ -32,7 +32,7 @@ class AsyncGrantWait:
 
     def __init__(
         self,
-        client: AsyncLockClient,
+        client: AsyncLockPort,
         resource: str,
         *,
         owner: str,

@@ -20,7 +20,7 @@ from lockkeeper_client.errors import LockClientError, LockLost, UnexpectedRespon
 from lockkeeper_client.grants import LockGrant
 
 if TYPE_CHECKING:
-    from lockkeeper_client._sync.client import LockClient
+    from lockkeeper_client._sync.port import LockPort
 
 log = logging.getLogger("lockkeeper_client")
 
@@ -44,7 +44,7 @@ class HeldLock:
 
     def __init__(
         self,
-        client: LockClient,
+        client: LockPort,
         resource: str,
         *,
         ttl: float,

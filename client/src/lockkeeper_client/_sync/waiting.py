@@ -23,7 +23,7 @@ from lockkeeper_client.errors import InvalidRequest, ServiceUnavailable
 from lockkeeper_client.grants import AcquireAttempt
 
 if TYPE_CHECKING:
-    from lockkeeper_client._sync.client import LockClient
+    from lockkeeper_client._sync.port import LockPort
 
 
 class GrantWait:
@@ -33,7 +33,7 @@ class GrantWait:
 
     def __init__(
         self,
-        client: LockClient,
+        client: LockPort,
         resource: str,
         *,
         owner: str,

@@ -1,0 +1,43 @@
+"""What a held lock and a wait need of a client: three calls and its tuning.
+
+``AsyncHeldLock`` and ``AsyncGrantWait`` take this port, not the client class:
+they depend on what they use, and anything that speaks the lock API (a test
+double, another transport) can stand in."""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+from lockkeeper_client.grants import AcquireAttempt, LockGrant
+
+
+class AsyncLockPort(Protocol):
+    backoff: float
+    max_backoff: float
+    max_lock_poll: float
+    # Learnt from the server's 400 by a wait, kept for the next one.
+    max_server_wait: float
+    rng: random.Random
+
+    async def acquire(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        *,
+        wait: float | None = None,
+    ) -> AcquireAttempt: ...
+
+    async def renew(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        *,
+        retry_until: float | None = None,
+    ) -> LockGrant: ...
+
+    async def release(self, resource: str, owner: str) -> None: ...
+
+    async def get(self, resource: str) -> LockGrant: ...
