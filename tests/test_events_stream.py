@@ -48,6 +48,7 @@ class Stream:
             self.client.build_request("GET", path, headers=headers), stream=True
         )
         self.messages: list[tuple[int, dict]] = []
+        self.start: int | None = None
         self.comments: list[str] = []
         self.closed = threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -62,10 +63,12 @@ class Stream:
                 elif line:
                     name, _, value = line.partition(":")
                     fields[name] = value.removeprefix(" ")
-                elif fields:
+                elif "data" in fields:
                     event = json.loads(fields["data"])
                     self.messages.append((int(fields["id"]), event))
                     fields = {}
+                elif fields:  # the opening message: where the stream starts
+                    self.start = int(fields.pop("id"))
         except httpx.HTTPError:
             pass  # closed under it: a forced reconnect
         finally:
@@ -426,3 +429,20 @@ def test_postgresql_writers_notify_only_while_a_listener_is_registered(
         with app.app_context():
             assert lock_service().acquire("loud:1", "w", 30).acquired
         assert _notifications_until_marker(conn) == [""]
+
+
+def test_a_stream_opens_with_where_it_starts_so_an_early_drop_loses_nothing(
+    server,
+):
+    grant(server, "early:0")
+    stream = Stream(server)
+    wait_until(lambda: stream.start is not None, what="the opening id")
+    stream.close()  # dropped before any event came
+    assert stream.start == event_ids(server, "early:")[-1]
+    grant(server, "early:1")  # while the client reconnects
+    resumed = Stream(server, last_id=stream.start)
+    try:
+        wait_until(lambda: resumed.messages, what="the event written meanwhile")
+        assert [e["resource"] for _, e in resumed.messages] == ["early:1"]
+    finally:
+        resumed.close()

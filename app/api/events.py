@@ -111,6 +111,9 @@ def _start_after(cursor: str | None) -> int | None:
 def _follow(filters: EventFilter, cursor: str | None) -> Response:
     filters.validate()
     after = _start_after(cursor)
+    # Taken before the stream counts as open: once the open-streams gauge shows
+    # it, every later event reaches it.
+    position = start_position(after)
     release = _streams().open()
     if release is None:
         response = problem(
@@ -121,11 +124,6 @@ def _follow(filters: EventFilter, cursor: str | None) -> Response:
         )
         response.headers["Retry-After"] = "5"
         return response
-    try:
-        position = start_position(after)
-    except BaseException:
-        release()
-        raise
     # The request's ORM session (its token lookup) must not stay open in a
     # transaction for the stream's life: each step reads on its own connection.
     db.session.close()
@@ -168,7 +166,9 @@ def _messages(
 def _follow_loop(
     filters, position, wakeup, keepalive, still_there, poll_for_settling
 ) -> Iterator[str]:
-    yield ": open\n\n"
+    # Where the stream starts, as an id with no data (no event): a client that
+    # reconnects with it as Last-Event-ID misses nothing, even before any event.
+    yield f": open\nid: {position.after}\n\n"
     last_sent = time.monotonic()
     while still_there():
         found, position = follow_step(filters, position)

@@ -32,6 +32,10 @@ RENAMES = {
     "AsyncClient": "Client",
     "AsyncBaseTransport": "BaseTransport",
     "aclose": "close",
+    "aread": "read",
+    # httpx-sse: the stream reader of watch().
+    "aconnect_sse": "connect_sse",
+    "aiter_sse": "iter_sse",
     # lockkeeper_client/_concurrency.py: each primitive, written twice.
     "AsyncEvent": "Event",
     "AsyncBackground": "Background",

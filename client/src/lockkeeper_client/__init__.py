@@ -48,7 +48,12 @@ from lockkeeper_client.errors import (
     ServiceUnavailable,
     UnexpectedResponse,
 )
-from lockkeeper_client.grants import AcquireAttempt, LockGrant, default_owner
+from lockkeeper_client.grants import (
+    AcquireAttempt,
+    LockEvent,
+    LockGrant,
+    default_owner,
+)
 from lockkeeper_client.guard import guard
 
 __all__ = [
@@ -66,6 +71,7 @@ __all__ = [
     "InvalidRequest",
     "LockClient",
     "LockClientError",
+    "LockEvent",
     "LockFrozen",
     "LockGrant",
     "LockLost",

@@ -16,6 +16,7 @@ same by construction:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -43,7 +44,7 @@ from lockkeeper_client.errors import (
     ServiceUnavailable,
     UnexpectedResponse,
 )
-from lockkeeper_client.grants import AcquireAttempt, LockGrant
+from lockkeeper_client.grants import AcquireAttempt, LockEvent, LockGrant
 
 log = logging.getLogger("lockkeeper_client")
 
@@ -414,3 +415,47 @@ def hold_left(held: LockGrant, now: LockGrant, seconds: float) -> float:
 def renewal_retry_interval(renew_every: float, max_backoff: float) -> float:
     """After a renew that failed transiently: try again sooner than usual."""
     return min(renew_every, max_backoff) / 2
+
+
+# -- following the audit log ----------------------------------------------------------
+
+EVENTS_PATH = "/events"
+# How long a followed stream may stay silent before it counts as dropped: the
+# server sends a comment line at least every 15 s.
+DEFAULT_WATCH_IDLE = 45.0
+
+
+def watch_params(filters: dict[str, str | None]) -> dict[str, str]:
+    """The query of ``GET /events?follow=true`` for ``filters`` (None: absent)."""
+    params = {"follow": "true"}
+    params.update({name: value for name, value in filters.items() if value is not None})
+    return params
+
+
+def watch_headers(last_id: int | None) -> dict[str, str]:
+    headers = {"Accept": "text/event-stream"}
+    if last_id is not None:
+        headers["Last-Event-ID"] = str(last_id)
+    return headers
+
+
+def watch_message(message_id: str, data: str) -> tuple[int | None, LockEvent | None]:
+    """A stream message as (the id to resume after, the event it carries).
+
+    The opening message carries an id and no event; after a comment line the
+    SSE parser repeats the last id with no data, which carries nothing new.
+    """
+    if not data:
+        return (int(message_id) if message_id.isdigit() else None), None
+    try:
+        event = LockEvent.from_json(json.loads(data))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnexpectedResponse(
+            EVENTS_PATH, f"watch: not an event in the stream: {data[:200]!r}"
+        ) from exc
+    return event.id, event
+
+
+def watch_failure(response: httpx.Response) -> LockClientError:
+    """A stream refused for good (401, 403, 400, ...)."""
+    return failure(response, EVENTS_PATH, "watch")

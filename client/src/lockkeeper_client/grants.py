@@ -71,3 +71,34 @@ def parse_timestamp(text: str) -> datetime:
 def default_owner() -> str:
     """A fresh owner token: readable on the dashboard, unguessable by other workers."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
+
+
+@dataclass(frozen=True, slots=True)
+class LockEvent:
+    """One event of the audit log, as ``/api/v1/events`` and ``watch()`` carry it:
+    who did what to ``resource``, under which fence. ``data`` is the whole JSON
+    object (fields a newer server adds are there too)."""
+
+    id: int
+    resource: str
+    action: str
+    owner: str | None
+    fence: int | None
+    occurred_at: datetime
+    actor: str | None
+    data: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LockEvent:
+        """:raise KeyError, TypeError, ValueError: not the API's event object."""
+        fence = data.get("fence")
+        return cls(
+            id=int(data["id"]),
+            resource=data["resource"],
+            action=data["action"],
+            owner=data.get("owner"),
+            fence=None if fence is None else int(fence),
+            occurred_at=parse_timestamp(data["occurred_at"]),
+            actor=data.get("actor"),
+            data=data,
+        )

@@ -9,7 +9,7 @@ answer outside the call's success becomes one exception of ``errors.py``.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -17,8 +17,14 @@ import httpx
 from lockkeeper_client import decisions
 from lockkeeper_client._concurrency import sleep
 from lockkeeper_client._sync.held import HeldLock
+from lockkeeper_client._sync.watch import follow_events
 from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
-from lockkeeper_client.grants import AcquireAttempt, LockGrant, default_owner
+from lockkeeper_client.grants import (
+    AcquireAttempt,
+    LockEvent,
+    LockGrant,
+    default_owner,
+)
 
 
 class LockClient:
@@ -186,6 +192,47 @@ class LockClient:
             owner=owner or default_owner(),
             on_lost=on_lost,
             renew_every=renew_every,
+        )
+
+    # -- following the audit log ---------------------------------------------------
+
+    def watch(
+        self,
+        *,
+        resource: str | None = None,
+        prefix: str | None = None,
+        owner: str | None = None,
+        action: str | None = None,
+        actor: str | None = None,
+        after: int | None = None,
+        idle_timeout: float = decisions.DEFAULT_WATCH_IDLE,
+    ) -> Iterator[LockEvent]:
+        """Every new event of the audit log (matching the filters, within the
+        token's scope), oldest first, as it is written; it runs until the caller
+        stops iterating.
+
+        ``after``: start after this event id (a value saved from ``event.id``);
+        None starts from now. A dropped connection, a stream silent for
+        ``idle_timeout`` seconds (the server sends a comment every 15 s) or a
+        503 is retried as other calls are, resuming after the last id seen: no
+        event is missed or repeated across reconnects.
+        """
+        filters = {
+            "resource": resource,
+            "prefix": prefix,
+            "owner": owner,
+            "action": action,
+            "actor": actor,
+        }
+        return follow_events(
+            self._http,
+            decisions.watch_params(filters),
+            after=after,
+            new_retries=lambda: decisions.TransientRetries(
+                self.retries, self.backoff, self.max_backoff, self.rng
+            ),
+            timeout=httpx.Timeout(self.timeout, read=idle_timeout),
+            base_url=self.base_url,
         )
 
     # -- plumbing ----------------------------------------------------------------
