@@ -34,7 +34,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The first command migrates the empty SQLite file; the token is the last line.
+# Commands never create a database by surprise: make the SQLite file on purpose,
+# then the token (its last line of output).
+lockkeeper db upgrade >/dev/null
 token="$(lockkeeper tokens create schemathesis | tail -n 1)"
 
 gunicorn 'app:create_app()' -k gthread --threads 4 -w 2 --no-control-socket \
