@@ -26,7 +26,7 @@ from bench.measure import Comparison
 from bench.servers import ToolMissing, wrk_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
-SECTIONS = ("service", "guard", "http", "contention", "memory", "profile")
+SECTIONS = ("service", "guard", "http", "contention", "memory", "watch", "profile")
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,11 @@ class Plan:
     contention_seconds: float
     memory_seconds: float
     profile_cycles: int
+    watch_events: int
 
 
-QUICK = Plan(2, 1.0, (1, 8), 2, 1.0, 3.0, 10.0, 300)
-FULL = Plan(3, 2.5, (1, 8), 3, 4.0, 30.0, 600.0, 1000)
+QUICK = Plan(2, 1.0, (1, 8), 2, 1.0, 3.0, 10.0, 300, 10)
+FULL = Plan(3, 2.5, (1, 8), 3, 4.0, 30.0, 600.0, 1000, 40)
 
 
 def log(message: str) -> None:
@@ -183,6 +184,15 @@ def main(argv: list[str] | None = None) -> int:
                 extra.update(http_extra)
 
             section("http", http)
+        if "watch" in sections:
+            from bench.watch_bench import bench_watch
+
+            section(
+                "watch",
+                lambda: comparisons.extend(
+                    bench_watch(databases, workdir, plan.watch_events, log)
+                ),
+            )
         if "profile" in sections:
             from bench.profiling import profile_hot_path
 
