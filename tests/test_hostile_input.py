@@ -13,6 +13,7 @@ import pytest
 
 from app.audit.export import csv_cell
 from tests.dashboard_helpers import csrf_token, log_in, make_user, soup
+from tests.dashboard_helpers import post as dashboard_post
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -331,3 +332,72 @@ def test_the_login_form_refuses_hostile_text_without_a_500(fake_app):
             response = client.post("/login", **_form(data, field, text))
             responses.append((f"POST /login {field} {kind}", response))
     assert _failures(responses) == []
+
+
+# -- the findings one by one ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("sort", ["acquired", "-expires"])
+def test_a_forged_sort_cursor_before_the_first_utc_instant_is_a_400(operator, sort):
+    from app.locks.pagination import encode_cursor
+
+    cursor = encode_cursor({"resource": "a", "key": "0001-01-01T00:00:00+14:00"})
+    page = operator.get(f"/?sort={sort}&cursor={cursor}")
+    assert page.status_code == 400
+    assert soup(page).select(".field-error")
+
+
+@pytest.mark.parametrize("ttl", [1e-320, 1e-7, 0.0009])
+def test_a_ttl_shorter_than_the_minimum_is_a_400_naming_it(api, ttl):
+    response = api.post("/api/v1/locks/job:tiny", json={"owner": "w", "ttl": ttl})
+    assert response.status_code == 400
+    [error] = response.get_json()["errors"]
+    assert error["field"] == "ttl"
+    assert "at least 0.001" in error["message"], error
+    assert api.get("/api/v1/locks/job:tiny").status_code == 404
+    granted = api.post("/api/v1/locks/job:tiny", json={"owner": "w", "ttl": 0.001})
+    assert granted.status_code == 200
+
+
+def test_a_dashboard_claim_of_a_frozen_resource_says_so(operator, service):
+    service.freeze("job:", actor="olga", reason="deploy in progress")
+    response = dashboard_post(
+        operator, "/locks/job:1/claim", {"owner": "olga", "reason": "need it"}
+    )
+    assert response.status_code == 423
+    assert "deploy in progress" in response.get_data(as_text=True)
+    assert service.list_locks().items == []
+
+
+@pytest.mark.parametrize("for_token", ["a\x00b", "a\ud800b", "x" * 300, "nobody"])
+def test_a_claim_for_a_token_that_cannot_exist_is_refused_by_name(
+    operator, service, fake_app, for_token
+):
+    from app.locks.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as refused:
+        service.claim("job:2", "olga", actor="olga", for_token=for_token)
+    assert refused.value.errors[0][0] == "for_token"
+    if "\ud800" not in for_token:
+        response = dashboard_post(
+            operator, "/locks/job:2/claim", {"owner": "olga", "for_token": for_token}
+        )
+        assert response.status_code == 400
+    result = fake_app.test_cli_runner().invoke(
+        args=["locks", "claim", "job:2", "--owner", "olga", "--for-token", for_token]
+    )
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    assert service.list_locks().items == []
+
+
+def test_a_claim_for_a_token_revoked_before_it_commits_is_refused(service, fake_app):
+    from app.auth.service import create_token, revoke_token
+    from app.locks.errors import InvalidInput
+
+    with fake_app.app_context():
+        create_token("bound")
+        assert service.claim("job:3", "olga", actor="olga", for_token="bound")
+        revoke_token("bound")
+        with pytest.raises(InvalidInput):
+            service.claim("job:4", "olga", actor="olga", for_token="bound")

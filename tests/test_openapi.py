@@ -107,7 +107,7 @@ def test_served_document_carries_the_configured_limits_and_requests_obey_it(
     response = api.post("/api/v1/locks/job:1", json={"owner": "w", "ttl": 61})
     assert response.status_code == 400
     assert response.get_json()["errors"] == [
-        {"field": "ttl", "message": "must be more than 0 and at most 60"}
+        {"field": "ttl", "message": "must be at least 0.001 and at most 60"}
     ]
 
 

@@ -34,7 +34,13 @@ from app.dashboard.forms import (
 )
 from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
 from app.locks import validation
-from app.locks.errors import InvalidInput, LockChanged, LockHeld, LockNotFound
+from app.locks.errors import (
+    InvalidInput,
+    LockChanged,
+    LockHeld,
+    LockNotFound,
+    ResourceFrozen,
+)
 from app.locks.results import Lock
 from app.locks.service import OwnerCounts, lock_service
 from app.locks.state import LockState
@@ -518,6 +524,11 @@ def claim(resource: str):
                 )
             )
             status = 409
+        except ResourceFrozen as exc:
+            # A new grant of a frozen resource; taking it from a holder (force)
+            # goes past the freeze.
+            errors.append(("force", f"No claim while frozen: {exc}"))
+            status = 423
         else:
             return finished(
                 f"Claimed {resource} for {claimed.owner} "

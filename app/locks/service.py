@@ -521,8 +521,11 @@ class LockService:
             resource=resource, owner=owner, ttl=ttl, actor=actor, reason=reason
         )
         self._validate_fence(expected_fence)
-        if for_token is not None:
-            self._check_live_token(for_token)
+        token_error = for_token is not None and validation.name_error(
+            for_token, "for_token"
+        )
+        if token_error:
+            raise InvalidInput([("for_token", token_error)])
         token = for_token if for_token is not None else NO_TOKEN
         ttl = self._ttl(ttl)
 
@@ -560,22 +563,10 @@ class LockService:
                 frozen_too=force,
             )
         )
+        if outcome.token_ended:
+            raise InvalidInput([("for_token", f"no live API token is named {token!r}")])
         self.metrics.operator_action(outcome.action)
         return self._lock(outcome.row, outcome.now)
-
-    def _check_live_token(self, name: str) -> None:
-        from app.auth.models import ApiToken
-
-        tokens = ApiToken.__table__
-        query = select(tokens.c.expires_at).where(
-            tokens.c.name == name, tokens.c.revoked_at.is_(None)
-        )
-        with self._autocommit_engine.connect() as conn:
-            found = conn.execute(query).one_or_none()
-        if found is None or (
-            found.expires_at is not None and found.expires_at <= self.now()
-        ):
-            raise InvalidInput([("for_token", f"no live API token is named {name!r}")])
 
     @staticmethod
     def _require_reason(reason: str | None, why: str) -> None:
@@ -1045,7 +1036,11 @@ def _sort_value(key: str, raw: Any) -> Any:
         value = datetime.fromisoformat(raw)
         if value.tzinfo is None:
             raise ValueError("bad cursor")
-        return value
+        try:
+            # 0001-01-01T00:00:00+14:00 is before the first instant in UTC.
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("bad cursor") from None
     if not isinstance(raw, str) or validation.name_error(raw):
         raise ValueError("bad cursor")
     return raw

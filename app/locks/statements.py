@@ -737,6 +737,11 @@ class TransactionalStatements:
         now, fence, frozen, _ = self.clock_after_lock(
             conn, now, fence=True, unless_frozen=None if frozen_too else resource
         )
+        if token != NO_TOKEN:
+            # The token the grant is bound to must be live where it commits.
+            found = self._token_row(conn, token, exclusive=False)
+            if found is None or token_ended(found, now):
+                return Outcome(False, None, row, now, token_ended=True)
         freeze = self.freeze_of(conn, resource, now) if frozen else None
         takes_from_holder = confirm(row, now, freeze)
         action = Action.FORCE_CLAIMED if takes_from_holder else Action.CLAIMED

@@ -11,6 +11,7 @@ RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9._:@=+\-]{1,255}")
 # (/locks/.. becomes /): such a lock could never be addressed by URL.
 DOT_SEGMENTS = frozenset({".", ".."})
 MAX_NAME = 255
+MIN_TTL = 0.001
 MAX_REASON = 1000
 # Lone surrogates too: no character at all (a CLI argument of invalid UTF-8 comes
 # in as one), and neither the databases nor a log could encode them.
@@ -53,6 +54,9 @@ def ttl_error(value: Any, max_ttl: float) -> str | None:
         return "must be a JSON number of seconds"
     if value <= 0:
         return "must be a positive, finite number of seconds"
+    if value < MIN_TTL:
+        # Timestamps keep microseconds: a shorter lock is stale when granted.
+        return f"must be at least {MIN_TTL:g} seconds"
     # An int beyond the float range (a JSON integer of 400 digits) cannot be
     # asked isfinite(); it is above any max_ttl anyway.
     if isinstance(value, int) and value > max_ttl:
