@@ -93,10 +93,14 @@ def building_for_a_command() -> bool:
 
 
 def start_serving(app: Flask) -> None:
-    """What a server does once before it answers: SQLite's schema, the first-start
-    bootstrap, and a line in the log saying whether the database is ready."""
+    """What a server does once before it answers: a private SQLite file, its
+    schema, the first-start bootstrap, and a line in the log saying whether the
+    database is ready. (``lockkeeper run`` comes here after building the app as
+    a command, which created no file.)"""
+    from app.database import secure_files as secure
     from app.ops.health import log_schema_state
 
+    secure(app, create=True)
     prepare_database(app)
     log_schema_state(app)
 

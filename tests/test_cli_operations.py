@@ -97,6 +97,34 @@ def test_a_development_server_start_bootstraps_the_empty_database(env, database_
     assert counts(database_url) == (1, 1)
 
 
+def test_a_development_server_creates_the_default_sqlite_file_private(tmp_path):
+    instance = tmp_path / "instance"
+    port = 20000 + (os.getpid() + 7) % 20000
+    server = subprocess.Popen(
+        [*LOCKKEEPER, "run", "--port", str(port), "--no-reload"],
+        env={
+            "PATH": os.environ["PATH"],
+            "LOCKKEEPER_INSTANCE_PATH": str(instance),
+            "LOCKKEEPER_BOOTSTRAP": "false",
+        },
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=PROJECT_ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and server.poll() is None:
+            if "start: the lock database is at revision" in server.stderr.readline():
+                break
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    database = instance / "lockkeeper.sqlite3"
+    assert database.stat().st_mode & 0o777 == 0o600
+    assert instance.stat().st_mode & 0o777 == 0o700
+
+
 def test_every_command_on_locks_users_tokens_names_its_database(
     env, databases, tmp_path
 ):
