@@ -223,6 +223,25 @@ def test_the_guard_waits_for_a_take_over_in_flight_and_then_is_lost(guarded_app,
         assert checking.result(timeout=30)[0] == "LK001"
 
 
+_ACTIVITY = {
+    "postgresql": "SELECT pid, state, wait_event_type, wait_event, left(query, 80)"
+    " FROM pg_stat_activity WHERE datname = current_database()",
+    "mariadb": "SELECT id, command, state, left(info, 80)"
+    " FROM information_schema.processlist WHERE db = DATABASE()",
+}
+
+
+def _waiting(service, call):
+    """``run_blocked``, whose failure also shows what each connection of the
+    database was doing (a wait that is not a row lock's shows up there)."""
+    try:
+        return run_blocked(service, call)
+    except AssertionError as exc:
+        with service.engine.connect() as conn:
+            activity = conn.exec_driver_sql(_ACTIVITY[conn.dialect.name]).all()
+        raise AssertionError(f"{exc}; connections: {activity}") from exc
+
+
 def _in_context(app, call):
     with app.app_context():
         return call()
@@ -284,7 +303,7 @@ def test_every_change_of_the_grant_waits_for_the_guarded_transaction(
     with db.engine.connect() as conn:
         guard(conn, RESOURCE, lock.fence)
         call = make_call(service, clock)
-        changing = run_blocked(service, lambda: _in_context(guarded_app, call))
+        changing = _waiting(service, lambda: _in_context(guarded_app, call))
         assert not changing.done()
         conn.commit()
         changing.result(timeout=30)
