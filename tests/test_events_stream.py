@@ -446,3 +446,26 @@ def test_a_stream_opens_with_where_it_starts_so_an_early_drop_loses_nothing(
         assert [e["resource"] for _, e in resumed.messages] == ["early:1"]
     finally:
         resumed.close()
+
+
+def test_an_id_rolled_back_holds_a_stream_back_only_briefly(server):
+    """A rolled-back insert leaves its id unused (PostgreSQL, MariaDB): the later
+    events still come, after MariaDB's grace for a missing id at the most."""
+    stream = Stream(server)
+    try:
+        wait_until(lambda: "open" in stream.comments, what="the stream to open")
+        with server.app.app_context(), db.engine.connect() as conn:
+            conn.execute(
+                insert(events_table).values(
+                    resource="rolled:back",
+                    action="acquired",
+                    owner="gone",
+                    occurred_at=datetime.now(UTC),
+                )
+            )
+            conn.rollback()
+        grant(server, "after:rollback")
+        wait_until(lambda: stream.messages, timeout=follow.HOLE_GRACE + 10)
+        assert [e["resource"] for _, e in stream.messages] == ["after:rollback"]
+    finally:
+        stream.close()
