@@ -151,3 +151,72 @@ def test_bulk_release_needs_a_reason(operator, service, clock):
     assert response.status_code == 400
     assert soup(response).find(id="reason-error")
     assert service.count_stale() == 1
+
+
+# -- releasing many: selected rows, or every lock a view matches ---------------------
+
+
+def test_release_selected_rows_leaves_a_lock_that_changed_hands_and_reports_it(
+    operator, service, clock
+):
+    for n in range(3):
+        service.acquire(f"job:{n}", f"batch-07:{n}:x", ttl=5)
+    clock.advance(10)  # all three stale
+    page = soup(operator.get("/?state=stale"))
+    boxes = page.select("#locks-table input[type=checkbox][form=bulk-form]")
+    assert len(boxes) == 3
+    chosen = [box["value"] for box in boxes]
+    query = "&".join(f"lock={value}" for value in chosen)
+    confirm = soup(operator.get(f"/release-many?{query}&next=/"))
+    assert confirm.find("h2").get_text() == "Force release 3 locks?"
+    shown = [i["value"] for i in confirm.select("form input[name=lock]")]
+    assert shown == chosen
+    # Meanwhile job:1 is taken over by a live worker.
+    service.acquire("job:1", "web-2:1:y", ttl=600)
+    response = post(
+        operator,
+        "/release-many",
+        {"lock": shown, "reason": "batch-07 died", "next": "/"},
+    )
+    assert response.status_code == 303
+    text = soup(operator.get("/")).select_one("#messages").get_text()
+    assert "Force-released 2 lock(s)." in text
+    assert "Left alone 1 that changed hands: job:1 (now held by web-2:1:y" in text
+    assert service.get("job:1").owner == "web-2:1:y"
+    for name in ("job:0", "job:2"):
+        with pytest.raises(LockNotFound):
+            service.get(name, include_stale=True)
+    from app.audit.service import EventFilter, list_events
+
+    events = list_events(EventFilter(action="force_released")).items
+    assert sorted(e.resource for e in events) == ["job:0", "job:2"]
+    assert {e.reason for e in events} == {"batch-07 died"}
+
+
+def test_release_the_matching_names_the_count_of_the_view_and_a_host(operator, service):
+    for n in range(26):
+        service.acquire(f"job:{n}", f"batch-07:{n}:x", ttl=3600)
+    service.acquire("job:other", "web-1:1:y", ttl=3600)
+    page = soup(operator.get("/?owner=batch-07"))
+    link = page.select_one("#bulk-form a")
+    assert link.get_text() == "Release the 26 matching…"
+    confirm = soup(operator.get(link["href"]))
+    assert confirm.find("h2").get_text() == "Force release 26 locks?"
+    hosts = soup(operator.get("/?group=host"))
+    [batch] = [
+        a for a in hosts.select("#groups-table td.actions a") if "batch-07" in a.text
+    ]
+    confirm = soup(operator.get(batch["href"]))
+    assert confirm.find("h2").get_text() == "Force release 26 locks?"
+    assert len(confirm.select("form input[name=lock]")) == 26
+
+
+def test_release_many_needs_a_reason_and_real_rows(operator, service):
+    service.acquire("job:1", "w", ttl=60)
+    lock = service.get("job:1")
+    no_reason = post(operator, "/release-many", {"lock": f"{lock.fence}:job:1"})
+    assert no_reason.status_code == 400
+    assert service.get("job:1").owner == "w"
+    bad = post(operator, "/release-many", {"lock": "x:job:1", "reason": "r"})
+    assert bad.status_code == 400
+    assert operator.get("/release-many").status_code == 200  # nothing chosen

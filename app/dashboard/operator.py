@@ -170,3 +170,96 @@ def release_stale():
             **context,
         )
     return finished(f"Force-released {len(released)} stale lock(s).")
+
+
+# -- release many: the selected rows, or every lock a view matches -------------
+
+# The most locks one confirmation names; a bigger set is narrowed first.
+BULK_LIMIT = 1000
+
+
+def _selected(values) -> list[tuple[str, int]]:
+    """``lock`` fields as the rows' checkboxes send them: ``FENCE:RESOURCE``."""
+    grants = []
+    for raw in values.getlist("lock"):
+        fence, _, resource = raw.partition(":")
+        if not fence.isdigit() or len(fence) > 19 or not resource:
+            raise InvalidInput([("locks", f"{raw!r} is not a lock from the table")])
+        grants.append((resource, int(fence)))
+    return grants
+
+
+def _matching(args) -> list[tuple[str, int]]:
+    """Every lock the view shows (tab, search; an owner or a host of the
+    grouped views), with the fence it has now: what the operator confirms."""
+    from app.dashboard.views import host_of
+
+    service = lock_service()
+    state = args.get("state") or None
+    host = stripped(args, "host")
+    found: list[tuple[str, int]] = []
+    cursor = None
+    while True:
+        page = service.list_locks(
+            state=state,
+            prefix=stripped(args, "prefix"),
+            owner=stripped(args, "exact_owner"),
+            owner_contains=stripped(args, "owner"),
+            limit=500,
+            cursor=cursor,
+        )
+        found.extend(
+            (lock.resource, lock.fence)
+            for lock in page.items
+            if host is None or host_of(lock.owner or "") == host
+        )
+        cursor = page.next_cursor
+        if cursor is None or len(found) > BULK_LIMIT:
+            break
+    if len(found) > BULK_LIMIT:
+        raise InvalidInput(
+            [("locks", f"more than {BULK_LIMIT} locks match: narrow the search")]
+        )
+    return found
+
+
+@bp.route("/release-many", methods=["GET", "POST"])
+@operator_required
+def release_many():
+    """Force-release the selected rows, or every lock the view matches, with
+    one reason and one confirmation naming the count. The confirmation carries
+    the fences it showed; a lock that changed hands since is left alone."""
+    context = {"next_url": return_to(), "resource": None, "title": "Release locks"}
+    grants: list[tuple[str, int]] = []
+    reason = None
+    try:
+        if request.method == "GET":
+            matching = request.args.get("matching") == "1"
+            grants = _matching(request.args) if matching else _selected(request.args)
+            return action_response(
+                "dashboard/_release_many_form.html", grants=grants, reason="", **context
+            )
+        grants = _selected(request.form)
+        reason = text_field("reason")
+        done = lock_service().force_release_fenced(
+            grants, actor=current_user.username, reason=reason
+        )
+    except InvalidInput as exc:
+        return action_response(
+            "dashboard/_release_many_form.html",
+            400,
+            errors=exc.errors,
+            grants=grants,
+            reason=reason or "",
+            **context,
+        )
+    message = f"Force-released {len(done.released)} lock(s)."
+    if done.left_alone:
+        names = ", ".join(
+            f"{c.resource} (now held by {c.holder.owner}, fence {c.holder.fence})"
+            if c.holder
+            else f"{c.resource} (nobody holds it now)"
+            for c in done.left_alone
+        )
+        message += f" Left alone {len(done.left_alone)} that changed hands: {names}."
+    return finished(message)

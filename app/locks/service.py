@@ -7,7 +7,7 @@ transaction holding the change and its audit event (see ``statements``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -490,6 +490,36 @@ class LockService:
         self.metrics.operator_action(outcome.action)
         self.queue.notify_released(resource, getattr(outcome.row, "waiters", 0))
         return self._lock(outcome.row, outcome.now)
+
+    def force_release_fenced(
+        self,
+        grants: Sequence[tuple[str, int]],
+        *,
+        actor: str,
+        reason: str | None,
+    ) -> FencedRelease:
+        """Force-release each ``(resource, fence)`` the operator selected, each
+        decided like ``force_release`` with that fence (under its row lock, one
+        event each); a lock that changed hands or ended since is left alone and
+        reported. The reason rule is checked once, before anything changes."""
+        self.validate(actor=actor, reason=reason)
+        self._require_reason(reason, "to force-release a lock")
+        if not grants:
+            raise InvalidInput([("locks", "choose at least one lock")])
+        released: list[Lock] = []
+        left: list[LockChanged] = []
+        for resource, fence in grants:
+            try:
+                released.append(
+                    self.force_release(
+                        resource, actor=actor, reason=reason, expected_fence=fence
+                    )
+                )
+            except LockChanged as exc:
+                left.append(exc)
+            except LockNotFound:
+                left.append(LockChanged(resource, fence, None))
+        return FencedRelease(released, left)
 
     def claim(
         self,
@@ -993,6 +1023,15 @@ class LockService:
         with self._autocommit_engine.connect() as conn:
             row = conn.execute(query).one()
         return {state: getattr(row, state.value) for state in LockState}
+
+
+@dataclass(frozen=True, slots=True)
+class FencedRelease:
+    """What ``force_release_fenced`` did: the grants it removed, and those it
+    left alone because they were no longer the ones selected."""
+
+    released: list[Lock]
+    left_alone: list[LockChanged]
 
 
 @dataclass(frozen=True, slots=True)

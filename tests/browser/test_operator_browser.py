@@ -63,3 +63,30 @@ def test_releasing_all_stale_locks_from_the_stale_tab(operator_page: Page, site:
         [latest, *_] = site.events(f"job:dead-{i}")
         assert latest["action"] == "force_released"
         assert latest["reason"] == "workers died in the outage"
+
+
+def test_a_dead_hosts_26_locks_released_in_four_actions_one_event_each(
+    operator_page: Page, site: Site
+):
+    for i in range(26):
+        site.acquire(f"job:b{i}", f"batch-07:{i}:x", ttl=3600)
+    site.acquire("job:alive", "web-1:1:y", ttl=3600)
+    page = operator_page
+    page.reload()
+    # 1: By host. 2: the host's release. 3: the reason. 4: confirm.
+    page.get_by_role("link", name="By host").click()
+    page.get_by_role("link", name="Release its 26… locks of batch-07").click()
+    panel = page.locator("#action-panel")
+    expect(panel.get_by_role("heading")).to_contain_text("Force release 26 locks?")
+    panel.get_by_label("Reason").fill("batch-07 is dead")
+    panel.get_by_role("button", name="Release 26 locks").click()
+    expect(page.locator("#messages .message-success")).to_contain_text(
+        "Force-released 26 lock(s)."
+    )
+    for i in (0, 13, 25):
+        [latest, *_] = site.events(f"job:b{i}")
+        assert latest["action"] == "force_released"
+        assert latest["reason"] == "batch-07 is dead"
+    assert len(site.events("job:b7")) == 2  # acquired, force_released
+    [alive] = site.events("job:alive")
+    assert alive["action"] == "acquired"
