@@ -157,12 +157,31 @@ def test_sixteen_parallel_attempts_hash_at_most_five_passwords(make_app, monkeyp
             assert wrong == {401: 4, 429: 11}
 
 
-def test_an_unknown_user_is_not_counted_and_a_disabled_one_cannot_log_in(make_app):
+def test_the_lockout_does_not_tell_which_usernames_exist(make_app):
+    """Six wrong passwords for an account and for a name no account has get the
+    same answers: the fifth "locks" both."""
     app = make_app(LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS=0)
     make_user(app, "olga")
     client = app.test_client()
-    for _ in range(6):
-        assert log_in(client, "nobody", "whatever it is").status_code == 401
+
+    def answers(username):
+        found = []
+        for n in range(6):
+            response = log_in(client, username, f"wrong guess {n}")
+            page = BeautifulSoup(response.get_data(as_text=True), "html.parser")
+            error = page.find(id="login-error").get_text(" ", strip=True)
+            found.append((response.status_code, error))
+        return found
+
+    known, unknown = answers("olga"), answers("nobody")
+    assert [status for status, _ in known] == [401] * 4 + [429] * 2
+    assert known == unknown
+
+
+def test_a_disabled_account_cannot_log_in(make_app):
+    app = make_app(LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS=0)
+    make_user(app, "olga")
+    client = app.test_client()
     result = app.test_cli_runner().invoke(args=["users", "disable", "olga"])
     assert result.exit_code == 0, result.output
     response = log_in(client, "olga")

@@ -18,6 +18,7 @@ is the client's, taken from ``X-Forwarded-For``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from datetime import UTC, datetime, timedelta
@@ -71,10 +72,30 @@ def count_attempt(address: str | None) -> int | None:
     limit = int(current_app.config["LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS"])
     if limit <= 0:
         return None
-    window = timedelta(
+    address = (address or "unknown")[:64].lower()
+    attempts, wait = count_in_window(address, _address_window())
+    return wait if attempts > limit else None
+
+
+# Keys of the rows that count failed logins of a name no account has (see
+# ``app.auth.login``); they live as long as a lockout, not as an address window.
+NAME_KEY = "name:"
+
+
+def name_key(username: str) -> str:
+    return NAME_KEY + hashlib.sha256(username.encode()).hexdigest()[:59]
+
+
+def _address_window() -> timedelta:
+    return timedelta(
         seconds=float(current_app.config["LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS"])
     )
-    address = (address or "unknown")[:64].lower()
+
+
+def count_in_window(key: str, window: timedelta) -> tuple[int, int]:
+    """Count one attempt under ``key`` in a fixed ``window``: (attempts in it so
+    far, seconds until it ends)."""
+    address = key
     now = datetime.now(UTC)
     db.session.commit()  # end the request's read transaction, if any
     begin_write(db.session)
@@ -86,9 +107,13 @@ def count_attempt(address: str | None) -> int | None:
         )
     ).one()
     if random.randrange(PRUNE_ONE_IN) == 0:
-        ran_out = windows.c.window_start <= now - window
+        is_name = windows.c.address.startswith(NAME_KEY)
+        lockout = timedelta(
+            seconds=int(current_app.config["LOCKKEEPER_LOGIN_LOCKOUT_SECONDS"])
+        )
+        ran_out = (~is_name & (windows.c.window_start <= now - _address_window())) | (
+            is_name & (windows.c.window_start <= now - lockout)
+        )
         db.session.execute(delete(windows).where(ran_out))
     db.session.commit()
-    if attempts <= limit:
-        return None
-    return max(1, math.ceil((window_start + window - now).total_seconds()))
+    return attempts, max(1, math.ceil((window_start + window - now).total_seconds()))

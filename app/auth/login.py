@@ -23,6 +23,7 @@ from flask import current_app
 from sqlalchemy import case, literal, null, or_, select, update
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from app.auth import address_limit
 from app.auth.models import User
 from app.database import UTCDateTime, begin_write
 from app.extensions import db
@@ -120,6 +121,27 @@ def _count_attempt(username: str, now: datetime) -> _Attempt | None:
     )
 
 
+def _refuse_unknown(username: str, password: str):
+    """A name with no account (or a disabled one) is refused as an account is:
+    its failures are counted too, and the one that reaches the limit "locks"
+    it for as long, so the lockout message tells nobody which names exist.
+
+    :raise LoginLocked: past the limit (no hash), or at it.
+    :raise LoginRefused: otherwise, after the hash a wrong password costs.
+    """
+    max_failures = int(current_app.config["LOCKKEEPER_LOGIN_MAX_FAILURES"])
+    lockout = int(current_app.config["LOCKKEEPER_LOGIN_LOCKOUT_SECONDS"])
+    failures, wait = address_limit.count_in_window(
+        address_limit.name_key(username), timedelta(seconds=lockout)
+    )
+    if failures > max_failures:
+        raise LoginLocked(wait)
+    check_password_hash(_DUMMY_HASH, password)
+    if failures == max_failures:
+        raise LoginLocked(lockout)
+    raise LoginRefused("wrong username or password")
+
+
 def authenticate(username: str, password: str) -> User:
     """The user named ``username`` if ``password`` is right and it is not locked.
 
@@ -137,8 +159,7 @@ def authenticate(username: str, password: str) -> User:
     # The hash runs with no transaction open: scrypt takes tens of milliseconds
     # and must not hold SQLite's write lock or a row lock.
     if attempt is None:
-        check_password_hash(_DUMMY_HASH, password)
-        raise LoginRefused("wrong username or password")
+        _refuse_unknown(username, password)
     if not check_password_hash(attempt.password_hash, password):
         if attempt.locks_account:
             raise LoginLocked(
