@@ -270,3 +270,15 @@ def test_audit_export_keeps_every_row_unless_actions_are_chosen(viewer, renewed)
     assert len(every) == 5
     chosen = viewer.get("/audit/export.jsonl?action=renewed&except=1")
     assert len(chosen.get_data(as_text=True).splitlines()) == 2
+
+
+def test_audit_page_shows_the_token_of_each_event(viewer, service):
+    """The actor is who acted (an operator, a token); the token is whose grant
+    it was: an operator's force-release names the token that lost the lock."""
+    service.acquire("job:9", "w-9", ttl=60, actor="deploy-bot", token="deploy-bot")
+    service.force_release("job:9", actor="alice", reason="stuck")
+    cells = [
+        (tr.select("td")[6].get_text(strip=True), tr.select_one("td.token").get_text())
+        for tr in rows(viewer.get("/audit"))
+    ]
+    assert cells == [("alice", "deploy-bot"), ("deploy-bot", "deploy-bot")]
