@@ -158,6 +158,7 @@ def test_after_pg_terminate_backend_behind_pgbouncer_no_request_fails(
             ).scalar()
     finally:
         admin.dispose()
+    databases("postgresql").engine.dispose()  # the harness's own, ended too
     assert ended >= 1
 
     assert hundred_requests(api) == []
