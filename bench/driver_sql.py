@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from app.config import normalize_database_url
 
 # The service's own PostgreSQL statements, so the comparison is like for like.
-from app.locks.statements import PostgresStatements
+from app.locks.statements.postgresql import PostgresStatements
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 RETRIES = 5  # as LOCKKEEPER_DEADLOCK_RETRIES

@@ -58,12 +58,12 @@ from app.locks.pagination import (
 from app.locks.queue import WaitQueue
 from app.locks.results import AcquireResult, Freeze, Lock, Page
 from app.locks.state import Action, LockState, held_by_another, holds
-from app.locks.statements import (
+from app.locks.statements import statements_for
+from app.locks.statements.common import (
     events,
     freezes,
     locks,
     queue_columns,
-    statements_for,
 )
 from app.locks.transactions import Raced, TransactionRunner
 

@@ -1,49 +1,11 @@
-"""The atomic check-and-change of every lock operation, per dialect.
-
-Two strategies give the same answers:
-
-``PostgresStatements``
-    acquire, renew and release are each ONE statement run in autocommit: a
-    data-modifying CTE takes the row (insert, or conditional update/delete), writes
-    the audit row and reports the outcome (or the current holder) in one round trip.
-    The statements are server-side functions (migration 0007), planned once per
-    connection even through a pooler that cannot keep prepared statements.
-    A refused acquire locks and writes nothing: ``FOR UPDATE`` only touches a row
-    that is free, expired or already ours, and ``nextval`` is only reached by a
-    grant. Release keeps the row, free (``owner`` NULL): see ``DistributedLock``.
-
-``TransactionalStatements``
-    SQLite, MariaDB/MySQL (and PostgreSQL's operator actions): one short
-    transaction that first takes the row with a locking read (``BEGIN IMMEDIATE``
-    on SQLite, ``SELECT ... FOR UPDATE`` elsewhere), decides, then writes the row
-    and its event. MariaDB has no ``UPDATE ... RETURNING`` nor data-modifying CTEs,
-    so one statement cannot both decide and report; the row lock makes the
-    sequence atomic instead. A first insert that loses a race to a concurrent
-    insert raises ``IntegrityError`` and the service retries: it then sees the
-    winner and is refused.
-
-Both take ``now`` = None to read the database's clock once the row lock is held
-(see ``TransactionalStatements``, and for PostgreSQL migration 0007), or a datetime
-(SQLite's host clock, read after ``BEGIN IMMEDIATE``; tests' fake clock).
-
-The holder of a lock is the pair (token, owner): see ``holds``. An acquire that
-would start a new tenure (a first acquire, the grant of a free row, a take-over;
-not a re-acquire) first locks its API token's row, in the same function
-(PostgreSQL, migration 0009) or transaction: it is refused when the token was
-revoked or has expired by the deciding clock (``token_ended``), and when the
-token's quota of live locks is full. Under a quota that lock is exclusive, so one
-token's new grants count one after another and the quota is exact under parallel
-requests; without one it is shared. The count is part of the same statement
-(PostgreSQL), of the clock read that follows the token's row lock (MariaDB) or of
-the locking read (SQLite, one writer at a time), never a round trip of its own on
-re-acquire or renew.
-"""
+"""Everything but PostgreSQL's hot path: a short transaction around a locking read
+(``TransactionalStatements``), and the hot path's writes as SQL written once for
+the drivers of SQLite and MariaDB (``DriverWrites``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -53,225 +15,38 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
-    exists,
     func,
     insert,
-    literal,
     null,
-    or_,
     select,
     update,
 )
-from sqlalchemy.sql import column, table
-from sqlalchemy.types import Integer, String
+from sqlalchemy.types import Integer
 
 from app.database import UTCDateTime
-from app.locks.driver import DriverConnection, DriverSQL, FixedSQL
 from app.locks.models import (
     NO_TOKEN,
-    DistributedLock,
-    FenceCounter,
-    LockEvent,
-    LockFreeze,
-    LockWaiter,
     fence_sequence,
 )
 from app.locks.state import Action, holds
-
-locks = DistributedLock.__table__
-events = LockEvent.__table__
-freezes = LockFreeze.__table__
-fence_counter = FenceCounter.__table__
-waiters = LockWaiter.__table__
-# The API tokens, as far as a grant reads them (the lock core does not import
-# ``app.auth``): a grant locks its token's row and refuses a revoked or expired
-# token there, in its own transaction. A token name with no row is a caller's
-# own label (tests, tools): nothing to check.
-api_tokens = table(
-    "api_tokens",
-    column("name", String()),
-    column("revoked_at", UTCDateTime()),
-    column("expires_at", UTCDateTime()),
+from app.locks.statements.common import (
+    Clock,
+    LockRow,
+    Outcome,
+    StaleBatch,
+    api_tokens,
+    covering,
+    events,
+    fence_counter,
+    freezes,
+    is_frozen,
+    live_locks,
+    locks,
+    queue_columns,
+    token_ended,
+    token_or_none,
+    waiters,
 )
-
-
-def queue_columns(resource, now, waiter=None):
-    """The Lock's ``waiters`` (live waiters of ``resource``, ``waiter``'s own row
-    excluded) and ``ahead`` (those in line before ``waiter``; everyone when
-    ``waiter`` is None or binds NULL), as scalar subqueries. A row past its
-    deadline never counts: it belongs to a request that gave up or an app
-    instance that died."""
-    live = and_(waiters.c.resource == resource, waiters.c.deadline > now)
-    count = select(func.count()).select_from(waiters)
-    if waiter is None:
-        everyone = count.where(live).scalar_subquery()
-        return everyone.label("waiters"), everyone.label("ahead")
-    return (
-        count.where(live, or_(waiter.is_(None), waiters.c.id != waiter))
-        .scalar_subquery()
-        .label("waiters"),
-        count.where(live, or_(waiter.is_(None), waiters.c.id < waiter))
-        .scalar_subquery()
-        .label("ahead"),
-    )
-
-
-def _covering(now, resource=None):
-    """Freezes in force at ``now`` over ``resource`` (default ``:resource``)."""
-    resource = bindparam("resource", type_=String()) if resource is None else resource
-    return and_(
-        freezes.c.prefix == func.substr(resource, 1, func.length(freezes.c.prefix)),
-        or_(freezes.c.ends_at.is_(None), freezes.c.ends_at > now),
-    )
-
-
-def _frozen(now):
-    return exists().where(_covering(now))
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What one attempt did.
-
-    ``done``: the grant/renewal/release happened. ``row``: the lock row after the
-    change (for a release: the row that was removed), or on refusal the current row
-    (None when there is none). ``now``: the clock reading the decision used.
-    ``freeze``: on a refused grant, the freeze that covers the resource, if any.
-    """
-
-    done: bool
-    action: Action | None
-    row: Any
-    now: datetime
-    # A grant refused because a freeze covers the resource: that freeze's row.
-    freeze: Any = None
-    over_quota: bool = False
-    # A new grant refused because its API token was revoked or has expired.
-    token_ended: bool = False
-
-
-def token_or_none(token: str | None) -> str | None:
-    """The token as shown to people: ``NO_TOKEN`` is no token."""
-    return token if token != NO_TOKEN else None
-
-
-# --- PostgreSQL: one statement per hot operation ---------------------------------
-
-# The statements live in the database as functions (migrations 0007 and 0009,
-# where their SQL and its reasoning are): PostgreSQL plans each once per
-# connection, with or without a pooler that cannot carry prepared statements.
-# ``now`` NULL: the server's clock, read after the row lock; a datetime: a
-# test's fake clock.
-_PG_ACQUIRE = DriverSQL(
-    "SELECT * FROM lockkeeper_acquire(:resource, :owner, :token, :ttl, :actor,"
-    " :max_locks, :waiter, :now)"
-)
-_PG_RENEW = DriverSQL(
-    "SELECT * FROM lockkeeper_renew(:resource, :owner, :token, :ttl, :actor, :now)"
-)
-_PG_RELEASE = DriverSQL(
-    "SELECT * FROM lockkeeper_release(:resource, :owner, :token, :actor, :now)"
-)
-_PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
-
-
-class PostgresStatements:
-    """Single-statement acquire/renew/release; operator actions as transactions.
-
-    The hot operations take a ``DriverConnection`` (``app.locks.driver``), not a
-    SQLAlchemy connection: their SQL is fixed, so it goes to the driver's cursor.
-    """
-
-    autocommit = True
-    # What the methods send; the benchmark's driver baseline sends the same.
-    acquire_sql = _PG_ACQUIRE
-    renew_sql = _PG_RENEW
-    release_sql = _PG_RELEASE
-
-    def __init__(self) -> None:
-        self.transactional = TransactionalStatements("postgresql")
-
-    def _run(
-        self, conn: DriverConnection, statement: DriverSQL, params: dict[str, Any]
-    ) -> Outcome:
-        now = params["now"]
-        row = conn.one(statement, params)
-        if row is None:
-            return Outcome(False, None, None, now or conn.one(_PG_READ_NOW, {}).now)
-        if row.done:
-            return Outcome(True, Action(row.action), row, row.now)
-        freeze = (
-            _FreezeRow(
-                row.frozen_prefix,
-                row.frozen_reason,
-                row.frozen_actor,
-                row.frozen_at,
-                row.frozen_until,
-            )
-            if getattr(row, "frozen_prefix", None) is not None
-            else None
-        )
-        over_quota = bool(getattr(row, "over_quota", False))
-        # A refused acquire always answers one row; fence NULL: there is no row.
-        holder = row if row.fence is not None else None
-        return Outcome(
-            False,
-            None,
-            holder,
-            row.now,
-            freeze,
-            over_quota,
-            bool(getattr(row, "token_ended", False)),
-        )
-
-    def acquire(
-        self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
-    ) -> Outcome:
-        return self._run(
-            conn,
-            self.acquire_sql,
-            {
-                "resource": resource,
-                "owner": owner,
-                "token": token,
-                "ttl": ttl,
-                "actor": actor,
-                "max_locks": max_locks,
-                "waiter": waiter,
-                "now": now,
-            },
-        )
-
-    def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
-        return self._run(
-            conn,
-            self.renew_sql,
-            {
-                "resource": resource,
-                "owner": owner,
-                "token": token,
-                "ttl": ttl,
-                "actor": actor,
-                "now": now,
-            },
-        )
-
-    def release(self, conn, resource, owner, token, actor, now) -> Outcome:
-        return self._run(
-            conn,
-            self.release_sql,
-            {
-                "resource": resource,
-                "owner": owner,
-                "token": token,
-                "actor": actor,
-                "now": now,
-            },
-        )
-
-
-# --- Everything else: a short transaction around a locking read ------------------
-
 
 _SERVER_NOW = {
     "postgresql": func.clock_timestamp,
@@ -323,13 +98,13 @@ class TransactionalStatements:
             for counting in (False, True):
                 columns = list(queue_columns(bindparam("resource"), now_column, waiter))
                 if counting:
-                    columns.append(_live_locks(now_column).label("live"))
+                    columns.append(live_locks(now_column).label("live"))
                 self._lock_row[on_server, counting] = (
                     select(locks, *columns).where(by_resource).with_for_update()
                 )
         # SQLite with no row to ride on, and a grant after its token's row lock
         # elsewhere: the count alone.
-        self._live_count = select(_live_locks(given_now).label("live"))
+        self._live_count = select(live_locks(given_now).label("live"))
         token_row = select(api_tokens.c.revoked_at, api_tokens.c.expires_at).where(
             api_tokens.c.name == bindparam("token")
         )
@@ -355,13 +130,13 @@ class TransactionalStatements:
         # grant costs no extra statement for the freeze (no row comes back instead).
         self._next_fence_unless_frozen = (
             update(fence_counter)
-            .where(fence_counter.c.id == 1, ~_frozen(given_now))
+            .where(fence_counter.c.id == 1, ~is_frozen(given_now))
             .values(value=fence_counter.c.value + 1)
             .returning(fence_counter.c.value)
         )
         self._freeze_row = (
             select(freezes)
-            .where(_covering(given_now))
+            .where(covering(given_now))
             .order_by(freezes.c.prefix)
             .limit(1)
         )
@@ -391,10 +166,10 @@ class TransactionalStatements:
                 conditions.append(valid_until <= clock.c.now)
             columns = [clock.c.now]
             if freeze:
-                conditions.append(~_frozen(clock.c.now))
-                columns.append(_frozen(clock.c.now).label("frozen"))
+                conditions.append(~is_frozen(clock.c.now))
+                columns.append(is_frozen(clock.c.now).label("frozen"))
             if quota:
-                reached = _live_locks(clock.c.now) >= bindparam(
+                reached = live_locks(clock.c.now) >= bindparam(
                     "max_locks", type_=Integer()
                 )
                 conditions.append(~reached)
@@ -544,7 +319,7 @@ class TransactionalStatements:
             "expires_at": now + timedelta(seconds=ttl),
         }
         self._write_grant(conn, row, resource, values)
-        granted = _LockRow(
+        granted = LockRow(
             resource=resource,
             waiters=row.waiters if row is not None else 0,
             **values,
@@ -694,7 +469,7 @@ class TransactionalStatements:
             return Outcome(False, None, row, now)
         expires_at = now + timedelta(seconds=ttl)
         self._write_expiry(conn, row, expires_at)
-        renewed = _LockRow.of(row, expires_at=expires_at)
+        renewed = LockRow.of(row, expires_at=expires_at)
         self._log(conn, Action.RENEWED, renewed, owner, token, actor, None, now)
         return Outcome(True, Action.RENEWED, renewed, now)
 
@@ -752,7 +527,7 @@ class TransactionalStatements:
     def _remove(self, conn, row, action, token, actor, reason, now) -> Outcome:
         """Free the row (see ``DistributedLock``); the event says when it ended."""
         self._write_free(conn, row, now)
-        ended = _LockRow.of(row, expires_at=now)
+        ended = LockRow.of(row, expires_at=now)
         self._log(conn, action, ended, row.owner, token, actor, reason, now)
         return Outcome(True, action, ended, now)
 
@@ -807,7 +582,7 @@ class TransactionalStatements:
                     for row in stale
                 ],
             )
-        released = [_LockRow.of(row, expires_at=now) for row in stale]
+        released = [LockRow.of(row, expires_at=now) for row in stale]
         return StaleBatch(len(candidates), released, now)
 
     def purge_stale_batch(self, conn, cutoff: datetime, batch: int) -> list[Row]:
@@ -830,130 +605,32 @@ class TransactionalStatements:
         return candidates
 
 
-def token_ended(found, now: datetime) -> bool:
-    """A token row (``_token_row``) that was revoked, or has expired by ``now``."""
-    return found is not None and (
-        found.revoked_at is not None
-        or (found.expires_at is not None and found.expires_at <= now)
-    )
-
-
-def _live_locks(now_column):
-    """How many live locks the token ``:quota_token`` holds, counted no further
-    than ``:max_locks`` (an index range on (token, expires_at), bounded)."""
-    mine = locks.alias("mine")
-    live = (
-        select(literal(1))
-        .select_from(mine)
-        .where(
-            mine.c.token == bindparam("quota_token"),
-            mine.c.expires_at > now_column,
-        )
-        .limit(bindparam("max_locks", type_=Integer()))
-        .subquery("live")
-    )
-    return select(func.count()).select_from(live).scalar_subquery()
-
-
-class Clock(NamedTuple):
-    """What ``clock_after_lock`` read once the row lock was held."""
-
-    now: datetime
-    fence: int | None
-    frozen: bool
-    over_quota: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StaleBatch:
-    candidates: int  # rows the batch locked (fewer than asked: the last batch)
-    released: list[Any]
-    now: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class _FreezeRow:
-    prefix: str
-    reason: str
-    actor: str
-    frozen_at: datetime
-    ends_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class _LockRow:
-    resource: str
-    owner: str
-    token: str | None
-    fence: int
-    acquired_at: datetime
-    expires_at: datetime
-    waiters: int = 0
-
-    @classmethod
-    def of(cls, row, **changes) -> _LockRow:
-        values = {name: getattr(row, name, 0) for name in cls.__slots__}
-        values.update(changes)
-        return cls(**values)
-
-
-# --- SQLite: the same transaction as fixed SQL on the sqlite3 connection ----------
-
-# Waiters of :resource live at :now, :waiter's own row excluded (``waiters``) and
-# those ahead of it (``ahead``): see ``queue_columns``.
-_SQLITE_QUEUE = """
-       (SELECT count(*) FROM lock_waiters AS w
-        WHERE w.resource = :resource AND w.deadline > :now
-          AND (:waiter IS NULL OR w.id != :waiter)) AS waiters,
-       (SELECT count(*) FROM lock_waiters AS w
-        WHERE w.resource = :resource AND w.deadline > :now
-          AND (:waiter IS NULL OR w.id < :waiter)) AS ahead"""
-# The live locks of :quota_token, counted no further than :max_locks.
-_SQLITE_LIVE = """(SELECT count(*) FROM (
-        SELECT 1 FROM distributed_locks AS mine
-        WHERE mine.token = :quota_token AND mine.expires_at > :now
-        LIMIT :max_locks))"""
-_SQLITE_LOCK_ROW = """SELECT l.id, l.resource, l.owner, l.token, l.fence,
-       l.acquired_at, l.expires_at,{queue}{live}
-FROM distributed_locks AS l WHERE l.resource = :resource"""
-_SQLITE_COVERING = """SELECT {columns} FROM lock_freezes AS f
-    WHERE f.prefix = substr(:resource, 1, length(f.prefix))
-      AND (f.ends_at IS NULL OR f.ends_at > :now)"""
-_SQLITE_NEXT_FENCE = (
-    "UPDATE lock_fence_counter SET value = value + 1 WHERE id = 1{unless} "
-    "RETURNING value"
-)
-
-
-_SQLITE_INSERT_LOCK = """INSERT INTO distributed_locks
+_INSERT_LOCK_SQL = """INSERT INTO distributed_locks
     (resource, owner, token, fence, acquired_at, expires_at)
 VALUES (:resource, :owner, :token, :fence, :acquired_at, :expires_at)"""
-_SQLITE_UPDATE_LOCK = """UPDATE distributed_locks
+_UPDATE_LOCK_SQL = """UPDATE distributed_locks
 SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
     expires_at = :expires_at
 WHERE id = :id"""
-_SQLITE_SET_EXPIRY = (
-    "UPDATE distributed_locks SET expires_at = :expires_at WHERE id = :id"
-)
-_SQLITE_FREE = (
+_SET_EXPIRY_SQL = "UPDATE distributed_locks SET expires_at = :expires_at WHERE id = :id"
+_FREE_SQL = (
     "UPDATE distributed_locks SET owner = NULL, token = NULL, expires_at = :expires_at "
     "WHERE id = :id"
 )
-_SQLITE_DEQUEUE = "DELETE FROM lock_waiters WHERE id = :id"
-_SQLITE_TOKEN_ROW = "SELECT revoked_at, expires_at FROM api_tokens WHERE name = :token"
-_SQLITE_INSERT_EVENT = """INSERT INTO lock_events
+_DEQUEUE_SQL = "DELETE FROM lock_waiters WHERE id = :id"
+_INSERT_EVENT_SQL = """INSERT INTO lock_events
     (resource, action, owner, previous_owner, token, fence, acquired_at,
      expires_at, actor, reason, occurred_at)
 VALUES (:resource, :action, :owner, :previous_owner, :token, :fence, :acquired_at,
         :expires_at, :actor, :reason, :occurred_at)"""
 # The hot path's writes: SQL that both SQLite and MariaDB take (``DriverWrites``).
-_WRITES = {
-    "insert_lock": _SQLITE_INSERT_LOCK,
-    "update_lock": _SQLITE_UPDATE_LOCK,
-    "set_expiry": _SQLITE_SET_EXPIRY,
-    "free": _SQLITE_FREE,
-    "dequeue": _SQLITE_DEQUEUE,
-    "insert_event": _SQLITE_INSERT_EVENT,
+DRIVER_WRITES = {
+    "insert_lock": _INSERT_LOCK_SQL,
+    "update_lock": _UPDATE_LOCK_SQL,
+    "set_expiry": _SET_EXPIRY_SQL,
+    "free": _FREE_SQL,
+    "dequeue": _DEQUEUE_SQL,
+    "insert_event": _INSERT_EVENT_SQL,
 }
 
 
@@ -983,113 +660,3 @@ class DriverWrites:
 
     def _insert_event(self, conn, params) -> None:
         conn.execute(self._writes["insert_event"], params)
-
-
-class SQLiteStatements(DriverWrites, TransactionalStatements):
-    """``TransactionalStatements``' acquire, renew and release, run by the service
-    on a ``DriverTransaction`` (``app.locks.driver``): the same BEGIN IMMEDIATE
-    transaction and statements, as SQL written once. Through SQLAlchemy each
-    statement's execution context, cache key and result object cost about three
-    quarters of an acquire+release cycle's CPU. Operator actions stay on
-    SQLAlchemy connections (``transactional``).
-    """
-
-    driver_transaction = "BEGIN IMMEDIATE"
-    _writes = _WRITES
-
-    def __init__(self) -> None:
-        super().__init__("sqlite")
-        self.transactional = TransactionalStatements("sqlite")
-        # Read by ``clock_after_lock`` and ``_next_fence`` through conn.scalar.
-        self._live_count = "SELECT " + _SQLITE_LIVE
-        self._next_fence_statement = _SQLITE_NEXT_FENCE.format(unless="")
-        self._next_fence_unless_frozen = _SQLITE_NEXT_FENCE.format(
-            unless=" AND NOT EXISTS (" + _SQLITE_COVERING.format(columns="1") + ")"
-        )
-        self._sqlite_lock_row = {
-            counting: _SQLITE_LOCK_ROW.format(
-                queue=_SQLITE_QUEUE,
-                live=",\n       " + _SQLITE_LIVE + " AS live" if counting else "",
-            )
-            for counting in (False, True)
-        }
-        self._sqlite_freeze_row = (
-            _SQLITE_COVERING.format(
-                columns="f.id, f.prefix, f.reason, f.actor, f.frozen_at, f.ends_at"
-            )
-            + " ORDER BY f.prefix LIMIT 1"
-        )
-
-    def lock_row(
-        self, conn, resource, now, waiter=None, *, quota_token=None, max_locks=None
-    ):
-        counting = bool(max_locks) and quota_token is not None
-        params: dict[str, Any] = {"resource": resource, "waiter": waiter, "now": now}
-        if counting:
-            params.update(quota_token=quota_token, max_locks=max_locks)
-        return conn.one(self._sqlite_lock_row[counting], params)
-
-    def freeze_of(self, conn, resource, now):
-        return conn.one(self._sqlite_freeze_row, {"resource": resource, "now": now})
-
-    def _token_row(self, conn, token, *, exclusive):
-        # BEGIN IMMEDIATE already made this the only writer.
-        return conn.one(_SQLITE_TOKEN_ROW, {"token": token})
-
-
-class MariaDBStatements(DriverWrites, TransactionalStatements):
-    """``TransactionalStatements``' acquire, renew and release on a
-    ``DriverTransaction`` over PyMySQL, as ``SQLiteStatements`` does for SQLite:
-    the same transaction and statements, each compiled once (the reads, from the
-    same constructs, on first use) or written once (the writes, ``DriverWrites``).
-    Through SQLAlchemy each of the 4–6 statements per operation cost 80–100 µs
-    of Python for a round trip PyMySQL makes in about 15. Operator actions stay
-    on SQLAlchemy connections (``transactional``).
-    """
-
-    # PyMySQL opens the transaction with the first statement; no BEGIN is sent.
-    driver_transaction = ""
-    _writes = {name: FixedSQL.written(sql) for name, sql in _WRITES.items()}
-
-    def __init__(self, dialect_name: str = "mariadb") -> None:
-        super().__init__(dialect_name)
-        self.transactional = TransactionalStatements(dialect_name)
-        self._dialect = _pyformat_mariadb_dialect()
-        self._fixed_reads: dict[Any, FixedSQL] = {}
-
-    def _row(self, conn, statement, params):
-        return conn.one(self._compiled(statement), params)
-
-    def _scalar(self, conn, statement, params=None):
-        return conn.scalar(self._compiled(statement), params)
-
-    def _compiled(self, statement) -> FixedSQL:
-        """``statement`` (one of the prebuilt reads) as compiled SQL, once."""
-        fixed = self._fixed_reads.get(statement)
-        if fixed is None:
-            fixed = self._fixed_reads[statement] = FixedSQL.compiled(
-                statement, self._dialect
-            )
-        return fixed
-
-
-def _pyformat_mariadb_dialect():
-    """The MariaDB dialect of PyMySQL with ``%(name)s`` parameters, for
-    compiling the hot reads once (no server is asked: 10.3 is the oldest
-    supported, the first with sequences)."""
-    from sqlalchemy.dialects.mysql.mariadb import loader
-
-    dialect = loader("pymysql")(paramstyle="pyformat")
-    dialect.server_version_info = (10, 3)
-    dialect.supports_sequences = True
-    return dialect
-
-
-def statements_for(dialect_name: str):
-    if dialect_name == "postgresql":
-        return PostgresStatements()
-    if dialect_name == "sqlite":
-        return SQLiteStatements()
-    if dialect_name == "mariadb":
-        return MariaDBStatements()
-    return TransactionalStatements(dialect_name)

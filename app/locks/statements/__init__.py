@@ -1,0 +1,57 @@
+"""The atomic check-and-change of every lock operation, one module per dialect.
+
+Two strategies give the same answers:
+
+``PostgresStatements``
+    acquire, renew and release are each ONE statement run in autocommit: a
+    data-modifying CTE takes the row (insert, or conditional update/delete), writes
+    the audit row and reports the outcome (or the current holder) in one round trip.
+    The statements are server-side functions (migration 0007), planned once per
+    connection even through a pooler that cannot keep prepared statements.
+    A refused acquire locks and writes nothing: ``FOR UPDATE`` only touches a row
+    that is free, expired or already ours, and ``nextval`` is only reached by a
+    grant. Release keeps the row, free (``owner`` NULL): see ``DistributedLock``.
+
+``TransactionalStatements``
+    SQLite, MariaDB/MySQL (and PostgreSQL's operator actions): one short
+    transaction that first takes the row with a locking read (``BEGIN IMMEDIATE``
+    on SQLite, ``SELECT ... FOR UPDATE`` elsewhere), decides, then writes the row
+    and its event. MariaDB has no ``UPDATE ... RETURNING`` nor data-modifying CTEs,
+    so one statement cannot both decide and report; the row lock makes the
+    sequence atomic instead. A first insert that loses a race to a concurrent
+    insert raises ``IntegrityError`` and the service retries: it then sees the
+    winner and is refused.
+
+Both take ``now`` = None to read the database's clock once the row lock is held
+(see ``TransactionalStatements``, and for PostgreSQL migration 0007), or a datetime
+(SQLite's host clock, read after ``BEGIN IMMEDIATE``; tests' fake clock).
+
+The holder of a lock is the pair (token, owner): see ``holds``. An acquire that
+would start a new tenure (a first acquire, the grant of a free row, a take-over;
+not a re-acquire) first locks its API token's row, in the same function
+(PostgreSQL, migration 0009) or transaction: it is refused when the token was
+revoked or has expired by the deciding clock (``token_ended``), and when the
+token's quota of live locks is full. Under a quota that lock is exclusive, so one
+token's new grants count one after another and the quota is exact under parallel
+requests; without one it is shared. The count is part of the same statement
+(PostgreSQL), of the clock read that follows the token's row lock (MariaDB) or of
+the locking read (SQLite, one writer at a time), never a round trip of its own on
+re-acquire or renew.
+"""
+
+from __future__ import annotations
+
+from app.locks.statements.mariadb import MariaDBStatements
+from app.locks.statements.postgresql import PostgresStatements
+from app.locks.statements.sqlite import SQLiteStatements
+from app.locks.statements.transaction import TransactionalStatements
+
+
+def statements_for(dialect_name: str):
+    if dialect_name == "postgresql":
+        return PostgresStatements()
+    if dialect_name == "sqlite":
+        return SQLiteStatements()
+    if dialect_name == "mariadb":
+        return MariaDBStatements()
+    return TransactionalStatements(dialect_name)

@@ -1,0 +1,174 @@
+"""What every dialect's statements share: the tables as the lock core reads them,
+the SQL forms of the queue and the quota, and the shapes of their answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from sqlalchemy import (
+    and_,
+    bindparam,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+)
+from sqlalchemy.sql import column, table
+from sqlalchemy.types import Integer, String
+
+from app.database import UTCDateTime
+from app.locks.models import (
+    NO_TOKEN,
+    DistributedLock,
+    FenceCounter,
+    LockEvent,
+    LockFreeze,
+    LockWaiter,
+)
+from app.locks.state import Action
+
+locks = DistributedLock.__table__
+events = LockEvent.__table__
+freezes = LockFreeze.__table__
+fence_counter = FenceCounter.__table__
+waiters = LockWaiter.__table__
+# The API tokens, as far as a grant reads them (the lock core does not import
+# ``app.auth``): a grant locks its token's row and refuses a revoked or expired
+# token there, in its own transaction. A token name with no row is a caller's
+# own label (tests, tools): nothing to check.
+api_tokens = table(
+    "api_tokens",
+    column("name", String()),
+    column("revoked_at", UTCDateTime()),
+    column("expires_at", UTCDateTime()),
+)
+
+
+def queue_columns(resource, now, waiter=None):
+    """The Lock's ``waiters`` (live waiters of ``resource``, ``waiter``'s own row
+    excluded) and ``ahead`` (those in line before ``waiter``; everyone when
+    ``waiter`` is None or binds NULL), as scalar subqueries. A row past its
+    deadline never counts: it belongs to a request that gave up or an app
+    instance that died."""
+    live = and_(waiters.c.resource == resource, waiters.c.deadline > now)
+    count = select(func.count()).select_from(waiters)
+    if waiter is None:
+        everyone = count.where(live).scalar_subquery()
+        return everyone.label("waiters"), everyone.label("ahead")
+    return (
+        count.where(live, or_(waiter.is_(None), waiters.c.id != waiter))
+        .scalar_subquery()
+        .label("waiters"),
+        count.where(live, or_(waiter.is_(None), waiters.c.id < waiter))
+        .scalar_subquery()
+        .label("ahead"),
+    )
+
+
+def covering(now, resource=None):
+    """Freezes in force at ``now`` over ``resource`` (default ``:resource``)."""
+    resource = bindparam("resource", type_=String()) if resource is None else resource
+    return and_(
+        freezes.c.prefix == func.substr(resource, 1, func.length(freezes.c.prefix)),
+        or_(freezes.c.ends_at.is_(None), freezes.c.ends_at > now),
+    )
+
+
+def is_frozen(now):
+    return exists().where(covering(now))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one attempt did.
+
+    ``done``: the grant/renewal/release happened. ``row``: the lock row after the
+    change (for a release: the row that was removed), or on refusal the current row
+    (None when there is none). ``now``: the clock reading the decision used.
+    ``freeze``: on a refused grant, the freeze that covers the resource, if any.
+    """
+
+    done: bool
+    action: Action | None
+    row: Any
+    now: datetime
+    # A grant refused because a freeze covers the resource: that freeze's row.
+    freeze: Any = None
+    over_quota: bool = False
+    # A new grant refused because its API token was revoked or has expired.
+    token_ended: bool = False
+
+
+def token_or_none(token: str | None) -> str | None:
+    """The token as shown to people: ``NO_TOKEN`` is no token."""
+    return token if token != NO_TOKEN else None
+
+
+def token_ended(found, now: datetime) -> bool:
+    """A token row (``_token_row``) that was revoked, or has expired by ``now``."""
+    return found is not None and (
+        found.revoked_at is not None
+        or (found.expires_at is not None and found.expires_at <= now)
+    )
+
+
+def live_locks(now_column):
+    """How many live locks the token ``:quota_token`` holds, counted no further
+    than ``:max_locks`` (an index range on (token, expires_at), bounded)."""
+    mine = locks.alias("mine")
+    live = (
+        select(literal(1))
+        .select_from(mine)
+        .where(
+            mine.c.token == bindparam("quota_token"),
+            mine.c.expires_at > now_column,
+        )
+        .limit(bindparam("max_locks", type_=Integer()))
+        .subquery("live")
+    )
+    return select(func.count()).select_from(live).scalar_subquery()
+
+
+class Clock(NamedTuple):
+    """What ``clock_after_lock`` read once the row lock was held."""
+
+    now: datetime
+    fence: int | None
+    frozen: bool
+    over_quota: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StaleBatch:
+    candidates: int  # rows the batch locked (fewer than asked: the last batch)
+    released: list[Any]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FreezeRow:
+    prefix: str
+    reason: str
+    actor: str
+    frozen_at: datetime
+    ends_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class LockRow:
+    resource: str
+    owner: str
+    token: str | None
+    fence: int
+    acquired_at: datetime
+    expires_at: datetime
+    waiters: int = 0
+
+    @classmethod
+    def of(cls, row, **changes) -> LockRow:
+        values = {name: getattr(row, name, 0) for name in cls.__slots__}
+        values.update(changes)
+        return cls(**values)
