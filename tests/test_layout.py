@@ -106,11 +106,68 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles(graph) == [["a", "b", "c"]]
 
 
-def test_the_lock_core_imports_no_face():
-    faces = ("app.api", "app.dashboard", "app.cli", "app.ops")
-    for name, targets in import_graph().items():
-        if name.startswith("app.locks"):
-            assert not [t for t in targets if t.startswith(faces)], name
+FACES = ("app.api", "app.dashboard", "app.cli", "app.ops", "app.audit", "app.auth")
+DIALECTS = tuple(
+    f"app.locks.statements.{dialect}" for dialect in ("postgresql", "sqlite", "mariadb")
+)
+# The lock core's leaves: values, rules and tables, importing no other part of it.
+LEAVES = tuple(
+    f"app.locks.{leaf}"
+    for leaf in ("clock", "errors", "models", "results", "state", "validation")
+)
+FOUNDATIONS = ("app.database", "app.extensions")
+# What never imports what: (the importers, what none of them may import, why).
+NEVER = [
+    (
+        ("app.locks",),
+        FACES,
+        "the lock core serves every face and is told about tokens (token_is_live)",
+    ),
+    (
+        ("app.locks.queue",),
+        ("app.locks.service", "app.locks.statements"),
+        "the waiting line is handed its reads, its transaction and its attempt",
+    ),
+    *(
+        ((dialect,), tuple(d for d in DIALECTS if d != dialect), "one dialect each")
+        for dialect in DIALECTS
+    ),
+]
+
+
+def _imports_of(importers: tuple[str, ...]) -> dict[str, set[str]]:
+    return {
+        name: targets
+        for name, targets in import_graph().items()
+        if any(name == i or name.startswith(i + ".") for i in importers)
+    }
+
+
+def test_what_never_imports_what():
+    broken = []
+    for importers, forbidden, why in NEVER:
+        assert _imports_of(importers), importers
+        for name, targets in _imports_of(importers).items():
+            bad = sorted(
+                t
+                for t in targets
+                if any(t == f or t.startswith(f + ".") for f in forbidden)
+            )
+            if bad:
+                broken.append(f"{name} imports {bad}: {why}")
+    assert broken == []
+
+
+def test_the_lock_core_leaves_import_only_leaves():
+    graph = import_graph()
+    for leaf in LEAVES:
+        allowed = set(LEAVES) | set(FOUNDATIONS)
+        assert graph[leaf] <= allowed, (leaf, graph[leaf] - allowed)
+
+
+def test_the_waiting_line_does_not_import_the_service_even_for_annotations():
+    source = (APP / "locks" / "queue.py").read_text()
+    assert "app.locks.service" not in source
 
 
 def test_the_client_never_imports_the_server():

@@ -63,7 +63,7 @@ from app.locks.results import AcquireResult
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from app.locks.service import LockService
+    from app.locks.instrumentation import NoMetrics
 
 log = logging.getLogger(__name__)
 
@@ -366,21 +366,45 @@ def client_still_there(environ: dict[str, Any]) -> Callable[[], bool]:
 # -- the queue --------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class LineClock:
+    """The lock service's clock, as the line reads it."""
+
+    # A reading: the database's clock where it has one, else the host's.
+    now: Callable[[], datetime]
+    # The caller-side reading, or None for "the server's, in SQL".
+    given: Callable[[], datetime | None]
+    # The server's clock as a SQL expression; None where there is none (SQLite).
+    server_now: Any = None
+
+
 class WaitQueue:
-    """The rows of ``lock_waiters`` and the waiting loop, for one ``LockService``."""
+    """The rows of ``lock_waiters`` and the waiting loop.
+
+    It is handed what it uses, by name, and never sees the lock service: ``reads``
+    (an autocommit engine for its reads), ``run`` (runs a function in a retried
+    write transaction), ``clock`` and ``metrics``. What a place in line tries is
+    the ``attempt`` given to ``wait``.
+    """
 
     def __init__(
         self,
-        service: LockService,
-        engine: Engine,
         *,
+        reads: Engine,
+        run: Callable[[Callable[[Any], Any]], Any],
+        clock: LineClock,
+        metrics: NoMetrics,
         max_waiters: int,
         max_waiters_per_token: int = 0,
         poll_interval: float,
         listen_url: str | None,
         listen: bool = True,
     ):
-        self.service = service
+        self._reads = reads
+        self._run = run
+        self._clock = clock
+        self.metrics = metrics
+        engine = reads
         self.dialect = engine.dialect.name
         self.max_waiters = max_waiters
         self.poll_interval = poll_interval
@@ -420,11 +444,9 @@ class WaitQueue:
         )
         self._peek = {
             given: self._peek_statement(
-                bindparam("now", type_=UTCDateTime())
-                if given
-                else service._server_now()
+                bindparam("now", type_=UTCDateTime()) if given else clock.server_now
             )
-            for given in ((True, False) if service._has_server_clock else (True,))
+            for given in ((True, False) if clock.server_now is not None else (True,))
         }
 
     def _peek_statement(self, now):
@@ -531,7 +553,7 @@ class WaitQueue:
 
         The same transaction drops the resource's rows whose deadline has passed
         (left by requests of app instances that died)."""
-        now = self.service.now()
+        now = self._clock.now()
 
         def work(conn):
             conn.execute(
@@ -550,7 +572,7 @@ class WaitQueue:
             )
             return result.inserted_primary_key[0]
 
-        return self.service.run_transaction(work)
+        return self._run(work)
 
     def leave(self, waiter_id: int, resource: str) -> None:
         """Take a waiter out of line; the next in line may be free to go now."""
@@ -560,7 +582,7 @@ class WaitQueue:
             if self._notifies:
                 conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
 
-        self.service.run_transaction(work)
+        self._run(work)
         if not self._notifies:
             self._ring(resource)
 
@@ -582,7 +604,7 @@ class WaitQueue:
                         )
             return found
 
-        resources = self.service.run_transaction(work)
+        resources = self._run(work)
         if not self._notifies:
             for resource in resources:
                 self._ring(resource)
@@ -590,13 +612,13 @@ class WaitQueue:
 
     def line(self, resource: str) -> list[Waiter]:
         """Who waits for ``resource``, first in line first."""
-        now = self.service.now()
+        now = self._clock.now()
         query = (
             select(waiters)
             .where(waiters.c.resource == resource, waiters.c.deadline > now)
             .order_by(waiters.c.id)
         )
-        with self.service._autocommit_engine.connect() as conn:
+        with self._reads.connect() as conn:
             rows = conn.execute(query).all()
         return [
             Waiter(r.id, r.resource, r.owner, r.token, r.enqueued_at, r.deadline)
@@ -605,19 +627,19 @@ class WaitQueue:
 
     def version(self) -> tuple[int, int | None]:
         """(live waiters, newest place in line): changes whenever the lines do."""
-        now = self.service.now()
+        now = self._clock.now()
         query = select(func.count(), func.max(waiters.c.id)).where(
             waiters.c.deadline > now
         )
-        with self.service._autocommit_engine.connect() as conn:
+        with self._reads.connect() as conn:
             count, newest = conn.execute(query).one()
         return count, newest
 
     def queued(self) -> int:
         """Live waiters of every resource."""
-        now = self.service.now()
+        now = self._clock.now()
         query = select(func.count()).where(waiters.c.deadline > now)
-        with self.service._autocommit_engine.connect() as conn:
+        with self._reads.connect() as conn:
             return conn.scalar(query)
 
     def notify_released(self, resource: str, waiting: int) -> None:
@@ -628,7 +650,7 @@ class WaitQueue:
             self._ring(resource)
             return
         try:
-            with self.service._autocommit_engine.connect() as conn:
+            with self._reads.connect() as conn:
                 conn.execute(self._notify, {"channel": CHANNEL, "resource": resource})
         except DBAPIError as exc:
             # The release itself committed; the waiters find it by their timers.
@@ -668,7 +690,7 @@ class WaitQueue:
             self._slots.release()
             raise WaitersFull(self.max_waiters_per_token, token=token)
         started = time.monotonic()
-        metrics = self.service.metrics
+        metrics = self.metrics
         metrics.wait_started()
         outcome = "timeout"
         try:
@@ -742,7 +764,7 @@ class WaitQueue:
             else:
                 result = self._look_then_attempt(attempt, resource, waiter_id, result)
         if woken_at is not None:
-            self.service.metrics.handed_over(time.monotonic() - woken_at)
+            self.metrics.handed_over(time.monotonic() - woken_at)
         return result
 
     def _pause(self, refusal: AcquireResult, listener) -> float:
@@ -762,11 +784,11 @@ class WaitQueue:
     def _look_then_attempt(self, attempt, resource, waiter_id, refusal):
         """SQLite, MariaDB: a plain read first; the (writing) attempt only when
         this waiter is first in line and the lock is free or expired."""
-        now = self.service._now()
+        now = self._clock.given()
         params = {"resource": resource, "waiter": waiter_id}
         if now is not None:
             params["now"] = now
-        with self.service._autocommit_engine.connect() as conn:
+        with self._reads.connect() as conn:
             seen = conn.execute(self._peek[now is not None], params).one()
         now = seen.now
         free = seen.owner is None or seen.expires_at is None or seen.expires_at <= now

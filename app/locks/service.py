@@ -55,7 +55,7 @@ from app.locks.pagination import (
     starts_with,
     within,
 )
-from app.locks.queue import WaitQueue
+from app.locks.queue import LineClock, WaitQueue
 from app.locks.results import AcquireResult, Freeze, Lock, Page
 from app.locks.state import Action, LockState, held_by_another, holds
 from app.locks.statements import statements_for
@@ -134,8 +134,14 @@ class LockService:
         self._write_driver = DriverConnection(self._write_engine)
         self._runner = TransactionRunner(settings.retries)
         self.queue = WaitQueue(
-            self,
-            engine,
+            reads=self._autocommit_engine,
+            run=self.run_transaction,
+            clock=LineClock(
+                now=self.now,
+                given=self._now,
+                server_now=self._server_now() if self._has_server_clock else None,
+            ),
+            metrics=metrics,
             max_waiters=settings.max_waiters,
             max_waiters_per_token=settings.max_waiters_per_token,
             poll_interval=settings.wait_poll_interval,
