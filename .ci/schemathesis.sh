@@ -21,6 +21,9 @@ export LOCKKEEPER_BOOTSTRAP=0  # the token below is made by hand; print no admin
 # Generated acquires ask for "wait" up to the document's 30 s; a held lock would keep
 # them past the request timeout. 1 s still exercises waiting (and its 400 past it).
 export LOCKKEEPER_MAX_WAIT=1
+# A followed event stream (/events?follow=true) would last until the request
+# timeout; 1 s still checks its status, media type and headers.
+export LOCKKEEPER_STREAM_MAX_SECONDS=1
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 base="http://127.0.0.1:$port"
 server_pid=""

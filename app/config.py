@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "LOCKKEEPER_STREAM_KEEPALIVE": 15.0,
     # How often a stream looks for new events (PostgreSQL: also woken by NOTIFY).
     "LOCKKEEPER_STREAM_POLL_INTERVAL": 0.1,
+    # A stream ends after this many seconds (its client reconnects and resumes);
+    # 0: it lasts as long as its client stays.
+    "LOCKKEEPER_STREAM_MAX_SECONDS": 0.0,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": 5,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": 300,
     "LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS": 20,
@@ -94,6 +97,7 @@ _PARSED = {
     "LOCKKEEPER_MAX_STREAMS": int,
     "LOCKKEEPER_STREAM_KEEPALIVE": float,
     "LOCKKEEPER_STREAM_POLL_INTERVAL": float,
+    "LOCKKEEPER_STREAM_MAX_SECONDS": float,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": int,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
@@ -211,6 +215,9 @@ def _validate(config: Mapping[str, Any]) -> None:
     keepalive = config["LOCKKEEPER_STREAM_KEEPALIVE"]
     if not (math.isfinite(keepalive) and 0 < keepalive <= 15):
         raise ConfigError("LOCKKEEPER_STREAM_KEEPALIVE must be in (0, 15] seconds")
+    lifetime = config["LOCKKEEPER_STREAM_MAX_SECONDS"]
+    if not (math.isfinite(lifetime) and lifetime >= 0):
+        raise ConfigError("LOCKKEEPER_STREAM_MAX_SECONDS must be zero or more seconds")
     stream_poll = config["LOCKKEEPER_STREAM_POLL_INTERVAL"]
     if not (math.isfinite(stream_poll) and 0 < stream_poll <= 5):
         raise ConfigError("LOCKKEEPER_STREAM_POLL_INTERVAL must be in (0, 5] seconds")

@@ -469,3 +469,14 @@ def test_an_id_rolled_back_holds_a_stream_back_only_briefly(server):
         assert [e["resource"] for _, e in stream.messages] == ["after:rollback"]
     finally:
         stream.close()
+
+
+def test_a_stream_ends_after_its_lifetime_and_resumes_where_it_ended(make_app):
+    app = make_app(LOCKKEEPER_STREAM_MAX_SECONDS=0.5, LOCKKEEPER_STREAM_KEEPALIVE=0.2)
+    with serve(app) as server:
+        stream = Stream(server)
+        try:
+            assert stream.closed.wait(10)  # the server ended it
+            assert stream.start is not None
+        finally:
+            stream.close()

@@ -135,6 +135,7 @@ def _follow(filters: EventFilter, cursor: str | None) -> Response:
         poll=config["LOCKKEEPER_STREAM_POLL_INTERVAL"],
         still_there=client_still_there(request.environ),
         release=release,
+        lifetime=config["LOCKKEEPER_STREAM_MAX_SECONDS"],
     )
     response = Response(stream_with_context(messages), mimetype=EVENT_STREAM)
     # Whatever ends the response (the client gone, the server stopping) frees
@@ -153,7 +154,16 @@ def _messages(
     poll: float,
     still_there: Callable[[], bool],
     release: Callable[[], None],
+    lifetime: float,
 ) -> Iterator[str]:
+    if lifetime:
+        # The stream ends then (the client reconnects with Last-Event-ID).
+        ends = time.monotonic() + lifetime
+        live = still_there
+
+        def still_there() -> bool:
+            return time.monotonic() < ends and live()
+
     try:
         with FollowWakeup(lock_service().queue, poll) as wakeup:
             yield from _follow_loop(
