@@ -137,7 +137,7 @@ def connection_is_dead(dbapi_connection) -> bool:
     """
     try:
         fd = _socket_of(dbapi_connection)
-    except (OSError, ValueError):
+    except Exception:  # noqa: BLE001 - psycopg: OperationalError "connection is lost"
         return True
     if fd is None or fd < 0:
         return True
