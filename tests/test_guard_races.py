@@ -28,7 +28,7 @@ from tests.row_waits import run_blocked
 
 SERVERS = ("postgresql", "mariadb")
 RESOURCE = "guard:paused"
-TTL = 1.0
+TTL = 2.0  # long enough for a loaded machine to guard and write within it
 DEADLINE = 20.0
 
 
