@@ -27,6 +27,7 @@ from app.auth.views import login_required
 from app.dashboard.htmx import render_page_or_fragment
 from app.locks.errors import InvalidInput
 from app.locks.pagination import DEFAULT_PAGE
+from app.locks.service import lock_service
 from app.locks.state import Action
 from app.timestamps import MissingOffset, human_duration, parse_rfc3339
 
@@ -36,6 +37,11 @@ FILTER_FIELDS = ("resource", "prefix", "owner", "actor", "since", "until")
 # ``?rows=all``: every event, renewals included; by default a history shows the
 # ownership changes, each grant with its renewals counted (``renewals``).
 EVERY_ROW = "all"
+QUICK_RANGES = (
+    ("15 min", timedelta(minutes=15)),
+    ("1 h", timedelta(hours=1)),
+    ("24 h", timedelta(hours=24)),
+)
 
 
 def held_for(value: timedelta) -> str:
@@ -152,6 +158,20 @@ def audit():
     query = dict(shown)
     if limit != DEFAULT_PAGE:
         query["limit"] = str(limit)
+    now = lock_service().now()
+    # Quick ranges: the filters as they are, from that long ago until now.
+    ranged = {k: v for k, v in query.items() if k not in ("since", "until")}
+    range_urls = [
+        (
+            label,
+            url_for(
+                "audit.audit",
+                **ranged,
+                since=(now - span).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            ),
+        )
+        for label, span in QUICK_RANGES
+    ]
     return render_page_or_fragment(
         "audit/index.html",
         {"audit-results": "audit/_results.html"},
@@ -159,6 +179,8 @@ def audit():
         page=page,
         tenures=found,
         renewals=folded,
+        now=now,
+        range_urls=range_urls,
         folding=folds_renewals(shown),
         every_row_url=url_for("audit.audit", **{**query, "rows": EVERY_ROW}),
         changes_url=url_for(
