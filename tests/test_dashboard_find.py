@@ -127,3 +127,13 @@ def test_owner_search_on_the_page_is_a_substring(operator, spread):
     owners = sorted(td.get_text(strip=True) for td in page.select("#live td.owner"))
     assert owners == ["DB2:7:c", "db2:7:d"]
     assert "owner contains" in page.select_one("#live caption").get_text()
+
+
+def test_sort_names_match_the_column_labels(operator, service):
+    service.acquire("job:late", "w", ttl=600)
+    service.acquire("job:soon", "w", ttl=60)
+    for sort, first in (("remaining", "job:soon"), ("-remaining", "job:late")):
+        response = operator.get(f"/?sort={sort}")
+        assert response.status_code == 200
+        rows = soup(response).select("#locks-table tbody tr td.resource")
+        assert rows[0].get_text(strip=True) == first

@@ -104,6 +104,10 @@ def overview():
     owner = text_arg("owner")
     cursor = text_arg("cursor")
     sort = text_arg("sort") or "resource"
+    # The column labels are sort names too: ``?sort=remaining`` (or
+    # ``-remaining``) is the Remaining column's order.
+    if sort.lstrip("-") in SORTABLE:
+        sort = sort[: len(sort) - len(sort.lstrip("-"))] + SORTABLE[sort.lstrip("-")]
     group = text_arg("group")
     live = is_live()
     filters = {"state": state, "prefix": prefix, "owner": owner, "sort": sort}
