@@ -75,7 +75,7 @@ def test_cli_csv_export_neutralises_formulas_too(fake_app, hostile_history):
         args=["events", "export", "--format", "csv"]
     )
     assert result.exit_code == 0, result.output
-    rows = list(csv.DictReader(io.StringIO(result.output, newline="")))
+    rows = list(csv.DictReader(io.StringIO(result.stdout, newline="")))
     assert {row["owner"] for row in rows if row["owner"]} == {
         "'" + owner for owner in HOSTILE_OWNERS
     }
