@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import wait as tenacity_wait
 
 from app.locks.errors import LockNotFound, ServiceBusy
+from app.locks.statements import Outcome
 from app.locks.transactions import BASE_WAIT, MAX_WAIT, Raced, TransactionRunner
 
 
@@ -263,9 +264,7 @@ def test_an_acquire_that_keeps_racing_is_refused_after_the_bound(
     def acquire(conn, resource, *args):
         calls.append(resource)
         # Free, no waiters, not held: the row changed between statement and decision.
-        return SimpleNamespace(
-            done=False, row=None, now=quick_service.now(), freeze=None, over_quota=False
-        )
+        return Outcome(done=False, action=None, row=None, now=quick_service.now())
 
     monkeypatch.setattr(quick_service.statements, "acquire", acquire)
     result = quick_service.acquire("job", "w-1", ttl=30)
