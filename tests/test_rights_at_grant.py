@@ -266,3 +266,44 @@ def test_max_locks_holds_under_twenty_parallel_acquires(app, rows):
         for response in granted:
             resource = response.json["lock"]["resource"]
             api.client.delete(f"/api/v1/locks/{resource}?owner=w", headers=_auth(api))
+
+
+@pytest.mark.parametrize(("max_locks", "far"), [(10000, True), (2, False)])
+def test_a_token_far_from_its_quota_shares_its_lock_on_postgresql(
+    app, backend, max_locks, far
+):
+    """PostgreSQL: a token far from its quota (its live locks plus
+    max_connections below it) takes its row FOR SHARE, so its new grants do not
+    wait for each other; near it, the grant takes the row alone and waits for
+    every grant in flight. MariaDB takes it alone under any quota; SQLite has
+    one writer at a time and no row locks."""
+    from sqlalchemy import text
+
+    ApiClient(app, "shared", max_locks=max_locks)
+    share = {"postgresql": "FOR SHARE", "mariadb": "LOCK IN SHARE MODE"}
+    waits = backend == "mariadb" or (backend == "postgresql" and not far)
+    with app.app_context():
+        service = lock_service()
+        with db.engine.connect() as other:
+            if backend in share:
+                # Another grant of the token in flight, holding the row shared.
+                other.execute(
+                    text(
+                        "SELECT 1 FROM api_tokens WHERE name = 'shared' "
+                        + share[backend]
+                    )
+                )
+            done = threading.Event()
+
+            def grant():
+                with app.app_context():
+                    service.acquire("far:1", "w", token="shared", max_locks=max_locks)
+                done.set()
+
+            thread = threading.Thread(target=grant, daemon=True)
+            thread.start()
+            finished = done.wait(1.0)
+            other.rollback()
+        thread.join(10)
+        assert done.is_set()
+        assert finished is not waits

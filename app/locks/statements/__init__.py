@@ -29,7 +29,7 @@ Both take ``now`` = None to read the database's clock once the row lock is held
 The holder of a lock is the pair (token, owner): see ``holds``. An acquire that
 would start a new tenure (a first acquire, the grant of a free row, a take-over;
 not a re-acquire) first locks its API token's row, in the same function
-(PostgreSQL, migration 0009) or transaction: it is refused when the token was
+(PostgreSQL, migrations 0009 and 0011) or transaction: it is refused when the token was
 revoked or has expired by the deciding clock (``token_ended``), and when the
 token's quota of live locks is full. Under a quota that lock is exclusive, so one
 token's new grants count one after another and the quota is exact under parallel

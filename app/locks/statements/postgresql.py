@@ -10,7 +10,7 @@ from app.locks.state import Action
 from app.locks.statements.common import FreezeRow, Outcome
 from app.locks.statements.transaction import TransactionalStatements
 
-# The statements live in the database as functions (migrations 0007 and 0009,
+# The statements live in the database as functions (migrations 0007, 0009 and 0011,
 # where their SQL and its reasoning are): PostgreSQL plans each once per
 # connection, with or without a pooler that cannot carry prepared statements.
 # ``now`` NULL: the server's clock, read after the row lock; a datetime: a
