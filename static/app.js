@@ -163,7 +163,8 @@
 
   document.addEventListener("click", function (event) {
     var link = event.target.closest && event.target.closest('[hx-target="#action-panel"]');
-    if (link) opener = link.id || link;
+    // What opened the dialog, not the dialog's own submit button.
+    if (link && !link.closest("#action-dialog")) opener = link.id || link;
     var cancel = event.target.closest && event.target.closest("#action-dialog [data-close-dialog]");
     if (cancel) {
       event.preventDefault();
@@ -171,12 +172,45 @@
     }
   });
 
+  // The first field that needs the operator: an invalid one, else the first
+  // empty one (a freeze opens on its prefix when none is given), else the first.
   function focusField(panel) {
-    var field = panel.querySelector('[aria-invalid="true"]') ||
-      panel.querySelector("textarea[name=reason]") ||
+    var fields = Array.prototype.slice.call(panel.querySelectorAll(
+      "input:not([type=hidden]):not([type=checkbox]):not([readonly]), textarea, select"));
+    var empty = fields.filter(function (f) { return !f.value; })[0];
+    var field = panel.querySelector('[aria-invalid="true"]') || empty ||
       panel.querySelector("[autofocus]") ||
       panel.querySelector("input:not([type=hidden]), textarea, button");
     if (field) field.focus();
+  }
+
+  // After a successful action the row it came from may go away (released,
+  // refreshed): focus moves to the next row, else the previous, else the table;
+  // never to <body>.
+  var afterAction = null;
+
+  function rowsAround(el) {
+    var row = el && el.closest && el.closest("tr[id]");
+    if (!row) return null;
+    var next = row.nextElementSibling, prev = row.previousElementSibling;
+    return { next: next && next.id, prev: prev && prev.id };
+  }
+
+  function focusRow(id) {
+    var row = id && document.getElementById(id);
+    var target = row && (row.querySelector("td.resource a") || row.querySelector("a, button, input"));
+    if (!target) return false;
+    target.focus();
+    return true;
+  }
+
+  function focusAfterAction(ids) {
+    if (focusRow(ids.next) || focusRow(ids.prev)) return;
+    var table = document.getElementById("locks-table");
+    if (table) {
+      table.setAttribute("tabindex", "-1");
+      table.focus();
+    }
   }
 
   document.addEventListener("htmx:after:swap", function (event) {
@@ -188,6 +222,8 @@
     if (success) {
       var messages = document.getElementById("messages");
       if (messages) messages.replaceChildren(success);
+      var from = typeof opener === "string" ? document.getElementById(opener) : opener;
+      afterAction = rowsAround(from);
       if (dialog && dialog.open) dialog.close();
       return;
     }
@@ -204,8 +240,44 @@
     if (panel) panel.replaceChildren();
     var back = typeof opener === "string" ? document.getElementById(opener) : opener;
     opener = null;
+    if (afterAction) {
+      var ids = afterAction;
+      afterAction = null;
+      focusAfterAction(ids);
+      return;
+    }
     if (back && back.isConnected) back.focus();
   }, true);
+
+  // -- keys: "/" to search, "j" / "k" to the next / previous row ---------------
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    var el = event.target;
+    if (el && (el.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(el.tagName))) return;
+    var dialog = document.getElementById("action-dialog");
+    if (dialog && dialog.open) return;
+    if (event.key === "/") {
+      var search = document.querySelector("[data-search-key]");
+      if (search) {
+        event.preventDefault();
+        search.focus();
+        search.select && search.select();
+      }
+      return;
+    }
+    if (event.key !== "j" && event.key !== "k") return;
+    var rows = Array.prototype.slice.call(
+      document.querySelectorAll("#locks-table tbody tr[id], #groups-table tbody tr[id], table.events tbody tr"));
+    if (!rows.length) return;
+    event.preventDefault();
+    var current = el && el.closest && el.closest("tr");
+    var index = rows.indexOf(current);
+    var next = index < 0 ? 0 : index + (event.key === "j" ? 1 : -1);
+    next = Math.max(0, Math.min(rows.length - 1, next));
+    var target = rows[next].querySelector("td.resource a") ||
+      rows[next].querySelector("a, button, input");
+    if (target) target.focus();
+  });
 
   // -- times that move -------------------------------------------------------
   // Remaining ttl: each <span class="ttl" data-ttl="seconds"> counts down from the

@@ -90,3 +90,40 @@ def test_a_dead_hosts_26_locks_released_in_four_actions_one_event_each(
     assert len(site.events("job:b7")) == 2  # acquired, force_released
     [alive] = site.events("job:alive")
     assert alive["action"] == "acquired"
+
+
+def test_focus_after_a_release_is_on_the_next_row_and_keys_move_between_rows(
+    operator_page: Page, site: Site
+):
+    for name in ("job:a", "job:b", "job:c"):
+        site.acquire(name, "worker-1", ttl=600)
+    page = operator_page
+    page.reload()
+    expect(page.locator("#shortcuts")).to_contain_text("/ search")
+    page.keyboard.press("/")
+    expect(page.locator("#search-prefix")).to_be_focused()
+    page.locator("#search-prefix").press("Escape")
+    page.locator("h1").click()
+    page.keyboard.press("j")
+    expect(
+        page.locator("#locks-table tbody tr").nth(0).locator("td.resource a")
+    ).to_be_focused()
+    page.keyboard.press("j")
+    expect(
+        page.locator("#locks-table tbody tr").nth(1).locator("td.resource a")
+    ).to_be_focused()
+    # Release job:b from its row with the keyboard; focus goes to job:c's row.
+    row = page.locator("#locks-table tbody tr").nth(1)
+    row.get_by_role("link", name="Release…").focus()
+    page.keyboard.press("Enter")
+    panel = page.locator("#action-panel")
+    expect(panel.get_by_label("Reason")).to_be_focused()
+    page.keyboard.type("stuck")
+    panel.get_by_role("button", name="Release worker-1’s lock").click()
+    expect(page.locator("#messages .message-success")).to_contain_text("Released job:b")
+    expect(page.locator("#locks-table tbody tr")).to_have_count(2)
+    focused = page.evaluate("document.activeElement.closest('tr')?.id")
+    assert focused, "focus is on a row, not <body>"
+    expect(
+        page.locator("#locks-table tbody tr").nth(1).locator("td.resource a")
+    ).to_be_focused()
