@@ -66,6 +66,10 @@ def fill(app, clock: DemoClock) -> None:
         locks.release(history, "worker-b", actor="batch")
         clock.at(90)
         locks.acquire(history, "worker-c", ttl=7200, actor="batch")
+        # A busy lock: renewed every 20 s for an hour (folded into its grant).
+        for step in range(180):
+            clock.at(85 - step / 3)
+            locks.renew(history, "worker-c", ttl=7200, actor="batch")
         clock.at(25)
         locks.claim(
             history,
@@ -92,6 +96,17 @@ def fill(app, clock: DemoClock) -> None:
         for n in range(1, 6):
             locks.acquire(f"queue:emails.{n}", f"mailer-{n}", ttl=900, actor="batch")
         clock.at(0)
+        for prefix, hours, reason in (
+            ("billing:", 2, "ledger migration"),
+            ("report:", 1, "warehouse upgrade"),
+            ("sync:", None, "partner API outage"),
+        ):
+            locks.freeze(
+                prefix,
+                actor="admin",
+                reason=reason,
+                duration=timedelta(hours=hours) if hours else None,
+            )
         locks.acquire("job:42", "worker-7@host-2", ttl=12, actor="batch")
         locks.acquire("deploy:api", "ci-runner-18", ttl=1200, actor="ci")
 
@@ -142,8 +157,6 @@ def main() -> None:
                     page.click("button[type=submit]")
                     page.wait_for_url(f"{base}/")
                     for name, path in pages.items():
-                        if suffix and name == "audit":
-                            continue
                         response = page.goto(base + path)
                         if response is None or response.status != 200:
                             print(f"skipped {name}: {path} is not there yet")
