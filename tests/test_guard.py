@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from app.extensions import db, migrate
 from app.factory import upgrade_schema
 from app.locks.service import lock_service
+from app.locks.values import Ask
 from tests.clock import FakeClock
 from tests.row_waits import RowHolder, run_blocked
 
@@ -217,7 +218,7 @@ def test_the_guard_waits_for_a_take_over_in_flight_and_then_is_lost(guarded_app,
         checking = run_blocked(service, lambda: refusal(conn, RESOURCE, first.fence))
         held.finish(
             lambda c: service._transactional.acquire(
-                c, RESOURCE, "w-2", None, 30, "worker", None, service._now()
+                c, Ask(RESOURCE, "w-2", None, 30, "worker"), service._now()
             )
         )
         assert checking.result(timeout=30)[0] == "LK001"

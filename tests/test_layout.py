@@ -113,7 +113,15 @@ DIALECTS = tuple(
 # The lock core's leaves: values, rules and tables, importing no other part of it.
 LEAVES = tuple(
     f"app.locks.{leaf}"
-    for leaf in ("clock", "errors", "models", "results", "state", "validation")
+    for leaf in (
+        "clock",
+        "errors",
+        "models",
+        "results",
+        "state",
+        "validation",
+        "values",
+    )
 )
 FOUNDATIONS = ("app.database", "app.extensions")
 # What never imports what: (the importers, what none of them may import, why).

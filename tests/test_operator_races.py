@@ -12,6 +12,7 @@ from app.extensions import db
 from app.locks.errors import LockChanged
 from app.locks.models import LockEvent
 from app.locks.service import lock_service
+from app.locks.values import Ask
 from tests.faults.checker import grant_order_violations
 from tests.row_waits import RowHolder, run_blocked
 
@@ -57,7 +58,7 @@ def test_force_release_refused_when_the_lock_changed_hands_while_it_waited(app):
             )
             held.finish(
                 lambda conn: service._transactional.acquire(
-                    conn, "race:op", "w-2", None, 30, "worker", None, service._now()
+                    conn, Ask("race:op", "w-2", None, 30, "worker"), service._now()
                 )
             )
         with pytest.raises(LockChanged) as refused:
@@ -91,7 +92,7 @@ def test_claim_refused_when_the_lock_changed_hands_while_it_waited(app):
             )
             held.finish(
                 lambda conn: service._transactional.acquire(
-                    conn, "race:claim", "w-2", None, 30, "worker", None, service._now()
+                    conn, Ask("race:claim", "w-2", None, 30, "worker"), service._now()
                 )
             )
         with pytest.raises(LockChanged) as refused:

@@ -66,6 +66,7 @@ from app.locks.statements.common import (
     queue_columns,
 )
 from app.locks.transactions import Raced, TransactionRunner
+from app.locks.values import Ask
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -124,13 +125,13 @@ class LockService:
         self.settings = settings
         self.dialect = engine.dialect.name
         self.statements = statements_for(self.dialect)
-        self._transactional = getattr(self.statements, "transactional", self.statements)
+        self._transactional = self.statements.transactional
         self._has_server_clock = self.dialect in SERVER_CLOCK_DIALECTS
         self._autocommit_engine = autocommit(engine)
         self._driver = DriverConnection(self._autocommit_engine)
         self._write_engine = engine.execution_options(sqlite_immediate=True)
         # SQLite's hot path: its transaction on the driver's connection.
-        self._driver_begin = getattr(self.statements, "driver_transaction", None)
+        self._driver_begin = self.statements.driver_transaction
         self._write_driver = DriverConnection(self._write_engine)
         self._runner = TransactionRunner(settings.retries)
         self.queue = WaitQueue(
@@ -282,19 +283,16 @@ class LockService:
         :raise TokenEnded: the token was revoked or expired before the grant.
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
-        ttl = self._ttl(ttl)
-        quota = {"token": token, "max_locks": max_locks}
+        ask = Ask(resource, owner, token, self._ttl(ttl), actor, max_locks)
         try:
-            result = self._attempt(resource, owner, ttl, actor, None, **quota)
+            result = self._attempt(ask, None)
         except QuotaExceeded:
             self.metrics.acquire_refused()
             raise
         if not result.acquired and wait:
             # The line's identity is the token (the actor may be a session's).
             result = self.queue.wait(
-                lambda waiter: self._attempt(
-                    resource, owner, ttl, actor, waiter, **quota
-                ),
+                lambda waiter: self._attempt(ask, waiter),
                 resource=resource,
                 owner=owner,
                 token=token,
@@ -308,18 +306,14 @@ class LockService:
             self.metrics.acquire_refused()
         return result
 
-    def _attempt(
-        self,
-        resource: str,
-        owner: str,
-        ttl: float,
-        actor,
-        waiter: int | None,
-        *,
-        token: str | None = None,
-        max_locks: int | None = None,
-    ) -> AcquireResult:
+    def _attempt(self, ask: Ask, waiter: int | None) -> AcquireResult:
         """One decision; ``waiter``: our place in line, None for "not in line"."""
+        resource, owner, token, max_locks = (
+            ask.resource,
+            ask.owner,
+            ask.token,
+            ask.max_locks,
+        )
 
         def decide(outcome) -> AcquireResult:
             if outcome.done:
@@ -349,17 +343,7 @@ class LockService:
             )
 
         return self.run_transaction(
-            lambda conn: self.statements.acquire(
-                conn,
-                resource,
-                owner,
-                token,
-                ttl,
-                actor,
-                max_locks,
-                self._now(),
-                waiter,
-            ),
+            lambda conn: self.statements.acquire(conn, ask, self._now(), waiter),
             autocommit=self.statements.autocommit,
             driver=True,
             decide=decide,

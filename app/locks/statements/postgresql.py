@@ -9,6 +9,7 @@ from app.locks.driver import DriverConnection, DriverSQL
 from app.locks.state import Action
 from app.locks.statements.common import FreezeRow, Outcome
 from app.locks.statements.transaction import TransactionalStatements
+from app.locks.values import Ask
 
 # The statements live in the database as functions (migrations 0007, 0009 and 0011,
 # where their SQL and its reasoning are): PostgreSQL plans each once per
@@ -36,6 +37,7 @@ class PostgresStatements:
     """
 
     autocommit = True
+    driver_transaction = None
     # What the methods send; the benchmark's driver baseline sends the same.
     acquire_sql = _PG_ACQUIRE
     renew_sql = _PG_RENEW
@@ -77,19 +79,17 @@ class PostgresStatements:
             bool(getattr(row, "token_ended", False)),
         )
 
-    def acquire(
-        self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
-    ) -> Outcome:
+    def acquire(self, conn, ask: Ask, now, waiter=None) -> Outcome:
         return self._run(
             conn,
             self.acquire_sql,
             {
-                "resource": resource,
-                "owner": owner,
-                "token": token,
-                "ttl": ttl,
-                "actor": actor,
-                "max_locks": max_locks,
+                "resource": ask.resource,
+                "owner": ask.owner,
+                "token": ask.token,
+                "ttl": ask.ttl,
+                "actor": ask.actor,
+                "max_locks": ask.max_locks,
                 "waiter": waiter,
                 "now": now,
             },

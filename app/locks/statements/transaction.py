@@ -47,6 +47,7 @@ from app.locks.statements.common import (
     token_or_none,
     waiters,
 )
+from app.locks.values import Ask
 
 _SERVER_NOW = {
     "postgresql": func.clock_timestamp,
@@ -69,10 +70,17 @@ class TransactionalStatements:
     time before that release, and judge expiry by that stale reading.
     """
 
+    # What each dialect's statements declare, so the service asks, not probes:
+    # ``autocommit`` (acquire, renew and release are one statement each),
+    # ``driver_transaction`` (the hot path runs on the driver's connection,
+    # opened with this SQL; None: on SQLAlchemy's) and ``transactional`` (the
+    # statements of the operator's actions).
     autocommit = False
+    driver_transaction: str | None = None
 
     def __init__(self, dialect_name: str) -> None:
         self.dialect_name = dialect_name
+        self.transactional = self
         self._server_now = _SERVER_NOW.get(dialect_name)
         self.uses_sequence = dialect_name != "sqlite"
         # The hot statements are built once: building Core constructs on every
@@ -377,9 +385,9 @@ class TransactionalStatements:
 
     # -- operations ---------------------------------------------------------
 
-    def acquire(
-        self, conn, resource, owner, token, ttl, actor, max_locks, now, waiter=None
-    ) -> Outcome:
+    def acquire(self, conn, ask: Ask, now, waiter=None) -> Outcome:
+        resource, owner, token = ask.resource, ask.owner, ask.token
+        ttl, actor, max_locks = ask.ttl, ask.actor, ask.max_locks
         counting = bool(max_locks) and token is not None
         checks_token = token is not None and token != NO_TOKEN
         # SQLite has one writer at a time: its count rides on the locking read.

@@ -1,0 +1,20 @@
+"""Values that travel through the lock core as one piece."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One acquire as the service hands it to the statements: who asks
+    (``token``, ``owner``; ``actor`` is who is recorded as acting) for which
+    ``resource``, for how long (``ttl`` seconds), and under which quota
+    (``max_locks`` live locks of the token; None: none)."""
+
+    resource: str
+    owner: str
+    token: str | None
+    ttl: float
+    actor: str | None = None
+    max_locks: int | None = None
