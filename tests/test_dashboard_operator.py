@@ -198,7 +198,7 @@ def test_release_the_matching_names_the_count_of_the_view_and_a_host(operator, s
         service.acquire(f"job:{n}", f"batch-07:{n}:x", ttl=3600)
     service.acquire("job:other", "web-1:1:y", ttl=3600)
     page = soup(operator.get("/?owner=batch-07"))
-    link = page.select_one("#bulk-form a")
+    link = page.select_one("#bulk-form + a")
     assert link.get_text() == "Release the 26 matching…"
     confirm = soup(operator.get(link["href"]))
     assert confirm.find("h2").get_text() == "Force release 26 locks?"
