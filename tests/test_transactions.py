@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import wait as tenacity_wait
 
 from app.locks.errors import LockNotFound, ServiceBusy
-from app.locks.statements import Outcome
+from app.locks.statements.common import Outcome
 from app.locks.transactions import BASE_WAIT, MAX_WAIT, Raced, TransactionRunner
 
 
@@ -261,8 +261,8 @@ def test_an_acquire_that_keeps_racing_is_refused_after_the_bound(
 ):
     calls = []
 
-    def acquire(conn, resource, *args):
-        calls.append(resource)
+    def acquire(conn, ask, *args):
+        calls.append(ask.resource)
         # Free, no waiters, not held: the row changed between statement and decision.
         return Outcome(done=False, action=None, row=None, now=quick_service.now())
 
