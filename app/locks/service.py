@@ -16,7 +16,6 @@ from flask import current_app
 from sqlalchemy import (
     Connection,
     Engine,
-    and_,
     case,
     delete,
     event,
@@ -57,7 +56,13 @@ from app.locks.pagination import (
 )
 from app.locks.queue import LineClock, WaitQueue
 from app.locks.results import AcquireResult, Freeze, Lock, Page
-from app.locks.state import Action, LockState, held_by_another, holds
+from app.locks.state import (
+    Action,
+    LockState,
+    held_by_another,
+    holds,
+    state_condition,
+)
 from app.locks.statements import statements_for
 from app.locks.statements.common import (
     events,
@@ -843,15 +848,18 @@ class LockService:
         return self._transactional._server_now().cast(UTCDateTime())
 
     def _state_condition(self, state: LockState | None, now: datetime):
-        soon = now + timedelta(seconds=self.settings.expiring_within)
-        expires_at = locks.c.expires_at
-        if state is LockState.STALE:
-            return expires_at <= now
-        if state is LockState.EXPIRING:
-            return and_(expires_at > now, expires_at <= soon)
-        if state is LockState.HELD:
-            return expires_at > soon
-        return None
+        if state is None:
+            return None
+        return state_condition(
+            state, locks.c.expires_at, now, self.settings.expiring_within
+        )
+
+    def _state_counts(self, now: datetime) -> list:
+        """One ``count`` column per state, labelled by its name."""
+        return [
+            func.count(case((self._state_condition(state, now), 1))).label(state.value)
+            for state in LockState
+        ]
 
     def list_locks(
         self,
@@ -977,17 +985,8 @@ class LockService:
         if _filter_error(prefix):
             raise InvalidInput([("prefix", _filter_error(prefix))])
         now = self.now()
-        soon = now + timedelta(seconds=self.settings.expiring_within)
-        expires_at = locks.c.expires_at
         query = (
-            select(
-                locks.c.owner,
-                func.count(case((expires_at > soon, 1))).label("held"),
-                func.count(case((and_(expires_at > now, expires_at <= soon), 1))).label(
-                    "expiring"
-                ),
-                func.count(case((expires_at <= now, 1))).label("stale"),
-            )
+            select(locks.c.owner, *self._state_counts(now))
             .where(locks.c.owner.is_not(None))
             .group_by(locks.c.owner)
         )
@@ -1001,15 +1000,7 @@ class LockService:
     def counts(self) -> dict[LockState, int]:
         """How many rows are in each state right now."""
         now = self.now()
-        soon = now + timedelta(seconds=self.settings.expiring_within)
-        expires_at = locks.c.expires_at
-        query = select(
-            func.count(case((expires_at > soon, 1))).label("held"),
-            func.count(case((and_(expires_at > now, expires_at <= soon), 1))).label(
-                "expiring"
-            ),
-            func.count(case((expires_at <= now, 1))).label("stale"),
-        ).where(locks.c.owner.is_not(None))
+        query = select(*self._state_counts(now)).where(locks.c.owner.is_not(None))
         with self._autocommit_engine.connect() as conn:
             row = conn.execute(query).one()
         return {state: getattr(row, state.value) for state in LockState}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
+
+from sqlalchemy import ColumnElement, and_
 
 
 class LockState(StrEnum):
@@ -19,6 +21,19 @@ def classify(remaining: float, expiring_within: float) -> LockState:
     if remaining <= expiring_within:
         return LockState.EXPIRING
     return LockState.HELD
+
+
+def state_condition(
+    state: LockState, expires_at, now: datetime, expiring_within: float
+) -> ColumnElement[bool]:
+    """``classify`` in SQL: the rows of ``state`` at ``now``, judged by their
+    ``expires_at`` column. The two forms live side by side so they cannot drift."""
+    soon = now + timedelta(seconds=expiring_within)
+    if state is LockState.STALE:
+        return expires_at <= now
+    if state is LockState.EXPIRING:
+        return and_(expires_at > now, expires_at <= soon)
+    return expires_at > soon
 
 
 def holds(row, owner: str, token: str | None) -> bool:
