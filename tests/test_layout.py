@@ -118,6 +118,7 @@ LEAVES = tuple(
         "errors",
         "models",
         "results",
+        "rules",
         "state",
         "validation",
         "values",

@@ -152,13 +152,11 @@ def test_a_take_over_that_waited_for_a_force_release_is_recorded_after_it(app):
                 ),
             )
             held.finish(
-                lambda conn: service._transactional.force_release(
+                lambda conn: service._transactional.force_remove(
                     conn,
-                    "race:forced",
-                    "alice",
-                    "stuck",
-                    service._now(),
-                    lambda row, now: None,
+                    *service._transactional.locked(conn, "race:forced", service._now()),
+                    actor="alice",
+                    reason="stuck",
                 )
             )
         assert waiting.result(timeout=30).acquired

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 
 from app.database import SERVER_CLOCK_DIALECTS, UTCDateTime, autocommit
-from app.locks import validation
+from app.locks import rules, validation
 from app.locks.clock import Clock, DatabaseClock, SystemClock
 from app.locks.driver import DriverConnection
 from app.locks.errors import (
@@ -35,7 +35,6 @@ from app.locks.errors import (
     InvalidInput,
     LockChanged,
     LockExpired,
-    LockHeld,
     LockNotFound,
     NotFrozen,
     NotOwner,
@@ -65,6 +64,7 @@ from app.locks.state import (
 )
 from app.locks.statements import statements_for
 from app.locks.statements.common import (
+    Outcome,
     events,
     freezes,
     locks,
@@ -471,17 +471,19 @@ class LockService:
         self._validate_fence(expected_fence)
         self._require_reason(reason, "to force-release a lock")
 
-        def confirm(row, now):
-            if row is None or row.owner is None:
-                raise LockNotFound(resource)
-            if expected_fence is not None and row.fence != expected_fence:
-                raise LockChanged(resource, expected_fence, self._lock(row, now))
+        statements = self._transactional
 
-        outcome = self.run_transaction(
-            lambda conn: self._transactional.force_release(
-                conn, resource, actor, reason, self._now(), confirm
+        def work(conn):
+            row, now = statements.locked(conn, resource, self._now())
+            rules.refuse_force_release(
+                row,
+                resource=resource,
+                expected_fence=expected_fence,
+                show=lambda found: self._lock(found, now),
             )
-        )
+            return statements.force_remove(conn, row, now, actor=actor, reason=reason)
+
+        outcome = self.run_transaction(work)
         self.metrics.operator_action(outcome.action)
         self.queue.notify_released(resource, getattr(outcome.row, "waiters", 0))
         return self._lock(outcome.row, outcome.now)
@@ -554,40 +556,39 @@ class LockService:
         token = for_token if for_token is not None else NO_TOKEN
         ttl = self._ttl(ttl)
 
-        def confirm(row, now, freeze) -> bool:
-            held = row is not None and row.owner is not None
-            if expected_fence is not None and (not held or row.fence != expected_fence):
-                holder = self._lock(row, now) if held else None
-                raise LockChanged(resource, expected_fence, holder)
-            # Exactly this holder: a claim names its token (or none), so a grant
-            # under another token, or under none recorded, is someone else's.
-            taking = (
-                held
-                and row.expires_at > now
-                and not (row.owner == owner and row.token == token)
-            )
-            if taking and not force:
-                raise LockHeld(resource, self._lock(row, now))
-            if freeze is not None:
-                raise ResourceFrozen(resource, Freeze.from_row(freeze))
-            if taking:
-                self._require_reason(reason, "to take a lock another holder holds")
-            return taking
+        statements = self._transactional
 
-        outcome = self.run_transaction(
-            lambda conn: self._transactional.claim(
+        def work(conn):
+            view = statements.claim_view(
+                conn, resource, token, self._now(), frozen_too=force
+            )
+            if view.token_ended:
+                return Outcome(False, None, view.row, view.now, token_ended=True)
+            taking = rules.claim_takes_from_holder(
+                view.row,
+                view.now,
+                resource=resource,
+                owner=owner,
+                token=token,
+                expected_fence=expected_fence,
+                force=force,
+                freeze=view.freeze,
+                reason=reason,
+                show=lambda found: self._lock(found, view.now),
+            )
+            return statements.write_claim(
                 conn,
+                view,
                 resource,
                 owner,
                 token,
                 ttl,
-                actor,
-                reason,
-                self._now(),
-                confirm,
-                frozen_too=force,
+                actor=actor,
+                reason=reason,
+                takes_from_holder=taking,
             )
-        )
+
+        outcome = self.run_transaction(work)
         if outcome.token_ended:
             raise InvalidInput([("for_token", f"no live API token is named {token!r}")])
         self.metrics.operator_action(outcome.action)
@@ -595,8 +596,7 @@ class LockService:
 
     @staticmethod
     def _require_reason(reason: str | None, why: str) -> None:
-        if reason is None or not reason.strip():
-            raise InvalidInput([("reason", f"is required {why}")])
+        rules.require_reason(reason, why)
 
     @staticmethod
     def _validate_fence(fence: Any) -> None:

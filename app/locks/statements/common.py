@@ -142,6 +142,17 @@ class Clock(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimView:
+    """What a claim decides on, read under the row lock (``claim_view``)."""
+
+    row: Any
+    now: datetime
+    fence: int | None
+    freeze: Any
+    token_ended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class StaleBatch:
     candidates: int  # rows the batch locked (fewer than asked: the last batch)
     released: list[Any]

@@ -30,6 +30,7 @@ from app.locks.models import (
 )
 from app.locks.state import Action, holds
 from app.locks.statements.common import (
+    ClaimView,
     Clock,
     LockRow,
     Outcome,
@@ -488,34 +489,26 @@ class TransactionalStatements:
             return Outcome(False, None, row, now)
         return self._remove(conn, row, Action.RELEASED, token, actor, None, now)
 
-    def force_release(self, conn, resource, actor, reason, now, confirm) -> Outcome:
-        """``confirm(row, now)`` raises to refuse (the service's rules)."""
+    # The operator's actions come in steps the service composes inside one
+    # transaction: lock the row (and read the clock), apply its rule, write.
+
+    def locked(self, conn, resource, now) -> tuple[Row | None, datetime]:
+        """The row of ``resource`` locked until commit, and the deciding clock
+        read after that lock."""
         row = self.lock_row(conn, resource, now)
-        now = self.clock_after_lock(conn, now).now
-        confirm(row, now)
+        return row, self.clock_after_lock(conn, now).now
+
+    def force_remove(self, conn, row, now, *, actor, reason) -> Outcome:
+        """End the grant on the locked ``row`` whoever holds it."""
         return self._remove(
             conn, row, Action.FORCE_RELEASED, row.token, actor, reason, now
         )
 
-    def claim(
-        self,
-        conn,
-        resource,
-        owner,
-        token,
-        ttl,
-        actor,
-        reason,
-        now,
-        confirm,
-        *,
-        frozen_too,
-    ) -> Outcome:
-        """Grant to (``token``, ``owner``); ``token`` NO_TOKEN: bound to no token.
-
-        ``confirm(row, now, freeze)`` raises to refuse, or says whether the claim
-        takes the lock from another valid holder. ``frozen_too``: claim even if a
-        freeze covers the resource (``freeze`` is then None)."""
+    def claim_view(self, conn, resource, token, now, *, frozen_too) -> ClaimView:
+        """What a claim of ``resource`` for ``token`` decides on: the locked row,
+        the clock and a new fence read after that lock, the freeze in force
+        (unless ``frozen_too``) and whether ``token`` (unless NO_TOKEN) has
+        ended. Writes nothing; the fence is drawn unless a freeze covers it."""
         row = self.lock_row(conn, resource, now)
         now, fence, frozen, _ = self.clock_after_lock(
             conn, now, fence=True, unless_frozen=None if frozen_too else resource
@@ -524,12 +517,38 @@ class TransactionalStatements:
             # The token the grant is bound to must be live where it commits.
             found = self._token_row(conn, token, exclusive=False)
             if found is None or token_ended(found, now):
-                return Outcome(False, None, row, now, token_ended=True)
+                return ClaimView(row, now, None, None, token_ended=True)
         freeze = self.freeze_of(conn, resource, now) if frozen else None
-        takes_from_holder = confirm(row, now, freeze)
+        return ClaimView(row, now, fence, freeze)
+
+    def write_claim(
+        self,
+        conn,
+        view: ClaimView,
+        resource,
+        owner,
+        token,
+        ttl,
+        *,
+        actor,
+        reason,
+        takes_from_holder: bool,
+    ) -> Outcome:
+        """Grant ``resource`` to (``token``, ``owner``) with ``view``'s fence;
+        ``token`` NO_TOKEN: bound to no token."""
         action = Action.FORCE_CLAIMED if takes_from_holder else Action.CLAIMED
         return self._grant(
-            conn, row, resource, owner, token, fence, now, ttl, action, actor, reason
+            conn,
+            view.row,
+            resource,
+            owner,
+            token,
+            view.fence,
+            view.now,
+            ttl,
+            action,
+            actor,
+            reason,
         )
 
     def _remove(self, conn, row, action, token, actor, reason, now) -> Outcome:
