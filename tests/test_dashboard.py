@@ -258,6 +258,28 @@ def test_viewer_sees_locks_but_no_action_controls(viewer, service):
         assert not page.select("form[method=post][action^='/locks']")
 
 
+def test_each_row_has_one_actions_menu_whose_links_work_without_javascript(
+    operator, service
+):
+    service.acquire("job:1", "w", ttl=100)
+    page = soup(operator.get("/"))
+    [cell] = page.select("#live tbody tr td.actions")
+    # One disclosure per row, no loose buttons beside it: <details> opens with
+    # no script, and each link is a plain GET of the action's own page.
+    [menu] = cell.select(":scope > details.row-menu")
+    assert menu.select_one(":scope > summary").get_text(" ", strip=True) == (
+        "Actions for job:1"
+    )
+    assert not cell.select(":scope > a, :scope > button")
+    links = {a.get_text(strip=True): a["href"] for a in menu.select("li a")}
+    assert set(links) == {"Release…job:1", "Claim…job:1"}
+    for label, href in links.items():
+        response = operator.get(href)
+        assert response.status_code == 200, label
+        form = soup(response).select_one("form[method=post]")
+        assert form is not None, label
+
+
 @pytest.mark.parametrize("action", ["release", "claim"])
 def test_viewer_gets_403_when_posting_an_action(fake_app, viewer, service, action):
     service.acquire("job:1", "w", ttl=100)

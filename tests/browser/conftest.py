@@ -191,3 +191,11 @@ def operator_page(page: Page, site: Site, problems: BrowserProblems) -> Page:
     page.get_by_role("button", name="Log in").click()
     page.get_by_role("heading", name="Locks").wait_for()
     return page
+
+
+def row_action(row, name: str):
+    """A row's action link, its menu opened first (a row shows one "Actions" menu)."""
+    menu = row.locator("details.row-menu")
+    if menu.get_attribute("open") is None:
+        menu.locator("summary").click()
+    return row.get_by_role("link", name=name)

@@ -14,7 +14,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import OPERATOR, BrowserProblems, Site
+from tests.browser.conftest import OPERATOR, BrowserProblems, Site, row_action
 
 pytestmark = pytest.mark.browser
 
@@ -121,7 +121,7 @@ def test_force_release_asks_for_confirmation_and_updates_the_row_in_place(
     row = lock_row(page, "job:stuck")
     expect(row).to_have_count(1)
 
-    row.get_by_role("link", name="Release…").click()
+    row_action(row, "Release…").click()
     panel = page.locator("#action-panel")
     expect(panel.get_by_role("heading")).to_contain_text("Force release job:stuck")
     expect(panel).to_contain_text("worker-9")
@@ -154,7 +154,7 @@ def test_claiming_a_stale_lock_gives_it_to_the_operator(
     row = lock_row(page, "job:orphan")
     expect(row.locator(".badge")).to_have_text("stale")
 
-    row.get_by_role("link", name="Claim…").click()
+    row_action(row, "Claim…").click()
     panel = page.locator("#action-panel")
     expect(panel).to_contain_text("has expired")
     expect(panel.get_by_label("Owner")).to_have_value(f"operator:{OPERATOR}")

@@ -17,7 +17,13 @@ from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Page, expect
 from werkzeug.serving import make_server
 
-from tests.browser.conftest import OPERATOR, OPERATOR_PASSWORD, BrowserProblems, Site
+from tests.browser.conftest import (
+    OPERATOR,
+    OPERATOR_PASSWORD,
+    BrowserProblems,
+    Site,
+    row_action,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -98,7 +104,7 @@ def test_offline_banner_within_one_poll_and_recovery_shown(
     with restartable(make_app) as (server, api):
         api.post("/api/v1/locks/job:1", json={"owner": "w-1", "ttl": 300})
         log_in(page, server.url)
-        release = lock_row(page, "job:1").get_by_role("link", name="Release…")
+        release = row_action(lock_row(page, "job:1"), "Release…")
         expect(release).to_be_visible()
         banner = page.locator("#connection")
         expect(banner).to_be_hidden()
@@ -147,7 +153,7 @@ def test_polls_keep_focus_and_selection(operator_page: Page, site: Site):
         site.acquire(f"job:{n}", f"worker-{n}", ttl=600)
     page = operator_page
     page.reload()
-    button = lock_row(page, "job:1").get_by_role("link", name="Claim…")
+    button = row_action(lock_row(page, "job:1"), "Claim…")
     button.focus()
     page.evaluate("document.activeElement.__kept = true")
     # Select an owner's text, as an operator copying it would.
@@ -254,9 +260,11 @@ def test_phone_width_keeps_state_remaining_and_actions_in_view(
     page.goto(site.url + "/")
     for resource in (long_name, "job:short"):
         row = lock_row(page, resource)
+        row.locator("details.row-menu summary").click()
         for part in (
             ".badge",
             ".ttl",
+            "summary",
             "a:has-text('Release…')",
             "a:has-text('Claim…')",
         ):
@@ -266,6 +274,61 @@ def test_phone_width_keeps_state_remaining_and_actions_in_view(
             assert box["x"] + box["width"] <= 390, (resource, part)
     cell = lock_row(page, long_name).locator("td.resource a")
     assert cell.get_attribute("title") == long_name
+
+
+def test_overview_fits_1280_px_with_each_rows_actions_in_reach(
+    operator_page: Page, site: Site
+):
+    # Names, owners and tokens as long as real ones get: the columns that
+    # ellipsize must, and the actions column must stay on screen.
+    for n in range(3):
+        site.acquire(
+            f"batch:nightly-reindex-{n}:" + "segment-" * 6,
+            f"worker-{n}.build-farm.example.internal:" + "pid-4242-" * 4,
+            ttl=600,
+        )
+    page = operator_page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.reload()
+    table = page.locator("#locks-table")
+    expect(table.locator("tbody tr")).to_have_count(3)
+    overflow = page.evaluate(
+        """() => {
+          const scroller = document.querySelector('#live .table-scroll');
+          return {
+            table: scroller.scrollWidth - scroller.clientWidth,
+            page: document.documentElement.scrollWidth - window.innerWidth,
+          };
+        }"""
+    )
+    assert overflow == {"table": 0, "page": 0}, overflow
+    for row in table.locator("tbody tr").all():
+        summary = row.locator("details.row-menu summary")
+        expect(summary).to_have_count(1)
+        summary.click()
+        for name in ("Release…", "Claim…"):
+            link = row.get_by_role("link", name=name)
+            expect(link).to_be_visible()
+            box = link.bounding_box()
+            assert box is not None, name
+            assert box["x"] + box["width"] <= 1280, (name, box)
+    after = page.evaluate(
+        "document.querySelector('#live .table-scroll').scrollWidth"
+        " - document.querySelector('#live .table-scroll').clientWidth"
+    )
+    assert after == 0, f"an open menu widens the table by {after}px"
+
+
+def test_an_open_row_menu_stays_open_through_a_poll(operator_page: Page, site: Site):
+    site.acquire("job:menu", "worker-1", ttl=600)
+    page = operator_page
+    page.reload()
+    row = lock_row(page, "job:menu")
+    row_action(row, "Release…")
+    site.acquire("job:other", "worker-2", ttl=600)  # a poll that changes the table
+    expect(lock_row(page, "job:other")).to_have_count(1, timeout=POLL_WAIT_MS)
+    expect(row.locator("details.row-menu")).to_have_attribute("open", "")
+    expect(row.get_by_role("link", name="Release…")).to_be_visible()
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
@@ -306,7 +369,7 @@ def test_axe_finds_no_serious_violation_on_any_page(
         page.goto(site.url + url)
         check(url)
     page.goto(site.url + "/")
-    lock_row(page, "job:held").get_by_role("link", name="Release…").click()
+    row_action(lock_row(page, "job:held"), "Release…").click()
     expect(page.locator("#action-dialog")).to_be_visible()
     check("release dialog")
     page.keyboard.press("Escape")

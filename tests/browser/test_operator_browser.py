@@ -8,7 +8,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import OPERATOR, Site
+from tests.browser.conftest import OPERATOR, Site, row_action
 
 pytestmark = pytest.mark.browser
 
@@ -114,7 +114,7 @@ def test_focus_after_a_release_is_on_the_next_row_and_keys_move_between_rows(
     ).to_be_focused()
     # Release job:b from its row with the keyboard; focus goes to job:c's row.
     row = page.locator("#locks-table tbody tr").nth(1)
-    row.get_by_role("link", name="Release…").focus()
+    row_action(row, "Release…").focus()
     page.keyboard.press("Enter")
     panel = page.locator("#action-panel")
     expect(panel.get_by_label("Reason")).to_be_focused()
