@@ -3,6 +3,7 @@ the database from the events and lock rows (each test on every backend)."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -205,3 +206,86 @@ def test_the_charts_are_drawn_once_a_minute(operator, fake_app, clock):
     assert "Now 0 held" in held_now()
     clock.advance(60)
     assert "Now 1 held" in held_now()
+
+
+def test_concurrent_requests_at_a_new_minute_draw_the_charts_once(
+    fake_app, monkeypatch
+):
+    """Eight threads ask for the charts of a minute nobody drew yet: one draws,
+    the others wait for its drawing and get it."""
+    import threading
+
+    drawn = []
+    started = threading.Event()
+    release = threading.Event()
+    real_build = charts.build
+
+    def slow_build(now, within):
+        drawn.append(now)
+        started.set()
+        assert release.wait(10)
+        return real_build(now, within)
+
+    waiting = []
+
+    class Counted:
+        """The flight's lock, counting who waits on it."""
+
+        def __init__(self):
+            self.lock = threading.Lock()
+            self.acquire, self.release = self.lock.acquire, self.lock.release
+
+        def __enter__(self):
+            waiting.append(threading.get_ident())
+            self.lock.acquire()
+
+        def __exit__(self, *exc):
+            self.lock.release()
+
+    class Flight(charts._Flight):
+        def __init__(self):
+            super().__init__()
+            self.drawing = Counted()
+
+    monkeypatch.setattr(charts, "build", slow_build)
+    monkeypatch.setattr(charts, "_Flight", Flight)
+    results = []
+
+    def ask():
+        with fake_app.app_context():
+            results.append(charts.cached(NOW + timedelta(seconds=7), 15))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    threads[0].start()
+    assert started.wait(10)
+    for thread in threads[1:]:
+        thread.start()
+    # The others are in flight (each past its cache look-up) before the drawing ends.
+    deadline = time.monotonic() + 10
+    while len(waiting) < 7 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(waiting) == 7, "the other requests never reached the flight"
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(drawn) == 1
+    assert len(results) == 8
+    assert all(result is results[0] for result in results)
+
+
+def test_a_failed_drawing_is_not_kept(fake_app, monkeypatch):
+    calls = []
+    real_build = charts.build
+
+    def flaky(now, within):
+        calls.append(now)
+        if len(calls) == 1:
+            raise RuntimeError("database went away")
+        return real_build(now, within)
+
+    monkeypatch.setattr(charts, "build", flaky)
+    with fake_app.app_context():
+        with pytest.raises(RuntimeError):
+            charts.cached(NOW, 15)
+        assert charts.cached(NOW, 15) is charts.cached(NOW, 15)
+    assert len(calls) == 2

@@ -157,6 +157,17 @@ def build(now: datetime, expiring_within: float) -> Activity:
 _cache_lock = threading.Lock()
 
 
+class _Flight:
+    """One drawing of one minute: the request that starts it holds ``drawing``
+    until it is done; the others wait on it instead of drawing again."""
+
+    __slots__ = ("drawing", "result")
+
+    def __init__(self) -> None:
+        self.drawing = threading.Lock()
+        self.result: Activity | None = None
+
+
 def cached(now: datetime, expiring_within: float) -> Activity:
     """The charts, drawn at most once a minute per process and app.
 
@@ -164,17 +175,33 @@ def cached(now: datetime, expiring_within: float) -> Activity:
     is over, and counting the hour's events takes the database about a second
     at 100,000 locks and 72,000 events an hour. Every open overview polls them
     once a minute; the first poll of a minute draws them (ending at its
-    ``now``), the others get that drawing.
+    ``now``), and the polls that arrive while it draws wait for that drawing
+    (a single flight: at a new minute, N open overviews cost one count, not N
+    concurrent ones). A drawing that fails is not kept; the next request draws.
     """
     minute = now.replace(second=0, microsecond=0)
     key = (minute, expiring_within)
     store = current_app.extensions.setdefault("lockkeeper.activity", {})
     with _cache_lock:
-        found = store.get(key)
-    if found is not None:
-        return found
-    drawn = build(now, expiring_within)
-    with _cache_lock:
-        store.clear()
-        store[key] = drawn
-    return drawn
+        flight = store.get(key)
+        mine = flight is None
+        if mine:
+            flight = _Flight()
+            flight.drawing.acquire()
+            store.clear()
+            store[key] = flight
+    if not mine:
+        with flight.drawing:  # wait for the drawing in flight
+            pass
+        if flight.result is not None:
+            return flight.result
+        return build(now, expiring_within)  # it failed: draw for this request
+    try:
+        flight.result = build(now, expiring_within)
+        return flight.result
+    finally:
+        if flight.result is None:
+            with _cache_lock:
+                if store.get(key) is flight:
+                    del store[key]
+        flight.drawing.release()
