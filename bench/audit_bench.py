@@ -411,10 +411,16 @@ def bench(
             # The charts are drawn once a minute per process: time the draw.
             app.extensions.get("lockkeeper.activity", {}).clear()
 
-        if not only or any(o in "activity, drawn afresh" for o in only):
-            pages["activity, drawn afresh"] = "/activity"
+        drawn_afresh = {
+            "activity, drawn afresh": "/activity",
+            "activity 24 h, drawn afresh": "/activity?range=24h",
+            "activity 7 d, drawn afresh": "/activity?range=7d",
+        }
+        for label, url in drawn_afresh.items():
+            if not only or any(o in label for o in only):
+                pages[label] = url
         for label, url in pages.items():
-            before = afresh if label == "activity, drawn afresh" else None
+            before = afresh if label in drawn_afresh else None
             median, p95, status = timed(client, url, runs, before)
             results[label] = (median, p95, status)
             print(

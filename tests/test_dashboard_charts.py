@@ -220,11 +220,11 @@ def test_concurrent_requests_at_a_new_minute_draw_the_charts_once(
     release = threading.Event()
     real_build = charts.build
 
-    def slow_build(now, within):
+    def slow_build(now, *args):
         drawn.append(now)
         started.set()
         assert release.wait(10)
-        return real_build(now, within)
+        return real_build(now, *args)
 
     waiting = []
 
@@ -277,11 +277,11 @@ def test_a_failed_drawing_is_not_kept(fake_app, monkeypatch):
     calls = []
     real_build = charts.build
 
-    def flaky(now, within):
+    def flaky(now, *args):
         calls.append(now)
         if len(calls) == 1:
             raise RuntimeError("database went away")
-        return real_build(now, within)
+        return real_build(now, *args)
 
     monkeypatch.setattr(charts, "build", flaky)
     with fake_app.app_context():
@@ -289,3 +289,61 @@ def test_a_failed_drawing_is_not_kept(fake_app, monkeypatch):
             charts.cached(NOW, 15)
         assert charts.cached(NOW, 15) is charts.cached(NOW, 15)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "title", "per", "bars"),
+    [
+        ("1h", "The last hour", "minute", 60),
+        ("24h", "The last 24 hours", "20 min", 72),
+        ("7d", "The last 7 days", "2 h", 84),
+    ],
+)
+def test_ranges_are_links_to_wider_buckets_with_a_unit_on_each_chart(
+    operator, name, title, per, bars
+):
+    url = "/activity" if name == "1h" else f"/activity?range={name}"
+    page = soup(operator.get(url))
+    assert page.select_one("#activity-heading").get_text() == title
+    links = {a.get_text(): a for a in page.select("#activity .ranges a")}
+    assert list(links) == ["1 h", "24 h", "7 d"]
+    for link in links.values():  # plain links: they work without JavaScript
+        assert link["href"] == link["hx-get"]
+        assert link["href"].startswith("/activity")
+    assert links[f"{name[:-1]} {name[-1]}"]["aria-current"] == "page"
+    titles = [t.get_text() for t in page.select("#activity svg .axis-title")]
+    assert titles == ["locks", f"events per {per}"]
+    assert f"per {per}" in page.select_one("#events-title").get_text()
+    poll = page.select_one("#activity .poller")["hx-get"]
+    assert (f"range={name}" in poll) == (name != "1h")
+    assert len(charts.window(NOW, charts.SPANS[name]).moments) == bars + 1
+
+
+def test_an_unknown_range_is_a_400_with_the_choices(operator):
+    response = operator.get("/activity?range=1y")
+    assert response.status_code == 400
+    assert "1h, 24h, 7d" in response.get_data(as_text=True)
+
+
+def test_one_spike_is_clipped_so_the_rest_stays_readable():
+    values = [3, 4, 5, 4, 3] * 11 + [400]
+    assert charts._scale(values) == 15  # three times the 90th percentile
+    assert charts._scale([3, 4, 5, 9, 4, 3]) == 9  # no spike: the largest value
+    assert charts._scale([0] * 50 + [1, 90]) == 90  # too few values to clip for
+    assert charts._scale([]) == 0
+
+
+def test_a_spike_is_drawn_at_the_top_and_told_in_words(app, backend):
+    minute = [event("acquired", 30.5 - i, resource=f"job:{i}") for i in range(20)]
+    spike = [event("renewed", 5.5, resource="job:spike") for _ in range(200)]
+    with app.app_context():
+        for item in [*minute, *spike]:
+            db.session.add(item)
+        db.session.commit()
+        drawn = charts.build(NOW, 15)
+    chart = drawn.events
+    assert chart.peak == 200
+    assert chart.clipped
+    assert chart.y_max < 200
+    tallest = max(bar[3] for bar in chart.bars)
+    assert tallest == chart.plot_bottom - chart.plot_top

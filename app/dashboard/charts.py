@@ -1,5 +1,6 @@
-"""The last hour in two small charts: locks held / expiring / stale, minute by
-minute, and audit events per minute. The database counts (``app.audit.activity``,
+"""The last hour, day or week in two small charts: locks held / expiring / stale
+per bucket, and audit events per bucket (a minute for the hour, wider for longer
+ranges). The database counts (``app.audit.activity``,
 bucketed ``GROUP BY`` queries); this module only turns the counts into SVG
 geometry, a pure function like ``timeline.py``, drawn by
 ``templates/dashboard/_activity.html``.
@@ -18,6 +19,39 @@ from app.dashboard.timeline import ticks
 
 WINDOW = timedelta(hours=1)
 STEP = timedelta(minutes=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A range the charts can show: its window, cut into buckets of ``step``
+    (wider for longer ranges, so every range is 60-84 buckets)."""
+
+    name: str
+    title: str
+    window: timedelta
+    step: timedelta
+    per: str  # the bucket, in words: "minute", "20 min", "2 h"
+
+
+SPANS = {
+    span.name: span
+    for span in (
+        Span("1h", "The last hour", WINDOW, STEP, "minute"),
+        Span(
+            "24h",
+            "The last 24 hours",
+            timedelta(hours=24),
+            timedelta(minutes=20),
+            "20 min",
+        ),
+        Span("7d", "The last 7 days", timedelta(days=7), timedelta(hours=2), "2 h"),
+    )
+}
+DEFAULT_SPAN = SPANS["1h"]
+# A value above this many times the 90th percentile is drawn at the top of the
+# plot and marked, so one spike does not flatten the rest.
+CLIP_FACTOR = 3
+CLIP_AFTER = 5
 WIDTH = 480
 HEIGHT = 140
 LEFT = 36
@@ -46,6 +80,9 @@ class Chart:
     plot_top: int = TOP
     plot_bottom: int = HEIGHT - BOTTOM
     y_max: int = 1
+    peak: int = 0  # the largest value, shown in words
+    peak_at: datetime | None = None
+    clipped: bool = False  # the peak is above y_max, drawn at the top
     x_ticks: list[tuple[float, str]] = field(default_factory=list)
     lines: dict[str, str] = field(default_factory=dict)  # state -> polyline points
     bars: list[tuple[float, float, float, float, str]] = field(default_factory=list)
@@ -56,9 +93,10 @@ class Activity:
     start: datetime
     end: datetime
     samples: list[Sample]
-    per_minute: list[tuple[datetime, int]]
+    per_minute: list[tuple[datetime, int]]  # events per bucket of the span
     states: Chart
     events: Chart
+    span: Span = DEFAULT_SPAN
 
     @property
     def now(self) -> Sample:
@@ -69,22 +107,36 @@ class Activity:
         return sum(count for _, count in self.per_minute)
 
 
-def window(now: datetime) -> counts_of.Window:
-    return counts_of.Window(end=now, step=STEP, slots=int(WINDOW / STEP))
+def window(now: datetime, span: Span = DEFAULT_SPAN) -> counts_of.Window:
+    return counts_of.Window(end=now, step=span.step, slots=int(span.window / span.step))
 
 
-def samples(now: datetime, expiring_within: float) -> list[Sample]:
-    """How many locks were held / expiring / stale at each minute of the last
-    hour up to ``now``, as the database counts them."""
-    span = window(now)
-    counted = counts_of.states(span, expiring_within)
-    return [Sample(at, **c) for at, c in zip(span.moments, counted, strict=True)]
+def samples(
+    now: datetime, expiring_within: float, span: Span = DEFAULT_SPAN
+) -> list[Sample]:
+    """How many locks were held / expiring / stale at each bucket boundary of
+    the span up to ``now``, as the database counts them."""
+    moments = window(now, span)
+    counted = counts_of.states(moments, expiring_within)
+    return [Sample(at, **c) for at, c in zip(moments.moments, counted, strict=True)]
 
 
-def per_minute(now: datetime) -> list[tuple[datetime, int]]:
-    """Events in each minute of the last hour ending at ``now``, oldest first."""
-    span = window(now)
-    return list(zip(span.moments, counts_of.per_bucket(span), strict=False))
+def per_minute(now: datetime, span: Span = DEFAULT_SPAN) -> list[tuple[datetime, int]]:
+    """Events in each bucket of the span ending at ``now``, oldest first."""
+    moments = window(now, span)
+    return list(zip(moments.moments, counts_of.per_bucket(moments), strict=False))
+
+
+def _scale(values: list[int]) -> int:
+    """The top of the y axis: the largest value, unless it is a spike (above
+    ``CLIP_FACTOR`` times the 90th percentile of the non-zero values, with at
+    least ``CLIP_AFTER`` of them to keep readable), then that bound."""
+    peak = max(values, default=0)
+    ordered = sorted(v for v in values if v > 0)
+    if len(ordered) < CLIP_AFTER:
+        return peak
+    bound = CLIP_FACTOR * ordered[int(0.9 * (len(ordered) - 1))]
+    return peak if peak <= bound else bound
 
 
 def _nice_max(value: int) -> int:
@@ -106,20 +158,33 @@ def _frame(start: datetime, end: datetime, y_max: int) -> Chart:
     return chart
 
 
-def build(now: datetime, expiring_within: float) -> Activity:
-    start = now - WINDOW
-    sampled = samples(now, expiring_within)
-    minutes = per_minute(now)
-    span = WINDOW.total_seconds()
+def _peak(chart: Chart, series: list[tuple[datetime, int]]) -> None:
+    for at, value in series:
+        if value > chart.peak:
+            chart.peak, chart.peak_at = value, at
+    chart.clipped = chart.peak > chart.y_max
+
+
+def build(
+    now: datetime, expiring_within: float, shown: Span = DEFAULT_SPAN
+) -> Activity:
+    start = now - shown.window
+    sampled = samples(now, expiring_within, shown)
+    minutes = per_minute(now, shown)
+    span = shown.window.total_seconds()
 
     states = _frame(
-        start, now, max(max(getattr(s, k) for k in STATES) for s in sampled)
+        start, now, _scale([getattr(s, k) for s in sampled for k in STATES])
     )
+    _peak(states, [(s.at, getattr(s, k)) for s in sampled for k in STATES])
     width = states.plot_right - states.plot_left
     height = states.plot_bottom - states.plot_top
 
     def y_of(chart: Chart, value: int) -> float:
-        return round(chart.plot_bottom - height * value / chart.y_max, 1)
+        # Off the scale: at the top (the chart says so in words).
+        return round(
+            chart.plot_bottom - height * min(value, chart.y_max) / chart.y_max, 1
+        )
 
     for state in STATES:
         points = []
@@ -128,7 +193,9 @@ def build(now: datetime, expiring_within: float) -> Activity:
             points.append(f"{x:.1f},{y_of(states, getattr(sample, state))}")
         states.lines[state] = " ".join(points)
 
-    counts = _frame(start, now, max((count for _, count in minutes), default=0))
+    when = "%H:%MZ" if shown.window <= WINDOW else "%Y-%m-%d %H:%MZ"
+    counts = _frame(start, now, _scale([count for _, count in minutes]))
+    _peak(counts, minutes)
     slot_width = width / len(minutes)
     for moment, count in minutes:
         if not count:
@@ -141,7 +208,7 @@ def build(now: datetime, expiring_within: float) -> Activity:
                 top,
                 round(max(slot_width - 1, 1), 1),
                 round(counts.plot_bottom - top, 1),
-                f"{count} event{'s' if count != 1 else ''} at {moment:%H:%MZ}",
+                f"{count} event{'s' if count != 1 else ''} at {moment.strftime(when)}",
             )
         )
     return Activity(
@@ -151,6 +218,7 @@ def build(now: datetime, expiring_within: float) -> Activity:
         per_minute=minutes,
         states=states,
         events=counts,
+        span=shown,
     )
 
 
@@ -168,7 +236,9 @@ class _Flight:
         self.result: Activity | None = None
 
 
-def cached(now: datetime, expiring_within: float) -> Activity:
+def cached(
+    now: datetime, expiring_within: float, shown: Span = DEFAULT_SPAN
+) -> Activity:
     """The charts, drawn at most once a minute per process and app.
 
     The charts are per minute: a minute's samples are history once the minute
@@ -180,7 +250,7 @@ def cached(now: datetime, expiring_within: float) -> Activity:
     concurrent ones). A drawing that fails is not kept; the next request draws.
     """
     minute = now.replace(second=0, microsecond=0)
-    key = (minute, expiring_within)
+    key = (minute, expiring_within, shown.name)
     store = current_app.extensions.setdefault("lockkeeper.activity", {})
     with _cache_lock:
         flight = store.get(key)
@@ -188,16 +258,17 @@ def cached(now: datetime, expiring_within: float) -> Activity:
         if mine:
             flight = _Flight()
             flight.drawing.acquire()
-            store.clear()
+            for old in [k for k in store if k[0] != minute]:
+                del store[old]  # a past minute's drawings
             store[key] = flight
     if not mine:
         with flight.drawing:  # wait for the drawing in flight
             pass
         if flight.result is not None:
             return flight.result
-        return build(now, expiring_within)  # it failed: draw for this request
+        return build(now, expiring_within, shown)  # it failed: draw for this request
     try:
-        flight.result = build(now, expiring_within)
+        flight.result = build(now, expiring_within, shown)
         return flight.result
     finally:
         if flight.result is None:

@@ -265,11 +265,15 @@ ACTIVITY_POLL_SECONDS = 60
 @bp.get("/activity")
 @login_required
 def activity():
-    """The last hour as two small charts; loaded by the overview after its
-    table, and polled slowly. The charts change once a minute (``charts``)."""
+    """The last hour (or ``?range=24h`` / ``7d``) as two small charts; loaded by
+    the overview after its table, and polled slowly. The charts change once a
+    minute (``charts``)."""
     live = is_live()
+    shown = charts.SPANS.get(request.args.get("range", charts.DEFAULT_SPAN.name))
+    if shown is None:
+        abort(400, description="range is one of " + ", ".join(charts.SPANS) + ".")
     service = lock_service()
-    drawn = charts.cached(service.now(), service.settings.expiring_within)
+    drawn = charts.cached(service.now(), service.settings.expiring_within, shown)
     version = shown_version(drawn.end)
     unchanged = _unchanged(version)
     if unchanged is not None:
@@ -281,6 +285,7 @@ def activity():
         activity_live=live,
         activity_version=version,
         activity_poll_seconds=ACTIVITY_POLL_SECONDS,
+        spans=charts.SPANS.values(),
     )
 
 
