@@ -13,7 +13,11 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from app.database import autocommit
 from app.extensions import db
 from app.locks.driver import DriverConnection, DriverSQL
-from app.locks.statements import statements_for
+from app.locks.statements import (
+    LockStatements,
+    TransactionalStatements,
+    statements_for,
+)
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -148,3 +152,15 @@ def test_a_duplicate_insert_in_a_transaction_is_an_integrity_error(transactional
         connection.transaction(statements.driver_transaction) as conn,
     ):
         statements._write_grant(conn, None, "seam:4", values)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite", "mariadb", "mysql"])
+def test_every_dialects_statements_declare_what_the_service_asks(dialect):
+    """The service reads these declarations and never probes with getattr."""
+    statements = statements_for(dialect)
+    assert isinstance(statements, LockStatements)
+    assert isinstance(statements.autocommit, bool)
+    assert statements.driver_transaction is None or isinstance(
+        statements.driver_transaction, str
+    )
+    assert isinstance(statements.transactional, TransactionalStatements)

@@ -41,13 +41,58 @@ re-acquire or renew.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from app.locks.statements.common import Outcome
 from app.locks.statements.mariadb import MariaDBStatements
 from app.locks.statements.postgresql import PostgresStatements
 from app.locks.statements.sqlite import SQLiteStatements
 from app.locks.statements.transaction import TransactionalStatements
 
 
-def statements_for(dialect_name: str):
+@runtime_checkable
+class LockStatements(Protocol):
+    """What the service asks of every dialect's statements: the hot operations,
+    and what they run on, declared rather than probed."""
+
+    # acquire, renew and release are one statement each, on the driver's
+    # autocommit connection.
+    autocommit: bool
+    # The hot path runs in a transaction on the driver's connection, opened with
+    # this SQL ("" when the driver opens it itself); None: on SQLAlchemy's.
+    driver_transaction: str | None
+    # The statements of the operator's actions and the reads (a short
+    # transaction around a locking read on every dialect).
+    transactional: TransactionalStatements
+
+    def acquire(
+        self, conn: Any, ask: Any, now: datetime | None, waiter: int | None = None
+    ) -> Outcome: ...
+
+    def renew(
+        self,
+        conn: Any,
+        resource: str,
+        owner: str,
+        token: str | None,
+        ttl: float,
+        actor: str | None,
+        now: datetime | None,
+    ) -> Outcome: ...
+
+    def release(
+        self,
+        conn: Any,
+        resource: str,
+        owner: str,
+        token: str | None,
+        actor: str | None,
+        now: datetime | None,
+    ) -> Outcome: ...
+
+
+def statements_for(dialect_name: str) -> LockStatements:
     if dialect_name == "postgresql":
         return PostgresStatements()
     if dialect_name == "sqlite":
