@@ -27,6 +27,18 @@
     }
   });
 
+  // The audit's live tail keeps the reader's place: while they have scrolled
+  // down the page (reading older rows), its poll is skipped, so no new row
+  // pushes what they read away. Back at the top, the next poll brings them in.
+  var TAIL_SCROLL_SLACK = 40;
+  document.addEventListener("htmx:config:request", function (event) {
+    var ctx = event.detail && event.detail.ctx;
+    var source = ctx && ctx.sourceElement;
+    if (!source || !source.classList || !source.classList.contains("poller")) return;
+    if (!source.closest("#audit-results")) return;
+    if (window.scrollY > TAIL_SCROLL_SLACK) event.preventDefault();
+  });
+
   // -- connection state -------------------------------------------------------
   // A failed request (network error, timeout, 502/503/504 from a proxy or the
   // server) turns the page offline: a banner, the live indicator says so, the

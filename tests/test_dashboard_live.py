@@ -265,3 +265,54 @@ def test_a_search_counts_what_it_shows_and_a_quiet_search_polls_204(
     changed = poll(operator, poll_url, "live", version)
     assert changed.status_code == 200
     assert soup(changed).select_one("#count-held .count").get_text() == "2"
+
+
+# -- the audit's live tail ----------------------------------------------------
+
+
+def test_audit_page_one_tails_new_events_with_204_while_unchanged(operator, service):
+    service.acquire("job:1", "w", ttl=100)
+    page = soup(operator.get("/audit"))
+    poller = page.select_one("#audit-results .poller")
+    assert poller is not None, "page 1 with no end of range polls"
+    assert poller["hx-sync"] == "this:drop"
+    assert not poller.has_attr("hx-push-url")
+    assert poller["hx-target"] == "#audit-results"
+    version = poller_version(poller)
+    url = poller["hx-get"]
+
+    assert poll(operator, url, "audit-results", version).status_code == 204
+
+    service.acquire("job:2", "w", ttl=100)
+    fresh = poll(operator, url, "audit-results", version)
+    assert fresh.status_code == 200
+    rows = soup(fresh).select("#audit-results tbody tr[id^=event-]")
+    assert [r.select_one("td.resource").get_text(strip=True) for r in rows][:2] == [
+        "job:2",
+        "job:1",
+    ]
+    assert soup(fresh).body is None, "a poll gets the fragment, not the page"
+
+
+def test_audit_tail_keeps_the_filters_and_skips_older_pages_and_closed_ranges(
+    operator, service
+):
+    for n in range(3):
+        service.acquire(f"job:{n}", "w", ttl=100)
+    filtered = soup(operator.get("/audit?prefix=job:1"))
+    assert "prefix=job" in filtered.select_one("#audit-results .poller")["hx-get"]
+    older = soup(operator.get("/audit?limit=1")).select_one(".pager a[rel=next]")
+    assert older is not None
+    for url in (older["href"], "/audit?until=2030-01-01T00:00:00Z"):
+        assert soup(operator.get(url)).select_one("#audit-results .poller") is None, url
+
+
+def test_a_paused_audit_tail_does_not_poll_and_resumes(operator, service):
+    paused = soup(operator.get("/audit?live=0"))
+    assert "every" not in paused.select_one("#audit-results .poller")["hx-trigger"]
+    assert "Paused." in paused.select_one("#audit-results .live").get_text()
+    resume = paused.select_one("#audit-results .live a")
+    assert resume.get_text() == "Resume"
+    assert "live=1" in resume["href"]
+    live = soup(operator.get(resume["href"]))
+    assert "every 5s" in live.select_one("#audit-results .poller")["hx-trigger"]

@@ -25,6 +25,7 @@ from app.audit.service import (
 )
 from app.auth.views import login_required
 from app.dashboard.htmx import render_page_or_fragment
+from app.dashboard.views import POLL_SECONDS, _unchanged, is_live, shown_version
 from app.locks.errors import InvalidInput
 from app.locks.pagination import DEFAULT_PAGE
 from app.locks.service import lock_service
@@ -172,10 +173,25 @@ def audit():
         )
         for label, span in QUICK_RANGES
     ]
+    # A live tail: page 1 of a range with no end gets the newest events by
+    # polling; anything else (an older page, an "until") stays as it was read.
+    live = is_live()
+    tailing = not errors and cursor is None and filters.until is None
+    version = shown_version([e.id for e in page.items] if page else [], query)
+    if tailing and live:
+        unchanged = _unchanged(version)
+        if unchanged is not None:
+            return unchanged
     return render_page_or_fragment(
         "audit/index.html",
         {"audit-results": "audit/_results.html"},
         status=400 if errors else 200,
+        tailing=tailing,
+        live=live,
+        version=version,
+        poll_seconds=POLL_SECONDS,
+        poll_url=url_for("audit.audit", **query),
+        switch_url=url_for("audit.audit", **query, live="0" if live else "1"),
         page=page,
         tenures=found,
         renewals=folded,

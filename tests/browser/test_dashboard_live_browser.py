@@ -331,6 +331,40 @@ def test_an_open_row_menu_stays_open_through_a_poll(operator_page: Page, site: S
     expect(row.get_by_role("link", name="Release…")).to_be_visible()
 
 
+def test_audit_tails_new_events_in_place_but_not_while_the_reader_scrolled(
+    operator_page: Page, site: Site
+):
+    for n in range(40):  # a page long enough to scroll
+        site.acquire(f"job:old-{n}", "worker-1", ttl=600)
+    page = operator_page
+    page.goto(site.url + "/audit")
+    mark_document = "window.__tailMark = 'kept'"
+    page.evaluate(mark_document)
+    rows = page.locator("#audit-results tbody tr")
+    site.acquire("job:new-1", "worker-2", ttl=600)
+    expect(rows.first.locator("td.resource")).to_have_text(
+        "job:new-1", timeout=POLL_WAIT_MS
+    )
+    assert page.evaluate("window.__tailMark") == "kept", "no reload"
+    assert "/audit" in page.url
+    assert "live" not in page.url, "polls are not pushed to history"
+
+    # Scrolled down to older rows: the tail holds still.
+    page.mouse.wheel(0, 2000)
+    page.wait_for_function("window.scrollY > 100")
+    polls: list[str] = []
+    page.on("request", lambda r: polls.append(r.url) if "/audit" in r.url else None)
+    site.acquire("job:new-2", "worker-2", ttl=600)
+    page.wait_for_timeout(6_500)  # longer than one poll interval
+    assert polls == [], "a scrolled reader's tail polls nothing"
+    expect(rows.first.locator("td.resource")).to_have_text("job:new-1")
+    # Back at the top, the next poll brings the new event in.
+    page.evaluate("window.scrollTo(0, 0)")
+    expect(rows.first.locator("td.resource")).to_have_text(
+        "job:new-2", timeout=POLL_WAIT_MS
+    )
+
+
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_axe_finds_no_serious_violation_on_any_page(
     operator_page: Page, site: Site, scheme: str
