@@ -546,6 +546,7 @@ def test_claim_with_control_characters_in_owner_is_refused(operator, service):
 
 
 def test_lock_page_shows_row_history_and_timeline(operator, service, clock):
+    """Past instants read as the audit's do: relative, exact on hover."""
     service.acquire("job:1", "w1", ttl=5)
     clock.advance(10)
     service.acquire("job:1", "w2", ttl=100)
@@ -554,12 +555,18 @@ def test_lock_page_shows_row_history_and_timeline(operator, service, clock):
     page = soup(operator.get("/locks/job:1"))
     facts = page.select_one("#lock-summary dl").get_text(" ", strip=True)
     assert "w2" in facts
-    assert "2026-11-30T09:00:10.000Z" in facts  # acquired_at, RFC 3339 with Z
+    # acquired_at as every past instant on the dashboard: relative, exact on hover
+    assert "Acquired 1 s ago" in facts
+    acquired = page.select_one("#lock-summary dl time[data-age]")
+    assert acquired["title"] == "2026-11-30T09:00:10.000Z"
     actions = [
         row.select("td")[1].get_text() for row in page.select("#history tbody tr")
     ]
     # Renewals are folded into the grant they extend.
     assert actions == ["took over · renewed 1×, last 09:00:11Z", "acquired"]
+    when = [row.select_one("td time") for row in page.select("#history tbody tr")]
+    assert [t.get_text() for t in when] == ["1 s ago", "11 s ago"]
+    assert when[1]["title"] == "2026-11-30T09:00:00.000Z"
     every = soup(operator.get(page.select_one("#history .rows-shown a")["href"]))
     actions = [
         row.select("td")[1].get_text() for row in every.select("#history tbody tr")
