@@ -347,3 +347,30 @@ def test_a_spike_is_drawn_at_the_top_and_told_in_words(app, backend):
     assert chart.y_max < 200
     tallest = max(bar[3] for bar in chart.bars)
     assert tallest == chart.plot_bottom - chart.plot_top
+
+
+def test_the_day_and_week_are_redrawn_once_per_bucket_the_hour_once_a_minute(
+    fake_app, monkeypatch
+):
+    calls = []
+    real_build = charts.build
+
+    def counted(now, within, shown=charts.DEFAULT_SPAN):
+        calls.append((shown.name, now))
+        return real_build(now, within, shown)
+
+    monkeypatch.setattr(charts, "build", counted)
+    day, week, hour = charts.SPANS["24h"], charts.SPANS["7d"], charts.SPANS["1h"]
+    with fake_app.app_context():
+        for minutes in (0, 5, 19):  # one 20-min bucket (NOW is on the hour)
+            at = NOW + timedelta(minutes=minutes)
+            charts.cached(at, 15, day)
+            charts.cached(at, 15, week)
+            charts.cached(at, 15, hour)
+        charts.cached(NOW + timedelta(minutes=20), 15, day)
+    assert [c for c in calls if c[0] == "24h"] == [
+        ("24h", NOW),
+        ("24h", NOW + timedelta(minutes=20)),
+    ]
+    assert [c for c in calls if c[0] == "7d"] == [("7d", NOW)]
+    assert len([c for c in calls if c[0] == "1h"]) == 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from flask import current_app
 
@@ -59,6 +59,7 @@ RIGHT = 12
 TOP = 12
 BOTTOM = 24
 STATES = counts_of.STATES
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +250,12 @@ def cached(
     (a single flight: at a new minute, N open overviews cost one count, not N
     concurrent ones). A drawing that fails is not kept; the next request draws.
     """
-    minute = now.replace(second=0, microsecond=0)
-    key = (minute, expiring_within, shown.name)
+    # A minute for the hour; a bucket (20 min, 2 h) for the longer ranges,
+    # whose drawing counts every event of the day or week (seconds, not
+    # milliseconds, at a million events): redrawn once per bucket.
+    period = STEP if shown.window <= WINDOW else shown.step
+    drawn_in = now - (now - EPOCH) % period
+    key = (shown.name, drawn_in, expiring_within)
     store = current_app.extensions.setdefault("lockkeeper.activity", {})
     with _cache_lock:
         flight = store.get(key)
@@ -258,8 +263,8 @@ def cached(
         if mine:
             flight = _Flight()
             flight.drawing.acquire()
-            for old in [k for k in store if k[0] != minute]:
-                del store[old]  # a past minute's drawings
+            for old in [k for k in store if k[0] == shown.name and k[1] != drawn_in]:
+                del store[old]  # this range's drawing of a past period
             store[key] = flight
     if not mine:
         with flight.drawing:  # wait for the drawing in flight
