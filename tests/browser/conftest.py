@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Page
+from playwright.sync_api import Browser, BrowserType, Page, Playwright, sync_playwright
 
 from app.paths import PROJECT_ROOT
 from tests.live_server import LiveServer, serve
@@ -52,6 +52,41 @@ def pytest_configure(config):
         option.tracing = "retain-on-failure"
 
 
+# pytest-playwright keeps one Playwright for the whole session, and its sync API
+# leaves an asyncio loop marked as running in the main thread for as long as it
+# lives: an asyncio test that runs after a browser test in the same process then
+# fails ("Cannot run the event loop while another loop is running"). So
+# Playwright and its browser live while this package's tests run, and end before
+# pytest moves on to any other test.
+@pytest.fixture(scope="package")
+def playwright(_pw_api_request_contexts) -> Iterator[Playwright]:
+    started = sync_playwright().start()
+    if _pw_api_request_contexts:
+        _pw_api_request_contexts.instrument(started)
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="package")
+def browser_type(playwright: Playwright, browser_name: str) -> BrowserType:
+    return getattr(playwright, browser_name)
+
+
+@pytest.fixture(scope="package")
+def launch_browser(browser_type_launch_args, browser_type: BrowserType):
+    def launch(**options) -> Browser:
+        return browser_type.launch(**{**browser_type_launch_args, **options})
+
+    return launch
+
+
+@pytest.fixture(scope="package")
+def browser(launch_browser) -> Iterator[Browser]:
+    launched = launch_browser()
+    yield launched
+    launched.close()
+
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     if not CHROMIUM.exists():
@@ -74,8 +109,10 @@ def base_url():
 
 
 @pytest.fixture
-def browser_context_args(browser_context_args):
-    return {**browser_context_args, "accept_downloads": True}
+def browser_context_args():
+    """Replaces pytest-playwright's own (a session fixture that asks for the
+    Playwright above); its --device and --video options are not used here."""
+    return {"accept_downloads": True}
 
 
 # -- the server -------------------------------------------------------------
