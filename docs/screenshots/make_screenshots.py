@@ -1,6 +1,6 @@
 """Regenerate the dashboard screenshots in this folder.
 
-    /work/venv/bin/python docs/screenshots/make_screenshots.py
+    .venv/bin/python docs/screenshots/make_screenshots.py
 
 Serves the app on a throwaway SQLite database filled with demo locks (their
 history written at earlier moments through a movable clock), logs in through the
