@@ -966,19 +966,6 @@ class LockService:
         items = [self._lock(row, now) for row in rows]
         return Page(items, next_cursor)
 
-    def current_grants(self, *, limit: int = 20_000) -> list[Lock]:
-        """Every lock that has an owner (valid or stale), at most ``limit``."""
-        now = self.now()
-        query = (
-            select(locks)
-            .where(locks.c.owner.is_not(None))
-            .order_by(locks.c.resource)
-            .limit(limit)
-        )
-        with self._autocommit_engine.connect() as conn:
-            rows = conn.execute(query).all()
-        return [self._lock(row, now) for row in rows]
-
     def owner_counts(self, *, prefix: str | None = None) -> list[OwnerCounts]:
         """Each owner of a lock with how many it holds in each state, most stale
         first (what needs attention), then most locks."""
