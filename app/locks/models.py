@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Index, Sequence, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Index,
+    Integer,
+    Sequence,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.database import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
@@ -18,6 +27,12 @@ fence_sequence = Sequence("lock_fence_seq", start=1, metadata=db.metadata)
 # ``DistributedLock.token`` of a grant bound to no token (an operator's claim):
 # no token name is empty, so no worker matches it.
 NO_TOKEN = ""
+
+# The modes of a grant: an exclusive grant excludes every other; shared grants
+# coexist with each other.
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+SESSION_ID_LENGTH = 64
 
 
 class DistributedLock(db.Model):
@@ -39,9 +54,20 @@ class DistributedLock(db.Model):
     fence: Mapped[int] = mapped_column(BigInteger)
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    # How many holders the resource allows at once: 1 is the exclusive (or
+    # read/write) lock, whose exclusive grant lives on this row; above 1 a
+    # counting semaphore, whose places are rows of ``lock_holders``.
+    holder_limit: Mapped[int] = mapped_column(Integer, server_default="1")
+    # The latest expiry of the resource's ``lock_holders`` rows (semaphore places,
+    # shared grants): while it is in the future the resource is held by places.
+    places_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The session the exclusive grant on this row is bound to (its expiry moves
+    # with the session's heartbeat).
+    session_id: Mapped[str | None] = mapped_column(String(SESSION_ID_LENGTH))
 
     __table_args__ = (
         Index("ix_distributed_locks_owner", "owner"),
+        Index("ix_distributed_locks_session_id", "session_id"),
         Index("ix_distributed_locks_token_expires_at", "token", "expires_at"),
         MYSQL_TABLE_ARGS,
     )
@@ -64,6 +90,11 @@ class LockEvent(db.Model):
     actor: Mapped[str | None] = mapped_column(name_column())
     reason: Mapped[str | None] = mapped_column(Text)
     occurred_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The grant's mode (EXCLUSIVE or SHARED); NULL on events written before modes.
+    mode: Mapped[str | None] = mapped_column(String(16))
+    # JSON a releasing worker reports (``lockkeeper exec``: exit status, duration,
+    # host); NULL otherwise.
+    details: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         Index("ix_lock_events_resource_id", "resource", "id"),
@@ -126,4 +157,56 @@ class LockWaiter(db.Model):
         Index("ix_lock_waiters_resource_id", "resource", "id"),
         Index("ix_lock_waiters_deadline", "deadline"),
         {"sqlite_autoincrement": True, **MYSQL_TABLE_ARGS},
+    )
+
+
+class LockHolder(db.Model):
+    """One place of a semaphore (``holder_limit`` above 1) or one shared grant:
+    a holder of its own, with its own (token, owner), fence, times and session.
+    The resource's ``distributed_locks`` row is the row every change of its places
+    locks first, and its ``places_until`` is the latest ``expires_at`` here."""
+
+    __tablename__ = "lock_holders"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    resource: Mapped[str] = mapped_column(name_column())
+    owner: Mapped[str] = mapped_column(name_column())
+    # NO_TOKEN for an operator's claim bound to no token.
+    token: Mapped[str] = mapped_column(name_column(80))
+    mode: Mapped[str] = mapped_column(String(16))
+    fence: Mapped[int] = mapped_column(BigInteger)
+    acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    session_id: Mapped[str | None] = mapped_column(String(SESSION_ID_LENGTH))
+
+    __table_args__ = (
+        UniqueConstraint(
+            "resource", "token", "owner", name="uq_lock_holders_resource_holder"
+        ),
+        Index("ix_lock_holders_resource_expires_at", "resource", "expires_at"),
+        Index("ix_lock_holders_token_expires_at", "token", "expires_at"),
+        Index("ix_lock_holders_fence", "fence"),
+        Index("ix_lock_holders_session_id", "session_id"),
+        MYSQL_TABLE_ARGS,
+    )
+
+
+class LockSession(db.Model):
+    """A worker's session: one heartbeat renews every grant bound to it (their
+    ``expires_at`` moves with the session's), and ending it releases them all.
+    A session belongs to the API token that made it; ``id`` is opaque."""
+
+    __tablename__ = "lock_sessions"
+
+    id: Mapped[str] = mapped_column(String(SESSION_ID_LENGTH), primary_key=True)
+    owner: Mapped[str] = mapped_column(name_column())
+    token: Mapped[str] = mapped_column(name_column(80))
+    ttl: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index("ix_lock_sessions_token", "token"),
+        Index("ix_lock_sessions_expires_at", "expires_at"),
+        MYSQL_TABLE_ARGS,
     )
