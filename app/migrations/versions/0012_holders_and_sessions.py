@@ -39,9 +39,7 @@ SESSION_ID_LENGTH = 64
 def upgrade():
     with op.batch_alter_table("distributed_locks") as table:
         table.add_column(
-            sa.Column(
-                "holder_limit", sa.Integer(), nullable=False, server_default="1"
-            )
+            sa.Column("holder_limit", sa.Integer(), nullable=False, server_default="1")
         )
         table.add_column(sa.Column("places_until", UTCDateTime(), nullable=True))
         table.add_column(
