@@ -26,7 +26,16 @@ from bench.measure import Comparison
 from bench.servers import ToolMissing, wrk_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
-SECTIONS = ("service", "guard", "http", "contention", "memory", "watch", "profile")
+SECTIONS = (
+    "service",
+    "guard",
+    "http",
+    "contention",
+    "memory",
+    "watch",
+    "etcd",
+    "profile",
+)
 
 
 @dataclass(frozen=True)
@@ -192,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: comparisons.extend(
                     bench_watch(databases, workdir, plan.watch_events, log)
                 ),
+            )
+        if "etcd" in sections:
+            from bench.etcd_bench import bench_etcd
+
+            section(
+                "etcd",
+                lambda: comparisons.extend(bench_etcd(databases, workdir, plan, log)),
             )
         if "profile" in sections:
             from bench.profiling import profile_hot_path

@@ -3,7 +3,10 @@
 -- Run as `wrk -t N -c N -s cycle.lua URL -- PREFIX TOKEN MODE TAG`: with one
 -- connection per thread, a thread's requests are strictly sequential, so each
 -- thread alternates POST (acquire) and DELETE (release) of its own resource.
--- MODE "floor" sends both to PREFIX itself (the no-database route).
+-- MODE "floor" sends both to PREFIX itself (the no-database route). MODE "etcd"
+-- runs the same cycle through etcd's own v3 lock API (its JSON gateway): POST
+-- /v3/lock/lock with the thread's name on the lease TOKEN, then /v3/lock/unlock
+-- of the key the lock answered.
 -- done() prints one line `BENCH_JSON {...}` with counts and acquire latency.
 
 local ffi = require("ffi")
@@ -17,6 +20,22 @@ local CLOCK_MONOTONIC = 1
 local function now_us()
   ffi.C.clock_gettime(CLOCK_MONOTONIC, timespec)
   return tonumber(timespec.tv_sec) * 1e6 + tonumber(timespec.tv_nsec) / 1e3
+end
+
+local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+local function base64(text)
+  local out = {}
+  for i = 1, #text, 3 do
+    local a, b, c = text:byte(i, i + 2)
+    local n = a * 65536 + (b or 0) * 256 + (c or 0)
+    for k = 3, 0, -1 do
+      local index = math.floor(n / 64 ^ k) % 64 + 1
+      table.insert(out, B64:sub(index, index))
+    end
+    if not b then out[#out - 1], out[#out] = "=", "=" elseif not c then out[#out] = "=" end
+  end
+  return table.concat(out)
 end
 
 local threads = {}
@@ -38,6 +57,14 @@ function init(args)
   }
   acquire_body = '{"owner":"' .. owner .. '","ttl":30}'
   release_body = '{"owner":"' .. owner .. '"}'
+  etcd = mode == "etcd"
+  if etcd then
+    -- etcd reads an Authorization header as its own auth token: none here.
+    headers = { ["Content-Type"] = "application/json" }
+    path = "/v3/lock/lock"
+    acquire_body = '{"name":"' .. base64("bench." .. tag .. "." .. id) ..
+      '","lease":"' .. token .. '"}'
+  end
   releasing = false
   started = 0
   buckets = {} -- acquire latency histogram, 10 microsecond buckets
@@ -45,6 +72,9 @@ function init(args)
 end
 
 function request()
+  if releasing and etcd then
+    return wrk.format("POST", "/v3/lock/unlock", headers, release_body)
+  end
   if releasing then
     return wrk.format("DELETE", path, headers, release_body)
   end
@@ -61,6 +91,9 @@ function response(status, headers, body)
     buckets[bucket] = (buckets[bucket] or 0) + 1
     acquires = acquires + 1
     if status ~= 200 then bad = bad + 1 end
+    if etcd then
+      release_body = '{"key":"' .. (body:match('"key":"([^"]+)"') or "") .. '"}'
+    end
   end
   releasing = not releasing
 end

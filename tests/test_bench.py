@@ -7,6 +7,7 @@ schema, and the baseline WSGI app must answer like the API.
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -142,3 +143,35 @@ def test_the_benchmark_without_wrk_fails_naming_it(tmp_path, monkeypatch, capsys
     assert main(["--quick", "--only", "http", "--output", str(output)]) != 0
     assert "wrk" in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_the_etcd_baseline_cycles_through_etcds_own_lock_api(tmp_path):
+    """The etcd side of ``http_vs_etcd_lock_postgresql`` really takes and frees
+    etcd locks: every cycle is one put (the lock's key on the lease) and one
+    delete (the unlock of the key the lock answered), so etcd's revision moves
+    twice per cycle. An unlock that named no key would leave the key in place,
+    the next lock of the name would reuse it, and the revision would stand
+    still."""
+    from bench.etcd_bench import Etcd
+    from bench.servers import run_wrk
+
+    etcd = Etcd(tmp_path / "etcd")
+    try:
+        lease = etcd.grant_lease()
+
+        def revision() -> int:
+            answer = httpx.post(etcd.base_url + "/v3/kv/range", json={"key": "AA=="})
+            return int(answer.json()["header"]["revision"])
+
+        before = revision()
+        result = run_wrk(
+            etcd.base_url, "/", "etcd", "smoke", 1, token=lease, connections=2
+        )
+        moved = revision() - before
+    finally:
+        etcd.stop()
+    assert result["bad_status"] == 0, result
+    assert result["socket_errors"] == 0, result
+    assert result["acquires"] > 10, result
+    # The last cycle of each connection may end between its lock and unlock.
+    assert moved >= result["acquires"] + result["releases"] - 2, (moved, result)

@@ -1,0 +1,166 @@
+"""Lockkeeper on PostgreSQL against etcd, the lease-and-lock service a team would
+pick instead, measured in the same run with the same load.
+
+``http_vs_etcd_lock_postgresql``: acquire+release cycles per second through
+Lockkeeper's JSON API (gunicorn, PostgreSQL) against cycles through etcd's own v3
+lock API (``/v3/lock/lock`` then ``/v3/lock/unlock`` on its JSON gateway), every
+lock on one lease, as etcd's lock recipe uses it. Both driven by wrk with the same
+script shape (``cycle.lua``: one keep-alive connection per thread, each thread
+cycling a name of its own), alternating round after round.
+
+etcd here is one private member on loopback (Debian's ``etcd-server``, the one
+the failover harness uses), with its defaults (it syncs its log to disk on every
+write, as PostgreSQL does on every commit).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from functools import partial
+from pathlib import Path
+
+import httpx
+
+from bench.http_api import (
+    API_PREFIX,
+    LOCKKEEPER_APP,
+    create_api_token,
+    lockkeeper_env,
+    wrk_sample,
+)
+from bench.measure import Comparison, alternate, compare
+from bench.servers import Server, ToolMissing, free_port, server_configs
+
+
+class Etcd:
+    """One private etcd member; ``base_url`` is its client (and JSON gateway) URL.
+    ``cpu_seconds`` makes it a side of ``wrk_sample`` like a gunicorn server."""
+
+    def __init__(self, root: Path):
+        executable = shutil.which("etcd")
+        if executable is None:
+            raise ToolMissing("etcd is not installed: apt-get install -y etcd-server")
+        self.port, peer_port = free_port(), free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        peer = f"http://127.0.0.1:{peer_port}"
+        root.mkdir(parents=True, exist_ok=True)
+        self._log = open(root / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [
+                executable,
+                "--name",
+                "bench",
+                "--data-dir",
+                str(root / "data"),
+                "--listen-client-urls",
+                self.base_url,
+                "--advertise-client-urls",
+                self.base_url,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"bench={peer}",
+                "--listen-metrics-urls",
+                f"http://127.0.0.1:{free_port()}",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"etcd did not start: see {root}/etcd.log")
+            time.sleep(0.1)
+
+    def grant_lease(self, ttl: int = 600) -> str:
+        response = httpx.post(
+            self.base_url + "/v3/lease/grant", json={"TTL": ttl}, timeout=10
+        )
+        response.raise_for_status()
+        return str(response.json()["ID"])
+
+    def cpu_seconds(self) -> float:
+        import os
+
+        ticks = os.sysconf("SC_CLK_TCK")
+        try:
+            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        except OSError:
+            return 0.0
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
+    if "postgresql" not in databases:
+        return []
+    database = databases["postgresql"]
+    config = server_configs()[0]
+    token = create_api_token(database.url, workdir / "instance-postgresql")
+    etcd = Etcd(workdir / "etcd")
+    server = None
+    try:
+        server = Server(
+            LOCKKEEPER_APP,
+            config,
+            lockkeeper_env(database.url, workdir / "instance-postgresql"),
+            workdir / "gunicorn-lockkeeper-etcd-comparison.log",
+        )
+        lease = etcd.grant_lease()
+        runs = {
+            "lockkeeper": partial(
+                wrk_sample, server, API_PREFIX, "locks", "lk.etcd", token=token
+            ),
+            "etcd": partial(wrk_sample, etcd, "/", "etcd", "etcd", token=lease),
+        }
+        for run in runs.values():
+            try:
+                run(seconds=1)  # warm-up, as the HTTP section does
+            except RuntimeError:
+                pass
+        samples = alternate(
+            {
+                name: partial(run, seconds=plan.http_seconds)
+                for name, run in runs.items()
+            },
+            plan.http_rounds,
+        )
+    finally:
+        if server is not None:
+            server.stop()
+        etcd.stop()
+    result = compare(
+        "http_vs_etcd_lock_postgresql",
+        samples,
+        "lockkeeper",
+        "etcd",
+        "cycles/s",
+        server=f"{config.worker_class} -w {config.workers}; etcd one member",
+    )
+    log(
+        f"{result.name}: {result.value:.0f} vs etcd {result.baseline:.0f} "
+        f"cycles/s -> {result.ratio:.2f}x"
+    )
+    return [result]
