@@ -137,3 +137,96 @@ def test_sort_names_match_the_column_labels(operator, service):
         assert response.status_code == 200
         rows = soup(response).select("#locks-table tbody tr td.resource")
         assert rows[0].get_text(strip=True) == first
+
+
+@pytest.fixture
+def numbered(service, clock):
+    """Names whose numbers a lexical order puts out of place, two of them
+    waited for (one by three waiters), one run out."""
+    names = ["job:20001", "job:4100", "job:9", "job:", "job:0100", "jobs", "a7b"]
+    names += ["job:4100x", "job:41", "host12:job3", "host2:job30"]
+    for n, name in enumerate(names):
+        service.acquire(name, "w", ttl=100 + n)
+    service.acquire("job:short", "w", ttl=2)
+    clock.advance(3)  # job:short is stale now
+    for _ in range(3):
+        service.queue.join("job:9", "other", None, 60)
+    service.queue.join("jobs", "other", None, 60)
+    return service
+
+
+def test_natural_order_puts_numbers_in_numeric_order_on_every_page(numbered):
+    paged = [lock.resource for lock in all_pages(numbered, sort="natural")]
+    assert paged == [
+        "a7b",
+        "host12:job3",
+        "host2:job30",
+        "job:",
+        "job:9",
+        "job:41",
+        "job:0100",
+        "job:4100",
+        "job:20001",
+        "job:4100x",
+        "job:short",
+        "jobs",
+    ]
+    backwards = [lock.resource for lock in all_pages(numbered, sort="-natural")]
+    assert backwards == paged[::-1]
+
+
+def test_urgent_order_puts_contended_then_least_time_left_then_stale(numbered):
+    paged = [lock.resource for lock in all_pages(numbered, sort="urgent")]
+    assert paged[:2] == ["job:9", "jobs"]  # waited for, by expiry
+    assert paged[2:5] == ["job:20001", "job:4100", "job:"]  # least time left
+    assert paged[-1] == "job:short"  # stale, last
+    assert len(paged) == len(set(paged)) == 12
+
+
+def test_sort_by_waiters_and_the_contended_filter(numbered):
+    most = all_pages(numbered, sort="-waiters")
+    assert [(lock.resource, lock.waiters) for lock in most[:2]] == [
+        ("job:9", 3),
+        ("jobs", 1),
+    ]
+    assert len(most) == 12
+    fewest = all_pages(numbered, sort="waiters")
+    assert [lock.resource for lock in fewest] == [
+        lock.resource for lock in reversed(most)
+    ]
+    contended = all_pages(numbered, contended=True, sort="natural")
+    assert [lock.resource for lock in contended] == ["job:9", "jobs"]
+    assert numbered.count_locks(contended=True) == 2
+    assert numbered.count_locks(contended=True, prefix="jobs") == 1
+    assert numbered.count_locks(state="stale") == 1
+    assert numbered.count_locks(owner_contains="W") == 12
+
+
+def test_numbered_pages_read_the_same_order_by_offset(numbered):
+    whole = [lock.resource for lock in all_pages(numbered, sort="urgent")]
+    pages = [
+        numbered.list_locks(sort="urgent", limit=5, offset=offset).items
+        for offset in (0, 5, 10)
+    ]
+    assert [lock.resource for page in pages for lock in page] == whole
+    assert numbered.list_locks(offset=5, limit=5).next_cursor is None
+    with pytest.raises(InvalidInput) as error:
+        numbered.list_locks(offset=-1)
+    assert error.value.errors[0][0] == "offset"
+
+
+@pytest.mark.parametrize("sort", ["urgent", "waiters", "natural"])
+def test_a_forged_cursor_of_a_new_order_is_a_named_error(numbered, sort):
+    from app.locks.pagination import encode_cursor
+
+    for position in (
+        {"resource": "job:1", "key": [7, "2026-01-01T00:00:00+00:00"], "at": "x"},
+        {"resource": "job:1", "key": True},
+        {"resource": 5},
+        {"resource": "job:1", "key": [True, "2026-01-01T00:00:00"], "at": 1},
+    ):
+        if sort == "natural" and position["resource"] == "job:1":
+            continue
+        with pytest.raises(InvalidInput) as error:
+            numbered.list_locks(sort=sort, cursor=encode_cursor(position))
+        assert error.value.errors[0][0] == "cursor"

@@ -62,7 +62,7 @@ from app.locks.state import (
     holds,
     state_condition,
 )
-from app.locks.statements import statements_for
+from app.locks.statements import listing, statements_for
 from app.locks.statements.common import (
     Outcome,
     events,
@@ -872,27 +872,131 @@ class LockService:
         scope: tuple[str, ...] | None = None,
         owner_contains: str | None = None,
         sort: str = "resource",
+        contended: bool = False,
+        offset: int | None = None,
     ) -> Page[Lock]:
         """Locks a page at a time, ordered by ``sort`` (a key of ``SORT_KEYS``,
-        ``-`` first for descending; ties by resource) with a keyset cursor;
+        ``-`` first for descending; ties by resource) with a keyset cursor, or
+        from ``offset`` (numbered pages; no cursor then);
         ``scope``: the asking token's prefixes, outside which nothing is listed;
-        ``owner_contains``: owners containing this text, ignoring case."""
+        ``owner_contains``: owners containing this text, ignoring case;
+        ``contended``: only locks with a live waiter."""
         errors = []
         descending = sort.startswith("-")
         sort_key = sort.removeprefix("-")
         if sort_key not in SORT_KEYS:
             errors.append(("sort", "must be one of " + ", ".join(SORT_KEYS)))
             sort_key = "resource"
-        sort_column = SORT_KEYS[sort_key]
+        state, filter_errors = self._list_filters(state, prefix, owner, owner_contains)
+        errors += filter_errors
+        limit_error = page_limit_error(limit)
+        if limit_error:
+            errors.append(("limit", limit_error))
+        if offset is not None and (
+            isinstance(offset, bool) or not isinstance(offset, int) or offset < 0
+        ):
+            errors.append(("offset", "must be a whole number, 0 or more"))
+        now = self.now()
+        position = None
+        if cursor is not None:
+            try:
+                position = read_cursor(cursor, lambda p: _read_position(sort_key, p))
+            except ValueError as exc:
+                errors.append(("cursor", str(exc)))
+        if errors:
+            raise InvalidInput(errors)
+
+        # The urgent order ranks by the instant of the first page, so that the
+        # pages after it continue the same order while time moves on.
+        ranked_at = position["at"] if position and "at" in position else now
+        waiting_counts = listing.waiter_counts(literal(now, UTCDateTime()))
+        order = _order(sort_key, ranked_at, waiting_counts)
+        at_now = literal(now, UTCDateTime())
+        waiting, _ = queue_columns(locks.c.resource, at_now)
+        query = select(locks, waiting)
+        if sort_key in ("urgent", "waiters"):
+            # What the cursor continues from, as the database ordered by it.
+            query = query.add_columns(order[0].label("sort_first"))
+        if sort_key == "waiters":
+            query = listing.joined_waiters(query, waiting_counts)
+        query = self._filtered(
+            query.where(locks.c.owner.is_not(None)),
+            now,
+            state=state,
+            prefix=prefix,
+            owner=owner,
+            owner_contains=owner_contains,
+            scope=scope,
+            contended=contended,
+        ).order_by(*(c.desc() if descending else c.asc() for c in order))
+        if position is not None:
+            query = query.where(after(order, position["values"], descending=descending))
+
+        def position_of(row) -> dict[str, Any]:
+            found: dict[str, Any] = {"resource": row.resource}
+            if sort_key == "urgent":
+                found["at"] = ranked_at.isoformat()
+                found["key"] = [row.sort_first, row.expires_at.isoformat()]
+            elif sort_key == "waiters":
+                found["key"] = row.sort_first
+            elif sort_key not in ("resource", "natural"):
+                value = getattr(row, SORT_KEYS[sort_key].name)
+                found["key"] = (
+                    value.isoformat() if isinstance(value, datetime) else value
+                )
+            return found
+
+        with self._autocommit_engine.connect() as conn:
+            if offset is not None:
+                rows = conn.execute(query.offset(offset).limit(limit)).all()
+                next_cursor = None
+            else:
+                rows, next_cursor = fetch_page(conn, query, limit, position_of)
+        items = [self._lock(row, now) for row in rows]
+        return Page(items, next_cursor)
+
+    def count_locks(
+        self,
+        *,
+        state: LockState | str | None = None,
+        prefix: str | None = None,
+        owner_contains: str | None = None,
+        contended: bool = False,
+    ) -> int:
+        """How many locks ``list_locks`` with these filters would list in all
+        (the count behind numbered pages)."""
+        state, errors = self._list_filters(state, prefix, None, owner_contains)
+        if errors:
+            raise InvalidInput(errors)
+        now = self.now()
+        query = self._filtered(
+            select(func.count()).select_from(locks).where(locks.c.owner.is_not(None)),
+            now,
+            state=state,
+            prefix=prefix,
+            owner_contains=owner_contains,
+            contended=contended,
+        )
+        with self._autocommit_engine.connect() as conn:
+            return conn.scalar(query)
+
+    def _list_filters(
+        self,
+        state: LockState | str | None,
+        prefix: str | None,
+        owner: str | None,
+        owner_contains: str | None,
+    ) -> tuple[LockState | None, list[tuple[str, str]]]:
+        """The state a list asks for, and what is wrong with its filters."""
+        errors = []
         if _filter_error(owner_contains):
             errors.append(("owner", _filter_error(owner_contains)))
+        chosen = None
         if state not in (None, "all"):
             try:
-                state = LockState(state)
+                chosen = LockState(state)
             except ValueError:
                 errors.append(("state", "must be one of held, expiring, stale, all"))
-        else:
-            state = None
         if prefix is not None and (
             len(prefix) > validation.MAX_NAME
             or validation.has_control_characters(prefix)
@@ -900,40 +1004,21 @@ class LockService:
             errors.append(("prefix", "must be at most 255 printable characters"))
         if owner is not None and validation.name_error(owner):
             errors.append(("owner", validation.name_error(owner)))
-        limit_error = page_limit_error(limit)
-        if limit_error:
-            errors.append(("limit", limit_error))
-        position = None
-        if cursor is not None:
+        return chosen, errors
 
-            def read(position: dict[str, Any]) -> tuple[Any, ...]:
-                resource = position["resource"]
-                if validation.resource_error(resource):
-                    raise ValueError(resource)
-                if sort_key == "resource":
-                    return (resource,)
-                return (_sort_value(sort_key, position["key"]), resource)
-
-            try:
-                position = read_cursor(cursor, read)
-            except ValueError as exc:
-                errors.append(("cursor", str(exc)))
-        if errors:
-            raise InvalidInput(errors)
-
-        now = self.now()
-        order = (
-            [sort_column, locks.c.resource]
-            if sort_key != "resource"
-            else [locks.c.resource]
-        )
-        at_now = literal(now, UTCDateTime())
-        waiting, _ = queue_columns(locks.c.resource, at_now)
-        query = (
-            select(locks, waiting)
-            .where(locks.c.owner.is_not(None))
-            .order_by(*(c.desc() if descending else c.asc() for c in order))
-        )
+    def _filtered(
+        self,
+        query,
+        now: datetime,
+        *,
+        state: LockState | None = None,
+        prefix: str | None = None,
+        owner: str | None = None,
+        owner_contains: str | None = None,
+        scope: tuple[str, ...] | None = None,
+        contended: bool = False,
+    ):
+        """``query`` narrowed to the locks a list's filters select."""
         condition = self._state_condition(state, now)
         if condition is not None:
             query = query.where(condition)
@@ -944,27 +1029,10 @@ class LockService:
         if owner is not None:
             query = query.where(locks.c.owner == owner)
         if owner_contains:
-            query = query.where(
-                func.lower(locks.c.owner).contains(
-                    owner_contains.lower(), autoescape=True
-                )
-            )
-        if position is not None:
-            query = query.where(after(order, position, descending=descending))
-
-        def position_of(row) -> dict[str, Any]:
-            found: dict[str, Any] = {"resource": row.resource}
-            if sort_key != "resource":
-                value = getattr(row, sort_column.name)
-                found["key"] = (
-                    value.isoformat() if isinstance(value, datetime) else value
-                )
-            return found
-
-        with self._autocommit_engine.connect() as conn:
-            rows, next_cursor = fetch_page(conn, query, limit, position_of)
-        items = [self._lock(row, now) for row in rows]
-        return Page(items, next_cursor)
+            query = query.where(_owner_contains(owner_contains))
+        if contended:
+            query = query.where(listing.is_contended(literal(now, UTCDateTime())))
+        return query
 
     def owner_counts(self, *, prefix: str | None = None) -> list[OwnerCounts]:
         """Each owner of a lock with how many it holds in each state, most stale
@@ -1020,10 +1088,68 @@ class OwnerCounts:
 # the expiry (ascending: the least time left, or the longest stale, first).
 SORT_KEYS = {
     "resource": locks.c.resource,
+    "natural": locks.c.resource,
     "owner": locks.c.owner,
     "acquired": locks.c.acquired_at,
     "expires": locks.c.expires_at,
+    "waiters": None,
+    "urgent": None,
 }
+# The urgent order's ranks: contended first, then live locks by the time they
+# have left (expiring ones come first there), stale ones last.
+URGENT_CONTENDED, URGENT_LIVE, URGENT_STALE = 0, 1, 2
+
+
+def _order(sort_key: str, ranked_at: datetime, waiting_counts) -> list[Any]:
+    """The SQL expressions a sort orders by, the unique resource last."""
+    if sort_key == "resource":
+        return [locks.c.resource]
+    if sort_key == "natural":
+        return listing.natural_order()
+    if sort_key == "waiters":
+        return [func.coalesce(waiting_counts.c.waiting, 0), locks.c.resource]
+    if sort_key == "urgent":
+        at = literal(ranked_at, UTCDateTime())
+        rank = case(
+            (listing.is_contended(at), URGENT_CONTENDED),
+            (locks.c.expires_at > at, URGENT_LIVE),
+            else_=URGENT_STALE,
+        )
+        return [rank, locks.c.expires_at, locks.c.resource]
+    return [SORT_KEYS[sort_key], locks.c.resource]
+
+
+def _read_position(sort_key: str, position: dict[str, Any]) -> dict[str, Any]:
+    """A cursor's position, checked (client input), as the values of
+    ``_order`` and, for the urgent order, the instant it ranks by."""
+    resource = position["resource"]
+    if validation.resource_error(resource):
+        raise ValueError(resource)
+    if sort_key == "resource":
+        return {"values": [resource]}
+    if sort_key == "natural":
+        return {"values": listing.natural_position(resource)}
+    raw = position["key"]
+    if sort_key == "waiters":
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise ValueError("bad cursor")
+        return {"values": [raw, resource]}
+    if sort_key == "urgent":
+        rank, expires = raw
+        if rank not in (URGENT_CONTENDED, URGENT_LIVE, URGENT_STALE) or isinstance(
+            rank, bool
+        ):
+            raise ValueError("bad cursor")
+        return {
+            "values": [rank, _instant(expires), resource],
+            "at": _instant(position["at"]),
+        }
+    return {"values": [_sort_value(sort_key, raw), resource]}
+
+
+def _owner_contains(text: str):
+    """Owners containing ``text``, ignoring case (the overview's search)."""
+    return func.lower(locks.c.owner).contains(text.lower(), autoescape=True)
 
 
 def _filter_error(text: str | None) -> str | None:
@@ -1035,19 +1161,24 @@ def _filter_error(text: str | None) -> str | None:
     return None
 
 
+def _instant(raw: Any) -> datetime:
+    """A cursor's instant back as an aware UTC datetime (client input)."""
+    if not isinstance(raw, str):
+        raise ValueError("bad cursor")
+    value = datetime.fromisoformat(raw)
+    if value.tzinfo is None:
+        raise ValueError("bad cursor")
+    try:
+        # 0001-01-01T00:00:00+14:00 is before the first instant in UTC.
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("bad cursor") from None
+
+
 def _sort_value(key: str, raw: Any) -> Any:
     """A cursor's sort value back as the column's type (client input: checked)."""
     if key in ("acquired", "expires"):
-        if not isinstance(raw, str):
-            raise ValueError("bad cursor")
-        value = datetime.fromisoformat(raw)
-        if value.tzinfo is None:
-            raise ValueError("bad cursor")
-        try:
-            # 0001-01-01T00:00:00+14:00 is before the first instant in UTC.
-            return value.astimezone(UTC)
-        except OverflowError:
-            raise ValueError("bad cursor") from None
+        return _instant(raw)
     if not isinstance(raw, str) or validation.name_error(raw):
         raise ValueError("bad cursor")
     return raw
