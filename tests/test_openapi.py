@@ -199,11 +199,21 @@ def test_responses_of_every_operation_conform_to_the_document(api, clock, docume
     call("POST", lock, json={"owner": "w-1"})
     call("GET", "/api/v1/freezes")
     call("GET", "/api/v1/freezes?x=1")
+    session = call("POST", "/api/v1/sessions", json={"owner": "w-7", "ttl": 15})
+    sessions = f"/api/v1/sessions/{session.get_json()['id']}"
+    call("POST", "/api/v1/sessions", json={"owner": "w-7", "ttl": 0})
+    call("POST", "/api/v1/locks/job:s", json={"owner": "w-7", "session": "x"})
+    call("GET", sessions)
+    call("PATCH", sessions)
+    call("PATCH", "/api/v1/sessions/unknown")
+    call("GET", "/api/v1/sessions/unknown")
+    call("DELETE", "/api/v1/sessions/unknown")
+    call("DELETE", sessions)
     call("GET", "/api/v1/openapi.json")
     conformance.check(api.client.get("/api/v1/locks"), "GET")
 
     statuses = {status for _, _, status in conformance.seen}
-    assert statuses == {200, 204, 400, 401, 403, 404, 409, 413, 415, 423}
+    assert statuses == {200, 201, 204, 400, 401, 403, 404, 409, 413, 415, 423}
     operations = {(method, template) for method, template, _ in conformance.seen}
     assert operations == {
         (method, path)

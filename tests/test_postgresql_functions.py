@@ -21,6 +21,8 @@ FUNCTIONS = {
     "lockkeeper_renew",
     "lockkeeper_release",
     "lockkeeper_guard",
+    # 0013: a session's heartbeat
+    "lockkeeper_heartbeat",
 }
 
 

@@ -161,3 +161,32 @@ def test_refused_acquire_writes_and_locks_nothing(fake_app, clock):
         for _ in range(5):
             assert not service.acquire("rt:held", "w-2").acquired
         assert _row_state("rt:held") == before
+
+
+# A session's heartbeat renews the session and every grant bound to it: one
+# statement on PostgreSQL, whatever the number of grants.
+HEARTBEAT = {
+    "postgresql": (1, 0),
+    # locking read of the session, clock, update of the session, of its grants,
+    # of its places' resources (places_until), of its places
+    "mariadb": (6, 1),
+    # BEGIN IMMEDIATE and the same, the host's clock read in Python
+    "sqlite": (6, 1),
+}
+
+
+def test_a_heartbeat_of_fifty_grants_is_one_round_trip_on_postgresql(app, backend):
+    with app.app_context():
+        service = lock_service()
+        session = service.sessions.create("w-1", 30, token="rt")
+        for n in range(50):
+            granted = service.acquire(
+                f"rt:{n}", "w-1", session=session.id, token="rt", max_locks=10000
+            )
+            assert granted.acquired
+        trips = RoundTrips(db.engine)
+        measured = trips.measure(
+            lambda: service.sessions.heartbeat(session.id, token="rt")
+        )
+        assert len(service.sessions.get(session.id, token="rt").locks) == 50
+    assert measured == HEARTBEAT[backend]

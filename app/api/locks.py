@@ -41,6 +41,7 @@ def acquire_lock(resource: str):
         max_locks=g.token.max_locks,
         # Asked again while the acquire waits in line (the token cache's bound).
         token_live=lambda: verify_token(credential) is not None,
+        session=fields.get("session"),
     )
     if result.acquired:
         return jsonify(acquired=True, lock=lock_to_json(result.lock))

@@ -24,6 +24,7 @@ from app.locks.errors import (
     TokenEnded,
     WaitersFull,
 )
+from app.locks.sessions import SessionBound, SessionExpired, UnknownSession
 
 # The challenge of every 401: the API takes bearer tokens.
 AUTHENTICATE = 'Bearer realm="lockkeeper"'
@@ -43,6 +44,9 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
     TokenEnded: (401, "Unauthorized"),
     ServiceBusy: (503, "Service busy"),
     WaitersFull: (503, "Too many waiting acquires"),
+    UnknownSession: (404, "Session not found"),
+    SessionExpired: (409, "Session expired"),
+    SessionBound: (409, "Lock bound to a session"),
 }
 
 # Release by a non-owner is forbidden (403); a renewal by one is a conflict.

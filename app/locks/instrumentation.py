@@ -36,5 +36,9 @@ class NoMetrics:
     def handed_over(self, seconds: float) -> None:
         pass
 
+    def session(self, outcome: str) -> None:
+        """A session was created, renewed (``heartbeat``, or refused:
+        ``heartbeat_unknown``, ``heartbeat_expired``) or ended."""
+
 
 NO_METRICS = NoMetrics()

@@ -55,6 +55,7 @@ from app.locks.pagination import (
 )
 from app.locks.queue import LineClock, WaitQueue
 from app.locks.results import AcquireResult, Freeze, Lock, Page
+from app.locks.sessions import SessionService, refuse_both_ttl_and_session
 from app.locks.state import (
     Action,
     LockState,
@@ -154,6 +155,7 @@ class LockService:
             listen_url=settings.listen_url,
             listen=settings.listen,
         )
+        self.sessions = SessionService(self)
         # Disposing of the app's engine (a shutdown, a test's teardown) also ends
         # the queue's listener connection and threads.
         queue = self.queue
@@ -268,6 +270,7 @@ class LockService:
         token: str | None = None,
         max_locks: int | None = None,
         token_live: Callable[[], bool] | None = None,
+        session: str | None = None,
     ) -> AcquireResult:
         """Take ``resource`` for (``token``, ``owner``) if it is free, stale, or
         already theirs, and no one waits in line before us.
@@ -286,18 +289,38 @@ class LockService:
         :raise ResourceFrozen: a freeze covers it and this would be a new grant
             (a same-owner re-acquire of a valid lock goes on).
         :raise TokenEnded: the token was revoked or expired before the grant.
+
+        ``session``: the id of a session of ``token`` to bind the grant to (its
+        expiry is then the session's; ``ttl`` must be None), decided in a short
+        transaction on every dialect (``app.locks.sessions``).
+
+        :raise UnknownSession: no such session of ``token``.
+        :raise SessionExpired: the session ran out before the grant.
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
+        if session is not None:
+            refuse_both_ttl_and_session(ttl, session)
+            self.sessions._check_id(session)
         ask = Ask(resource, owner, token, self._ttl(ttl), actor, max_locks)
+        if session is not None:
+
+            def attempt(waiter: int | None) -> AcquireResult:
+                return self.sessions.attempt(ask, session, waiter)
+
+        else:
+
+            def attempt(waiter: int | None) -> AcquireResult:
+                return self._attempt(ask, waiter)
+
         try:
-            result = self._attempt(ask, None)
+            result = attempt(None)
         except QuotaExceeded:
             self.metrics.acquire_refused()
             raise
         if not result.acquired and wait:
             # The line's identity is the token (the actor may be a session's).
             result = self.queue.wait(
-                lambda waiter: self._attempt(ask, waiter),
+                attempt,
                 resource=resource,
                 owner=owner,
                 token=token,
@@ -313,39 +336,13 @@ class LockService:
 
     def _attempt(self, ask: Ask, waiter: int | None) -> AcquireResult:
         """One decision; ``waiter``: our place in line, None for "not in line"."""
-        resource, owner, token, max_locks = (
-            ask.resource,
-            ask.owner,
-            ask.token,
-            ask.max_locks,
-        )
 
         def decide(outcome) -> AcquireResult:
             if outcome.done:
                 return AcquireResult(
                     True, self._lock(outcome.row, outcome.now), outcome.action
                 )
-            row = outcome.row
-            queued = getattr(row, "waiters", 0) or 0
-            if held_by_another(row, owner, token, outcome.now):
-                return AcquireResult(False, self._lock(row, outcome.now), None, queued)
-            if outcome.token_ended:
-                raise TokenEnded(token)
-            if outcome.freeze is not None:
-                self.metrics.acquire_refused()
-                raise ResourceFrozen(resource, Freeze.from_row(outcome.freeze))
-            if outcome.over_quota:
-                raise QuotaExceeded(
-                    token, max_locks, self._quota_retry_after(token, outcome.now)
-                )
-            if row is not None and queued:
-                # Free or expired, but others are in line before us.
-                holder = self._lock(row, outcome.now) if row.owner else None
-                return AcquireResult(False, holder, None, queued)
-            # The row we were refused on is gone or expired: it changed under us.
-            raise Raced(
-                f"acquire of {resource!r} kept racing", AcquireResult(False, None)
-            )
+            return self._refusal(ask, outcome)
 
         return self.run_transaction(
             lambda conn: self.statements.acquire(conn, ask, self._now(), waiter),
@@ -353,6 +350,34 @@ class LockService:
             driver=True,
             decide=decide,
         )
+
+    def _refusal(self, ask: Ask, outcome: Outcome) -> AcquireResult:
+        """A refused attempt's answer (or its exception)."""
+        resource, owner, token, max_locks = (
+            ask.resource,
+            ask.owner,
+            ask.token,
+            ask.max_locks,
+        )
+        row = outcome.row
+        queued = getattr(row, "waiters", 0) or 0
+        if held_by_another(row, owner, token, outcome.now):
+            return AcquireResult(False, self._lock(row, outcome.now), None, queued)
+        if outcome.token_ended:
+            raise TokenEnded(token)
+        if outcome.freeze is not None:
+            self.metrics.acquire_refused()
+            raise ResourceFrozen(resource, Freeze.from_row(outcome.freeze))
+        if outcome.over_quota:
+            raise QuotaExceeded(
+                token, max_locks, self._quota_retry_after(token, outcome.now)
+            )
+        if row is not None and queued:
+            # Free or expired, but others are in line before us.
+            holder = self._lock(row, outcome.now) if row.owner else None
+            return AcquireResult(False, holder, None, queued)
+        # The row we were refused on is gone or expired: it changed under us.
+        raise Raced(f"acquire of {resource!r} kept racing", AcquireResult(False, None))
 
     def _quota_retry_after(self, token: str | None, now: datetime) -> float:
         """Seconds until the token's soonest lock expires (the refusal path only)."""

@@ -1,0 +1,474 @@
+"""The SQL of sessions: create, heartbeat, end, read, and the session-bound acquire.
+
+A grant is bound to a session when its row carries the session's id, its holder
+is (the session's token, the session's owner) and its ``expires_at`` is the
+session's: a heartbeat moves all three expiries together, so "is the grant
+stale" stays one comparison of the grant's own ``expires_at``. A row whose
+``session_id`` outlived its binding (a take-over after expiry, a re-acquire or a
+release through the lock statements, which do not clear the column) no longer
+has the session's expiry, so nothing here takes it for a bound grant.
+
+Lock order, every dialect: the session's row first, then the resources' rows in
+resource order, then their ``lock_holders`` rows. A session-bound acquire takes
+the session's row ``FOR SHARE`` (parallel acquires in one session go on side by
+side; a heartbeat or an end waits for them, and they for it), then the resource's
+row; the clock is read after both, so a grant never outlives its session.
+
+The heartbeat is one statement on PostgreSQL (a function, migration 0013, on the
+driver's autocommit connection); elsewhere one short transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import (
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+
+from app.database import UTCDateTime
+from app.locks.driver import DriverSQL
+from app.locks.errors import InvalidInput
+from app.locks.models import EXCLUSIVE, NO_TOKEN, LockHolder, LockSession
+from app.locks.state import Action, holds
+from app.locks.statements.common import (
+    LockRow,
+    Outcome,
+    events,
+    locks,
+    queue_columns,
+    token_ended,
+    token_or_none,
+)
+from app.locks.statements.transaction import TransactionalStatements
+from app.locks.values import Ask
+
+sessions = LockSession.__table__
+holders = LockHolder.__table__
+
+# PostgreSQL: the heartbeat is one call of a function (migration 0013, where its
+# SQL and why it is a function are): lock the session's row, read the clock after
+# that lock, move the session's expiry and with it every grant still bound to it.
+# A refused heartbeat changes nothing; no row at all: unknown or another token's.
+_PG_HEARTBEAT = DriverSQL("SELECT * FROM lockkeeper_heartbeat(:id, :token, :now)")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    id: str
+    owner: str
+    token: str
+    ttl: float
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a heartbeat found: ``session`` (None: unknown or another token's),
+    ``done`` (renewed; false with a session: it had expired), ``renewed`` (how
+    many grants moved with it) and the deciding clock."""
+
+    session: SessionRow | None
+    done: bool
+    renewed: int
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """What ending a session did: the session as it was, the grants released
+    (exclusive rows and places, each with its waiters), and the clock."""
+
+    session: SessionRow | None
+    released: list[LockRow]
+    now: datetime
+    expired: bool = False
+
+
+class SessionNotFound(Exception):
+    """Raised inside a transaction: no session of this id for this token."""
+
+
+class SessionEnded(Exception):
+    """Raised inside a transaction: the session has expired."""
+
+    def __init__(self, session: SessionRow):
+        self.session = session
+        super().__init__(session.id)
+
+
+def _session(row) -> SessionRow:
+    return SessionRow(
+        row.id, row.owner, row.token, row.ttl, row.created_at, row.expires_at
+    )
+
+
+def bound_to(session_id, owner, token, expires_at):
+    """The exclusive rows bound to the session (see the module's docstring)."""
+    return and_(
+        locks.c.session_id == session_id,
+        locks.c.owner == owner,
+        locks.c.token == token,
+        locks.c.expires_at == expires_at,
+    )
+
+
+def places_of(session_id, token, expires_at):
+    return and_(
+        holders.c.session_id == session_id,
+        holders.c.token == token,
+        holders.c.expires_at == expires_at,
+    )
+
+
+class SessionStatements:
+    """The sessions' statements, on top of a dialect's ``TransactionalStatements``
+    (its locking reads, clock and fences)."""
+
+    def __init__(self, transactional: TransactionalStatements) -> None:
+        self.t = transactional
+        self.dialect_name = transactional.dialect_name
+        self._session_row = {
+            share: select(sessions)
+            .where(sessions.c.id == bindparam("id"))
+            .with_for_update(read=share)
+            for share in (False, True)
+        }
+
+    # -- reads ---------------------------------------------------------------
+
+    def lock_session(
+        self, conn, session_id: str, *, share: bool = False
+    ) -> SessionRow | None:
+        row = conn.execute(self._session_row[share], {"id": session_id}).one_or_none()
+        return _session(row) if row is not None else None
+
+    def read(self, conn, session_id: str, now: datetime | None):
+        """The session (None: unknown), its live grants and the clock, unlocked."""
+        found = conn.execute(
+            select(sessions).where(sessions.c.id == session_id)
+        ).one_or_none()
+        now = now if now is not None else self.t.read_now(conn)
+        if found is None:
+            return None, [], now
+        session = _session(found)
+        waiting, _ = queue_columns(locks.c.resource, now)
+        exclusive = conn.execute(
+            select(locks, waiting)
+            .where(
+                bound_to(session.id, session.owner, session.token, session.expires_at)
+            )
+            .order_by(locks.c.resource)
+        ).all()
+        waiting, _ = queue_columns(holders.c.resource, now)
+        places = conn.execute(
+            select(holders, waiting)
+            .where(places_of(session.id, session.token, session.expires_at))
+            .order_by(holders.c.resource)
+        ).all()
+        grants = sorted([*exclusive, *places], key=lambda row: row.resource)
+        return session, grants, now
+
+    # -- writes --------------------------------------------------------------
+
+    def create(self, conn, session_id, owner, token, ttl, now) -> SessionRow:
+        now = self.t.clock_after_lock(conn, now).now
+        session = SessionRow(
+            session_id, owner, token, ttl, now, now + timedelta(seconds=ttl)
+        )
+        conn.execute(
+            insert(sessions).values(
+                id=session.id,
+                owner=owner,
+                token=token,
+                ttl=ttl,
+                created_at=session.created_at,
+                expires_at=session.expires_at,
+            )
+        )
+        return session
+
+    def heartbeat_statement(self, driver, session_id, token, now) -> Heartbeat:
+        """PostgreSQL: the heartbeat as one statement on ``driver``."""
+        row = driver.one(_PG_HEARTBEAT, {"id": session_id, "token": token, "now": now})
+        if row is None:
+            return Heartbeat(None, False, 0, now or self._pg_now(driver))
+        return Heartbeat(_session(row), row.done, row.renewed or 0, row.now)
+
+    @staticmethod
+    def _pg_now(driver) -> datetime:
+        return driver.one(DriverSQL("SELECT clock_timestamp() AS now"), {}).now
+
+    def heartbeat(self, conn, session_id, token, now) -> Heartbeat:
+        """Elsewhere: the same steps in one transaction."""
+        session = self.lock_session(conn, session_id)
+        now = self.t.clock_after_lock(conn, now).now
+        if session is None or session.token != token:
+            return Heartbeat(None, False, 0, now)
+        if session.expires_at <= now:
+            return Heartbeat(session, False, 0, now)
+        was = session.expires_at
+        expires_at = now + timedelta(seconds=session.ttl)
+        conn.execute(
+            update(sessions)
+            .where(sessions.c.id == session.id)
+            .values(expires_at=expires_at)
+        )
+        grants = conn.execute(
+            update(locks)
+            .where(bound_to(session.id, session.owner, session.token, was))
+            .values(expires_at=expires_at)
+        ).rowcount
+        # The resources' rows before their places (the lock order).
+        on_places = (
+            select(holders.c.resource)
+            .where(places_of(session.id, session.token, was))
+            .scalar_subquery()
+        )
+        conn.execute(
+            update(locks)
+            .where(
+                locks.c.resource.in_(on_places),
+                or_(
+                    locks.c.places_until.is_(None),
+                    locks.c.places_until < expires_at,
+                ),
+            )
+            .values(places_until=expires_at)
+        )
+        places = conn.execute(
+            update(holders)
+            .where(places_of(session.id, session.token, was))
+            .values(expires_at=expires_at)
+        ).rowcount
+        renewed = SessionRow(
+            session.id,
+            session.owner,
+            session.token,
+            session.ttl,
+            session.created_at,
+            expires_at,
+        )
+        return Heartbeat(renewed, True, grants + places, now)
+
+    def end(
+        self,
+        conn,
+        session_id: str,
+        token: str | None,
+        now: datetime | None,
+        *,
+        actor: str | None,
+        reason: str | None,
+        action: Action,
+    ) -> Ended:
+        """Release every grant bound to the session (one event each) and delete
+        it. ``token`` None: an operator's end, whoever's session it is."""
+        session = self.lock_session(conn, session_id)
+        if session is None or (token is not None and session.token != token):
+            now = self.t.clock_after_lock(conn, now).now
+            return Ended(None, [], now)
+        place_resources = select(holders.c.resource).where(
+            places_of(session.id, session.token, session.expires_at)
+        )
+        # The resources' rows first (in resource order), then their places.
+        waiting, _ = queue_columns(
+            locks.c.resource,
+            now if now is not None else self.t._server_now().cast(UTCDateTime()),
+        )
+        bound = bound_to(session.id, session.owner, session.token, session.expires_at)
+        rows = conn.execute(
+            select(locks, waiting)
+            .where(or_(bound, locks.c.resource.in_(place_resources)))
+            .order_by(locks.c.resource)
+            .with_for_update()
+        ).all()
+        places = conn.execute(
+            select(holders)
+            .where(places_of(session.id, session.token, session.expires_at))
+            .order_by(holders.c.resource)
+            .with_for_update()
+        ).all()
+        now = self.t.clock_after_lock(conn, now).now
+        conn.execute(delete(sessions).where(sessions.c.id == session.id))
+        if session.expires_at <= now:
+            # Its grants went stale with it; a late end revives and logs nothing.
+            return Ended(session, [], now, expired=True)
+        exclusive = [
+            row
+            for row in rows
+            if row.session_id == session.id
+            and row.owner == session.owner
+            and row.token == session.token
+            and row.expires_at == session.expires_at
+        ]
+        released: list[LockRow] = []
+        waiters_of = {row.resource: row.waiters for row in rows}
+        if exclusive:
+            conn.execute(
+                update(locks)
+                .where(locks.c.id.in_([row.id for row in exclusive]))
+                .values(owner=None, token=None, session_id=None, expires_at=now)
+            )
+            for row in exclusive:
+                released.append(LockRow.of(row, expires_at=now))
+        if places:
+            conn.execute(
+                delete(holders).where(holders.c.id.in_([row.id for row in places]))
+            )
+            latest = (
+                select(func.max(holders.c.expires_at))
+                .where(holders.c.resource == locks.c.resource)
+                .scalar_subquery()
+            )
+            conn.execute(
+                update(locks)
+                .where(locks.c.resource.in_({row.resource for row in places}))
+                .values(places_until=latest)
+            )
+            for row in places:
+                released.append(
+                    LockRow.of(
+                        row, expires_at=now, waiters=waiters_of.get(row.resource, 0)
+                    )
+                )
+        modes = {row.resource: getattr(row, "mode", EXCLUSIVE) for row in places}
+        if released:
+            conn.execute(
+                insert(events),
+                [
+                    {
+                        "resource": grant.resource,
+                        "action": action.value,
+                        "owner": grant.owner,
+                        "previous_owner": grant.owner,
+                        "token": token_or_none(grant.token),
+                        "fence": grant.fence,
+                        "acquired_at": grant.acquired_at,
+                        "expires_at": now,
+                        "actor": actor,
+                        "reason": reason,
+                        "occurred_at": now,
+                        "mode": modes.get(grant.resource, EXCLUSIVE),
+                    }
+                    for grant in released
+                ],
+            )
+        return Ended(session, released, now)
+
+    # -- the session-bound acquire -------------------------------------------
+
+    def acquire(
+        self, conn, ask: Ask, session_id: str, now: datetime | None, waiter=None
+    ) -> Outcome:
+        """``TransactionalStatements.acquire`` for a grant bound to the session:
+        its expiry is the session's and its row carries the session's id.
+
+        :raise SessionNotFound: no such session of ``ask.token``.
+        :raise SessionEnded: the session has expired by the deciding clock.
+        :raise InvalidInput: ``ask.owner`` is not the session's owner.
+        """
+        t = self.t
+        resource, owner, token = ask.resource, ask.owner, ask.token
+        session = self.lock_session(conn, session_id, share=True)
+        if session is None or session.token != (token or NO_TOKEN):
+            raise SessionNotFound(session_id)
+        if session.owner != owner:
+            raise InvalidInput(
+                [("owner", f"must be the session's owner, {session.owner!r}")]
+            )
+        max_locks = ask.max_locks
+        counting = bool(max_locks) and token is not None
+        checks_token = token is not None and token != NO_TOKEN
+        row = t.lock_row(conn, resource, now, waiter)
+        held = row is not None and row.owner is not None
+        token_row = None
+        if checks_token:
+            token_row = t._token_row(conn, token, exclusive=counting)
+        clock = t.clock_after_lock(
+            conn,
+            now,
+            fence=True,
+            fence_unless_valid_until=row.expires_at if held else None,
+            unless_frozen=resource,
+            quota_token=token if counting else None,
+            max_locks=max_locks if counting else None,
+        )
+        now = clock.now
+        if session.expires_at <= now:
+            raise SessionEnded(session)
+        places_held = (
+            row is not None and row.places_until is not None and row.places_until > now
+        )
+        if not held:
+            action = Action.ACQUIRED
+        elif row.expires_at <= now:
+            action = Action.TOOK_OVER
+        elif holds(row, owner, token):
+            action = Action.REACQUIRED
+        else:
+            return Outcome(False, None, row, now)
+        behind = row is not None and row.ahead and action is not Action.REACQUIRED
+        if places_held or behind:
+            return Outcome(False, None, row, now)
+        holder = row if held else None
+        if action is not Action.REACQUIRED:
+            if checks_token and token_ended(token_row, now):
+                return Outcome(False, None, holder, now, token_ended=True)
+            if clock.frozen:
+                return Outcome(False, None, row, now, t.freeze_of(conn, resource, now))
+            if clock.over_quota:
+                return Outcome(False, None, holder, now, over_quota=True)
+            fence = clock.fence
+        else:
+            fence = row.fence
+        values = {
+            "owner": owner,
+            "token": token,
+            "fence": fence,
+            "acquired_at": now,
+            "expires_at": session.expires_at,
+            "session_id": session.id,
+        }
+        if row is None:
+            conn.execute(insert(locks).values(resource=resource, **values))
+        else:
+            conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
+        values.pop("session_id")
+        granted = LockRow(
+            resource=resource,
+            waiters=row.waiters if row is not None else 0,
+            **values,
+        )
+        t._log(
+            conn,
+            action,
+            granted,
+            row.owner if row is not None else None,
+            token,
+            ask.actor,
+            None,
+            now,
+        )
+        if waiter is not None:
+            t._dequeue(conn, waiter)
+        return Outcome(True, action, granted, now)
+
+
+__all__ = [
+    "Ended",
+    "Heartbeat",
+    "SessionEnded",
+    "SessionNotFound",
+    "SessionRow",
+    "SessionStatements",
+]

@@ -1,0 +1,221 @@
+"""Sessions through the API on every database: one heartbeat renews every bound
+grant, expiry makes them all stale at one instant, an end releases them all."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from app.extensions import db
+from app.locks.models import LockEvent, LockSession
+from app.locks.service import lock_service
+from tests.test_api_locks import assert_problem
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+
+def start(api, owner="w-7", ttl=15):
+    response = api.post("/api/v1/sessions", json={"owner": owner, "ttl": ttl})
+    assert response.status_code == 201, response.get_data(as_text=True)
+    return response.get_json()
+
+
+def bind(api, session, resource, owner="w-7", **extra):
+    return api.post(
+        f"/api/v1/locks/{resource}",
+        json={"owner": owner, "session": session["id"], **extra},
+    )
+
+
+def count(app, query):
+    with app.app_context(), db.engine.connect() as conn:
+        return conn.scalar(query)
+
+
+def events(app, action):
+    return count(
+        app,
+        select(func.count()).select_from(LockEvent).where(LockEvent.action == action),
+    )
+
+
+def test_create_answers_the_session(api):
+    body = start(api)
+    assert body == {
+        "id": body["id"],
+        "owner": "w-7",
+        "token": "worker",
+        "ttl": 15.0,
+        "created_at": "2026-11-30T09:00:00.000000Z",
+        "expires_at": "2026-11-30T09:00:15.000000Z",
+        "last_heartbeat": "2026-11-30T09:00:00.000000Z",
+        "ttl_remaining": 15.0,
+        "locks": [],
+    }
+    assert len(body["id"]) >= 32
+
+
+def test_a_bound_grant_expires_with_its_session(api, clock):
+    session = start(api)
+    response = bind(api, session, "job:1")
+    assert response.status_code == 200, response.get_data(as_text=True)
+    lock = response.get_json()["lock"]
+    assert lock["expires_at"] == session["expires_at"]
+    assert lock["token"] == "worker"
+    clock.advance(10)
+    beat = api.patch(f"/api/v1/sessions/{session['id']}")
+    assert beat.status_code == 200
+    assert beat.get_json()["expires_at"] == "2026-11-30T09:00:25.000000Z"
+    assert api.get("/api/v1/locks/job:1").get_json()["expires_at"] == (
+        "2026-11-30T09:00:25.000000Z"
+    )
+    read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
+    assert [lock["resource"] for lock in read["locks"]] == ["job:1"]
+    assert read["last_heartbeat"] == "2026-11-30T09:00:10.000000Z"
+
+
+def test_fifty_grants_one_heartbeat_one_instant_one_end(api, clock, fake_app):
+    session = start(api, ttl=15)
+    for n in range(50):
+        assert bind(api, session, f"job:{n}").status_code == 200
+    clock.advance(10)
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    with fake_app.app_context():
+        service = lock_service()
+        found = service.list_locks(prefix="job:", limit=100).items
+        assert len(found) == 50
+        assert {lock.expires_at.isoformat() for lock in found} == {
+            "2026-11-30T09:00:25+00:00"
+        }
+        # Just before the instant all are held; at it, all are stale.
+        clock.advance(15 - 0.000001)
+        assert service.counts()["stale"] == 0
+        clock.advance(0.000001)
+        assert service.counts()["stale"] == 50
+    # A late heartbeat does not revive them.
+    late = api.patch(f"/api/v1/sessions/{session['id']}")
+    assert_problem(late, 409)
+    with fake_app.app_context():
+        assert lock_service().counts()["stale"] == 50
+
+
+def test_end_releases_every_grant_with_an_event_each(api, fake_app):
+    session = start(api)
+    for n in range(50):
+        assert bind(api, session, f"job:{n}").status_code == 200
+    response = api.delete(f"/api/v1/sessions/{session['id']}")
+    assert response.status_code == 204
+    assert events(fake_app, "released") == 50
+    with fake_app.app_context():
+        assert lock_service().counts() == {"held": 0, "expiring": 0, "stale": 0}
+    assert count(fake_app, select(func.count()).select_from(LockSession)) == 0
+    assert_problem(api.get(f"/api/v1/sessions/{session['id']}"), 404)
+    # Free again for anyone.
+    other = api.with_token("other")
+    assert other.post("/api/v1/locks/job:3", json={"owner": "x"}).status_code == 200
+
+
+def test_a_session_belongs_to_its_token(api):
+    session = start(api)
+    other = api.with_token("other")
+    for method in ("get", "patch", "delete"):
+        response = getattr(other, method)(f"/api/v1/sessions/{session['id']}")
+        assert_problem(response, 404)
+    assert_problem(bind(other, session, "job:1"), 404)
+    assert_problem(api.patch("/api/v1/sessions/nope"), 404)
+
+
+def test_bad_session_acquires_are_refused_and_change_nothing(api, clock, fake_app):
+    session = start(api)
+    both = bind(api, session, "job:1", ttl=5)
+    assert assert_problem(both, 400)["errors"][0]["field"] == "session"
+    wrong_owner = bind(api, session, "job:1", owner="w-8")
+    assert assert_problem(wrong_owner, 400)["errors"][0]["field"] == "owner"
+    bad = api.post("/api/v1/locks/job:1", json={"owner": "w-7", "session": "a/b"})
+    assert_problem(bad, 400)
+    clock.advance(15)
+    assert_problem(bind(api, session, "job:1"), 409)
+    assert events(fake_app, "acquired") == 0
+
+
+def test_a_held_resource_refuses_a_session_grant(api):
+    other = api.with_token("other")
+    assert other.post("/api/v1/locks/job:1", json={"owner": "x"}).status_code == 200
+    session = start(api)
+    response = bind(api, session, "job:1")
+    assert response.status_code == 409
+    assert response.get_json()["lock"]["owner"] == "x"
+
+
+def test_a_dead_sessions_waiters_get_in_at_its_expiry(api, clock, fake_app):
+    """The killed worker never ends its session: at its expiry its grants are
+    stale, and the next acquire takes them over."""
+    session = start(api, ttl=5)
+    assert bind(api, session, "job:1").status_code == 200
+    other = api.with_token("other")
+    assert other.post("/api/v1/locks/job:1", json={"owner": "x"}).status_code == 409
+    clock.advance(5)
+    taken = other.post("/api/v1/locks/job:1", json={"owner": "x"})
+    assert taken.status_code == 200
+    assert events(fake_app, "took_over") == 1
+    # The dead session's end releases nothing of the new holder's.
+    assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
+    assert api.get("/api/v1/locks/job:1").get_json()["owner"] == "x"
+    assert events(fake_app, "released") == 0
+
+
+def test_a_session_ttl_is_checked(api):
+    response = api.post("/api/v1/sessions", json={"owner": "w-7", "ttl": 0})
+    assert_problem(response, 400)
+    assert_problem(api.post("/api/v1/sessions", json={}), 400)
+
+
+def test_acquires_heartbeats_and_an_end_race_without_losing_a_grant(app):
+    """Real threads on the real clock: grants bound while heartbeats run are all
+    renewed together and all released by the end; nothing deadlocks for good."""
+    import threading
+
+    with app.app_context():
+        service = lock_service()
+        session = service.sessions.create("w-7", 30, token="race")
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def acquire(worker: int) -> None:
+            try:
+                with app.app_context():
+                    for n in range(10):
+                        result = service.acquire(
+                            f"race:{worker}:{n}",
+                            "w-7",
+                            session=session.id,
+                            token="race",
+                        )
+                        assert result.acquired
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        def heartbeat() -> None:
+            try:
+                with app.app_context():
+                    while not stop.is_set():
+                        service.sessions.heartbeat(session.id, token="race")
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        beating = threading.Thread(target=heartbeat)
+        beating.start()
+        workers = [threading.Thread(target=acquire, args=(w,)) for w in range(4)]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join(60)
+        stop.set()
+        beating.join(60)
+        assert errors == []
+        found = service.sessions.get(session.id, token="race")
+        assert len(found.locks) == 40
+        assert {lock.expires_at for lock in found.locks} == {found.expires_at}
+        ended = service.sessions.end(session.id, token="race", actor="race")
+        assert len(ended.locks) == 40
+        assert service.counts() == {"held": 0, "expiring": 0, "stale": 0}
