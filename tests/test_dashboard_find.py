@@ -94,7 +94,7 @@ def test_sort_headers_link_both_ways_and_mark_the_order(operator, spread):
     header = page.select_one("th[aria-sort]")
     assert header["aria-sort"] == "ascending"
     assert "Stale since" in header.get_text()
-    assert "sort=-expires" in header.a["href"]
+    assert "sort=-remaining" in header.a["href"]
     remaining = [
         row.select_one("td.remaining").get_text(strip=True)
         for row in page.select("#live tbody tr")
@@ -230,3 +230,96 @@ def test_a_forged_cursor_of_a_new_order_is_a_named_error(numbered, sort):
         with pytest.raises(InvalidInput) as error:
             numbered.list_locks(sort=sort, cursor=encode_cursor(position))
         assert error.value.errors[0][0] == "cursor"
+
+
+def shown(response) -> list[str]:
+    assert response.status_code == 200, response.text
+    return [
+        td.get_text(strip=True)
+        for td in soup(response).select("#locks-table tbody td.resource")
+    ]
+
+
+def test_the_overview_shows_the_urgent_first_by_default(operator, numbered):
+    page = soup(operator.get("/"))
+    names = [td.get_text(strip=True) for td in page.select("#live td.resource")]
+    assert names[:3] == ["job:9", "jobs", "job:20001"]
+    assert names[-1] == "job:short"
+    assert page.select_one("#order-urgent")["aria-current"] == "true"
+    assert page.select_one("#tab-contended .tab-count").get_text() == "(2)"
+
+
+def test_the_resource_column_sorts_names_naturally(operator, numbered):
+    names = shown(operator.get("/?sort=resource"))
+    assert names.index("job:4100") < names.index("job:20001")
+    header = soup(operator.get("/?sort=resource")).select_one("th[aria-sort]")
+    assert header.a["id"] == "sort-resource"
+    assert "sort=-resource" in header.a["href"]
+    assert shown(operator.get("/?sort=-resource")) == names[::-1]
+
+
+def test_most_waiting_and_the_contended_tab(operator, numbered):
+    assert shown(operator.get("/?sort=-waiting"))[:2] == ["job:9", "jobs"]
+    page = soup(operator.get("/?state=contended&prefix=job"))
+    names = [td.get_text(strip=True) for td in page.select("#live td.resource")]
+    assert names == ["job:9", "jobs"]
+    assert page.select_one("#tab-contended")["aria-current"] == "page"
+    release = page.select_one("a[href*='release-many']")
+    assert release.get_text(strip=True) == "Release the 2 matching…"
+    dialog = soup(operator.get(release["href"]))
+    assert len(dialog.select("input[name=lock]")) == 2
+
+
+def test_numbered_pages_with_a_page_size(operator, service):
+    for n in range(60):
+        service.acquire(f"job:{n}", "w", ttl=100)
+    page = soup(operator.get("/?sort=resource&page=2"))
+    names = [td.get_text(strip=True) for td in page.select("#live td.resource")]
+    assert names[0] == "job:25"
+    links = {a.get_text(): a["href"] for a in page.select(".page-links a")}
+    assert set(links) == {"« Previous", "1", "2", "3", "Next »"}
+    assert links["3"] == "/?sort=resource&page=3"
+    sizes = {a.get_text(): a["href"] for a in page.select(".page-sizes a")}
+    assert sizes["50"] == "/?sort=resource&size=50"
+    bigger = soup(operator.get(sizes["50"]))
+    assert len(bigger.select("#live td.resource")) == 50
+    assert bigger.select_one(".page-links a[aria-current]").get_text() == "1"
+
+
+@pytest.mark.parametrize("query", ["page=0", "page=x", "size=7", "sort=fence"])
+def test_a_bad_page_or_size_is_a_400_with_the_reason(operator, numbered, query):
+    response = operator.get(f"/?{query}")
+    assert response.status_code == 400
+    assert soup(response).select_one(".field-error")
+
+
+@pytest.mark.parametrize("search", ["web", "WEB1", "été", "_", "b:"])
+def test_the_stale_release_matches_owners_as_the_search_shows_them(
+    operator, service, clock, search
+):
+    from tests.dashboard_helpers import post
+
+    owners = ["web1:1:a", "WEB2:1:b", "xweb", "db:1", "ÉTÉ:1", "a_b:1", "a%b:2"]
+    for n, owner in enumerate(owners):
+        service.acquire(f"job:{n}", owner, ttl=1)
+    service.acquire("job:held", "web1:9:z", ttl=600)
+    clock.advance(2)
+    page = soup(operator.get(f"/?state=stale&owner={search}"))
+    rows = [td.get_text(strip=True) for td in page.select("#live td.owner")]
+    counted = int(page.select_one("#count-stale .count").get_text())
+    tab = page.select_one("#tab-stale .tab-count").get_text()
+    link = page.find("a", string="Release all stale…")
+    assert counted == len(rows)
+    assert tab == f"({len(rows)})"
+    if not rows:
+        assert link is None
+        return
+    dialog = soup(operator.get(link["href"])).get_text(" ", strip=True)
+    s = "" if len(rows) == 1 else "s"
+    assert f"Force release {len(rows)} stale lock{s}?" in dialog
+    response = post(
+        operator, "/stale/release", {"owner": search, "reason": "dead host"}, htmx=True
+    )
+    assert f"Force-released {len(rows)} stale lock(s)." in soup(response).get_text()
+    left = {lock.owner for lock in service.list_locks(limit=100).items}
+    assert left == ({*owners, "web1:9:z"} - set(rows))

@@ -138,7 +138,8 @@ def unfreeze(prefix: str):
 @bp.route("/stale/release", methods=["GET", "POST"])
 @operator_required
 def release_stale():
-    """Force-release every stale lock matching the overview's search."""
+    """Force-release every stale lock matching the overview's search: its
+    owner field is the search's "owner contains", matched as the rows are."""
     prefix = stripped(request.values, "prefix")
     owner = stripped(request.values, "owner")
     service = lock_service()
@@ -151,14 +152,17 @@ def release_stale():
     }
     count, reason = 0, None
     try:
-        count = service.count_stale(prefix=prefix, owner=owner)
+        count = service.count_stale(prefix=prefix, owner_contains=owner)
         if request.method == "GET":
             return action_response(
                 "dashboard/_release_stale_form.html", count=count, reason="", **context
             )
         reason = text_field("reason")
         released = service.release_stale(
-            actor=current_user.username, reason=reason, prefix=prefix, owner=owner
+            actor=current_user.username,
+            reason=reason,
+            prefix=prefix,
+            owner_contains=owner,
         )
     except InvalidInput as exc:
         return action_response(
@@ -196,12 +200,14 @@ def _matching(args) -> list[tuple[str, int]]:
 
     service = lock_service()
     state = args.get("state") or None
+    contended = state == "contended"
     host = stripped(args, "host")
     found: list[tuple[str, int]] = []
     cursor = None
     while True:
         page = service.list_locks(
-            state=state,
+            state=None if contended else state,
+            contended=contended,
             prefix=stripped(args, "prefix"),
             owner=stripped(args, "exact_owner"),
             owner_contains=stripped(args, "owner"),

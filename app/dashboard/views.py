@@ -46,18 +46,26 @@ from app.locks.service import OwnerCounts, lock_service
 from app.locks.state import LockState
 
 PAGE_SIZE = 25
+# The page sizes the overview offers (``?size=``), the first the default.
+PAGE_SIZES = (25, 50, 100)
 HISTORY_PAGE_SIZE = 20
 # The timeline draws at most this many of the newest events.
 TIMELINE_EVENTS = 300
 POLL_SECONDS = 5
-TABS = ("all", "held", "expiring", "stale")
-# Column -> the service's sort key; the table's headers link to these.
+TABS = ("all", "contended", "held", "expiring", "stale")
+# A sort name of the page (a column's label, or an order's) -> the service's
+# sort key; the table's headers and the order links use these names.
 SORTABLE = {
-    "resource": "resource",
+    "resource": "natural",
     "owner": "owner",
     "acquired": "acquired",
     "remaining": "expires",
+    "waiting": "waiters",
+    "urgent": "urgent",
 }
+PAGE_NAMES = {key: name for name, key in SORTABLE.items()}
+# Contended and expiring locks first, stale ones last.
+DEFAULT_SORT = "urgent"
 GROUPS = ("owner", "host")
 # The version of the data a page shows; its polls send it back, and an unchanged
 # version is answered 204 (htmx swaps nothing, the page keeps its place).
@@ -103,14 +111,23 @@ def overview():
     prefix = text_arg("prefix")
     owner = text_arg("owner")
     cursor = text_arg("cursor")
-    sort = text_arg("sort") or "resource"
-    # The column labels are sort names too: ``?sort=remaining`` (or
-    # ``-remaining``) is the Remaining column's order.
-    if sort.lstrip("-") in SORTABLE:
-        sort = sort[: len(sort) - len(sort.lstrip("-"))] + SORTABLE[sort.lstrip("-")]
+    sort = text_arg("sort") or DEFAULT_SORT
+    size, number, paging_errors = _paging()
+    # The page's names are the columns' labels (``?sort=remaining``); the
+    # service's own keys (``?sort=expires``) are read as those names.
+    name = sort.lstrip("-")
+    direction = sort[: len(sort) - len(name)]
+    sort = direction + PAGE_NAMES.get(name, name)
+    sort_key = direction + SORTABLE.get(name, name)
     group = text_arg("group")
     live = is_live()
-    filters = {"state": state, "prefix": prefix, "owner": owner, "sort": sort}
+    filters = {
+        "state": state,
+        "prefix": prefix,
+        "owner": owner,
+        "sort": sort,
+        "size": size,
+    }
     if group:
         filters["group"] = group
     service = lock_service()
@@ -119,16 +136,19 @@ def overview():
         params = {**filters, **changes}
         if params.get("state") == "all":
             params["state"] = None
-        if params.get("sort") == "resource":
+        if params.get("sort") == DEFAULT_SORT:
             params["sort"] = None
+        if params.get("size") == PAGE_SIZES[0]:
+            params["size"] = None
+        if params.get("page") == 1:
+            params["page"] = None
         return url_with("/", **params)
 
     def sort_url(column: str) -> str:
         """The header link: sort by ``column``, or reverse it if it is the order."""
-        key = SORTABLE[column]
-        return url(sort=f"-{key}" if sort == key else key, cursor=None)
+        return url(sort=f"-{column}" if sort == column else column, cursor=None)
 
-    here = url(cursor=cursor)
+    here = url(cursor=cursor, page=number)
     # A search counts what it shows: its counters and tab counts are of the
     # matching locks, and its version is of its own rows and counts, so a quiet
     # search answers its polls 204 while locks elsewhere change.
@@ -154,31 +174,47 @@ def overview():
     errors: list[tuple[str, str]] = []
     status = 200
     page = groups = None
+    contended = state == "contended"
+    contended_count = 0
+    pages = 1
     try:
+        if paging_errors:
+            raise InvalidInput(paging_errors)
         if group is not None and group not in GROUPS:
             raise InvalidInput([("group", "must be owner or host")])
         if searched:
-            matching = group_counts(service.owner_counts(prefix=prefix), "owner", owner)
+            owners = service.owner_counts(prefix=prefix, owner_contains=owner)
             counts = {
-                LockState.HELD: sum(g.held for g in matching),
-                LockState.EXPIRING: sum(g.expiring for g in matching),
-                LockState.STALE: sum(g.stale for g in matching),
+                LockState.HELD: sum(g.held for g in owners),
+                LockState.EXPIRING: sum(g.expiring for g in owners),
+                LockState.STALE: sum(g.stale for g in owners),
             }
+        contended_count = service.count_locks(
+            prefix=prefix, owner_contains=owner, contended=True
+        )
+        # Numbered pages, unless a cursor (an older link) asks for keyset pages.
+        shown = {"all": sum(counts.values()), "contended": contended_count}
+        pages = max(1, math.ceil(shown.get(state, counts.get(state, 0)) / size))
         page = service.list_locks(
-            state=state,
+            state=None if contended else state,
+            contended=contended,
             prefix=prefix,
             owner_contains=owner,
-            limit=PAGE_SIZE,
+            limit=size,
             cursor=cursor,
-            sort=sort,
+            offset=None if cursor else (number - 1) * size,
+            sort=sort_key,
         )
         if group:
-            groups = group_counts(service.owner_counts(prefix=prefix), group, owner)
+            groups = group_counts(
+                service.owner_counts(prefix=prefix, owner_contains=owner), group
+            )
     except InvalidInput as exc:
         errors, status, page = exc.errors, 400, None
     if version is None:
         version = shown_version(
             [counts[s] for s in LockState],
+            contended_count,
             [
                 [lock.resource, lock.owner, lock.fence, lock.expires_at, lock.state]
                 + [lock.waiters]
@@ -199,6 +235,7 @@ def overview():
         status=status,
         page=page,
         counts=counts,
+        contended_count=contended_count,
         total=sum(counts.values()),
         searched=searched,
         total_everywhere=sum(everywhere.values()),
@@ -214,10 +251,15 @@ def overview():
         group=group,
         groups=groups,
         here=here,
-        poll_url=url(cursor=cursor, live="1" if live else "0"),
-        switch_url=url(live="0" if live else "1", cursor=cursor),
+        poll_url=url(cursor=cursor, page=number, live="1" if live else "0"),
+        switch_url=url(live="0" if live else "1", cursor=cursor, page=number),
         first_url=url() if cursor else None,
         next_url=url(cursor=page.next_cursor) if page and page.next_cursor else None,
+        page_number=number,
+        pages=pages,
+        page_size=size,
+        page_sizes=PAGE_SIZES,
+        page_links=page_links(number, pages),
         refreshed_at=service.now(),
         poll_seconds=POLL_SECONDS,
         version=version,
@@ -227,6 +269,38 @@ def overview():
         banner_return="/",
         activity_url=url_for("dashboard.activity", live="1" if live else "0"),
     )
+
+
+def _paging() -> tuple[int, int, list[tuple[str, str]]]:
+    """The page size and page number the overview asks for, and what is
+    wrong with them (the defaults stand in for a bad one)."""
+    errors = []
+    size, number = PAGE_SIZES[0], 1
+    raw_size, raw_page = text_arg("size"), text_arg("page")
+    if raw_size is not None:
+        if raw_size.isdigit() and int(raw_size) in PAGE_SIZES:
+            size = int(raw_size)
+        else:
+            sizes = ", ".join(map(str, PAGE_SIZES))
+            errors.append(("size", f"must be one of {sizes}"))
+    if raw_page is not None:
+        if raw_page.isdigit() and 1 <= int(raw_page) <= 1_000_000:
+            number = int(raw_page)
+        else:
+            errors.append(("page", "must be a page number, 1 or more"))
+    return size, number, errors
+
+
+def page_links(number: int, pages: int) -> list[int | None]:
+    """The page numbers a pager shows: the first, the last, and two either
+    side of this one; None where numbers are left out."""
+    shown = sorted({1, pages, *range(max(1, number - 2), min(pages, number + 2) + 1)})
+    links: list[int | None] = []
+    for n in shown:
+        if links and n - (links[-1] or 0) > 1:
+            links.append(None)
+        links.append(n)
+    return links
 
 
 def host_of(owner: str) -> str:
@@ -239,14 +313,9 @@ def host_of(owner: str) -> str:
     return owner
 
 
-def group_counts(
-    by_owner: list[OwnerCounts], group: str, owner_filter: str | None
-) -> list[OwnerCounts]:
-    """Per owner (as the service counts them) or summed per host, most stale
-    first; an owner search narrows the groups too."""
-    if owner_filter:
-        needle = owner_filter.lower()
-        by_owner = [g for g in by_owner if needle in g.name.lower()]
+def group_counts(by_owner: list[OwnerCounts], group: str) -> list[OwnerCounts]:
+    """Per owner (as the service counts them, an owner search applied) or
+    summed per host, most stale first."""
     if group == "owner":
         return by_owner
     hosts: dict[str, list[int]] = {}

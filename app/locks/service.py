@@ -637,19 +637,28 @@ class LockService:
         reason: str | None,
         prefix: str | None = None,
         owner: str | None = None,
+        owner_contains: str | None = None,
     ) -> list[Lock]:
-        """Force-release every stale lock (matching ``prefix`` and ``owner``) with
+        """Force-release every stale lock (matching ``prefix`` and ``owner``, or
+        owners containing ``owner_contains`` as ``list_locks`` matches them) with
         one reason, a batch per transaction, one ``force_released`` event per
         lock; returns the locks released. A lock renewed or taken over before its
         batch locks it is left alone: staleness is judged under the row lock."""
         self.validate(actor=actor, reason=reason)
-        self._validate_filters(prefix, owner)
+        self._validate_filters(prefix, owner, owner_contains)
         self._require_reason(reason, "to force-release locks")
         released: list[Lock] = []
         while True:
             batch = self.run_transaction(
                 lambda conn: self._transactional.release_stale_batch(
-                    conn, prefix, owner, actor, reason, self._now(), RELEASE_BATCH
+                    conn,
+                    prefix,
+                    owner,
+                    actor,
+                    reason,
+                    self._now(),
+                    RELEASE_BATCH,
+                    owner_contains=owner_contains,
                 )
             )
             for outcome in batch.released:
@@ -659,10 +668,15 @@ class LockService:
                 return released
 
     def count_stale(
-        self, *, prefix: str | None = None, owner: str | None = None
+        self,
+        *,
+        prefix: str | None = None,
+        owner: str | None = None,
+        owner_contains: str | None = None,
     ) -> int:
-        """How many stale locks match ``prefix`` and ``owner`` right now."""
-        self._validate_filters(prefix, owner)
+        """How many stale locks ``release_stale`` with these filters would
+        release right now."""
+        self._validate_filters(prefix, owner, owner_contains)
         query = select(func.count()).select_from(locks)
         query = query.where(
             locks.c.owner.is_not(None),
@@ -672,14 +686,20 @@ class LockService:
             query = query.where(starts_with(locks.c.resource, prefix))
         if owner is not None:
             query = query.where(locks.c.owner == owner)
+        if owner_contains:
+            query = query.where(listing.owner_contains(owner_contains))
         with self._autocommit_engine.connect() as conn:
             return conn.scalar(query)
 
     @staticmethod
-    def _validate_filters(prefix: str | None, owner: str | None) -> None:
+    def _validate_filters(
+        prefix: str | None, owner: str | None, owner_contains: str | None = None
+    ) -> None:
         errors = []
         if _filter_error(prefix):
             errors.append(("prefix", _filter_error(prefix)))
+        if _filter_error(owner_contains):
+            errors.append(("owner", _filter_error(owner_contains)))
         if owner is not None and validation.name_error(owner):
             errors.append(("owner", validation.name_error(owner)))
         if errors:
@@ -1054,16 +1074,18 @@ class LockService:
         if owner is not None:
             query = query.where(locks.c.owner == owner)
         if owner_contains:
-            query = query.where(_owner_contains(owner_contains))
+            query = query.where(listing.owner_contains(owner_contains))
         if contended:
             query = query.where(listing.is_contended(literal(now, UTCDateTime())))
         return query
 
-    def owner_counts(self, *, prefix: str | None = None) -> list[OwnerCounts]:
+    def owner_counts(
+        self, *, prefix: str | None = None, owner_contains: str | None = None
+    ) -> list[OwnerCounts]:
         """Each owner of a lock with how many it holds in each state, most stale
-        first (what needs attention), then most locks."""
-        if _filter_error(prefix):
-            raise InvalidInput([("prefix", _filter_error(prefix))])
+        first (what needs attention), then most locks; ``owner_contains``:
+        only owners containing it, as ``list_locks`` matches them."""
+        self._validate_filters(prefix, None, owner_contains)
         now = self.now()
         query = (
             select(locks.c.owner, *self._state_counts(now))
@@ -1072,6 +1094,8 @@ class LockService:
         )
         if prefix:
             query = query.where(starts_with(locks.c.resource, prefix))
+        if owner_contains:
+            query = query.where(listing.owner_contains(owner_contains))
         with self._autocommit_engine.connect() as conn:
             rows = conn.execute(query).all()
         groups = [OwnerCounts(r.owner, r.held, r.expiring, r.stale) for r in rows]
@@ -1170,11 +1194,6 @@ def _read_position(sort_key: str, position: dict[str, Any]) -> dict[str, Any]:
             "at": _instant(position["at"]),
         }
     return {"values": [_sort_value(sort_key, raw), resource]}
-
-
-def _owner_contains(text: str):
-    """Owners containing ``text``, ignoring case (the overview's search)."""
-    return func.lower(locks.c.owner).contains(text.lower(), autoescape=True)
 
 
 def _filter_error(text: str | None) -> str | None:

@@ -221,11 +221,14 @@ def test_sorting_owner_search_and_grouping(operator_page: Page, site: Site):
     page = operator_page
     page.reload()
     resources = page.locator("#live tbody td.resource")
+    # Urgent first by default: the least time left first.
+    expect(resources).to_have_text(["job:b", "job:c", "job:a"])
+    page.get_by_role("link", name="Resource").click()
     expect(resources).to_have_text(["job:a", "job:b", "job:c"])
 
     page.get_by_role("link", name="Remaining").click()
     expect(resources).to_have_text(["job:b", "job:c", "job:a"])
-    expect(page).to_have_url(re.compile(r"sort=expires"))
+    expect(page).to_have_url(re.compile(r"sort=remaining"))
     page.get_by_role("link", name=re.compile("^Remaining")).click()
     expect(resources).to_have_text(["job:a", "job:c", "job:b"])
 

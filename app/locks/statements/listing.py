@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, literal, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import String
@@ -89,6 +89,15 @@ def waiter_counts(now):
         .group_by(waiters.c.resource)
         .subquery("waiting_counts")
     )
+
+
+def owner_contains(text: str, owner=locks.c.owner):
+    """Owners containing ``text``, ignoring case: the overview's search. Its
+    one form, so the rows, the counts and the stale release all agree (even
+    where a dialect's ``lower`` folds only ASCII, as SQLite's does)."""
+    escaped = text.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    pattern = literal(f"%{escaped}%", String())
+    return func.lower(owner).like(func.lower(pattern), escape="/")
 
 
 def is_contended(now):

@@ -29,6 +29,7 @@ from app.locks.models import (
     fence_sequence,
 )
 from app.locks.state import Action, holds
+from app.locks.statements import listing
 from app.locks.statements.common import (
     ClaimView,
     Clock,
@@ -559,9 +560,10 @@ class TransactionalStatements:
         return Outcome(True, action, ended, now)
 
     def release_stale_batch(
-        self, conn, prefix, owner, actor, reason, now, batch: int
+        self, conn, prefix, owner, actor, reason, now, batch: int, owner_contains=None
     ) -> StaleBatch:
-        """Force-release up to ``batch`` stale locks matching ``prefix``/``owner``:
+        """Force-release up to ``batch`` stale locks matching ``prefix``/``owner``
+        (and owners containing ``owner_contains``, as the overview searches):
         lock the candidates (in resource order, so concurrent batches do not
         deadlock), read the clock, free those still stale by it."""
         query = (
@@ -581,6 +583,8 @@ class TransactionalStatements:
             )
         if owner is not None:
             query = query.where(locks.c.owner == owner)
+        if owner_contains:
+            query = query.where(listing.owner_contains(owner_contains))
         candidates = conn.execute(query).all()
         now = self.clock_after_lock(conn, now).now
         stale = [row for row in candidates if row.expires_at <= now]
