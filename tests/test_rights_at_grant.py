@@ -269,19 +269,18 @@ def test_max_locks_holds_under_twenty_parallel_acquires(app, rows):
 
 
 @pytest.mark.parametrize(("max_locks", "far"), [(10000, True), (2, False)])
-def test_a_token_far_from_its_quota_shares_its_lock_on_postgresql(
-    app, backend, max_locks, far
-):
-    """PostgreSQL: a token far from its quota (its live locks plus
-    max_connections below it) takes its row FOR SHARE, so its new grants do not
-    wait for each other; near it, the grant takes the row alone and waits for
-    every grant in flight. MariaDB takes it alone under any quota; SQLite has
-    one writer at a time and no row locks."""
+def test_a_token_far_from_its_quota_shares_its_lock(app, backend, max_locks, far):
+    """A token far from its quota (its live locks plus max_connections below
+    it) takes its row shared (PostgreSQL FOR SHARE, MariaDB LOCK IN SHARE MODE),
+    so its new grants do not wait for each other; near it, the grant takes the
+    row alone and waits for every grant in flight. SQLite has one writer at a
+    time and no row locks. (tests/test_token_row_share.py: the same with a real
+    grant paused inside its transaction.)"""
     from sqlalchemy import text
 
     ApiClient(app, "shared", max_locks=max_locks)
     share = {"postgresql": "FOR SHARE", "mariadb": "LOCK IN SHARE MODE"}
-    waits = backend == "mariadb" or (backend == "postgresql" and not far)
+    waits = backend in share and not far
     with app.app_context():
         service = lock_service()
         with db.engine.connect() as other:

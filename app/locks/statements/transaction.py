@@ -17,6 +17,8 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
+    literal_column,
     null,
     select,
     update,
@@ -58,6 +60,13 @@ _SERVER_NOW = {
 }
 
 
+# Grants of one token in flight at once: at most one per server connection.
+_MARGIN = {
+    "postgresql": lambda: func.current_setting("max_connections").cast(Integer()),
+    "mysql": lambda: literal_column("@@max_connections"),
+    "mariadb": lambda: literal_column("@@max_connections"),
+}
+
 _INSERT_EVENT = insert(events)
 
 
@@ -97,10 +106,15 @@ class TransactionalStatements:
             if self._server_now is not None
             else None
         )
-        # Keyed by (reads the server clock, counts the token's live locks). Only
-        # SQLite counts on the locking read (its clock is the host's, read after
-        # BEGIN IMMEDIATE); elsewhere the count rides on the clock read that
-        # follows the row lock (``clock_after_lock``).
+        # Keyed by (reads the server clock, counts the token's live locks). On
+        # SQLite that count is the quota's (its clock is the host's, read after
+        # BEGIN IMMEDIATE). Elsewhere the quota's count rides on the clock read
+        # that follows the token's row lock (``clock_after_lock``), and the
+        # locking read's count is a first look that only picks how that row is
+        # locked (``_far``): it comes with ``margin``, the server's
+        # max_connections, on a row even where the resource has none (an outer
+        # join from a one-row table; the lock columns are then NULL).
+        self._margin = _MARGIN.get(dialect_name)
         self._lock_row = {}
         for on_server, now_column in ((False, given_now), (True, server_now)):
             if now_column is None:
@@ -109,18 +123,23 @@ class TransactionalStatements:
                 columns = list(queue_columns(bindparam("resource"), now_column, waiter))
                 if counting:
                     columns.append(live_locks(now_column).label("live"))
-                self._lock_row[on_server, counting] = (
-                    select(locks, *columns).where(by_resource).with_for_update()
-                )
+                query = select(locks, *columns)
+                if counting and self._margin is not None:
+                    one = select(literal(1).label("one")).subquery("one")
+                    query = query.add_columns(self._margin().label("margin"))
+                    query = query.select_from(one.outerjoin(locks, by_resource))
+                else:
+                    query = query.where(by_resource)
+                self._lock_row[on_server, counting] = query.with_for_update()
         # SQLite with no row to ride on, and a grant after its token's row lock
         # elsewhere: the count alone.
         self._live_count = select(live_locks(given_now).label("live"))
         token_row = select(api_tokens.c.revoked_at, api_tokens.c.expires_at).where(
             api_tokens.c.name == bindparam("token")
         )
-        # Keyed by "a quota applies": then one new grant of the token at a time
-        # (its count must see the grant before it); otherwise a shared lock, which
-        # only a revocation waits for.
+        # Keyed by "near a quota": then one new grant of the token at a time (its
+        # count must see the grants before it); otherwise a shared lock, which
+        # only a revocation and a grant near the quota wait for (``_far``).
         self._token_rows = {
             True: token_row.with_for_update(),
             False: token_row.with_for_update(read=True),
@@ -209,8 +228,10 @@ class TransactionalStatements:
     ) -> Row | None:
         """The row of ``resource``, locked until commit (None when there is none),
         with its queue: ``waiters``, and ``ahead`` of ``waiter``. With
-        ``max_locks`` (SQLite), also ``live``: how many live locks ``quota_token``
-        holds, counted up to ``max_locks``."""
+        ``max_locks``, also ``live``: how many live locks ``quota_token`` holds,
+        counted up to ``max_locks``; where there is a server (not SQLite), also
+        ``margin`` (max_connections), and a row always comes back: its lock
+        columns are NULL when ``resource`` has none."""
         counting = bool(max_locks) and quota_token is not None
         params: dict[str, Any] = {"resource": resource, "waiter": waiter}
         if now is not None:
@@ -394,16 +415,25 @@ class TransactionalStatements:
         checks_token = token is not None and token != NO_TOKEN
         # SQLite has one writer at a time: its count rides on the locking read.
         # Elsewhere the count follows the token's row lock, so two parallel new
-        # grants of one token cannot both count the same free place.
+        # grants of one token cannot both count the same free place; the locking
+        # read takes a first look (``_far``) that picks how that row is locked.
         count_on_read = counting and not self.uses_sequence
+        first_look = counting and checks_token and self._margin is not None
         row = self.lock_row(
             conn,
             resource,
             now,
             waiter,
-            quota_token=token if count_on_read else None,
-            max_locks=max_locks if count_on_read else None,
+            quota_token=token if count_on_read or first_look else None,
+            max_locks=max_locks if count_on_read or first_look else None,
         )
+        # Under a quota, the limit the count after the token's row lock is held
+        # to: the quota itself, or nearer when the token is far from it.
+        far, limit = False, max_locks
+        if first_look:
+            far, limit = self._far(row, max_locks)
+            if row.id is None:
+                row = None  # no lock row: only the first look came back
         held = row is not None and row.owner is not None
         token_row, token_locked = None, False
         if row is not None and row.ahead:
@@ -417,7 +447,7 @@ class TransactionalStatements:
             # before the clock read, so the quota count rides on that read. A
             # held row locks it only once it turns out expired (below).
             if not held and checks_token and self.uses_sequence:
-                token_row = self._token_row(conn, token, exclusive=counting)
+                token_row = self._token_row(conn, token, exclusive=counting and not far)
                 token_locked = True
             count_now = count_on_read or (token_locked and counting)
             now, fence, frozen, over_quota = self.clock_after_lock(
@@ -427,7 +457,7 @@ class TransactionalStatements:
                 fence_unless_valid_until=row.expires_at if held else None,
                 unless_frozen=resource,
                 quota_token=token if count_now else None,
-                max_locks=max_locks if count_now else None,
+                max_locks=limit if count_now else None,
                 live=row.live if count_on_read and row is not None else None,
             )
         if not held:
@@ -442,20 +472,25 @@ class TransactionalStatements:
         if action is not Action.REACQUIRED and checks_token:
             # A new tenure: the token must be live where the grant commits.
             if not token_locked:
-                token_row = self._token_row(conn, token, exclusive=counting)
+                token_row = self._token_row(conn, token, exclusive=counting and not far)
                 if counting and not count_on_read:
                     # A take-over: counted now, after the token's row lock.
                     live = self._scalar(
                         conn,
                         self._live_count,
-                        {"now": now, "quota_token": token, "max_locks": max_locks},
+                        {"now": now, "quota_token": token, "max_locks": limit},
                     )
-                    over_quota = over_quota or live >= max_locks
+                    over_quota = over_quota or live >= limit
             if token_ended(token_row, now):
                 return Outcome(False, None, holder, now, token_ended=True)
         if action is not Action.REACQUIRED and frozen:
             return Outcome(False, None, row, now, self.freeze_of(conn, resource, now))
         if action is not Action.REACQUIRED and over_quota:
+            if far:
+                # Shared, but no longer far from the quota: not granted, nothing
+                # written (no fence was drawn); the service tries again, and the
+                # next first look takes the token's row alone.
+                return Outcome(False, None, holder, now)
             # Only a new grant counts against the quota; nothing is written.
             return Outcome(False, None, holder, now, over_quota=True)
         outcome = self._grant(
@@ -465,11 +500,31 @@ class TransactionalStatements:
             self._dequeue(conn, waiter)
         return outcome
 
+    @staticmethod
+    def _far(first_look, max_locks: int) -> tuple[bool, int]:
+        """Whether the token is so far from its quota that its row lock is shared,
+        and the limit the count after that lock is held to.
+
+        Far: its live locks (the locking read's first look) plus ``margin``, the
+        server's max_connections, stay below ``max_locks``. Every grant in flight
+        holds a server connection, so no set of them, shared or not, can then
+        take the token past its quota, as long as each counts again after its
+        own lock and stops once it finds itself within ``margin`` of it (the
+        limit returned). Nearer than that the row is locked alone: the grant
+        waits for every grant of the token in flight and counts after them, one
+        at a time, to ``max_locks``.
+        """
+        margin = int(first_look.margin)
+        if max_locks > margin and first_look.live < max_locks - margin:
+            return True, max_locks - margin
+        return False, max_locks
+
     def _token_row(self, conn, token: str, *, exclusive: bool) -> Row | None:
         """The token's row (revoked_at, expires_at), locked until commit: for
-        update under a quota (one new grant of the token at a time), else shared
-        (only a revocation waits); a revocation that committed first is seen,
-        one that comes later waits for this grant. None: no such token."""
+        update near its quota (one new grant of the token at a time), else
+        shared (only a revocation, or a grant near the quota, waits); a
+        revocation that committed first is seen, one that comes later waits for
+        this grant. None: no such token."""
         return self._row(conn, self._token_rows[exclusive], {"token": token})
 
     def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:

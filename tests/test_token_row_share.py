@@ -1,0 +1,232 @@
+"""A token far from its lock quota shares its row lock at a grant; near it, a
+grant takes the row alone (PostgreSQL: migration 0011; MariaDB: the locking
+read's first look, ``TransactionalStatements._far``). Real grants of one token,
+one paused inside its transaction, on the server databases (SQLite has one
+writer at a time and no row locks)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import event, func, insert, select, text
+
+from app.database import autocommit
+from app.extensions import db
+from app.locks.errors import QuotaExceeded
+from app.locks.models import DistributedLock
+from app.locks.service import lock_service
+from tests.conftest import ApiClient
+from tests.row_waits import _BLOCKED_SQL, DEADLINE
+
+SERVERS = ("postgresql", "mariadb")
+locks = DistributedLock.__table__
+
+
+def only(*servers: str):
+    """Run the test on these of ``SERVERS`` alone."""
+
+    def mark(test):
+        test.servers = servers
+        return test
+
+    return mark
+
+
+def pytest_generate_tests(metafunc):
+    if "server" in metafunc.fixturenames:
+        chosen = metafunc.config.getoption("--backends").split(",")
+        servers = getattr(metafunc.function, "servers", SERVERS)
+        metafunc.parametrize("server", [s for s in servers if s in chosen])
+
+
+@pytest.fixture
+def database_url(server, databases, tmp_path) -> str:
+    return databases(server).fresh(tmp_path)
+
+
+def _margin() -> int:
+    """The server's max_connections: how many grants can be in flight at once."""
+    if db.engine.dialect.name == "postgresql":
+        return int(db.session.scalar(text("SHOW max_connections")))
+    return int(db.session.scalar(text("SELECT @@max_connections")))
+
+
+class PausedGrant:
+    """A real grant of ``token`` in a thread, paused inside its transaction
+    right after it locked the token's row (at the clock read that draws its
+    fence) until ``go()``."""
+
+    def __init__(self, app, resource: str, token: str, max_locks: int):
+        self.app = app
+        self.inside, self.release = threading.Event(), threading.Event()
+        # The hot path may run on the engine's autocommit twin (app.database).
+        self.engines = {db.engine, autocommit(db.engine)}
+        for engine in self.engines:
+            event.listen(engine, "before_cursor_execute", self._statement)
+        self.pool = ThreadPoolExecutor(1)
+        self.future = self.pool.submit(self._run, resource, token, max_locks)
+        if not self.inside.wait(DEADLINE):
+            self.future.result(timeout=0)
+            raise AssertionError("the grant never reached its clock read")
+
+    def _run(self, resource, token, max_locks):
+        self.thread = threading.current_thread()
+        with self.app.app_context():
+            return lock_service().acquire(
+                resource, "paused", token=token, max_locks=max_locks
+            )
+
+    def _statement(self, _conn, _cursor, statement, *_args):
+        if (
+            threading.current_thread() is getattr(self, "thread", None)
+            and "lock_fence_seq" in statement
+            and not self.inside.is_set()
+        ):
+            self.inside.set()
+            assert self.release.wait(DEADLINE), "the paused grant was never let go"
+
+    def go(self):
+        self.release.set()
+        try:
+            return self.future.result(DEADLINE)
+        finally:
+            for engine in self.engines:
+                event.remove(engine, "before_cursor_execute", self._statement)
+            self.pool.shutdown()
+
+
+@only("mariadb")
+def test_a_far_tokens_grants_do_not_wait_for_each_other(app, server):
+    """Default quota (10000): a grant of the token holding its row inside its
+    transaction does not hold back another new grant of the same token."""
+    ApiClient(app, "shared", max_locks=10000)
+    with app.app_context():
+        paused = PausedGrant(app, "far:a", "shared", 10000)
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                other = pool.submit(
+                    lambda: _acquire(app, "far:b", "shared", 10000)
+                ).result(DEADLINE)
+            assert other.acquired
+            assert not paused.future.done()
+        finally:
+            first = paused.go()
+        assert first.acquired
+
+
+@only("mariadb")
+def test_a_grant_near_the_quota_waits_for_the_token_grant_in_flight(app, server):
+    """Under --max-locks 2 (within max_connections of the quota) a new grant
+    takes the token's row alone: it waits for the grant in flight, then counts
+    it."""
+    ApiClient(app, "near", max_locks=2)
+    with app.app_context():
+        service = lock_service()
+        paused = PausedGrant(app, "near:a", "near", 2)
+        pool = ThreadPoolExecutor(1)
+        try:
+            second = pool.submit(_acquire, app, "near:b", "near", 2)
+            # (run_blocked would add a listener while the paused grant is in one)
+            _wait_for_the_token_row(second)
+            assert not second.done()
+        finally:
+            first = paused.go()
+        assert first.acquired
+        assert second.result(DEADLINE).acquired
+        pool.shutdown()
+        with pytest.raises(QuotaExceeded):
+            service.acquire("near:c", "w", token="near", max_locks=2)
+
+
+def test_a_shared_grant_counts_again_after_its_lock(app, server):
+    """The first look finds the token far from its quota, so the grant waits for
+    its row shared; by the time it holds it the token has filled its quota (an
+    exclusive holder committed a quota's worth of locks). The grant counts again
+    after its lock and is refused, not granted on its first look."""
+    with app.app_context():
+        max_locks = _margin() + 10
+        ApiClient(app, "filling", max_locks=max_locks)
+        with db.engine.connect() as holder:
+            holder.execute(
+                text("SELECT 1 FROM api_tokens WHERE name = 'filling' FOR UPDATE")
+            )
+            pool = ThreadPoolExecutor(1)
+            waiting = pool.submit(_acquire, app, "fill:new", "filling", max_locks)
+            _wait_for_the_token_row(waiting)
+            now = datetime.now(UTC)
+            holder.execute(
+                insert(locks),
+                [
+                    {
+                        "resource": f"fill:{n}",
+                        "owner": "o",
+                        "token": "filling",
+                        "fence": 10**9 + n,
+                        "acquired_at": now,
+                        "expires_at": now + timedelta(hours=1),
+                    }
+                    for n in range(max_locks)
+                ],
+            )
+            holder.commit()
+        with pytest.raises(QuotaExceeded):
+            waiting.result(DEADLINE)
+        pool.shutdown()
+        live = db.session.scalar(
+            select(func.count()).select_from(locks).where(locks.c.token == "filling")
+        )
+        assert live == max_locks
+
+
+# A statement locking the token's row, still running: on MariaDB the wait for a
+# row read by a unique key happens while the optimizer reads it ("Statistics" in
+# the process list), and information_schema.innodb_trx does not always list that
+# transaction as waiting, so the process list is asked too.
+_TOKEN_ROW_WAIT = {
+    "postgresql": _BLOCKED_SQL["postgresql"],
+    "mariadb": (
+        "SELECT count(*) FROM information_schema.processlist "
+        "WHERE db = DATABASE() AND command = 'Query' "
+        "AND info LIKE 'SELECT api_tokens.revoked_at%'"
+    ),
+}
+
+
+def _wait_for_the_token_row(future) -> None:
+    """Return once a grant of this database waits for a token's row lock."""
+    deadline = time.monotonic() + DEADLINE
+    query = text(_TOKEN_ROW_WAIT[db.engine.dialect.name])
+    while True:
+        with db.engine.connect() as conn:
+            if conn.scalar(query):
+                return
+        assert not future.done(), f"the grant finished without waiting: {_states()}"
+        assert time.monotonic() < deadline, f"no token row wait: {_states()}"
+        time.sleep(0.01)
+
+
+def _states() -> list:
+    """Every connection's state, for a failure's message."""
+    with db.engine.connect() as conn:
+        if db.engine.dialect.name == "postgresql":
+            sql = (
+                "SELECT pid, state, wait_event_type, wait_event, left(query, 60) "
+                "FROM pg_stat_activity WHERE datname = current_database()"
+            )
+        else:
+            sql = (
+                "SELECT p.id, p.db, p.command, p.state, left(p.info, 60), "
+                "t.trx_state FROM information_schema.processlist AS p "
+                "LEFT JOIN information_schema.innodb_trx AS t "
+                "ON t.trx_mysql_thread_id = p.id"
+            )
+        return [tuple(row) for row in conn.execute(text(sql))]
+
+
+def _acquire(app, resource: str, token: str, max_locks: int):
+    with app.app_context():
+        return lock_service().acquire(resource, "w", token=token, max_locks=max_locks)
