@@ -323,3 +323,55 @@ def test_the_stale_release_matches_owners_as_the_search_shows_them(
     assert f"Force-released {len(rows)} stale lock(s)." in soup(response).get_text()
     left = {lock.owner for lock in service.list_locks(limit=100).items}
     assert left == ({*owners, "web1:9:z"} - set(rows))
+
+
+def test_prefix_counts_group_by_the_next_prefix_exactly(service, clock):
+    names = ["job:1", "job:2", "job:eu:7", "job:eu:8", "job:us:1", "report:x"]
+    names += ["nightly", "a_b:1"]
+    for name in names:
+        service.acquire(name, "web1:1:a", ttl=1 if name == "report:x" else 600)
+    clock.advance(2)
+    top = {g.name: (g.held, g.stale) for g in service.prefix_counts()}
+    assert top == {"job:": (5, 0), "report:": (0, 1), "a_b:": (1, 0), "": (1, 0)}
+    assert service.prefix_counts()[0].name == "report:"  # most stale first
+    under = {g.name: g.total for g in service.prefix_counts(prefix="job:")}
+    assert under == {"job:eu:": 2, "job:us:": 1, "": 2}
+    # Each named group is exactly what its prefix search lists.
+    for group in service.prefix_counts(prefix="job:"):
+        if group.name:
+            listed = service.list_locks(prefix=group.name, limit=100).items
+            assert len(listed) == group.total
+    assert service.prefix_counts(owner_contains="WEB2") == []
+
+
+def test_by_prefix_view_links_each_prefix_and_releases_exactly_its_locks(
+    operator, service, clock
+):
+    for name in ["job:1", "job:2", "job:eu:7", "report:x", "nightly"]:
+        service.acquire(name, "web1:1:a", ttl=600)
+    service.acquire("job:3", "db2:1:b", ttl=600)
+    page = soup(operator.get("/?group=prefix"))
+    assert page.select_one("#view-prefix")["aria-current"] == "page"
+    rows = {
+        row.select_one("td.owner").get_text(" ", strip=True): row
+        for row in page.select("#groups-table tbody tr")
+    }
+    assert list(rows) == ["job:", "report:", "no “:” after the start"]
+    assert rows["job:"].select("td.number")[-1].get_text() == "4"
+    link = rows["job:"].select_one("td.owner a")["href"]
+    assert "prefix=job" in link
+    assert "group" not in link
+    assert rows["no “:” after the start"].select_one("a") is None
+    # Searched, a prefix drills down a level; an owner search narrows the counts
+    # and the release alike.
+    under = soup(operator.get("/?group=prefix&prefix=job:&owner=WEB1"))
+    names = [td.get_text(strip=True) for td in under.select("#groups-table td.owner")]
+    assert names == ["no “:” after “job:”", "job:eu:"]  # most locks first
+    release = soup(operator.get("/?group=prefix&owner=web1")).select_one(
+        "#groups-table a[href*='release-many']"
+    )
+    assert release.get_text(strip=True).startswith("Release its 3…")
+    dialog = soup(operator.get(release["href"]))
+    assert sorted(
+        box["value"].split(":", 1)[1] for box in dialog.select("input[name=lock]")
+    ) == ["job:1", "job:2", "job:eu:7"]

@@ -66,7 +66,7 @@ SORTABLE = {
 PAGE_NAMES = {key: name for name, key in SORTABLE.items()}
 # Contended and expiring locks first, stale ones last.
 DEFAULT_SORT = "urgent"
-GROUPS = ("owner", "host")
+GROUPS = ("owner", "host", "prefix")
 # The version of the data a page shows; its polls send it back, and an unchanged
 # version is answered 204 (htmx swaps nothing, the page keeps its place).
 SHOWN_VERSION_HEADER = "Lockkeeper-Shown"
@@ -181,7 +181,7 @@ def overview():
         if paging_errors:
             raise InvalidInput(paging_errors)
         if group is not None and group not in GROUPS:
-            raise InvalidInput([("group", "must be owner or host")])
+            raise InvalidInput([("group", "must be owner, host or prefix")])
         if searched:
             owners = service.owner_counts(prefix=prefix, owner_contains=owner)
             counts = {
@@ -205,7 +205,9 @@ def overview():
             offset=None if cursor else (number - 1) * size,
             sort=sort_key,
         )
-        if group:
+        if group == "prefix":
+            groups = service.prefix_counts(prefix=prefix, owner_contains=owner)
+        elif group:
             groups = group_counts(
                 service.owner_counts(prefix=prefix, owner_contains=owner), group
             )

@@ -1101,6 +1101,32 @@ class LockService:
         groups = [OwnerCounts(r.owner, r.held, r.expiring, r.stale) for r in rows]
         return sorted(groups, key=lambda g: (-g.stale, -g.total, g.name))
 
+    def prefix_counts(
+        self, *, prefix: str | None = None, owner_contains: str | None = None
+    ) -> list[OwnerCounts]:
+        """The locks under ``prefix`` grouped by their next prefix (up to the
+        next ``:``, ``listing.next_prefix``), with how many are in each state,
+        most stale first, then most locks; names with no ``:`` after ``prefix``
+        are one group named ``""`` (last among equals)."""
+        self._validate_filters(prefix, None, owner_contains)
+        now = self.now()
+        group = listing.next_prefix(prefix or "").label("prefix")
+        query = (
+            select(group, *self._state_counts(now))
+            .where(locks.c.owner.is_not(None))
+            .group_by(group)
+        )
+        if prefix:
+            query = query.where(starts_with(locks.c.resource, prefix))
+        if owner_contains:
+            query = query.where(listing.owner_contains(owner_contains))
+        with self._autocommit_engine.connect() as conn:
+            rows = conn.execute(query).all()
+        groups = [
+            OwnerCounts(r.prefix or "", r.held, r.expiring, r.stale) for r in rows
+        ]
+        return sorted(groups, key=lambda g: (-g.stale, -g.total, not g.name, g.name))
+
     def counts(self) -> dict[LockState, int]:
         """How many rows are in each state right now."""
         now = self.now()

@@ -9,6 +9,7 @@ each has a Python twin that computes a cursor's position from a row's values.
   ordering by (head, digit count, name) puts the trailing numbers of one head in
   numeric order (equal lengths compare as text do as numbers).
 - **Contended**: a lock with a live waiter in line.
+- **Prefixes**: a name's next prefix below a searched one, to group by.
 - **Waiters**: how many live waiters a lock has, from one grouped read of the
   line joined to the locks (not a count per lock).
 """
@@ -17,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, func, literal, select
+from sqlalchemy import and_, case, func, literal, null, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
-from sqlalchemy.types import String
+from sqlalchemy.types import Integer, String
 
 from app.locks.statements.common import locks, waiters
 
@@ -48,6 +49,37 @@ def _head_regexp(element, compiler, **kw):
     # MariaDB's RTRIM takes no character set; its regexp does.
     (argument,) = element.clauses
     return f"regexp_replace({compiler.process(argument, **kw)}, '[0-9]+$', '')"
+
+
+class _Position(FunctionElement[int]):
+    """Where ``needle`` first occurs in ``text``, from 1; 0 when it does not."""
+
+    type = Integer()
+    inherit_cache = True
+    name = "lockkeeper_position"
+
+
+@compiles(_Position)
+def _position_instr(element, compiler, **kw):
+    text, needle = element.clauses
+    return f"instr({compiler.process(text, **kw)}, {compiler.process(needle, **kw)})"
+
+
+@compiles(_Position, "postgresql")
+def _position_strpos(element, compiler, **kw):
+    text, needle = element.clauses
+    return f"strpos({compiler.process(text, **kw)}, {compiler.process(needle, **kw)})"
+
+
+def next_prefix(under: str, resource=locks.c.resource, separator: str = ":"):
+    """The name up to and including its first ``separator`` after ``under``
+    (which it starts with), or NULL when none follows: ``job:`` for
+    ``job:4100`` under ``""``, ``job:eu:`` for ``job:eu:7`` under ``job:``.
+    Every name starting with such a prefix has it as its own, so a group of
+    them is exactly what a prefix search for it lists."""
+    rest = func.substr(resource, len(under) + 1)
+    at = _Position(rest, literal(separator, String()))
+    return case((at > 0, func.substr(resource, 1, len(under) + at)), else_=null())
 
 
 def name_head(name: str) -> str:
