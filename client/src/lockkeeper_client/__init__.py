@@ -29,8 +29,14 @@ Where each part lives:
 
 from lockkeeper_client._async.client import AsyncLockClient
 from lockkeeper_client._async.held import AsyncHeldLock
+from lockkeeper_client._async.session import (
+    AsyncLeadership,
+    AsyncLockSession,
+    AsyncSessionLock,
+)
 from lockkeeper_client._sync.client import LockClient
 from lockkeeper_client._sync.held import HeldLock
+from lockkeeper_client._sync.session import Leadership, LockSession, SessionLock
 from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
 from lockkeeper_client.errors import (
     AccessDenied,
@@ -46,12 +52,14 @@ from lockkeeper_client.errors import (
     LockNotAcquired,
     LockQuotaReached,
     ServiceUnavailable,
+    SessionLost,
     UnexpectedResponse,
 )
 from lockkeeper_client.grants import (
     AcquireAttempt,
     LockEvent,
     LockGrant,
+    SessionInfo,
     default_owner,
 )
 from lockkeeper_client.guard import guard
@@ -62,13 +70,17 @@ __all__ = [
     "AccessDenied",
     "AcquireAttempt",
     "AsyncHeldLock",
+    "AsyncLeadership",
     "AsyncLockClient",
+    "AsyncLockSession",
+    "AsyncSessionLock",
     "AuthenticationFailed",
     "FenceRejected",
     "GuardOutsideTransaction",
     "GuardRefused",
     "HeldLock",
     "InvalidRequest",
+    "Leadership",
     "LockClient",
     "LockClientError",
     "LockEvent",
@@ -78,7 +90,11 @@ __all__ = [
     "LockMissing",
     "LockNotAcquired",
     "LockQuotaReached",
+    "LockSession",
     "ServiceUnavailable",
+    "SessionInfo",
+    "SessionLock",
+    "SessionLost",
     "UnexpectedResponse",
     "default_owner",
     "guard",

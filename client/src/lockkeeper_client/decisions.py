@@ -42,9 +42,10 @@ from lockkeeper_client.errors import (
     LockNotAcquired,
     LockQuotaReached,
     ServiceUnavailable,
+    SessionLost,
     UnexpectedResponse,
 )
-from lockkeeper_client.grants import AcquireAttempt, LockEvent, LockGrant
+from lockkeeper_client.grants import AcquireAttempt, LockEvent, LockGrant, SessionInfo
 
 log = logging.getLogger("lockkeeper_client")
 
@@ -72,14 +73,26 @@ def lock_path(resource: str) -> str:
 
 
 def acquire_body(
-    owner: str, ttl: float | None, wait: float | None = None
+    owner: str,
+    ttl: float | None,
+    wait: float | None = None,
+    session: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"owner": owner}
-    if ttl is not None:
+    if session is not None:
+        body["session"] = session  # its ttl is the session's
+    elif ttl is not None:
         body["ttl"] = ttl
     if wait:
         body["wait"] = wait
     return body
+
+
+SESSIONS_PATH = "/sessions"
+
+
+def session_path(session_id: str) -> str:
+    return f"{SESSIONS_PATH}/{quote(session_id, safe='')}"
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -245,6 +258,36 @@ def get_outcome(response: httpx.Response, resource: str) -> LockGrant:
         detail, _ = problem_detail(response)
         raise LockMissing(resource, f"no lock on {resource!r}: {detail}", 404)
     raise failure(response, resource, "get")
+
+
+def session_outcome(
+    response: httpx.Response, session_id: str | None, operation: str
+) -> SessionInfo:
+    """201/200: the session; 404 (unknown, another token's) or 409 (expired):
+    ``SessionLost``."""
+    what = f"session {session_id!r}" if session_id else "session"
+    if response.status_code in (200, 201):
+        data = _json(response, what)
+        try:
+            return SessionInfo.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UnexpectedResponse(
+                what, f"{what}: malformed session object {data!r}"
+            ) from exc
+    if session_id is not None and response.status_code in (404, 409):
+        detail, _ = problem_detail(response)
+        raise SessionLost(what, f"{what} has ended: {detail}", response.status_code)
+    raise failure(response, what, operation)
+
+
+def end_session_outcome(
+    response: httpx.Response, session_id: str, maybe_applied: bool
+) -> None:
+    if response.status_code == 204:
+        return
+    if response.status_code == 404 and maybe_applied:
+        return  # an earlier attempt ended it before its reply was lost
+    session_outcome(response, session_id, "end")
 
 
 def fence_outcome(response: httpx.Response, resource: str, fence: int) -> LockGrant:

@@ -120,6 +120,12 @@ class LockLost(LockClientError):
     taken by another owner. Renew and release answer this; stop using the fence."""
 
 
+class SessionLost(LockLost):
+    """The session ended under the caller: it expired (a heartbeat came too late,
+    or none could reach the server in time), or it was ended. Every lock bound
+    to it is lost with it."""
+
+
 class ServiceUnavailable(LockClientError):
     """The server could not be reached, or kept answering 502/503/504, for as long
     as the retry budget allowed."""

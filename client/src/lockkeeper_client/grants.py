@@ -40,6 +40,31 @@ class LockGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session as the server reported it; ``locks``: its live grants (only a
+    read lists them)."""
+
+    id: str
+    owner: str
+    ttl: float
+    expires_at: datetime
+    ttl_remaining: float
+    locks: tuple[LockGrant, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionInfo:
+        """:raise KeyError, TypeError, ValueError: not the API's session object."""
+        return cls(
+            id=str(data["id"]),
+            owner=data["owner"],
+            ttl=float(data["ttl"]),
+            expires_at=parse_timestamp(data["expires_at"]),
+            ttl_remaining=float(data["ttl_remaining"]),
+            locks=tuple(LockGrant.from_json(lock) for lock in data.get("locks", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class AcquireAttempt:
     """One acquire's answer: ``acquired`` with the caller's grant, or refused with
     the current holder.

@@ -15,13 +15,16 @@ import httpx
 
 from lockkeeper_client import decisions
 from lockkeeper_client._async.held import AsyncHeldLock
+from lockkeeper_client._async.session import AsyncLeadership, AsyncLockSession
 from lockkeeper_client._async.watch import follow_events
 from lockkeeper_client._concurrency import async_sleep
 from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
+from lockkeeper_client.errors import LockMissing
 from lockkeeper_client.grants import (
     AcquireAttempt,
     LockEvent,
     LockGrant,
+    SessionInfo,
     default_owner,
 )
 
@@ -96,8 +99,12 @@ class AsyncLockClient:
         ttl: float | None = None,
         *,
         wait: float | None = None,
+        session: str | None = None,
     ) -> AcquireAttempt:
         """Try once to take ``resource`` for ``owner``.
+
+        ``session``: the id of a session of this token and owner to bind the
+        grant to, instead of a ``ttl`` (see ``session()``).
 
         Without ``wait`` it never waits for a holder. With ``wait`` > 0 the server
         keeps the request in the resource's line (granted in order of arrival) for
@@ -110,7 +117,7 @@ class AsyncLockClient:
         response, _ = await self._send(
             "POST",
             resource,
-            json=decisions.acquire_body(owner, ttl, wait),
+            json=decisions.acquire_body(owner, ttl, wait, session),
             waiting=float(wait or 0.0),
         )
         return decisions.acquire_outcome(response, resource)
@@ -168,6 +175,93 @@ class AsyncLockClient:
             "GET", resource, params={"fence": str(int(fence))}
         )
         return decisions.fence_outcome(response, resource, fence)
+
+    # -- sessions ------------------------------------------------------------------
+
+    async def create_session(self, owner: str, ttl: float) -> SessionInfo:
+        """Start a session of ``owner`` that expires ``ttl`` seconds from now
+        unless renewed. Not retried after a reply may have been lost (a retry
+        would start a second session): a transient failure raises."""
+        response, _ = await self._send(
+            "POST",
+            "",
+            path=decisions.SESSIONS_PATH,
+            json={"owner": owner, "ttl": ttl},
+            retry=False,
+        )
+        return decisions.session_outcome(response, None, "start")
+
+    async def heartbeat(
+        self, session_id: str, *, retry_until: float | None = None
+    ) -> SessionInfo:
+        """Renew the session and every lock bound to it.
+
+        :raise SessionLost: it has expired or ended (404/409).
+        """
+        response, _ = await self._send(
+            "PATCH",
+            "",
+            path=decisions.session_path(session_id),
+            retry_until=retry_until,
+        )
+        return decisions.session_outcome(response, session_id, "heartbeat")
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        """The session with its live locks. :raise SessionLost: it has ended."""
+        response, _ = await self._send(
+            "GET", "", path=decisions.session_path(session_id)
+        )
+        return decisions.session_outcome(response, session_id, "read")
+
+    async def end_session(self, session_id: str) -> None:
+        """End the session: every lock bound to it is released."""
+        response, maybe_applied = await self._send(
+            "DELETE", "", path=decisions.session_path(session_id)
+        )
+        decisions.end_session_outcome(response, session_id, maybe_applied)
+
+    def session(
+        self,
+        ttl: float = 15.0,
+        *,
+        owner: str | None = None,
+        heartbeat_every: float | None = None,
+        on_lost: Callable[[AsyncLockSession], None] | None = None,
+    ) -> AsyncLockSession:
+        """A context manager holding a session for the ``with`` block: it
+        heartbeats every ``heartbeat_every`` seconds (default ``ttl / 3``) in the
+        background, ``s.lock(resource)`` binds a lock to it, ``s.lost`` is set
+        when it ends under the caller; leaving ends it (releasing its locks)."""
+        return AsyncLockSession(
+            self,
+            ttl=ttl,
+            owner=owner or default_owner(),
+            heartbeat_every=heartbeat_every,
+            on_lost=on_lost,
+        )
+
+    def leadership(
+        self,
+        name: str,
+        *,
+        ttl: float = 15.0,
+        wait: float | None = None,
+        owner: str | None = None,
+    ) -> AsyncLeadership:
+        """A context manager that waits in line for the lock ``name`` (up to
+        ``wait`` seconds; None: until granted) bound to a session of its own, and
+        leads for the ``with`` block: ``lead.lost`` is set if the session ends
+        under it (then another may lead); leaving hands the lock over."""
+        return AsyncLeadership(
+            self, name, ttl=ttl, wait=wait, owner=owner or default_owner()
+        )
+
+    async def leader(self, name: str) -> str | None:
+        """The owner that leads ``name`` now, or None."""
+        try:
+            return (await self.get(name)).owner
+        except LockMissing:
+            return None
 
     # -- the context manager -----------------------------------------------------
 
@@ -249,16 +343,19 @@ class AsyncLockClient:
         params: dict[str, str] | None = None,
         retry_until: float | None = None,
         waiting: float = 0.0,
+        path: str | None = None,
+        retry: bool = True,
     ) -> tuple[httpx.Response, bool]:
         """One API call with transient failures retried.
 
         Returns the response and whether an earlier attempt may have reached the
         server and been applied (its reply lost). ``waiting``: the seconds a
         waiting acquire may stay at the server (added to the timeout); its
-        "waiting room full" 503 is returned, not retried.
+        "waiting room full" 503 is returned, not retried. ``path``: another
+        path than the lock's; ``retry`` False: no retry at all.
         """
         retries = decisions.TransientRetries(
-            self.retries,
+            self.retries if retry else 0,
             self.backoff,
             self.max_backoff,
             self.rng,
@@ -268,7 +365,7 @@ class AsyncLockClient:
             try:
                 response = await self._http.request(
                     method,
-                    decisions.lock_path(resource),
+                    path if path is not None else decisions.lock_path(resource),
                     json=json,
                     params=params,
                     timeout=retries.timeout(self.timeout) + waiting,

@@ -27,6 +27,7 @@ class AsyncLockPort(Protocol):
         ttl: float | None = None,
         *,
         wait: float | None = None,
+        session: str | None = None,
     ) -> AcquireAttempt: ...
 
     async def renew(

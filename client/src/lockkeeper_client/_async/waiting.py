@@ -36,10 +36,12 @@ class AsyncGrantWait:
         resource: str,
         *,
         owner: str,
-        ttl: float,
+        ttl: float | None,
         wait: float,
+        session: str | None = None,
     ):
         self.client = client
+        self.session = session
         self.resource = resource
         self.owner = owner
         self.ttl = ttl
@@ -91,7 +93,11 @@ class AsyncGrantWait:
             self._in_line_for = chunk if chunk >= 0.001 else 0.0
             try:
                 result = await client.acquire(
-                    self.resource, self.owner, self.ttl, wait=self._in_line_for
+                    self.resource,
+                    self.owner,
+                    self.ttl,
+                    wait=self._in_line_for,
+                    session=self.session,
                 )
             except InvalidRequest as exc:
                 if not self._in_line_for:

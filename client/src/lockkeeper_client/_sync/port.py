@@ -28,6 +28,7 @@ class LockPort(Protocol):
         ttl: float | None = None,
         *,
         wait: float | None = None,
+        session: str | None = None,
     ) -> AcquireAttempt: ...
 
     def renew(

@@ -37,10 +37,12 @@ class GrantWait:
         resource: str,
         *,
         owner: str,
-        ttl: float,
+        ttl: float | None,
         wait: float,
+        session: str | None = None,
     ):
         self.client = client
+        self.session = session
         self.resource = resource
         self.owner = owner
         self.ttl = ttl
@@ -92,7 +94,11 @@ class GrantWait:
             self._in_line_for = chunk if chunk >= 0.001 else 0.0
             try:
                 result = client.acquire(
-                    self.resource, self.owner, self.ttl, wait=self._in_line_for
+                    self.resource,
+                    self.owner,
+                    self.ttl,
+                    wait=self._in_line_for,
+                    session=self.session,
                 )
             except InvalidRequest as exc:
                 if not self._in_line_for:
