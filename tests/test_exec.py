@@ -566,3 +566,68 @@ def test_hold_at_least_takes_durations_and_refuses_other_text(run_exec):
     result = run_exec("report:x", "--hold-at-least", "soon", "--", "true")
     assert result.returncode == 2
     assert "duration" in result.stderr
+
+
+# -- --leader -------------------------------------------------------------------
+
+LEAD = """
+    import os, pathlib, sys, time
+    name = sys.argv[1]
+    pathlib.Path(name + ".leading").write_text(os.environ["LOCKKEEPER_FENCE"])
+    deadline = time.monotonic() + 30
+    while not pathlib.Path(name + ".go").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+"""
+
+
+def test_leader_runs_one_command_at_a_time_and_hands_over_when_it_exits(
+    start_exec, lock_client, tmp_path
+):
+    first = start_exec(
+        "--leader", "scheduler:main", "--ttl", "3", "--", *child(LEAD), "a"
+    )
+    wait_for(tmp_path / "a.leading")
+    second = start_exec(
+        "--leader", "scheduler:main", "--ttl", "3", "--", *child(LEAD), "b"
+    )
+    leader = lock_client.leader("scheduler:main")
+    assert leader is not None
+    # The second waits in line while the first leads (its command never starts).
+    with pytest.raises(subprocess.TimeoutExpired):
+        second.wait(timeout=0.5)
+    assert not (tmp_path / "b.leading").exists()
+    (tmp_path / "a.go").touch()
+    assert first.wait(timeout=15) == 0
+    wait_for(tmp_path / "b.leading")
+    assert int((tmp_path / "b.leading").read_text()) > int(
+        (tmp_path / "a.leading").read_text()
+    )
+    assert lock_client.leader("scheduler:main") not in (None, leader)
+    (tmp_path / "b.go").touch()
+    assert second.wait(timeout=15) == 0
+    assert lock_client.leader("scheduler:main") is None
+
+
+def test_leader_whose_session_ends_terminates_the_command_and_exits_76(
+    start_exec, live_server, lock_client, tmp_path
+):
+    process = start_exec("--leader", "job:lead", "--ttl", "1", "--", *child(TRAP_TERM))
+    wait_for(tmp_path / "started")
+    with live_server.service() as locks:
+        held = locks.get("job:lead")
+        (session,) = [s.id for s in _sessions_of(live_server) if s.owner == held.owner]
+        locks.sessions.end(session, token=None, actor="operator:test", reason="drain")
+    _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 76, stderr
+    assert (tmp_path / "got-signal").read_text() == "SIGTERM"
+    assert lock_client.leader("job:lead") is None
+
+
+def _sessions_of(live_server):
+    from sqlalchemy import select
+
+    from app.extensions import db
+    from app.locks.models import LockSession
+
+    with live_server.app.app_context(), db.engine.connect() as conn:
+        return conn.execute(select(LockSession.id, LockSession.owner)).all()

@@ -48,6 +48,7 @@ from lockkeeper_client import (
     LockClient,
     LockClientError,
     LockNotAcquired,
+    LockSession,
     ServiceUnavailable,
     default_owner,
 )
@@ -157,6 +158,13 @@ def _seconds_option(
 @_seconds_option(
     "--grace", 10.0, "Seconds between SIGTERM and SIGKILL when the lock is lost."
 )
+@click.option(
+    "--leader",
+    is_flag=True,
+    help="Run the command only while leading RESOURCE: wait in line for it (as "
+    "long as --wait if given, else until leading), hold it with a session of "
+    "--ttl heartbeated in the background, hand it over when the command exits.",
+)
 @click.pass_context
 def exec_command(
     ctx: click.Context,
@@ -171,6 +179,7 @@ def exec_command(
     on_lost: str,
     hold_at_least: float | None,
     grace: float,
+    leader: bool,
 ) -> NoReturn:
     """Run COMMAND only while holding the lock RESOURCE, renewing it as it runs.
 
@@ -182,7 +191,15 @@ def exec_command(
     forwarded to it. Exit status: the command's; 75 when the lock could not be had
     within --wait; 76 when the lock was lost and the command terminated; 77 when
     the token was refused or may not lock it.
+
+    With --leader the lock is a leadership bound to a session (one heartbeat,
+    lost together when the session ends):
+
+    \b
+        lockkeeper exec --leader scheduler:main -- ./scheduler
     """
+    if leader and hold_at_least:
+        raise click.UsageError("--hold-at-least does not apply to --leader")
     if not url:
         raise click.UsageError("no server: pass --url or set LOCKKEEPER_URL")
     if ctx.get_parameter_source("token") is ParameterSource.COMMANDLINE:
@@ -203,29 +220,28 @@ def exec_command(
         _fail(f"{command[0]}: command not found", EXIT_NOT_FOUND)
 
     runner = _Runner(command, on_lost=on_lost, grace=grace)
+    # A leader waits until it leads unless --wait was given.
+    lead_wait = (
+        wait
+        if ctx.get_parameter_source("wait") is ParameterSource.COMMANDLINE
+        else None
+    )
     with LockClient(url, token) as client, runner.forwarding_signals():
         try:
-            held = client.lock(
-                resource,
-                ttl=ttl,
-                wait=wait,
-                owner=owner or default_owner(),
-                on_lost=runner.lock_lost,
-            )
-            held.acquire()
-            try:
-                code = runner.run(
-                    {
-                        "LOCKKEEPER_FENCE": str(held.fence),
-                        "LOCKKEEPER_RESOURCE": resource,
-                        "LOCKKEEPER_OWNER": held.owner,
-                    }
+            if leader:
+                code = _run_leading(
+                    client, runner, resource, ttl=ttl, wait=lead_wait, owner=owner
                 )
-            finally:
-                if hold_at_least:
-                    held.hold_at_least(hold_at_least)
-                else:
-                    held.release()
+            else:
+                code = _run_holding(
+                    client,
+                    runner,
+                    resource,
+                    ttl=ttl,
+                    wait=wait,
+                    owner=owner,
+                    hold_at_least=hold_at_least,
+                )
         except _Interrupted as exc:
             _fail(
                 f"interrupted by {exc} while waiting for {resource!r}", 128 + exc.signum
@@ -246,6 +262,64 @@ def exec_command(
             EXIT_LOCK_LOST,
         )
     sys.exit(code)
+
+
+def _run_holding(
+    client: LockClient,
+    runner: _Runner,
+    resource: str,
+    *,
+    ttl: float,
+    wait: float,
+    owner: str | None,
+    hold_at_least: float | None,
+) -> int:
+    held = client.lock(
+        resource,
+        ttl=ttl,
+        wait=wait,
+        owner=owner or default_owner(),
+        on_lost=runner.lock_lost,
+    )
+    held.acquire()
+    try:
+        return runner.run(
+            {
+                "LOCKKEEPER_FENCE": str(held.fence),
+                "LOCKKEEPER_RESOURCE": resource,
+                "LOCKKEEPER_OWNER": held.owner,
+            }
+        )
+    finally:
+        if hold_at_least:
+            held.hold_at_least(hold_at_least)
+        else:
+            held.release()
+
+
+def _run_leading(
+    client: LockClient,
+    runner: _Runner,
+    resource: str,
+    *,
+    ttl: float,
+    wait: float | None,
+    owner: str | None,
+) -> int:
+    with client.leadership(
+        resource,
+        ttl=ttl,
+        wait=wait,
+        owner=owner or default_owner(),
+        on_lost=runner.lock_lost,
+    ) as lead:
+        return runner.run(
+            {
+                "LOCKKEEPER_FENCE": str(lead.fence),
+                "LOCKKEEPER_RESOURCE": resource,
+                "LOCKKEEPER_OWNER": lead.owner,
+            }
+        )
 
 
 def _sent_by_terminal(signum: int) -> bool:
@@ -275,7 +349,7 @@ class _Runner:
         self._starting = False
         self._pending: list[int] = []
 
-    def lock_lost(self, held: HeldLock) -> None:
+    def lock_lost(self, held: HeldLock | LockSession) -> None:
         """Called from the renewal thread; the main loop acts on it."""
         self.lost = True
         if self.on_lost == "warn":

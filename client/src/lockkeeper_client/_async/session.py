@@ -222,11 +222,12 @@ class AsyncLeadership:
         ttl: float,
         wait: float | None,
         owner: str,
+        on_lost: Callable[[AsyncLockSession], None] | None = None,
     ):
         self.client = client
         self.name = name
         self.wait = wait
-        self.session = AsyncLockSession(client, ttl=ttl, owner=owner)
+        self.session = AsyncLockSession(client, ttl=ttl, owner=owner, on_lost=on_lost)
         self.lost = self.session.lost
         self.owner = owner
         self.current: LockGrant | None = None
@@ -236,6 +237,10 @@ class AsyncLeadership:
         if self.current is None:
             raise RuntimeError(f"not leading {self.name!r}")
         return self.current.fence
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self.session.lost_reason
 
     async def __aenter__(self) -> AsyncLeadership:
         await self.session.start()

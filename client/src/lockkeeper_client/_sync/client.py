@@ -242,13 +242,20 @@ class LockClient:
         ttl: float = 15.0,
         wait: float | None = None,
         owner: str | None = None,
+        on_lost: Callable[[LockSession], None] | None = None,
     ) -> Leadership:
         """A context manager that waits in line for the lock ``name`` (up to
         ``wait`` seconds; None: until granted) bound to a session of its own, and
         leads for the ``with`` block: ``lead.lost`` is set if the session ends
-        under it (then another may lead); leaving hands the lock over."""
+        under it (then another may lead; ``on_lost(session)`` is called once
+        then); leaving hands the lock over."""
         return Leadership(
-            self, name, ttl=ttl, wait=wait, owner=owner or default_owner()
+            self,
+            name,
+            ttl=ttl,
+            wait=wait,
+            owner=owner or default_owner(),
+            on_lost=on_lost,
         )
 
     def leader(self, name: str) -> str | None:

@@ -221,11 +221,12 @@ class Leadership:
         ttl: float,
         wait: float | None,
         owner: str,
+        on_lost: Callable[[LockSession], None] | None = None,
     ):
         self.client = client
         self.name = name
         self.wait = wait
-        self.session = LockSession(client, ttl=ttl, owner=owner)
+        self.session = LockSession(client, ttl=ttl, owner=owner, on_lost=on_lost)
         self.lost = self.session.lost
         self.owner = owner
         self.current: LockGrant | None = None
@@ -235,6 +236,10 @@ class Leadership:
         if self.current is None:
             raise RuntimeError(f"not leading {self.name!r}")
         return self.current.fence
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self.session.lost_reason
 
     def __enter__(self) -> Leadership:
         self.session.start()
