@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+import app.database as app_database
 from app.config import normalize_database_url
 from app.database import autocommit
 from app.extensions import db
@@ -188,3 +189,48 @@ def test_after_mariadb_kills_the_apps_connections_no_request_fails(
     assert len(ids) >= 8
 
     assert hundred_requests(api) == []
+
+
+@pytest.mark.parametrize("server", ["postgresql", "mariadb"])
+def test_an_uncached_token_on_a_connection_that_died_unseen_is_looked_up_again(
+    make_app, databases, tmp_path, monkeypatch, server
+):
+    """A token's first request (no cached identity) right after the server went
+    away, on a pooled connection whose death the check-out could not see (a
+    failover to another host sends no FIN): the lookup fails on that connection,
+    which is dropped with its pool, and is tried once more on a fresh one, as
+    the lock operations are. Before: one 503."""
+    database = databases(server)
+    url = database.fresh(tmp_path)
+    if server == "postgresql":
+        url = (
+            make_url(url)
+            .update_query_dict({"application_name": APP_NAME})
+            .render_as_string(hide_password=False)
+        )
+    app = make_app(LOCKKEEPER_DATABASE_URL=url)
+    api = ApiClient(app)
+    assert api.post("/api/v1/locks/warm", json={"owner": "w"}).status_code == 200
+    fresh = api.with_token("fresh")  # created, never looked up: not cached
+    fill_pools(app)
+    monkeypatch.setattr(app_database, "connection_is_dead", lambda _conn: False)
+    if server == "postgresql":
+        assert terminate_backends(url.split("?")[0], APP_NAME) >= 8
+    else:
+        with database.admin.connect() as conn:
+            ids = conn.scalars(
+                text(
+                    "SELECT id FROM information_schema.processlist"
+                    " WHERE db = :name AND id <> CONNECTION_ID()"
+                ),
+                {"name": database.name},
+            ).all()
+            for connection_id in ids:
+                conn.execute(text(f"KILL CONNECTION {int(connection_id)}"))
+        assert len(ids) >= 8
+    database.engine.dispose()  # the harness's own, ended too
+
+    acquired = fresh.post("/api/v1/locks/fresh:1", json={"owner": "w"})
+
+    assert acquired.status_code == 200, acquired.get_data(as_text=True)
+    assert acquired.json["acquired"]

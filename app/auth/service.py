@@ -13,11 +13,11 @@ from datetime import UTC, datetime, timedelta
 
 from flask import current_app
 from sqlalchemy import bindparam, delete, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from app.auth.models import ROLES, ApiToken, User, UserSession
-from app.database import autocommit, begin_write
+from app.database import autocommit, begin_write, server_gone
 from app.extensions import db
 from app.locks import validation
 
@@ -221,10 +221,7 @@ def verify_token(token: str, now: datetime | None = None) -> TokenIdentity | Non
     cache = token_cache()
     identity = cache.get(digest)
     if identity is None:
-        # One autocommit statement, outside the ORM session: a session would add
-        # BEGIN/ROLLBACK and hold a reader open.
-        with autocommit(db.engine).connect() as conn:
-            row = conn.execute(_LIVE_TOKEN, {"digest": digest}).one_or_none()
+        row = _look_up(digest)
         if row is None or not hmac.compare_digest(row.token_hash, digest):
             return None
         identity = identity_of(row)
@@ -232,6 +229,26 @@ def verify_token(token: str, now: datetime | None = None) -> TokenIdentity | Non
     if identity.expired(now or token_clock()):
         return None
     return identity
+
+
+def _look_up(digest: str):
+    """The token row of ``digest`` (None: no such token), in one autocommit
+    statement outside the ORM session (a session would add BEGIN/ROLLBACK and
+    hold a reader open).
+
+    A pooled connection that died in use (a failover or a restart the check-out
+    could not see) is dropped with its pool and the lookup tried once more on a
+    fresh connection, as the lock operations are (``app.locks.transactions``);
+    a server still gone then is a 503, as before.
+    """
+    for tries_left in (1, 0):
+        try:
+            with autocommit(db.engine).connect() as conn:
+                return conn.execute(_LIVE_TOKEN, {"digest": digest}).one_or_none()
+        except DBAPIError as exc:
+            if not tries_left or not (exc.connection_invalidated or server_gone(exc)):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def list_tokens() -> list[ApiToken]:

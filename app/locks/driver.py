@@ -174,6 +174,9 @@ class DriverConnection:
             )
             if disconnect:
                 fairy.invalidate(orig)
+                # The others died with the server too: the service's one retry
+                # must not get another of them (``one`` above does the same).
+                self.engine.pool.dispose()
             if isinstance(exc, DBAPIError):
                 exc.connection_invalidated = exc.connection_invalidated or disconnect
                 raise
