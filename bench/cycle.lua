@@ -6,7 +6,10 @@
 -- MODE "floor" sends both to PREFIX itself (the no-database route). MODE "etcd"
 -- runs the same cycle through etcd's own v3 lock API (its JSON gateway): POST
 -- /v3/lock/lock with the thread's name on the lease TOKEN, then /v3/lock/unlock
--- of the key the lock answered.
+-- of the key the lock answered. MODE "heartbeat" sends every request as PATCH of
+-- a session's URL (its heartbeat; PREFIX lists one URL per thread, separated by
+-- commas), MODE "etcd-keepalive" as a keep-alive of a lease (TOKEN lists one lease
+-- per thread): a "cycle" is then two heartbeats.
 -- done() prints one line `BENCH_JSON {...}` with counts and acquire latency.
 
 local ffi = require("ffi")
@@ -38,6 +41,13 @@ local function base64(text)
   return table.concat(out)
 end
 
+-- The thread's own entry of a comma-separated list.
+local function own(list)
+  local items = {}
+  for item in list:gmatch("[^,]+") do table.insert(items, item) end
+  return items[(id - 1) % #items + 1]
+end
+
 local threads = {}
 local count = 0
 
@@ -65,6 +75,13 @@ function init(args)
     acquire_body = '{"name":"' .. base64("bench." .. tag .. "." .. id) ..
       '","lease":"' .. token .. '"}'
   end
+  if mode == "heartbeat" then
+    heartbeat = wrk.format("PATCH", own(prefix), headers, "{}")
+  elseif mode == "etcd-keepalive" then
+    heartbeat = wrk.format(
+      "POST", "/v3/lease/keepalive", { ["Content-Type"] = "application/json" },
+      '{"ID":"' .. own(token) .. '"}')
+  end
   releasing = false
   started = 0
   buckets = {} -- acquire latency histogram, 10 microsecond buckets
@@ -72,6 +89,10 @@ function init(args)
 end
 
 function request()
+  if heartbeat then
+    if not releasing then started = now_us() end
+    return heartbeat
+  end
   if releasing and etcd then
     return wrk.format("POST", "/v3/lock/unlock", headers, release_body)
   end

@@ -11,10 +11,17 @@ cycling a name of its own), alternating round after round.
 etcd here is one private member on loopback (Debian's ``etcd-server``, the one
 the failover harness uses), with its defaults (it syncs its log to disk on every
 write, as PostgreSQL does on every commit).
+
+``session_heartbeat_vs_etcd_keepalive``: heartbeats per second of Lockkeeper
+sessions (``PATCH /api/v1/sessions/{id}``: the session and every grant bound to
+it renewed in one statement) against keep-alives of etcd leases
+(``/v3/lease/keepalive``), with what a worker holds on each: one session (one
+lease) per wrk connection, each with ``BOUND_LOCKS`` locks bound to it.
 """
 
 from __future__ import annotations
 
+import base64
 import shutil
 import signal
 import subprocess
@@ -33,6 +40,9 @@ from bench.http_api import (
 )
 from bench.measure import Comparison, alternate, compare
 from bench.servers import Server, ToolMissing, free_port, server_configs
+
+BOUND_LOCKS = 100
+CONNECTIONS = 16
 
 
 class Etcd:
@@ -91,6 +101,14 @@ class Etcd:
         response.raise_for_status()
         return str(response.json()["ID"])
 
+    def lock(self, name: str, lease: str) -> None:
+        response = httpx.post(
+            self.base_url + "/v3/lock/lock",
+            json={"name": base64.b64encode(name.encode()).decode(), "lease": lease},
+            timeout=10,
+        )
+        response.raise_for_status()
+
     def cpu_seconds(self) -> float:
         import os
 
@@ -129,11 +147,18 @@ def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
             workdir / "gunicorn-lockkeeper-etcd-comparison.log",
         )
         lease = etcd.grant_lease()
+        sessions, leases = _bound_sessions(server, token), _bound_leases(etcd)
         runs = {
             "lockkeeper": partial(
                 wrk_sample, server, API_PREFIX, "locks", "lk.etcd", token=token
             ),
             "etcd": partial(wrk_sample, etcd, "/", "etcd", "etcd", token=lease),
+            "heartbeat": partial(
+                wrk_sample, server, ",".join(sessions), "heartbeat", "hb", token=token
+            ),
+            "keepalive": partial(
+                wrk_sample, etcd, "/", "etcd-keepalive", "ka", token=",".join(leases)
+            ),
         }
         for run in runs.values():
             try:
@@ -151,16 +176,67 @@ def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
         if server is not None:
             server.stop()
         etcd.stop()
+    server_name = f"{config.worker_class} -w {config.workers}; etcd one member"
+    heartbeats = compare(
+        "session_heartbeat_vs_etcd_keepalive",
+        samples,
+        "heartbeat",
+        "keepalive",
+        "heartbeats/s / 2",
+        server=server_name,
+        bound_locks=BOUND_LOCKS,
+        sessions=CONNECTIONS,
+    )
+    log(
+        f"{heartbeats.name}: {heartbeats.value * 2:.0f} vs etcd "
+        f"{heartbeats.baseline * 2:.0f} heartbeats/s -> {heartbeats.ratio:.2f}x"
+    )
     result = compare(
         "http_vs_etcd_lock_postgresql",
         samples,
         "lockkeeper",
         "etcd",
         "cycles/s",
-        server=f"{config.worker_class} -w {config.workers}; etcd one member",
+        server=server_name,
     )
     log(
         f"{result.name}: {result.value:.0f} vs etcd {result.baseline:.0f} "
         f"cycles/s -> {result.ratio:.2f}x"
     )
-    return [result]
+    return [result, heartbeats]
+
+
+def _bound_sessions(server: Server, token: str) -> list[str]:
+    """One session per wrk connection, each with ``BOUND_LOCKS`` locks bound to
+    it; their URLs."""
+    paths = []
+    with httpx.Client(
+        base_url=server.base_url,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    ) as http:
+        for number in range(CONNECTIONS):
+            created = http.post(
+                "/api/v1/sessions", json={"owner": f"hb-{number}", "ttl": 600}
+            )
+            created.raise_for_status()
+            session = created.json()["id"]
+            for index in range(BOUND_LOCKS):
+                granted = http.post(
+                    f"{API_PREFIX}bench.hb.{number}.{index}",
+                    json={"owner": f"hb-{number}", "session": session},
+                )
+                granted.raise_for_status()
+            paths.append(f"/api/v1/sessions/{session}")
+    return paths
+
+
+def _bound_leases(etcd: Etcd) -> list[str]:
+    """One lease per wrk connection, each with ``BOUND_LOCKS`` etcd locks on it."""
+    leases = []
+    for number in range(CONNECTIONS):
+        lease = etcd.grant_lease()
+        for index in range(BOUND_LOCKS):
+            etcd.lock(f"bench.ka.{number}.{index}", lease)
+        leases.append(lease)
+    return leases
