@@ -9,7 +9,7 @@
 -- of the key the lock answered. MODE "heartbeat" sends every request as PATCH of
 -- a session's URL (its heartbeat; PREFIX lists one URL per thread, separated by
 -- commas), MODE "etcd-keepalive" as a keep-alive of a lease (TOKEN lists one lease
--- per thread): a "cycle" is then two heartbeats.
+-- per thread): each heartbeat counts as a cycle, its latency as an acquire's.
 -- done() prints one line `BENCH_JSON {...}` with counts and acquire latency.
 
 local ffi = require("ffi")
@@ -90,7 +90,7 @@ end
 
 function request()
   if heartbeat then
-    if not releasing then started = now_us() end
+    started = now_us()
     return heartbeat
   end
   if releasing and etcd then
@@ -104,6 +104,13 @@ function request()
 end
 
 function response(status, headers, body)
+  if heartbeat then
+    local bucket = math.floor((now_us() - started) / 10)
+    buckets[bucket] = (buckets[bucket] or 0) + 1
+    acquires, releases = acquires + 1, releases + 1
+    if status ~= 200 then bad = bad + 1 end
+    return
+  end
   if releasing then
     releases = releases + 1
     if status ~= 204 and status ~= 200 then bad = bad + 1 end

@@ -168,6 +168,9 @@ def test_the_etcd_baseline_cycles_through_etcds_own_lock_api(tmp_path):
             etcd.base_url, "/", "etcd", "smoke", 1, token=lease, connections=2
         )
         moved = revision() - before
+        kept_alive = run_wrk(
+            etcd.base_url, "/", "etcd-keepalive", "smoke", 1, token=lease, connections=2
+        )
     finally:
         etcd.stop()
     assert result["bad_status"] == 0, result
@@ -175,3 +178,5 @@ def test_the_etcd_baseline_cycles_through_etcds_own_lock_api(tmp_path):
     assert result["acquires"] > 10, result
     # The last cycle of each connection may end between its lock and unlock.
     assert moved >= result["acquires"] + result["releases"] - 2, (moved, result)
+    assert kept_alive["bad_status"] == 0, kept_alive
+    assert kept_alive["acquires"] > 10, kept_alive
