@@ -15,6 +15,11 @@ and a token, and takes locks::
         async with client.lock("job:42", ttl=30, wait=10) as lock:
             await run_job(fence=lock.fence)
 
+    # At most 4 report builds at once (a counting semaphore), each its own fence;
+    # many readers of a cache, one rebuild at a time (a shared lock):
+    with client.lock("report-builds", limit=4) as place: ...
+    with client.lock("cache:prices", shared=True) as reader: ...
+
 Where each part lives:
 
 - ``_async/``: the behaviour, written once as asyncio code (the client, the held
@@ -45,6 +50,7 @@ from lockkeeper_client.errors import (
     GuardOutsideTransaction,
     GuardRefused,
     InvalidRequest,
+    LimitMismatch,
     LockClientError,
     LockFrozen,
     LockLost,
@@ -59,6 +65,7 @@ from lockkeeper_client.grants import (
     AcquireAttempt,
     LockEvent,
     LockGrant,
+    LockKind,
     SessionInfo,
     default_owner,
 )
@@ -81,11 +88,13 @@ __all__ = [
     "HeldLock",
     "InvalidRequest",
     "Leadership",
+    "LimitMismatch",
     "LockClient",
     "LockClientError",
     "LockEvent",
     "LockFrozen",
     "LockGrant",
+    "LockKind",
     "LockLost",
     "LockMissing",
     "LockNotAcquired",

@@ -35,6 +35,7 @@ from lockkeeper_client.errors import (
     AuthenticationFailed,
     FenceRejected,
     InvalidRequest,
+    LimitMismatch,
     LockClientError,
     LockFrozen,
     LockLost,
@@ -45,7 +46,14 @@ from lockkeeper_client.errors import (
     SessionLost,
     UnexpectedResponse,
 )
-from lockkeeper_client.grants import AcquireAttempt, LockEvent, LockGrant, SessionInfo
+from lockkeeper_client.grants import (
+    EXCLUSIVE,
+    AcquireAttempt,
+    LockEvent,
+    LockGrant,
+    LockKind,
+    SessionInfo,
+)
 
 log = logging.getLogger("lockkeeper_client")
 
@@ -76,6 +84,8 @@ def acquire_body(
     owner: str,
     ttl: float | None,
     wait: float | None = None,
+    *,
+    kind: LockKind = EXCLUSIVE,
     session: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"owner": owner}
@@ -85,6 +95,7 @@ def acquire_body(
         body["ttl"] = ttl
     if wait:
         body["wait"] = wait
+    body.update(kind.body())
     return body
 
 
@@ -221,7 +232,17 @@ def acquire_outcome(response: httpx.Response, resource: str) -> AcquireAttempt:
         data = _json(response, resource)
         return AcquireAttempt(True, _lock_from(data.get("lock"), resource))
     if response.status_code == 409:
-        holder = _json(response, resource).get("lock")
+        data = _json(response, resource)
+        if str(data.get("type", "")).endswith("limit-mismatch"):
+            detail, _ = problem_detail(response)
+            limit = data.get("limit")
+            raise LimitMismatch(
+                resource,
+                f"acquire of lock {resource!r} refused: {detail}",
+                limit if isinstance(limit, int) else None,
+                data.get("mode") if isinstance(data.get("mode"), str) else None,
+            )
+        holder = data.get("lock")
         return AcquireAttempt(
             False, _lock_from(holder, resource) if holder else None, retry_after
         )

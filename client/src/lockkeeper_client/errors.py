@@ -84,6 +84,20 @@ class LockNotAcquired(LockClientError):
         self.holder = holder
 
 
+class LimitMismatch(LockClientError):
+    """The resource is in use with another limit or kind (409 ``limit-mismatch``):
+    a semaphore of ``limit`` places, or an exclusive/shared lock (``limit`` 1)
+    where a semaphore was asked for. Ask with the resource's own terms, or wait
+    until it is free."""
+
+    def __init__(
+        self, resource: str, message: str, limit: int | None, mode: str | None
+    ) -> None:
+        super().__init__(resource, message, 409)
+        self.limit = limit
+        self.mode = mode
+
+
 class LockFrozen(LockClientError):
     """An operator froze the resource's prefix (423): no new grants until the
     freeze ends; locks already held can still be renewed and released.

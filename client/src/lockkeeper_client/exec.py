@@ -47,6 +47,7 @@ from lockkeeper_client import (
     InvalidRequest,
     LockClient,
     LockClientError,
+    LockKind,
     LockNotAcquired,
     LockSession,
     ServiceUnavailable,
@@ -141,6 +142,20 @@ def _seconds_option(
 )
 @click.option("--owner", help="Owner token (default: host:pid:random).")
 @click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Take one of this many places of RESOURCE (a counting semaphore: at most "
+    "LIMIT commands at once across hosts).  [default: 1, exclusive]",
+    show_default=False,
+)
+@click.option(
+    "--shared",
+    is_flag=True,
+    help="Take a shared (read) lock: any number of shared commands at once, none "
+    "while an exclusive one runs.",
+)
+@click.option(
     "--on-lost",
     type=click.Choice(["kill", "warn"]),
     default="kill",
@@ -176,6 +191,8 @@ def exec_command(
     token: str | None,
     token_file: Path | None,
     owner: str | None,
+    limit: int | None,
+    shared: bool,
     on_lost: str,
     hold_at_least: float | None,
     grace: float,
@@ -190,7 +207,10 @@ def exec_command(
     its environment, and never the API token. SIGINT, SIGTERM and SIGHUP are
     forwarded to it. Exit status: the command's; 75 when the lock could not be had
     within --wait; 76 when the lock was lost and the command terminated; 77 when
-    the token was refused or may not lock it.
+    the token was refused or may not lock it. With --limit N at most N such
+    commands run at once (each its own fence); with --shared, any number of shared
+    ones, but never beside an exclusive one. A RESOURCE in use with another limit
+    is a refusal (75).
 
     With --leader the lock is a leadership bound to a session (one heartbeat,
     lost together when the session ends):
@@ -200,8 +220,12 @@ def exec_command(
     """
     if leader and hold_at_least:
         raise click.UsageError("--hold-at-least does not apply to --leader")
+    if leader and (limit or shared):
+        raise click.UsageError("--leader takes neither --limit nor --shared")
     if not url:
         raise click.UsageError("no server: pass --url or set LOCKKEEPER_URL")
+    if shared and limit not in (None, 1):
+        raise click.UsageError("--shared takes no --limit: shared grants are unbounded")
     if ctx.get_parameter_source("token") is ParameterSource.COMMANDLINE:
         click.echo(
             "lockkeeper exec: WARNING: --token on the command line can be read by "
@@ -241,6 +265,7 @@ def exec_command(
                     wait=wait,
                     owner=owner,
                     hold_at_least=hold_at_least,
+                    kind=LockKind(limit, shared),
                 )
         except _Interrupted as exc:
             _fail(
@@ -273,6 +298,7 @@ def _run_holding(
     wait: float,
     owner: str | None,
     hold_at_least: float | None,
+    kind: LockKind,
 ) -> int:
     held = client.lock(
         resource,
@@ -280,6 +306,8 @@ def _run_holding(
         wait=wait,
         owner=owner or default_owner(),
         on_lost=runner.lock_lost,
+        limit=kind.limit,
+        shared=kind.shared,
     )
     held.acquire()
     try:

@@ -23,6 +23,12 @@ class LockGrant:
     ttl_remaining: float
     state: str
     waiters: int = 0  # acquires waiting in line for it
+    # How many holders the resource allows (1: exclusive or shared lock; N: a
+    # counting semaphore), this grant's mode, and the live grants of the
+    # resource now (older servers send none of them: one exclusive holder).
+    limit: int = 1
+    mode: str = "exclusive"
+    holders: int = 1
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LockGrant:
@@ -36,6 +42,9 @@ class LockGrant:
             ttl_remaining=float(data["ttl_remaining"]),
             state=data["state"],
             waiters=int(data.get("waiters", 0)),  # absent from older servers
+            limit=int(data.get("limit", 1)),
+            mode=str(data.get("mode", "exclusive")),
+            holders=int(data.get("holders", 1)),
         )
 
 
@@ -62,6 +71,34 @@ class SessionInfo:
             ttl_remaining=float(data["ttl_remaining"]),
             locks=tuple(LockGrant.from_json(lock) for lock in data.get("locks", ())),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class LockKind:
+    """What kind of lock an acquire asks for: exclusive (the default), one of
+    ``limit`` places of a counting semaphore, or a shared (read) lock that
+    coexists with other shared grants and excludes exclusive ones."""
+
+    limit: int | None = None
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and not 1 <= self.limit <= 1000:
+            raise ValueError(f"limit must be 1 to 1000, not {self.limit!r}")
+        if self.shared and self.limit not in (None, 1):
+            raise ValueError("a shared lock has no limit: shared grants are unbounded")
+
+    def body(self) -> dict[str, Any]:
+        """The acquire body's fields for this kind (none for the default)."""
+        fields: dict[str, Any] = {}
+        if self.limit is not None:
+            fields["limit"] = self.limit
+        if self.shared:
+            fields["mode"] = "shared"
+        return fields
+
+
+EXCLUSIVE = LockKind()
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,11 @@ from lockkeeper_client._concurrency import async_sleep
 from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
 from lockkeeper_client.errors import LockMissing
 from lockkeeper_client.grants import (
+    EXCLUSIVE,
     AcquireAttempt,
     LockEvent,
     LockGrant,
+    LockKind,
     SessionInfo,
     default_owner,
 )
@@ -100,11 +102,20 @@ class AsyncLockClient:
         *,
         wait: float | None = None,
         session: str | None = None,
+        limit: int | None = None,
+        shared: bool = False,
     ) -> AcquireAttempt:
         """Try once to take ``resource`` for ``owner``.
 
         ``session``: the id of a session of this token and owner to bind the
         grant to, instead of a ``ttl`` (see ``session()``).
+
+        ``limit``: take one of that many places of a counting semaphore;
+        ``shared``: a shared (read) grant, coexisting with other shared grants.
+        A resource in use with another limit or kind raises ``LimitMismatch``.
+        Acquiring again with the other mode changes the caller's own grant: to
+        shared always (same fence), to exclusive only while it is the sole
+        holder (a new fence).
 
         Without ``wait`` it never waits for a holder. With ``wait`` > 0 the server
         keeps the request in the resource's line (granted in order of arrival) for
@@ -117,7 +128,9 @@ class AsyncLockClient:
         response, _ = await self._send(
             "POST",
             resource,
-            json=decisions.acquire_body(owner, ttl, wait, session),
+            json=decisions.acquire_body(
+                owner, ttl, wait, kind=LockKind(limit, shared), session=session
+            ),
             waiting=float(wait or 0.0),
         )
         return decisions.acquire_outcome(response, resource)
@@ -281,12 +294,16 @@ class AsyncLockClient:
         owner: str | None = None,
         on_lost: Callable[[AsyncHeldLock], None] | None = None,
         renew_every: float | None = None,
+        limit: int | None = None,
+        shared: bool = False,
     ) -> AsyncHeldLock:
         """A context manager that holds ``resource`` for the ``with`` block.
 
         Entering waits at most ``wait`` seconds for the lock (raising
         ``LockNotAcquired``), then renews it every ``renew_every`` seconds (default
         ``ttl / 3``) in the background; leaving releases it. See ``HeldLock``.
+        ``limit``: one of that many places of a semaphore; ``shared``: a shared
+        (read) lock. Waiting is first come, first served across both.
         """
         return AsyncHeldLock(
             self,
@@ -296,6 +313,7 @@ class AsyncLockClient:
             owner=owner or default_owner(),
             on_lost=on_lost,
             renew_every=renew_every,
+            kind=LockKind(limit, shared) if limit or shared else EXCLUSIVE,
         )
 
     # -- following the audit log ---------------------------------------------------

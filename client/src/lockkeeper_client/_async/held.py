@@ -16,7 +16,7 @@ from lockkeeper_client._concurrency import (
     async_wait_event,
 )
 from lockkeeper_client.errors import LockClientError, LockLost, UnexpectedResponse
-from lockkeeper_client.grants import LockGrant
+from lockkeeper_client.grants import EXCLUSIVE, LockGrant, LockKind
 
 if TYPE_CHECKING:
     from lockkeeper_client._async.port import AsyncLockPort
@@ -51,6 +51,7 @@ class AsyncHeldLock:
         owner: str,
         on_lost: Callable[[AsyncHeldLock], None] | None = None,
         renew_every: float | None = None,
+        kind: LockKind = EXCLUSIVE,
     ):
         if not ttl > 0:
             raise ValueError(f"ttl for {resource!r} must be positive, not {ttl!r}")
@@ -61,6 +62,7 @@ class AsyncHeldLock:
         self.owner = owner
         self.ttl = ttl
         self.wait = wait
+        self.kind = kind
         self.on_lost = on_lost
         self.renew_every = renew_every if renew_every is not None else ttl / 3
         self.lost = AsyncEvent()
@@ -99,7 +101,12 @@ class AsyncHeldLock:
         :raise LockQuotaReached: the token holds its quota of locks already.
         """
         wait = AsyncGrantWait(
-            self.client, self.resource, owner=self.owner, ttl=self.ttl, wait=self.wait
+            self.client,
+            self.resource,
+            owner=self.owner,
+            ttl=self.ttl,
+            wait=self.wait,
+            kind=self.kind,
         )
         granted = await wait.run()
         self._granted(granted.lock, sent_at=wait.sent_at)

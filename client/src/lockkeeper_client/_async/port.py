@@ -28,6 +28,8 @@ class AsyncLockPort(Protocol):
         *,
         wait: float | None = None,
         session: str | None = None,
+        limit: int | None = None,
+        shared: bool = False,
     ) -> AcquireAttempt: ...
 
     async def renew(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from lockkeeper_client import decisions
 from lockkeeper_client._concurrency import async_sleep
 from lockkeeper_client.errors import InvalidRequest, ServiceUnavailable
-from lockkeeper_client.grants import AcquireAttempt
+from lockkeeper_client.grants import EXCLUSIVE, AcquireAttempt, LockKind
 
 if TYPE_CHECKING:
     from lockkeeper_client._async.port import AsyncLockPort
@@ -39,6 +39,7 @@ class AsyncGrantWait:
         ttl: float | None,
         wait: float,
         session: str | None = None,
+        kind: LockKind = EXCLUSIVE,
     ):
         self.client = client
         self.session = session
@@ -46,6 +47,7 @@ class AsyncGrantWait:
         self.owner = owner
         self.ttl = ttl
         self.wait = wait
+        self.kind = kind
         self.sent_at = 0.0
         self._in_line_for = 0.0  # the wait of the last attempt (0: a plain one)
         self._unreachable: ServiceUnavailable | None = None
@@ -98,6 +100,8 @@ class AsyncGrantWait:
                     self.ttl,
                     wait=self._in_line_for,
                     session=self.session,
+                    limit=self.kind.limit,
+                    shared=self.kind.shared,
                 )
             except InvalidRequest as exc:
                 if not self._in_line_for:

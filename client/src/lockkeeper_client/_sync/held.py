@@ -17,7 +17,7 @@ from lockkeeper_client._concurrency import (
 )
 from lockkeeper_client._sync.waiting import GrantWait
 from lockkeeper_client.errors import LockClientError, LockLost, UnexpectedResponse
-from lockkeeper_client.grants import LockGrant
+from lockkeeper_client.grants import EXCLUSIVE, LockGrant, LockKind
 
 if TYPE_CHECKING:
     from lockkeeper_client._sync.port import LockPort
@@ -52,6 +52,7 @@ class HeldLock:
         owner: str,
         on_lost: Callable[[HeldLock], None] | None = None,
         renew_every: float | None = None,
+        kind: LockKind = EXCLUSIVE,
     ):
         if not ttl > 0:
             raise ValueError(f"ttl for {resource!r} must be positive, not {ttl!r}")
@@ -62,6 +63,7 @@ class HeldLock:
         self.owner = owner
         self.ttl = ttl
         self.wait = wait
+        self.kind = kind
         self.on_lost = on_lost
         self.renew_every = renew_every if renew_every is not None else ttl / 3
         self.lost = Event()
@@ -100,7 +102,12 @@ class HeldLock:
         :raise LockQuotaReached: the token holds its quota of locks already.
         """
         wait = GrantWait(
-            self.client, self.resource, owner=self.owner, ttl=self.ttl, wait=self.wait
+            self.client,
+            self.resource,
+            owner=self.owner,
+            ttl=self.ttl,
+            wait=self.wait,
+            kind=self.kind,
         )
         granted = wait.run()
         self._granted(granted.lock, sent_at=wait.sent_at)

@@ -29,6 +29,8 @@ class LockPort(Protocol):
         *,
         wait: float | None = None,
         session: str | None = None,
+        limit: int | None = None,
+        shared: bool = False,
     ) -> AcquireAttempt: ...
 
     def renew(
