@@ -43,6 +43,7 @@ from app.locks.errors import (
 )
 from app.locks.results import Lock
 from app.locks.service import OwnerCounts, lock_service
+from app.locks.sessions import UnknownSession
 from app.locks.state import LockState
 
 PAGE_SIZE = 25
@@ -394,10 +395,12 @@ def lock_page(resource: str):
 
     newest = newest_event_id(resource)
     lock = _current_lock(resource)
+    lock_session = service.sessions.of_lock(resource) if lock is not None else None
     waiting = service.queue.line(resource)
     version = shown_version(
         newest,
         lock and [lock.fence, lock.owner, lock.expires_at, lock.state],
+        lock_session and [lock_session.id, lock_session.expires_at],
         [waiter.id for waiter in waiting],
         cursor,
         every_row,
@@ -421,6 +424,7 @@ def lock_page(resource: str):
         {"lock-live": "dashboard/_lock_live.html"},
         resource=resource,
         lock=lock,
+        lock_session=lock_session,
         waiting=waiting,
         history=history,
         renewals=folded,
@@ -529,6 +533,55 @@ def release(resource: str):
         errors=errors,
         reason=reason or "",
         **context,
+    )
+
+
+@bp.route("/sessions/<session_id>/end", methods=["GET", "POST"])
+@operator_required
+def end_session(session_id: str):
+    """End a worker's session: every grant bound to it force-released (one
+    event each, with the reason), through ``LockService.sessions``."""
+    sessions = lock_service().sessions
+    resource = text_arg("resource") or text_field("resource")
+    fallback = _lock_url(resource) if resource else url_for("dashboard.overview")
+    try:
+        found = sessions.get(session_id, token=None)
+    except (UnknownSession, InvalidInput):
+        if request.method == "POST" and is_htmx():
+            return action_response(
+                "dashboard/_result.html",
+                404,
+                message="That session has ended already.",
+                ok=False,
+            )
+        abort(404, description="That session has ended already.")
+    context = {
+        "lock_session": found,
+        "resource": resource,
+        "next_url": return_to(fallback),
+    }
+    if request.method == "GET":
+        return action_response("dashboard/_end_session_form.html", **context)
+    reason = text_field("reason")
+    try:
+        ended = sessions.end(
+            session_id, token=None, actor=current_user.username, reason=reason
+        )
+    except InvalidInput as exc:
+        return action_response(
+            "dashboard/_end_session_form.html",
+            400,
+            errors=exc.errors,
+            reason=reason or "",
+            **context,
+        )
+    except UnknownSession:
+        return finished("That session had ended already.", fallback)
+    count = len(ended.locks)
+    return finished(
+        f"Ended the session of {ended.owner}: released {count} "
+        f"lock{'' if count == 1 else 's'}.",
+        fallback,
     )
 
 

@@ -181,6 +181,15 @@ class SessionService:
             raise UnknownSession(session_id)
         return self._session(row, now, grants if row.expires_at > now else ())
 
+    def of_lock(self, resource: str) -> Session | None:
+        """The session the grant on ``resource`` is bound to, if any (for the
+        dashboard's lock page: its owner, last heartbeat and expiry)."""
+        with self.locks._autocommit_engine.connect() as conn:
+            row = self.statements.session_of(conn, resource)
+        if row is None:
+            return None
+        return self._session(row, self.locks.now())
+
     def end(
         self,
         session_id: str,

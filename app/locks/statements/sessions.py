@@ -178,6 +178,36 @@ class SessionStatements:
         grants = sorted([*exclusive, *places], key=lambda row: row.resource)
         return session, grants, now
 
+    def session_of(self, conn, resource: str) -> SessionRow | None:
+        """The session the grant on ``resource`` is bound to (exclusive row or a
+        place), if any; unlocked."""
+        exclusive = (
+            select(sessions)
+            .join(locks, locks.c.session_id == sessions.c.id)
+            .where(
+                locks.c.resource == resource,
+                bound_to(
+                    sessions.c.id,
+                    sessions.c.owner,
+                    sessions.c.token,
+                    sessions.c.expires_at,
+                ),
+            )
+        )
+        found = conn.execute(exclusive).first()
+        if found is None:
+            places = (
+                select(sessions)
+                .join(holders, holders.c.session_id == sessions.c.id)
+                .where(
+                    holders.c.resource == resource,
+                    places_of(sessions.c.id, sessions.c.token, sessions.c.expires_at),
+                )
+                .order_by(sessions.c.expires_at.desc())
+            )
+            found = conn.execute(places).first()
+        return _session(found) if found is not None else None
+
     # -- writes --------------------------------------------------------------
 
     def create(self, conn, session_id, owner, token, ttl, now) -> SessionRow:
