@@ -570,3 +570,26 @@ def test_api_request_log_names_the_token_not_the_token_itself(app, caplog):
     assert line["actor"] == "ci-worker"
     assert line["route"].startswith("/api/v1/locks/<")
     assert token not in caplog.text
+
+
+@pytest.mark.usefixtures("backend")
+def test_sessions_and_heartbeats_are_counted_and_live_sessions_gauged(fake_app, clock):
+    from app.locks.sessions import SessionExpired
+
+    client = fake_app.test_client()
+    with fake_app.app_context():
+        sessions = lock_service().sessions
+        first = sessions.create("w-1", 10, token="ops")
+        sessions.create("w-2", 30, token="ops")
+        sessions.heartbeat(first.id, token="ops")
+        sessions.heartbeat(first.id, token="ops")
+        assert value(scrape(client), "lockkeeper_live_sessions") == 2
+        clock.advance(20)
+        with pytest.raises(SessionExpired):
+            sessions.heartbeat(first.id, token="ops")
+        samples = scrape(client)
+    total = "lockkeeper_sessions_total"
+    assert value(samples, total, outcome="created") == 2
+    assert value(samples, total, outcome="heartbeat") == 2
+    assert value(samples, total, outcome="heartbeat_expired") == 1
+    assert value(samples, "lockkeeper_live_sessions") == 1

@@ -181,6 +181,11 @@ class SessionService:
             raise UnknownSession(session_id)
         return self._session(row, now, grants if row.expires_at > now else ())
 
+    def live(self) -> int:
+        """How many sessions have not expired (metrics)."""
+        with self.locks._autocommit_engine.connect() as conn:
+            return self.statements.live_count(conn, self.locks._now())
+
     def of_lock(self, resource: str) -> Session | None:
         """The session the grant on ``resource`` is bound to, if any (for the
         dashboard's lock page: its owner, last heartbeat and expiry)."""

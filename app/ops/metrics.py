@@ -45,6 +45,13 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # that a worker's ttl is too short for its work.
 RENEWAL_OUTCOMES = ("renewed", "expired", "not_owner", "not_found")
 RELEASE_OUTCOMES = ("released", "expired", "not_owner", "not_found")
+SESSION_OUTCOMES = (
+    "created",
+    "heartbeat",
+    "heartbeat_expired",
+    "heartbeat_unknown",
+    "ended",
+)
 ACQUIRE_GRANTS = (Action.ACQUIRED, Action.REACQUIRED, Action.TOOK_OVER)
 OPERATOR_ACTIONS = (Action.FORCE_RELEASED, Action.CLAIMED, Action.FORCE_CLAIMED)
 
@@ -108,6 +115,15 @@ class LockMetrics(NoMetrics):
             registry=registry,
         )
         self._waited = {o: waited.labels(o) for o in WAIT_OUTCOMES}
+        sessions = Counter(
+            "lockkeeper_sessions",
+            "Session calls by outcome: created, heartbeat (renewed the session and "
+            "every grant bound to it), heartbeat_expired and heartbeat_unknown "
+            "(refused), ended.",
+            ["outcome"],
+            registry=registry,
+        )
+        self._sessions = {o: sessions.labels(o) for o in SESSION_OUTCOMES}
         self._handover = Histogram(
             "lockkeeper_handover_seconds",
             "From the moment a waiter is woken (NOTIFY, its poll, or the holder's "
@@ -141,6 +157,9 @@ class LockMetrics(NoMetrics):
     def operator_action(self, action: Action) -> None:
         self._operator[action].inc()
 
+    def session(self, outcome: str) -> None:
+        self._sessions[outcome].inc()
+
 
 class LockStateCollector(Collector):
     """Gauges of lock rows per state, counted in the database at scrape time."""
@@ -157,13 +176,16 @@ class LockStateCollector(Collector):
             service = self.app.extensions["lockkeeper.locks"]
             counts = service.counts()
             queued = service.queue.queued()
+            live_sessions = service.sessions.live()
         except (SQLAlchemyError, LockError):
-            counts = queued = None
-        yield from self._families(counts, queued)
+            counts = queued = live_sessions = None
+        yield from self._families(counts, queued, live_sessions)
 
     @staticmethod
     def _families(
-        counts: dict[LockState, int] | None = None, queued: int | None = None
+        counts: dict[LockState, int] | None = None,
+        queued: int | None = None,
+        live_sessions: int | None = None,
     ):
         locks = GaugeMetricFamily(
             "lockkeeper_locks",
@@ -184,7 +206,13 @@ class LockStateCollector(Collector):
         )
         if queued is not None:
             waiters.add_metric([], queued)
-        return locks, up, waiters
+        sessions = GaugeMetricFamily(
+            "lockkeeper_live_sessions",
+            "Sessions not yet expired, every instance, counted at scrape time.",
+        )
+        if live_sessions is not None:
+            sessions.add_metric([], live_sessions)
+        return locks, up, waiters, sessions
 
 
 class AppMetrics:

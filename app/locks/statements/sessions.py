@@ -178,6 +178,12 @@ class SessionStatements:
         grants = sorted([*exclusive, *places], key=lambda row: row.resource)
         return session, grants, now
 
+    def live_count(self, conn, now: datetime | None) -> int:
+        at = now if now is not None else self.t._server_now().cast(UTCDateTime())
+        return conn.scalar(
+            select(func.count()).select_from(sessions).where(sessions.c.expires_at > at)
+        )
+
     def session_of(self, conn, resource: str) -> SessionRow | None:
         """The session the grant on ``resource`` is bound to (exclusive row or a
         place), if any; unlocked."""
