@@ -12,6 +12,8 @@ from pathlib import Path
 
 from celery import Celery
 from celery.signals import worker_ready
+from celery_once import QueueOnce
+from celery_singleton import Singleton
 from lockkeeper_client.celery import locked
 
 REDIS = os.environ.get("LOCKKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -68,3 +70,32 @@ def report_until_released(month: str, started: str, *, fence: int) -> int:
     Path(started).write_text(str(fence))
     while True:
         time.sleep(0.05)
+
+
+# celery-once and celery-singleton on Lockkeeper (lockkeeper_client.celery_backends):
+# the producer (the test) and the worker both find the server and token in
+# LOCKKEEPER_URL and LOCKKEEPER_TOKEN.
+app.conf.ONCE = {
+    "backend": "lockkeeper_client.celery_backends.CeleryOnce",
+    "settings": {"default_timeout": 60},
+}
+app.conf.singleton_backend_class = "lockkeeper_client.celery_backends.CelerySingleton"
+
+
+@app.task(base=QueueOnce, once={"graceful": True, "keys": ["month"]})
+def once_report(month: str, log: str, hold: float) -> str:
+    """Queued once per month at a time (celery-once); records when it ran."""
+    _record(log, event="start", month=month, at=time.time(), pid=os.getpid())
+    time.sleep(hold)  # the work
+    _record(log, event="end", month=month, at=time.time(), pid=os.getpid())
+    return month
+
+
+@app.task(base=Singleton, unique_on=["month"])
+def singleton_report(month: str, started: str, go: str) -> str:
+    """One at a time per month (celery-singleton): marks that it started, then
+    runs until the file ``go`` exists."""
+    Path(started).write_text(month)
+    while not Path(go).exists():
+        time.sleep(0.02)
+    return month
