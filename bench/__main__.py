@@ -33,6 +33,7 @@ SECTIONS = (
     "contention",
     "memory",
     "watch",
+    "sessions",
     "etcd",
     "profile",
 )
@@ -52,10 +53,11 @@ class Plan:
     memory_seconds: float
     profile_cycles: int
     watch_events: int
+    session_intervals: int = 4
 
 
-QUICK = Plan(2, 1.0, (1, 8), 2, 1.0, 3.0, 10.0, 300, 10)
-FULL = Plan(3, 2.5, (1, 8), 3, 4.0, 30.0, 600.0, 1000, 40)
+QUICK = Plan(2, 1.0, (1, 8), 2, 1.0, 3.0, 10.0, 300, 10, 4)
+FULL = Plan(3, 2.5, (1, 8), 3, 4.0, 30.0, 600.0, 1000, 40, 20)
 
 
 def log(message: str) -> None:
@@ -200,6 +202,15 @@ def main(argv: list[str] | None = None) -> int:
                 "watch",
                 lambda: comparisons.extend(
                     bench_watch(databases, workdir, plan.watch_events, log)
+                ),
+            )
+        if "sessions" in sections:
+            from bench.session_bench import bench_sessions
+
+            section(
+                "sessions",
+                lambda: comparisons.extend(
+                    bench_sessions(databases, workdir, plan.session_intervals, log)
                 ),
             )
         if "etcd" in sections:

@@ -180,3 +180,13 @@ def test_the_etcd_baseline_cycles_through_etcds_own_lock_api(tmp_path):
     assert moved >= result["acquires"] + result["releases"] - 2, (moved, result)
     assert kept_alive["bad_status"] == 0, kept_alive
     assert kept_alive["acquires"] > 10, kept_alive
+
+
+def test_the_session_bench_counts_heartbeats_against_renewals(database_url, tmp_path):
+    from bench.session_bench import LOCKS, _bench
+
+    found = _bench("sqlite", database_url, tmp_path, 2, lambda _message: None)
+    assert found.name == "session_heartbeat_vs_renew_each_100"
+    assert 0 < found.value <= 2  # one heartbeat per interval (a late one at most)
+    assert found.baseline >= LOCKS / 2  # every lock renews once per interval
+    assert found.ratio <= 0.04
