@@ -351,6 +351,39 @@ def explain(app) -> None:
                 print("    " + " | ".join(str(v) for v in row))
 
 
+def time_listings(app, runs: int, results: dict) -> None:
+    """The service's list orders side by side in one run, the lexical order
+    (an index range) the baseline: ratios say what an order costs."""
+    from app.locks.service import lock_service
+
+    calls = {
+        "resource (lexical, baseline)": {"sort": "resource"},
+        "natural": {"sort": "natural"},
+        "urgent": {"sort": "urgent"},
+        "-waiters": {"sort": "-waiters"},
+        "contended": {"sort": "urgent", "contended": True},
+        "urgent, offset 1000": {"sort": "urgent", "offset": 1000},
+    }
+    with app.app_context():
+        service = lock_service()
+        baseline = None
+        for label, query in calls.items():
+            service.list_locks(limit=25, **query)
+            samples = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                service.list_locks(limit=25, **query)
+                samples.append((time.perf_counter() - started) * 1000)
+            median = statistics.median(samples)
+            baseline = baseline or median
+            results[f"listing {label}"] = median
+            print(
+                f"  listing {label:32s} median {median:7.1f} ms  "
+                f"({median / baseline:.2f}x the lexical order)",
+                flush=True,
+            )
+
+
 def bench(
     backend: str,
     n_locks: int,
@@ -401,6 +434,11 @@ def bench(
             "overview, prefix job:1": "/?prefix=job:1",
             "overview, by owner": "/?group=owner",
             "overview, by host": "/?group=host",
+            "overview, by prefix": "/?group=prefix",
+            "overview, by name (natural)": "/?sort=resource",
+            "overview, most waiting": "/?sort=-waiting",
+            "overview, contended tab": "/?state=contended",
+            "overview, page 40": "/?page=40",
             "freezes /freezes": "/freezes",
         }
         pages = {
@@ -419,6 +457,8 @@ def bench(
         for label, url in drawn_afresh.items():
             if not only or any(o in label for o in only):
                 pages[label] = url
+        if not only or any("listing" in o for o in only):
+            time_listings(app, runs, results)
         for label, url in pages.items():
             before = afresh if label in drawn_afresh else None
             median, p95, status = timed(client, url, runs, before)

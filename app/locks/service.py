@@ -47,7 +47,7 @@ from app.locks.models import NO_TOKEN
 from app.locks.pagination import (
     DEFAULT_PAGE,
     after,
-    fetch_page,
+    encode_cursor,
     page_limit_error,
     read_cursor,
     starts_with,
@@ -956,12 +956,11 @@ class LockService:
         ranked_at = position["at"] if position and "at" in position else now
         waiting_counts = listing.waiter_counts(literal(now, UTCDateTime()))
         order = _order(sort_key, ranked_at, waiting_counts)
-        at_now = literal(now, UTCDateTime())
-        waiting, _ = queue_columns(locks.c.resource, at_now)
-        query = select(locks, waiting)
-        if sort_key in ("urgent", "waiters"):
-            # What the cursor continues from, as the database ordered by it.
-            query = query.add_columns(order[0].label("sort_first"))
+        # The page's rows are chosen first and only then their waiters
+        # counted: a count in the ordered select is one probe of the line per
+        # lock sorted (100,000 of them), not per lock shown.
+        keys = [column.label(f"sort_{n}") for n, column in enumerate(order)]
+        query = select(locks, *keys)
         if sort_key == "waiters":
             query = listing.joined_waiters(query, waiting_counts)
         query = self._filtered(
@@ -976,14 +975,26 @@ class LockService:
         ).order_by(*(c.desc() if descending else c.asc() for c in order))
         if position is not None:
             query = query.where(after(order, position["values"], descending=descending))
+        if offset is not None:
+            query = query.offset(offset).limit(limit)
+        else:
+            query = query.limit(limit + 1)
+        chosen = query.subquery("chosen")
+        waiting, _ = queue_columns(chosen.c.resource, literal(now, UTCDateTime()))
+        shown = select(chosen, waiting).order_by(
+            *(
+                chosen.c[key.name].desc() if descending else chosen.c[key.name].asc()
+                for key in keys
+            )
+        )
 
         def position_of(row) -> dict[str, Any]:
             found: dict[str, Any] = {"resource": row.resource}
             if sort_key == "urgent":
                 found["at"] = ranked_at.isoformat()
-                found["key"] = [row.sort_first, row.expires_at.isoformat()]
+                found["key"] = [row.sort_0, row.expires_at.isoformat()]
             elif sort_key == "waiters":
-                found["key"] = row.sort_first
+                found["key"] = row.sort_0
             elif sort_key not in ("resource", "natural"):
                 value = getattr(row, SORT_KEYS[sort_key].name)
                 found["key"] = (
@@ -992,11 +1003,11 @@ class LockService:
             return found
 
         with self._autocommit_engine.connect() as conn:
-            if offset is not None:
-                rows = conn.execute(query.offset(offset).limit(limit)).all()
-                next_cursor = None
-            else:
-                rows, next_cursor = fetch_page(conn, query, limit, position_of)
+            rows = conn.execute(shown).all()
+        next_cursor = None
+        if offset is None and len(rows) > limit:
+            rows = rows[:limit]
+            next_cursor = encode_cursor(position_of(rows[-1]))
         items = [self._lock(row, now) for row in rows]
         return Page(items, next_cursor)
 
