@@ -565,7 +565,9 @@ def test_lock_page_shows_row_history_and_timeline(operator, service, clock):
         row.select("td")[1].get_text() for row in page.select("#history tbody tr")
     ]
     # Renewals are folded into the grant they extend.
-    assert actions == ["took over · renewed 1×, last 09:00:11Z", "acquired"]
+    assert actions == ["took over · renewed 1×, last 0 s ago", "acquired"]
+    last = page.select_one("#history .renewals time")
+    assert last["title"] == "2026-11-30T09:00:11.000Z"
     when = [row.select_one("td time") for row in page.select("#history tbody tr")]
     assert [t.get_text() for t in when] == ["1 s ago", "11 s ago"]
     assert when[1]["title"] == "2026-11-30T09:00:00.000Z"
@@ -611,7 +613,7 @@ def test_a_lock_renewed_200_times_shows_its_acquire_on_page_one(
         service.renew("job:1", "w", ttl=100)
     page = soup(operator.get("/locks/job:1"))
     [row] = page.select("#history tbody tr")
-    assert row.select("td")[1].get_text() == "acquired · renewed 200×, last 09:03:20Z"
+    assert row.select("td")[1].get_text() == "acquired · renewed 200×, last 0 s ago"
     audit = soup(operator.get("/audit?resource=job:1"))
     [row] = audit.select("#audit-results tbody tr")
     assert "acquired · renewed 200×" in row.get_text()
@@ -652,3 +654,24 @@ def test_error_page_for_htmx_is_a_fragment(operator):
     response = operator.get("/locks/job:9/release", headers=HTMX)
     assert response.status_code == 404
     assert soup(response).body is None
+
+
+def test_one_format_for_each_kind_of_instant(operator, service, clock):
+    """Past instants read "… ago", coming ones "in …" as a countdown; the
+    exact instant is on hover; no page prints a bare timestamp for either."""
+    service.acquire("job:1", "w1", ttl=100)
+    service.queue.join("job:1", "w2", None, 60)
+    service.freeze("job:", actor="olga", reason="migration", duration=None)
+    clock.advance(3)
+    lock_page = soup(operator.get("/locks/job:1"))
+    gives_up = lock_page.select_one("#lock-queue tbody td.optional .ttl")
+    assert gives_up["title"].endswith("Z")
+    assert gives_up.get_text().endswith(" s")
+    assert "Expires" not in lock_page.select_one("#lock-summary").get_text()
+    claim = soup(operator.get("/locks/job:1/claim")).get_text(" ", strip=True)
+    assert "for another 1 min 37 s" in claim
+    unfreeze = soup(operator.get("/freezes/job:/unfreeze")).get_text(" ", strip=True)
+    assert "Frozen by olga 3 s ago" in unfreeze
+    for page in (lock_page, soup(operator.get("/audit")), soup(operator.get("/"))):
+        for time in page.select("time"):
+            assert time.get_text() != time.get("datetime"), time

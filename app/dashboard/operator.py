@@ -109,6 +109,7 @@ def unfreeze(prefix: str):
         "title": "Unfreeze",
         "freeze": current,
         "prefix": prefix,
+        "now": lock_service().now(),
     }
     if request.method == "GET":
         if current is None:  # ended meanwhile: say so, as a page like any other

@@ -559,6 +559,7 @@ def end_session(session_id: str):
         "lock_session": found,
         "resource": resource,
         "next_url": return_to(fallback),
+        "now": lock_service().now(),
     }
     if request.method == "GET":
         return action_response("dashboard/_end_session_form.html", **context)
