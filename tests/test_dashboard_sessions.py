@@ -30,7 +30,9 @@ def test_the_lock_page_shows_the_grants_session(operator, bound):
     assert "w-7" in shown
     assert "worker" in shown
     assert "4 s ago" in shown or "4s ago" in shown or "seconds ago" in shown, shown
-    assert "2026-11-30" in shown  # the expiry
+    # The expiry as every coming instant: a countdown, the exact time on hover.
+    assert "expires in 11 s" in shown
+    assert page.select_one("#lock-session .ttl")["title"].startswith("2026-11-30")
     assert page.find(id="session-end")
 
 
