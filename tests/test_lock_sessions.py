@@ -158,6 +158,9 @@ def test_a_dead_sessions_waiters_get_in_at_its_expiry(api, clock, fake_app):
     taken = other.post("/api/v1/locks/job:1", json={"owner": "x"})
     assert taken.status_code == 200
     assert events(fake_app, "took_over") == 1
+    # The new tenure is bound to no session: it renews as any lock does.
+    renewed = other.patch("/api/v1/locks/job:1", json={"owner": "x", "ttl": 60})
+    assert renewed.status_code == 200, renewed.get_data(as_text=True)
     # The dead session's end releases nothing of the new holder's.
     assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
     assert api.get("/api/v1/locks/job:1").get_json()["owner"] == "x"
@@ -219,3 +222,16 @@ def test_acquires_heartbeats_and_an_end_race_without_losing_a_grant(app):
         ended = service.sessions.end(session.id, token="race", actor="race")
         assert len(ended.locks) == 40
         assert service.counts() == {"held": 0, "expiring": 0, "stale": 0}
+
+
+def test_a_bound_grant_is_renewed_by_its_session_not_on_its_own(api, clock):
+    session = start(api)
+    assert bind(api, session, "job:1").status_code == 200
+    refused = api.patch("/api/v1/locks/job:1", json={"owner": "w-7", "ttl": 600})
+    assert "renew the session" in assert_problem(refused, 409)["detail"]
+    lock = api.get("/api/v1/locks/job:1").get_json()
+    assert lock["expires_at"] == session["expires_at"]
+    # Released on its own, it leaves the session; the session goes on.
+    assert api.delete("/api/v1/locks/job:1?owner=w-7").status_code == 204
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    assert api.get(f"/api/v1/sessions/{session['id']}").get_json()["locks"] == []

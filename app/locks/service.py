@@ -55,7 +55,11 @@ from app.locks.pagination import (
 )
 from app.locks.queue import LineClock, WaitQueue
 from app.locks.results import AcquireResult, Freeze, Lock, Page
-from app.locks.sessions import SessionService, refuse_both_ttl_and_session
+from app.locks.sessions import (
+    SessionBound,
+    SessionService,
+    refuse_both_ttl_and_session,
+)
 from app.locks.state import (
     Action,
     LockState,
@@ -422,6 +426,12 @@ class LockService:
             if not holds(row, owner, token):
                 self.metrics.renewal("not_owner")
                 raise NotOwner(resource, self._lock(row, now))
+            # Valid and ours, yet refused: bound to a session (the refusal path
+            # alone reads it), or it changed under us.
+            bound = self.sessions.bound_session(resource)
+            if bound is not None:
+                self.metrics.renewal("session_bound")
+                raise SessionBound(resource, bound)
             raise Raced(f"renewal of {resource!r} kept racing; try again")
 
         return self.run_transaction(

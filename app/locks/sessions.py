@@ -64,8 +64,9 @@ class SessionBound(LockError):
         self.resource = resource
         self.session_id = session_id
         super().__init__(
-            f"the lock on {resource!r} is bound to a session: renew the session "
-            "(PATCH /api/v1/sessions/{id}) instead"
+            f"the lock on {resource!r} is bound to a session: it is renewed by "
+            "the session's heartbeat (PATCH /api/v1/sessions/{id}); renew the "
+            "session instead"
         )
 
 
@@ -185,6 +186,13 @@ class SessionService:
         """How many sessions have not expired (metrics)."""
         with self.locks._autocommit_engine.connect() as conn:
             return self.statements.live_count(conn, self.locks._now())
+
+    def bound_session(self, resource: str) -> str | None:
+        """The id of the session the exclusive grant on ``resource`` is bound
+        to, if any (a renewal's refusal path)."""
+        with self.locks._autocommit_engine.connect() as conn:
+            row = self.statements.session_of(conn, resource)
+        return row.id if row is not None else None
 
     def of_lock(self, resource: str) -> Session | None:
         """The session the grant on ``resource`` is bound to, if any (for the

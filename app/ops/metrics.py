@@ -43,7 +43,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 # Outcomes of a renewal or release. "expired" and "not_owner" are late calls from a
 # worker that lost its lock (it ran out, or another owner took it over): the signal
 # that a worker's ttl is too short for its work.
-RENEWAL_OUTCOMES = ("renewed", "expired", "not_owner", "not_found")
+RENEWAL_OUTCOMES = ("renewed", "expired", "not_owner", "not_found", "session_bound")
 RELEASE_OUTCOMES = ("released", "expired", "not_owner", "not_found")
 SESSION_OUTCOMES = (
     "created",

@@ -26,7 +26,7 @@ _SQLITE_LIVE = """(SELECT count(*) FROM (
         WHERE mine.token = :quota_token AND mine.expires_at > :now
         LIMIT :max_locks))"""
 _SQLITE_LOCK_ROW = """SELECT l.id, l.resource, l.owner, l.token, l.fence,
-       l.acquired_at, l.expires_at,{queue}{live}
+       l.acquired_at, l.expires_at, l.session_id,{queue}{live}
 FROM distributed_locks AS l WHERE l.resource = :resource"""
 _SQLITE_COVERING = """SELECT {columns} FROM lock_freezes AS f
     WHERE f.prefix = substr(:resource, 1, length(f.prefix))
@@ -58,6 +58,10 @@ class SQLiteStatements(DriverWrites, TransactionalStatements):
         # Read by ``clock_after_lock`` and ``_next_fence`` through conn.scalar.
         self._live_count = "SELECT " + _SQLITE_LIVE
         self._next_fence_statement = _SQLITE_NEXT_FENCE.format(unless="")
+        self._bound_statement = (
+            "SELECT id FROM lock_sessions WHERE id = :id AND expires_at = :expires_at"
+            " AND owner = :owner AND token = :token"
+        )
         self._next_fence_unless_frozen = _SQLITE_NEXT_FENCE.format(
             unless=" AND NOT EXISTS (" + _SQLITE_COVERING.format(columns="1") + ")"
         )

@@ -28,6 +28,7 @@ from sqlalchemy.types import Integer
 from app.database import UTCDateTime
 from app.locks.models import (
     NO_TOKEN,
+    LockSession,
     fence_sequence,
 )
 from app.locks.state import Action, holds
@@ -68,6 +69,7 @@ _MARGIN = {
 }
 
 _INSERT_EVENT = insert(events)
+lock_sessions = LockSession.__table__
 
 
 class TransactionalStatements:
@@ -170,6 +172,12 @@ class TransactionalStatements:
             .limit(1)
         )
         self._clock_statements: dict[tuple[bool, bool, bool, bool], Any] = {}
+        self._bound_statement = select(lock_sessions.c.id).where(
+            lock_sessions.c.id == bindparam("id"),
+            lock_sessions.c.expires_at == bindparam("expires_at", type_=UTCDateTime()),
+            lock_sessions.c.owner == bindparam("owner"),
+            lock_sessions.c.token == bindparam("token"),
+        )
 
     def _clock_statement(
         self, server: bool, conditional: bool, freeze: bool, quota: bool = False
@@ -532,11 +540,32 @@ class TransactionalStatements:
         now = self.clock_after_lock(conn, now).now
         if row is None or not holds(row, owner, token) or row.expires_at <= now:
             return Outcome(False, None, row, now)
+        if row.session_id is not None and self._session_bound(conn, row):
+            # Renewed by its session's heartbeat only (the service says so).
+            return Outcome(False, None, row, now)
         expires_at = now + timedelta(seconds=ttl)
         self._write_expiry(conn, row, expires_at)
         renewed = LockRow.of(row, expires_at=expires_at)
         self._log(conn, Action.RENEWED, renewed, owner, token, actor, None, now)
         return Outcome(True, Action.RENEWED, renewed, now)
+
+    def _session_bound(self, conn, row) -> bool:
+        """Whether ``row``'s grant is bound to its session (migration 0014's
+        rule): the session's expiry is the row's, same holder. Asked only for a
+        row with a ``session_id``."""
+        return (
+            self._scalar(
+                conn,
+                self._bound_statement,
+                {
+                    "id": row.session_id,
+                    "expires_at": row.expires_at,
+                    "owner": row.owner,
+                    "token": row.token,
+                },
+            )
+            is not None
+        )
 
     def release(self, conn, resource, owner, token, actor, now) -> Outcome:
         row = self.lock_row(conn, resource, now)
