@@ -7,28 +7,53 @@ blocked on that row, and then let the first operation finish and commit.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from sqlalchemy import event, text
+from sqlalchemy import Connection, bindparam, event, text
 
 from app.database import autocommit
 from app.locks.service import LockService
 
 DEADLINE = 15.0
 
-_BLOCKED_SQL = {
-    "postgresql": (
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    ),
-    "mariadb": (
-        "SELECT count(*) FROM information_schema.innodb_trx AS t "
-        "JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id "
-        "WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
-    ),
-}
+_PG_BLOCKED = (
+    "SELECT count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+)
+
+
+def lock_waits(conn: Connection) -> int | None:
+    """How many transactions of ``conn``'s database wait for a row lock now
+    (None: SQLite, which shows no such thing).
+
+    MariaDB: from ``SHOW ENGINE INNODB STATUS``, not information_schema.innodb_trx.
+    InnoDB refreshes the cache behind innodb_trx only when nobody read it for
+    100 ms, and a read restarts that clock: a poll every 10 ms (or parallel
+    tests' polls together) kept reading the cache from before the wait began,
+    and a wait went unseen until the deadline.
+    """
+    if conn.dialect.name == "postgresql":
+        return conn.scalar(text(_PG_BLOCKED))
+    if conn.dialect.name != "mariadb":
+        return None
+    status = conn.execute(text("SHOW ENGINE INNODB STATUS")).one()[2]
+    waiting = set()
+    for block in status.split("---TRANSACTION")[1:]:
+        thread = re.search(r"thread id (\d+)", block)
+        if "LOCK WAIT" in block and thread:
+            waiting.add(int(thread[1]))
+    if not waiting:
+        return 0
+    return conn.scalar(
+        text(
+            "SELECT count(*) FROM information_schema.processlist "
+            "WHERE db = DATABASE() AND id IN :ids"
+        ).bindparams(bindparam("ids", expanding=True)),
+        {"ids": sorted(waiting)},
+    )
 
 
 class RowHolder:
@@ -91,10 +116,9 @@ def run_blocked(service: LockService, call) -> Future:
             if future.done() or time.monotonic() > deadline:
                 future.result(timeout=0)
                 raise AssertionError("the call never reached the database")
-        query = _BLOCKED_SQL.get(engine.dialect.name)
-        while query is not None:
+        while engine.dialect.name != "sqlite":
             with engine.connect() as conn:
-                if conn.scalar(text(query)):
+                if lock_waits(conn):
                     break
             if future.done():
                 future.result(timeout=0)

@@ -20,7 +20,7 @@ from app.locks.errors import QuotaExceeded
 from app.locks.models import DistributedLock
 from app.locks.service import lock_service
 from tests.conftest import ApiClient
-from tests.row_waits import _BLOCKED_SQL, DEADLINE
+from tests.row_waits import DEADLINE, lock_waits
 
 SERVERS = ("postgresql", "mariadb")
 locks = DistributedLock.__table__
@@ -182,27 +182,12 @@ def test_a_shared_grant_counts_again_after_its_lock(app, server):
         assert live == max_locks
 
 
-# A statement locking the token's row, still running: on MariaDB the wait for a
-# row read by a unique key happens while the optimizer reads it ("Statistics" in
-# the process list), and information_schema.innodb_trx does not always list that
-# transaction as waiting, so the process list is asked too.
-_TOKEN_ROW_WAIT = {
-    "postgresql": _BLOCKED_SQL["postgresql"],
-    "mariadb": (
-        "SELECT count(*) FROM information_schema.processlist "
-        "WHERE db = DATABASE() AND command = 'Query' "
-        "AND info LIKE 'SELECT api_tokens.revoked_at%'"
-    ),
-}
-
-
 def _wait_for_the_token_row(future) -> None:
     """Return once a grant of this database waits for a token's row lock."""
     deadline = time.monotonic() + DEADLINE
-    query = text(_TOKEN_ROW_WAIT[db.engine.dialect.name])
     while True:
         with db.engine.connect() as conn:
-            if conn.scalar(query):
+            if lock_waits(conn):
                 return
         assert not future.done(), f"the grant finished without waiting: {_states()}"
         assert time.monotonic() < deadline, f"no token row wait: {_states()}"
