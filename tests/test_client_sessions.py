@@ -212,3 +212,36 @@ def test_three_processes_elect_one_leader_and_hand_over_on_sigkill(live_server):
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
+
+
+def test_a_lock_in_an_ended_session_raises_session_lost_at_once(live_server):
+    with LockClient(live_server.url, live_server.token) as client:
+        with client.session(ttl=5, heartbeat_every=60) as session:
+            client.end_session(session.id)
+            started = time.monotonic()
+            with pytest.raises(SessionLost), session.lock("s:gone", wait=10):
+                pass
+            assert time.monotonic() - started < 5  # not the whole wait
+
+
+def test_a_dead_workers_session_lets_its_waiter_in_at_expiry(live_server):
+    """The holder's session is never renewed (its worker was killed): a waiter in
+    line gets the lock once the session expires, by the database's clock."""
+    with live_server.service() as locks:
+        dead = locks.sessions.create("dead", 1.5, token="live-server")
+        assert locks.acquire(
+            "s:dead", "dead", session=dead.id, token="live-server"
+        ).acquired
+    with LockClient(live_server.url, live_server.create_token("waiter")) as waiter:
+        started = time.monotonic()
+        with waiter.lock("s:dead", ttl=10, wait=15) as lock:
+            waited = time.monotonic() - started
+            assert lock.owner != "dead"
+        assert waited <= 1.5 + 3.0  # the session's ttl, and slack for the machine
+    with live_server.app.app_context(), db.engine.connect() as conn:
+        actions = conn.scalars(
+            select(LockEvent.action)
+            .where(LockEvent.resource == "s:dead")
+            .order_by(LockEvent.id)
+        ).all()
+    assert actions[:2] == ["acquired", "took_over"]

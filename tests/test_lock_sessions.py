@@ -235,3 +235,15 @@ def test_a_bound_grant_is_renewed_by_its_session_not_on_its_own(api, clock):
     assert api.delete("/api/v1/locks/job:1?owner=w-7").status_code == 204
     assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
     assert api.get(f"/api/v1/sessions/{session['id']}").get_json()["locks"] == []
+
+
+def test_purge_stale_removes_sessions_expired_as_long_ago(service, clock, fake_app):
+    from datetime import timedelta
+
+    old = service.sessions.create("w-1", 5, token="t")
+    assert service.acquire("job:old", "w-1", session=old.id, token="t").acquired
+    clock.advance(3600)
+    fresh = service.sessions.create("w-2", 5, token="t")
+    assert service.purge_stale(timedelta(minutes=30)) == ["job:old"]
+    assert count(fake_app, select(func.count()).select_from(LockSession)) == 1
+    assert service.sessions.get(fresh.id, token="t").owner == "w-2"

@@ -830,8 +830,9 @@ class LockService:
         )
 
     def purge_stale(self, older_than: timedelta) -> list[str]:
-        """Delete rows expired (or released) longer than ``older_than`` ago; returns
-        the resources whose stale locks were removed.
+        """Delete rows expired (or released) longer than ``older_than`` ago, and
+        sessions expired as long ago; returns the resources whose stale locks
+        were removed.
 
         Fences come from a database-wide sequence, not from the row, so they keep
         increasing. The minimum age keeps purges away from grants in flight: a
@@ -850,6 +851,8 @@ class LockService:
             )
             purged += [row.resource for row in batch if row.owner is not None]
             if len(batch) < PURGE_BATCH:
+                # Sessions that ended as long ago go too (their grants are stale).
+                self.sessions.purge_expired(cutoff, PURGE_BATCH)
                 return purged
 
     # -- reads --------------------------------------------------------------

@@ -182,6 +182,17 @@ class SessionService:
             raise UnknownSession(session_id)
         return self._session(row, now, grants if row.expires_at > now else ())
 
+    def purge_expired(self, cutoff: datetime, batch: int) -> int:
+        """Delete the sessions that expired at or before ``cutoff``."""
+        purged = 0
+        while True:
+            count = self.locks.run_transaction(
+                lambda conn: self.statements.purge_expired_batch(conn, cutoff, batch)
+            )
+            purged += count
+            if count < batch:
+                return purged
+
     def live(self) -> int:
         """How many sessions have not expired (metrics)."""
         with self.locks._autocommit_engine.connect() as conn:

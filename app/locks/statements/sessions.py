@@ -401,6 +401,24 @@ class SessionStatements:
             )
         return Ended(session, released, now)
 
+    def purge_expired_batch(self, conn, cutoff: datetime, batch: int) -> int:
+        """Delete up to ``batch`` sessions expired at or before ``cutoff`` (their
+        grants went stale with them); returns how many."""
+        ids = conn.scalars(
+            select(sessions.c.id)
+            .where(sessions.c.expires_at <= cutoff)
+            .order_by(sessions.c.expires_at)
+            .limit(batch)
+            .with_for_update()
+        ).all()
+        if ids:
+            conn.execute(
+                delete(sessions).where(
+                    sessions.c.id.in_(ids), sessions.c.expires_at <= cutoff
+                )
+            )
+        return len(ids)
+
     # -- the session-bound acquire -------------------------------------------
 
     def acquire(

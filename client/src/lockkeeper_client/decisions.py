@@ -65,6 +65,8 @@ TRANSIENT_STATUSES = frozenset({502, 503, 504})
 # The title of the server's 503 for "too many waiting acquires in this worker".
 WAITING_ROOM_FULL = "Too many waiting acquires"
 ACCESS_DENIED_TITLE = "Forbidden"  # the 403 of a token's scope
+# The titles of the server's answers to an acquire in an unknown or expired session.
+SESSION_ENDED = frozenset({"Session not found", "Session expired"})
 _MAX_WAIT_MESSAGE = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?)")
 
 
@@ -231,6 +233,15 @@ def acquire_outcome(response: httpx.Response, resource: str) -> AcquireAttempt:
     if response.status_code == 200:
         data = _json(response, resource)
         return AcquireAttempt(True, _lock_from(data.get("lock"), resource))
+    if response.status_code in (404, 409) and _title(response) in SESSION_ENDED:
+        # A session-bound acquire whose session is unknown or expired: no wait
+        # can help.
+        detail, _ = problem_detail(response)
+        raise SessionLost(
+            resource,
+            f"acquire of lock {resource!r}: the session has ended: {detail}",
+            response.status_code,
+        )
     if response.status_code == 409:
         data = _json(response, resource)
         if str(data.get("type", "")).endswith("limit-mismatch"):
