@@ -181,6 +181,8 @@ def test_urgent_order_puts_contended_then_least_time_left_then_stale(numbered):
     assert paged[2:5] == ["job:20001", "job:4100", "job:"]  # least time left
     assert paged[-1] == "job:short"  # stale, last
     assert len(paged) == len(set(paged)) == 12
+    backwards = [lock.resource for lock in all_pages(numbered, sort="-urgent")]
+    assert backwards == paged[::-1]
 
 
 def test_sort_by_waiters_and_the_contended_filter(numbered):

@@ -69,6 +69,8 @@ class DistributedLock(db.Model):
         Index("ix_distributed_locks_owner", "owner"),
         Index("ix_distributed_locks_session_id", "session_id"),
         Index("ix_distributed_locks_token_expires_at", "token", "expires_at"),
+        # The overview's urgent and remaining-time orders (migration 0015).
+        Index("ix_distributed_locks_expires_at_resource", "expires_at", "resource"),
         MYSQL_TABLE_ARGS,
     )
 

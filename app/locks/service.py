@@ -16,6 +16,7 @@ from flask import current_app
 from sqlalchemy import (
     Connection,
     Engine,
+    and_,
     case,
     delete,
     event,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    union_all,
     update,
 )
 
@@ -973,25 +975,33 @@ class LockService:
         # counted: a count in the ordered select is one probe of the line per
         # lock sorted (100,000 of them), not per lock shown.
         keys = [column.label(f"sort_{n}") for n, column in enumerate(order)]
-        query = select(locks, *keys)
-        if sort_key == "waiters":
-            query = listing.joined_waiters(query, waiting_counts)
-        query = self._filtered(
-            query.where(locks.c.owner.is_not(None)),
-            now,
-            state=state,
-            prefix=prefix,
-            owner=owner,
-            owner_contains=owner_contains,
-            scope=scope,
-            contended=contended,
-        ).order_by(*(c.desc() if descending else c.asc() for c in order))
-        if position is not None:
-            query = query.where(after(order, position["values"], descending=descending))
-        if offset is not None:
-            query = query.offset(offset).limit(limit)
+        filters = {
+            "state": state,
+            "prefix": prefix,
+            "owner": owner,
+            "owner_contains": owner_contains,
+            "scope": scope,
+            "contended": contended,
+        }
+        if sort_key == "urgent":
+            query = self._urgent_page(
+                now, ranked_at, filters, position, descending, limit, offset
+            )
         else:
-            query = query.limit(limit + 1)
+            query = select(locks, *keys)
+            if sort_key == "waiters":
+                query = listing.joined_waiters(query, waiting_counts)
+            query = self._filtered(
+                query.where(locks.c.owner.is_not(None)), now, **filters
+            ).order_by(*(c.desc() if descending else c.asc() for c in order))
+            if position is not None:
+                query = query.where(
+                    after(order, position["values"], descending=descending)
+                )
+            if offset is not None:
+                query = query.offset(offset).limit(limit)
+            else:
+                query = query.limit(limit + 1)
         chosen = query.subquery("chosen")
         waiting, _ = queue_columns(chosen.c.resource, literal(now, UTCDateTime()))
         shown = select(chosen, waiting).order_by(
@@ -1023,6 +1033,55 @@ class LockService:
             next_cursor = encode_cursor(position_of(rows[-1]))
         items = [self._lock(row, now) for row in rows]
         return Page(items, next_cursor)
+
+    def _urgent_page(
+        self,
+        now: datetime,
+        ranked_at: datetime,
+        filters: dict[str, Any],
+        position: dict[str, Any] | None,
+        descending: bool,
+        limit: int,
+        offset: int | None,
+    ):
+        """The urgent order's page as three index ranges, one per rank
+        (contended; live, by expiry; stale, by expiry), each ordered by
+        (expires_at, resource) as ``ix_distributed_locks_expires_at_resource``
+        is, and limited before they are merged: no sort of every lock."""
+        at = literal(ranked_at, UTCDateTime())
+        contended_now = listing.is_contended(at)
+        ranks = {
+            URGENT_CONTENDED: contended_now,
+            URGENT_LIVE: and_(~contended_now, locks.c.expires_at > at),
+            URGENT_STALE: and_(~contended_now, locks.c.expires_at <= at),
+        }
+        fetch = limit + 1 if offset is None else offset + limit
+        within_rank = [locks.c.expires_at, locks.c.resource]
+        branches = []
+        for rank, condition in ranks.items():
+            query = select(
+                locks,
+                literal(rank).label("sort_0"),
+                locks.c.expires_at.label("sort_1"),
+                locks.c.resource.label("sort_2"),
+            ).where(locks.c.owner.is_not(None), condition)
+            query = self._filtered(query, now, **filters)
+            if position is not None:
+                at_rank, *rest = position["values"]
+                if (rank < at_rank) != descending and rank != at_rank:
+                    continue  # a rank the cursor is past
+                if rank == at_rank:
+                    query = query.where(after(within_rank, rest, descending=descending))
+            order = [c.desc() if descending else c.asc() for c in within_rank]
+            branches.append(select(query.order_by(*order).limit(fetch).subquery()))
+        merged = union_all(*branches).subquery("ranked")
+        order = [merged.c[f"sort_{n}"] for n in range(3)]
+        query = select(merged).order_by(
+            *(c.desc() if descending else c.asc() for c in order)
+        )
+        if offset is not None:
+            return query.offset(offset).limit(limit)
+        return query.limit(limit + 1)
 
     def count_locks(
         self,
