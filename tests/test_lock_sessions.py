@@ -247,3 +247,17 @@ def test_purge_stale_removes_sessions_expired_as_long_ago(service, clock, fake_a
     assert service.purge_stale(timedelta(minutes=30)) == ["job:old"]
     assert count(fake_app, select(func.count()).select_from(LockSession)) == 1
     assert service.sessions.get(fresh.id, token="t").owner == "w-2"
+
+
+def test_a_session_bound_acquire_waits_in_line_and_binds_when_granted(app):
+    with app.app_context():
+        service = lock_service()
+        assert service.acquire("job:w", "x", ttl=1, token="other").acquired
+        session = service.sessions.create("w-7", 30, token="t")
+        granted = service.acquire(
+            "job:w", "w-7", session=session.id, token="t", wait=10
+        )
+        assert granted.acquired
+        assert granted.lock.expires_at == session.expires_at
+        found = service.sessions.get(session.id, token="t")
+        assert [lock.resource for lock in found.locks] == ["job:w"]
