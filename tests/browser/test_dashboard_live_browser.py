@@ -108,10 +108,13 @@ def test_offline_banner_within_one_poll_and_recovery_shown(
         expect(release).to_be_visible()
         banner = page.locator("#connection")
         expect(banner).to_be_hidden()
+        table_at = page.locator("#locks-table").bounding_box()
 
         server.stop()
         expect(banner).to_be_visible(timeout=OFFLINE_WAIT_MS)
         expect(banner).to_contain_text("Offline")
+        # The banner lies over the page: nothing under the pointer moves.
+        assert page.locator("#locks-table").bounding_box() == table_at
         expect(page.locator("#live .live")).to_contain_text("Offline since")
         expect(release).to_have_attribute("aria-disabled", "true")
         release.click(force=True)  # does nothing while offline
