@@ -190,3 +190,75 @@ def test_a_heartbeat_of_fifty_grants_is_one_round_trip_on_postgresql(app, backen
         )
         assert len(service.sessions.get(session.id, token="rt").locks) == 50
     assert measured == HEARTBEAT[backend]
+
+
+# The places path (a semaphore's places, shared grants): one transaction on
+# every dialect, before which a plain read refuses a semaphore already full of
+# others (and inserts a missing row). (statements, commits) per operation.
+PLACES_EXPECTED = {
+    # the plain read (the row; then its live places), then the transaction:
+    # locking read, clock, places, the token's row, freeze, quota count, fence,
+    # insert, update of the row's places_until, event; COMMIT
+    "postgresql": {
+        "place first grant": (12, 1),  # the read inserts the missing row
+        "place grant": (12, 1),
+        "place reacquire": (8, 1),
+        "place refused (full)": (2, 0),  # the plain read alone
+        # the exclusive statement first (the hot path), then the place's
+        # transaction: locking read, clock, places, update, update, event
+        "place renew": (7, 1),
+        "place release": (7, 1),
+        "shared grant": (12, 1),
+    },
+    # as PostgreSQL, the exclusive attempt a transaction of its own (2 statements)
+    "mariadb": {
+        "place first grant": (12, 1),
+        "place grant": (12, 1),
+        "place reacquire": (8, 1),
+        "place refused (full)": (2, 0),
+        "place renew": (8, 2),
+        "place release": (8, 2),
+        "shared grant": (12, 1),
+    },
+    # SQLite's clock is the host's; BEGIN IMMEDIATE counts
+    "sqlite": {
+        "place first grant": (14, 1),
+        "place grant": (14, 1),
+        "place reacquire": (10, 1),
+        "place refused (full)": (4, 0),
+        "place renew": (8, 2),
+        "place release": (8, 2),
+        "shared grant": (14, 1),
+    },
+}
+
+
+def test_places_round_trips_stay_as_documented(app, backend):
+    with app.app_context():
+        service = lock_service()
+        trips = RoundTrips(db.engine)
+        sem = {"limit": 2, **TOKEN}
+        measured = {
+            "place first grant": trips.measure(
+                lambda: service.acquire("rt:sem", "w-1", **sem)
+            ),
+            "place grant": trips.measure(
+                lambda: service.acquire("rt:sem", "w-2", **sem)
+            ),
+            "place reacquire": trips.measure(
+                lambda: service.acquire("rt:sem", "w-2", **sem)
+            ),
+            "place refused (full)": trips.measure(
+                lambda: service.acquire("rt:sem", "w-3", **sem)
+            ),
+            "place renew": trips.measure(
+                lambda: service.renew("rt:sem", "w-1", token="rt")
+            ),
+            "place release": trips.measure(
+                lambda: service.release("rt:sem", "w-1", token="rt")
+            ),
+            "shared grant": trips.measure(
+                lambda: service.acquire("rt:rw", "w-1", mode="shared", **TOKEN)
+            ),
+        }
+    assert measured == PLACES_EXPECTED[backend]

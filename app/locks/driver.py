@@ -209,7 +209,9 @@ class DriverConnection:
 # SQLite keeps an instant as naive-UTC text in SQLAlchemy's DATETIME format (always
 # six fraction digits: the text orders as the instant does); these are the columns
 # that hold one.
-_SQLITE_TIMES = frozenset({"acquired_at", "expires_at", "frozen_at", "ends_at"})
+_SQLITE_TIMES = frozenset(
+    {"acquired_at", "expires_at", "frozen_at", "ends_at", "places_until"}
+)
 
 
 def _sqlite_text(value: Any) -> Any:

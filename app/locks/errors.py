@@ -128,6 +128,23 @@ class QuotaExceeded(LockError):
         )
 
 
+class LimitMismatch(LockError):
+    """The resource is in use (live holders or waiters) with another limit or
+    mode kind than the acquire names; ``limit`` is the one in force."""
+
+    def __init__(self, resource: str, limit: int, asked: int, holder: Lock | None):
+        self.resource = resource
+        self.limit = limit
+        self.asked = asked
+        self.holder = holder
+        kind = "an exclusive or read/write lock" if limit == 1 else "a semaphore"
+        super().__init__(
+            f"{resource!r} is in use as {kind} of limit {limit}; this acquire "
+            f"asked for limit {asked}: wait until it is free, or ask with limit "
+            f"{limit}"
+        )
+
+
 class ServiceBusy(LockError):
     """The database kept refusing for reasons that are not the caller's (deadlocks)."""
 

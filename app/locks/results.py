@@ -22,6 +22,11 @@ class Lock:
     # The name of the API token that holds the lock with its owner; None for a
     # claim bound to no token, or a grant made before tokens were recorded.
     token: str | None = None
+    # How many holders the resource allows, this grant's mode, and how many
+    # live grants the resource has now.
+    limit: int = 1
+    mode: str = "exclusive"
+    holders: int = 1
 
     @classmethod
     def from_row(cls, row, now: datetime, expiring_within: float) -> Lock:
@@ -36,6 +41,9 @@ class Lock:
             ttl_remaining=max(remaining, 0.0),
             state=classify(remaining, expiring_within),
             waiters=getattr(row, "waiters", None) or 0,
+            limit=getattr(row, "holder_limit", None) or 1,
+            mode=getattr(row, "mode", None) or "exclusive",
+            holders=getattr(row, "holders", None) or 1,
         )
 
 
@@ -91,6 +99,9 @@ class Event:
     occurred_at: datetime
     # The token the grant was made for or by (an operator's claim names it).
     token: str | None = None
+    # The grant's mode ("exclusive" or "shared"); None on events before modes
+    # and on freezes.
+    mode: str | None = None
 
     @classmethod
     def from_row(cls, row) -> Event:
@@ -107,6 +118,7 @@ class Event:
             reason=row.reason,
             occurred_at=row.occurred_at,
             token=row.token,
+            mode=getattr(row, "mode", None),
         )
 
 

@@ -35,6 +35,7 @@ from app.locks.driver import DriverConnection
 from app.locks.errors import (
     FenceMismatch,
     InvalidInput,
+    LimitMismatch,
     LockChanged,
     LockExpired,
     LockNotFound,
@@ -45,7 +46,7 @@ from app.locks.errors import (
     TokenEnded,
 )
 from app.locks.instrumentation import NO_METRICS, NoMetrics
-from app.locks.models import NO_TOKEN
+from app.locks.models import EXCLUSIVE, NO_TOKEN, SHARED
 from app.locks.pagination import (
     DEFAULT_PAGE,
     after,
@@ -71,9 +72,11 @@ from app.locks.state import (
 )
 from app.locks.statements import listing, statements_for
 from app.locks.statements.common import (
+    LockRow,
     Outcome,
     events,
     freezes,
+    holders,
     locks,
     queue_columns,
 )
@@ -87,6 +90,24 @@ PURGE_BATCH = 500
 MIN_PURGE_AGE = timedelta(minutes=1)
 MAX_FREEZE = timedelta(days=366)
 RELEASE_BATCH = 200
+MAX_HOLDER_LIMIT = 1000
+MODES = (EXCLUSIVE, SHARED)
+
+
+def holder_errors(limit: Any, mode: Any) -> list[tuple[str, str]]:
+    """What is wrong with an acquire's ``limit`` and ``mode``."""
+    errors = []
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= MAX_HOLDER_LIMIT
+    ):
+        errors.append(("limit", f"must be an integer from 1 to {MAX_HOLDER_LIMIT}"))
+    if mode not in MODES:
+        errors.append(("mode", "must be exclusive or shared"))
+    elif mode == SHARED and not errors and limit > 1:
+        errors.append(("mode", "shared grants have no limit: leave limit at 1"))
+    return errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +298,8 @@ class LockService:
         max_locks: int | None = None,
         token_live: Callable[[], bool] | None = None,
         session: str | None = None,
+        limit: int = 1,
+        mode: str = EXCLUSIVE,
     ) -> AcquireResult:
         """Take ``resource`` for (``token``, ``owner``) if it is free, stale, or
         already theirs, and no one waits in line before us.
@@ -295,23 +318,44 @@ class LockService:
         :raise ResourceFrozen: a freeze covers it and this would be a new grant
             (a same-owner re-acquire of a valid lock goes on).
         :raise TokenEnded: the token was revoked or expired before the grant.
+        :raise LimitMismatch: the resource is in use with another ``limit``
+            (or as a semaphore, asked ``shared``).
 
         ``session``: the id of a session of ``token`` to bind the grant to (its
         expiry is then the session's; ``ttl`` must be None), decided in a short
         transaction on every dialect (``app.locks.sessions``).
 
+        ``limit``: how many holders the resource allows at once (1: an
+        exclusive or read/write lock; above 1 a counting semaphore, whose
+        places are its grants); ``mode`` SHARED: a grant that coexists with
+        other shared grants (limit 1 only). Both take the places path
+        (``app.locks.statements.places``); the exclusive lock keeps its own.
+
         :raise UnknownSession: no such session of ``token``.
         :raise SessionExpired: the session ran out before the grant.
         """
         self.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
+        errors = holder_errors(limit, mode)
+        if errors:
+            raise InvalidInput(errors)
+        places = limit != 1 or mode != EXCLUSIVE
         if session is not None:
             refuse_both_ttl_and_session(ttl, session)
             self.sessions._check_id(session)
-        ask = Ask(resource, owner, token, self._ttl(ttl), actor, max_locks)
+            if places:
+                raise InvalidInput(
+                    [("session", "binds exclusive grants only (limit 1) for now")]
+                )
+        ask = Ask(resource, owner, token, self._ttl(ttl), actor, max_locks, limit, mode)
         if session is not None:
 
             def attempt(waiter: int | None) -> AcquireResult:
                 return self.sessions.attempt(ask, session, waiter)
+
+        elif places:
+
+            def attempt(waiter: int | None) -> AcquireResult:
+                return self._attempt_places(ask, waiter)
 
         else:
 
@@ -348,12 +392,42 @@ class LockService:
                 return AcquireResult(
                     True, self._lock(outcome.row, outcome.now), outcome.action
                 )
+            if outcome.places:
+                # Held by places: the places path decides (a promotion, a
+                # refusal naming the place that ends first, a mismatch).
+                return self._attempt_places(ask, waiter)
             return self._refusal(ask, outcome)
 
         return self.run_transaction(
             lambda conn: self.statements.acquire(conn, ask, self._now(), waiter),
             autocommit=self.statements.autocommit,
             driver=True,
+            decide=decide,
+        )
+
+    def _attempt_places(self, ask: Ask, waiter: int | None) -> AcquireResult:
+        """One decision of the places path (one transaction on every dialect)."""
+
+        def decide(outcome) -> AcquireResult:
+            if outcome.done:
+                if waiter is not None and getattr(outcome.row, "waiters", 0):
+                    # The next in line may be granted too (a shared head, a
+                    # semaphore's free place): wake it now.
+                    self.queue.notify_released(ask.resource, outcome.row.waiters)
+                return AcquireResult(
+                    True, self._lock(outcome.row, outcome.now), outcome.action
+                )
+            return self._refusal(ask, outcome)
+
+        if waiter is None:
+            with self._autocommit_engine.connect() as conn:
+                full = self._transactional.peek_place(conn, ask, self._now())
+            if full is not None:
+                return self._refusal(ask, full)
+        return self.run_transaction(
+            lambda conn: self._transactional.acquire_place(
+                conn, ask, self._now(), waiter
+            ),
             decide=decide,
         )
 
@@ -366,6 +440,13 @@ class LockService:
             ask.max_locks,
         )
         row = outcome.row
+        if outcome.limit_mismatch is not None:
+            raise LimitMismatch(
+                resource,
+                outcome.limit_mismatch,
+                ask.limit,
+                self._lock(row, outcome.now) if row is not None else None,
+            )
         queued = getattr(row, "waiters", 0) or 0
         if held_by_another(row, owner, token, outcome.now):
             return AcquireResult(False, self._lock(row, outcome.now), None, queued)
@@ -387,11 +468,16 @@ class LockService:
 
     def _quota_retry_after(self, token: str | None, now: datetime) -> float:
         """Seconds until the token's soonest lock expires (the refusal path only)."""
-        query = select(func.min(locks.c.expires_at)).where(
-            locks.c.token == token, locks.c.expires_at > now
-        )
+        soonest = None
         with self._autocommit_engine.connect() as conn:
-            soonest = conn.scalar(query)
+            for table in (locks, holders):
+                found = conn.scalar(
+                    select(func.min(table.c.expires_at)).where(
+                        table.c.token == token, table.c.expires_at > now
+                    )
+                )
+                if found is not None and (soonest is None or found < soonest):
+                    soonest = found
         if soonest is None:
             return 1.0
         return max((soonest - now).total_seconds(), 1.0)
@@ -419,6 +505,17 @@ class LockService:
             if outcome.done:
                 self.metrics.renewal("renewed")
                 return self._lock(row, now)
+            if row is not None and (row.owner is None or row.expires_at <= now):
+                # Not the exclusive grant's holder: the caller's place, if any
+                # (a round trip only places pay).
+                placed = self._place_operation(
+                    lambda conn: self._transactional.renew_place(
+                        conn, resource, owner, token, ttl, actor, self._now()
+                    )
+                )
+                if placed is not None:
+                    self.metrics.renewal("renewed")
+                    return placed
             if row is None or row.owner is None:
                 self.metrics.renewal("not_found")
                 raise LockNotFound(resource)
@@ -466,6 +563,17 @@ class LockService:
                 self.metrics.release("released")
                 self.queue.notify_released(resource, getattr(row, "waiters", 0))
                 return self._lock(row, now)
+            if row is not None and (row.owner is None or row.expires_at <= now):
+                placed = self._place_operation(
+                    lambda conn: self._transactional.release_place(
+                        conn, resource, owner, token, actor, self._now()
+                    )
+                )
+                if placed is not None:
+                    self.metrics.release("released")
+                    # A freed place goes to the head of the line at once.
+                    self.queue.notify_released(resource, placed.waiters)
+                    return placed
             if row is None or row.owner is None or row.expires_at <= now:
                 free = row is None or row.owner is None
                 self.metrics.release("not_found" if free else "expired")
@@ -485,6 +593,12 @@ class LockService:
             driver=True,
             decide=decide,
         )
+
+    def _place_operation(self, work: Callable[[Connection], Outcome]) -> Lock | None:
+        """Renew or release the caller's place (``work``, one transaction): the
+        place as it now is, or None when the caller holds none."""
+        outcome = self.run_transaction(work)
+        return self._lock(outcome.row, outcome.now) if outcome.done else None
 
     # -- the operator's actions --------------------------------------------
 
@@ -880,12 +994,64 @@ class LockService:
             row = conn.execute(
                 select(locks, now_column, waiting).where(locks.c.resource == resource)
             ).one_or_none()
+            places = (
+                self._live_places(conn, row)
+                if row is not None
+                and row.places_until is not None
+                and row.places_until > row.now
+                else []
+            )
+        if places:
+            # Held by places: the one that ends first.
+            return places[0]
         if row is None or row.owner is None:
             raise LockNotFound(resource)
         lock = self._lock(row, row.now)
         if lock.state is LockState.STALE and not include_stale:
             raise LockNotFound(resource, f"the lock on {resource!r} has expired")
         return lock
+
+    def _live_places(self, conn, row) -> list[Lock]:
+        """The live places of ``row``'s resource (read with ``row.now``), the
+        one that ends first first."""
+        found = conn.execute(
+            select(holders)
+            .where(holders.c.resource == row.resource, holders.c.expires_at > row.now)
+            .order_by(holders.c.expires_at, holders.c.id)
+        ).all()
+        return [
+            self._lock(
+                LockRow.of(
+                    place,
+                    waiters=row.waiters,
+                    holder_limit=row.holder_limit,
+                    holders=len(found),
+                ),
+                row.now,
+            )
+            for place in found
+        ]
+
+    def holders(self, resource: str) -> Holders:
+        """Every live grant of ``resource`` (the one that ends first first), its
+        limit and mode, and how many wait in line."""
+        self.validate(resource=resource)
+        now = self._now()
+        now_column = (
+            literal(now, UTCDateTime()) if now is not None else self._server_now()
+        ).label("now")
+        waiting, _ = queue_columns(locks.c.resource, now_column.element)
+        with self._autocommit_engine.connect() as conn:
+            row = conn.execute(
+                select(locks, now_column, waiting).where(locks.c.resource == resource)
+            ).one_or_none()
+            if row is None:
+                return Holders(resource, 1, EXCLUSIVE, [], 0)
+            grants = self._live_places(conn, row)
+        if row.owner is not None and row.expires_at > row.now:
+            grants = [self._lock(row, row.now)]
+        mode = grants[0].mode if grants else EXCLUSIVE
+        return Holders(resource, row.holder_limit or 1, mode, grants, row.waiters)
 
     def check_fence(self, resource: str, fence: Any) -> Lock:
         """The lock on ``resource`` if its valid grant carries ``fence``.
@@ -900,6 +1066,12 @@ class LockService:
             lock = self.get(resource, include_stale=True)
         except LockNotFound:
             raise FenceMismatch(resource, fence, None) from None
+        if lock.holders > 1 or lock.mode == SHARED:
+            # Any live grant carrying the fence.
+            for grant in self.holders(resource).holders:
+                if grant.fence == fence:
+                    return grant
+            raise FenceMismatch(resource, fence, lock)
         if lock.fence != fence or lock.state is LockState.STALE:
             raise FenceMismatch(resource, fence, lock)
         return lock
@@ -1217,6 +1389,18 @@ class LockService:
         with self._autocommit_engine.connect() as conn:
             row = conn.execute(query).one()
         return {state: getattr(row, state.value) for state in LockState}
+
+
+@dataclass(frozen=True, slots=True)
+class Holders:
+    """The live grants of a resource: ``holders`` (the one that ends first
+    first), its ``limit`` and ``mode`` and how many wait (``waiters``)."""
+
+    resource: str
+    limit: int
+    mode: str
+    holders: list[Lock]
+    waiters: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 class Ask:
     """One acquire as the service hands it to the statements: who asks
     (``token``, ``owner``; ``actor`` is who is recorded as acting) for which
-    ``resource``, for how long (``ttl`` seconds), and under which quota
-    (``max_locks`` live locks of the token; None: none)."""
+    ``resource``, for how long (``ttl`` seconds), under which quota
+    (``max_locks`` live grants of the token; None: none), with which ``limit``
+    and ``mode``."""
 
     resource: str
     owner: str
@@ -18,3 +19,7 @@ class Ask:
     ttl: float
     actor: str | None = None
     max_locks: int | None = None
+    # How many holders the resource allows (1: an exclusive or read/write lock)
+    # and this grant's mode ("exclusive" or "shared").
+    limit: int = 1
+    mode: str = "exclusive"

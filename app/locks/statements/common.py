@@ -21,11 +21,13 @@ from sqlalchemy.types import Integer, String
 
 from app.database import UTCDateTime
 from app.locks.models import (
+    EXCLUSIVE,
     NO_TOKEN,
     DistributedLock,
     FenceCounter,
     LockEvent,
     LockFreeze,
+    LockHolder,
     LockWaiter,
 )
 from app.locks.state import Action
@@ -35,6 +37,7 @@ events = LockEvent.__table__
 freezes = LockFreeze.__table__
 fence_counter = FenceCounter.__table__
 waiters = LockWaiter.__table__
+holders = LockHolder.__table__
 # The API tokens, as far as a grant reads them (the lock core does not import
 # ``app.auth``): a grant locks its token's row and refuses a revoked or expired
 # token there, in its own transaction. A token name with no row is a caller's
@@ -100,6 +103,11 @@ class Outcome:
     over_quota: bool = False
     # A new grant refused because its API token was revoked or has expired.
     token_ended: bool = False
+    # An exclusive grant refused because the resource is held by places
+    # (shared grants, a semaphore's): the places path decides it.
+    places: bool = False
+    # Refused: the resource is in use with another limit (this one).
+    limit_mismatch: int | None = None
 
 
 def token_or_none(token: str | None) -> str | None:
@@ -116,20 +124,25 @@ def token_ended(found, now: datetime) -> bool:
 
 
 def live_locks(now_column):
-    """How many live locks the token ``:quota_token`` holds, counted no further
-    than ``:max_locks`` (an index range on (token, expires_at), bounded)."""
-    mine = locks.alias("mine")
-    live = (
-        select(literal(1))
-        .select_from(mine)
-        .where(
-            mine.c.token == bindparam("quota_token"),
-            mine.c.expires_at > now_column,
+    """How many live grants the token ``:quota_token`` holds (exclusive grants
+    and places), each kind counted no further than ``:max_locks`` (index ranges
+    on (token, expires_at), bounded)."""
+
+    def bounded(table, name):
+        mine = table.alias("mine_" + name)
+        live = (
+            select(literal(1))
+            .select_from(mine)
+            .where(
+                mine.c.token == bindparam("quota_token"),
+                mine.c.expires_at > now_column,
+            )
+            .limit(bindparam("max_locks", type_=Integer()))
+            .subquery(name)
         )
-        .limit(bindparam("max_locks", type_=Integer()))
-        .subquery("live")
-    )
-    return select(func.count()).select_from(live).scalar_subquery()
+        return select(func.count()).select_from(live).scalar_subquery()
+
+    return bounded(locks, "live") + bounded(holders, "places")
 
 
 class Clock(NamedTuple):
@@ -177,9 +190,22 @@ class LockRow:
     acquired_at: datetime
     expires_at: datetime
     waiters: int = 0
+    # The resource's limit, this grant's mode, and how many live grants the
+    # resource has (this one included).
+    holder_limit: int = 1
+    mode: str = EXCLUSIVE
+    holders: int = 1
 
     @classmethod
     def of(cls, row, **changes) -> LockRow:
-        values = {name: getattr(row, name, 0) for name in cls.__slots__}
+        values = {
+            name: getattr(row, name, None)
+            for name in cls.__slots__
+            if name not in _ROW_DEFAULTS or getattr(row, name, None) is not None
+        }
         values.update(changes)
         return cls(**values)
+
+
+# LockRow's fields a row may lack (or carry NULL in), taken as their defaults.
+_ROW_DEFAULTS = frozenset({"waiters", "holder_limit", "mode", "holders"})

@@ -69,6 +69,7 @@ class PostgresStatements:
         over_quota = bool(getattr(row, "over_quota", False))
         # A refused acquire always answers one row; fence NULL: there is no row.
         holder = row if row.fence is not None else None
+        places_until = getattr(row, "places_until", None)
         return Outcome(
             False,
             None,
@@ -77,6 +78,7 @@ class PostgresStatements:
             freeze,
             over_quota,
             bool(getattr(row, "token_ended", False)),
+            places=places_until is not None and places_until > row.now,
         )
 
     def acquire(self, conn, ask: Ask, now, waiter=None) -> Outcome:

@@ -21,12 +21,16 @@ _SQLITE_QUEUE = """
         WHERE w.resource = :resource AND w.deadline > :now
           AND (:waiter IS NULL OR w.id < :waiter)) AS ahead"""
 # The live locks of :quota_token, counted no further than :max_locks.
-_SQLITE_LIVE = """(SELECT count(*) FROM (
+_SQLITE_LIVE = """((SELECT count(*) FROM (
         SELECT 1 FROM distributed_locks AS mine
         WHERE mine.token = :quota_token AND mine.expires_at > :now
-        LIMIT :max_locks))"""
+        LIMIT :max_locks)) + (SELECT count(*) FROM (
+        SELECT 1 FROM lock_holders AS mine
+        WHERE mine.token = :quota_token AND mine.expires_at > :now
+        LIMIT :max_locks)))"""
 _SQLITE_LOCK_ROW = """SELECT l.id, l.resource, l.owner, l.token, l.fence,
-       l.acquired_at, l.expires_at, l.session_id,{queue}{live}
+       l.acquired_at, l.expires_at, l.session_id, l.holder_limit, l.places_until,
+      {queue}{live}
 FROM distributed_locks AS l WHERE l.resource = :resource"""
 _SQLITE_COVERING = """SELECT {columns} FROM lock_freezes AS f
     WHERE f.prefix = substr(:resource, 1, length(f.prefix))

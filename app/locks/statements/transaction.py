@@ -27,6 +27,7 @@ from sqlalchemy.types import Integer
 
 from app.database import UTCDateTime
 from app.locks.models import (
+    EXCLUSIVE,
     NO_TOKEN,
     LockSession,
     fence_sequence,
@@ -52,6 +53,7 @@ from app.locks.statements.common import (
     token_or_none,
     waiters,
 )
+from app.locks.statements.places import PlacesStatements
 from app.locks.values import Ask
 
 _SERVER_NOW = {
@@ -72,7 +74,7 @@ _INSERT_EVENT = insert(events)
 lock_sessions = LockSession.__table__
 
 
-class TransactionalStatements:
+class TransactionalStatements(PlacesStatements):
     """Locking read, then the clock, decision, write, event: one transaction per call.
 
     The clock is read in a statement AFTER the locking read has returned, so the
@@ -357,7 +359,9 @@ class TransactionalStatements:
             "acquired_at": now,
             "expires_at": now + timedelta(seconds=ttl),
         }
-        self._write_grant(conn, row, resource, values)
+        self._write_grant(
+            conn, row, resource, values, new_tenure=action is not Action.REACQUIRED
+        )
         granted = LockRow(
             resource=resource,
             waiters=row.waiters if row is not None else 0,
@@ -368,7 +372,16 @@ class TransactionalStatements:
         return Outcome(True, action, granted, now)
 
     def _log(
-        self, conn, action, lock, previous_owner, token, actor, reason, now
+        self,
+        conn,
+        action,
+        lock,
+        previous_owner,
+        token,
+        actor,
+        reason,
+        now,
+        mode=EXCLUSIVE,
     ) -> None:
         self._insert_event(
             conn,
@@ -384,15 +397,25 @@ class TransactionalStatements:
                 "actor": actor,
                 "reason": reason,
                 "occurred_at": now,
+                "mode": mode,
             },
         )
 
     # The hot path's writes, one method each so ``SQLiteStatements`` can send
     # them as fixed SQL.
 
-    def _write_grant(self, conn, row, resource, values) -> None:
+    def _write_grant(self, conn, row, resource, values, *, new_tenure=True) -> None:
+        """Write the exclusive grant. A new tenure makes the row exclusive, of
+        limit 1, held by no places and bound to no session (a previous tenure's
+        session must not extend it)."""
         if row is None:
             conn.execute(insert(locks).values(resource=resource, **values))
+        elif new_tenure:
+            conn.execute(
+                update(locks)
+                .where(locks.c.id == row.id)
+                .values(**values, holder_limit=1, places_until=None, session_id=None)
+            )
         else:
             conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
 
@@ -405,7 +428,7 @@ class TransactionalStatements:
         conn.execute(
             update(locks)
             .where(locks.c.id == row.id)
-            .values(owner=None, token=None, expires_at=now)
+            .values(owner=None, token=None, session_id=None, expires_at=now)
         )
 
     def _dequeue(self, conn, waiter) -> None:
@@ -468,6 +491,14 @@ class TransactionalStatements:
                 max_locks=limit if count_now else None,
                 live=row.live if count_on_read and row is not None else None,
             )
+        if (
+            row is not None
+            and row.places_until is not None
+            and row.places_until > now
+            and not (held and holds(row, owner, token) and row.expires_at > now)
+        ):
+            # Held by places: the places path decides (busy, or a mismatch).
+            return Outcome(False, None, row, now, places=True)
         if not held:
             action = Action.ACQUIRED
         elif row.expires_at <= now:
@@ -676,7 +707,7 @@ class TransactionalStatements:
             conn.execute(
                 update(locks)
                 .where(locks.c.id.in_([row.id for row in stale]))
-                .values(owner=None, token=None, expires_at=now)
+                .values(owner=None, token=None, session_id=None, expires_at=now)
             )
             conn.execute(
                 _INSERT_EVENT,
@@ -693,6 +724,7 @@ class TransactionalStatements:
                         "actor": actor,
                         "reason": reason,
                         "occurred_at": now,
+                        "mode": EXCLUSIVE,
                     }
                     for row in stale
                 ],
@@ -727,21 +759,28 @@ _UPDATE_LOCK_SQL = """UPDATE distributed_locks
 SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
     expires_at = :expires_at
 WHERE id = :id"""
+# A new tenure (not a re-acquire): see ``TransactionalStatements._write_grant``.
+_NEW_TENURE_SQL = """UPDATE distributed_locks
+SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
+    expires_at = :expires_at, holder_limit = 1, places_until = NULL,
+    session_id = NULL
+WHERE id = :id"""
 _SET_EXPIRY_SQL = "UPDATE distributed_locks SET expires_at = :expires_at WHERE id = :id"
 _FREE_SQL = (
-    "UPDATE distributed_locks SET owner = NULL, token = NULL, expires_at = :expires_at "
-    "WHERE id = :id"
+    "UPDATE distributed_locks SET owner = NULL, token = NULL, session_id = NULL, "
+    "expires_at = :expires_at WHERE id = :id"
 )
 _DEQUEUE_SQL = "DELETE FROM lock_waiters WHERE id = :id"
 _INSERT_EVENT_SQL = """INSERT INTO lock_events
     (resource, action, owner, previous_owner, token, fence, acquired_at,
-     expires_at, actor, reason, occurred_at)
+     expires_at, actor, reason, occurred_at, mode)
 VALUES (:resource, :action, :owner, :previous_owner, :token, :fence, :acquired_at,
-        :expires_at, :actor, :reason, :occurred_at)"""
+        :expires_at, :actor, :reason, :occurred_at, :mode)"""
 # The hot path's writes: SQL that both SQLite and MariaDB take (``DriverWrites``).
 DRIVER_WRITES = {
     "insert_lock": _INSERT_LOCK_SQL,
     "update_lock": _UPDATE_LOCK_SQL,
+    "new_tenure": _NEW_TENURE_SQL,
     "set_expiry": _SET_EXPIRY_SQL,
     "free": _FREE_SQL,
     "dequeue": _DEQUEUE_SQL,
@@ -756,11 +795,12 @@ class DriverWrites:
 
     _writes: dict[str, Any]
 
-    def _write_grant(self, conn, row, resource, values) -> None:
+    def _write_grant(self, conn, row, resource, values, *, new_tenure=True) -> None:
         if row is None:
             conn.execute(self._writes["insert_lock"], {"resource": resource, **values})
         else:
-            conn.execute(self._writes["update_lock"], {"id": row.id, **values})
+            name = "new_tenure" if new_tenure else "update_lock"
+            conn.execute(self._writes[name], {"id": row.id, **values})
 
     def _write_expiry(self, conn, row, expires_at) -> None:
         conn.execute(

@@ -1,0 +1,422 @@
+"""More than one holder: the places of a semaphore (``holder_limit`` above 1) and
+shared grants, rows of ``lock_holders`` (see ``LockHolder``).
+
+Every change of a resource's places is one transaction on every dialect, in the
+style of ``TransactionalStatements``: lock the resource's ``distributed_locks``
+row first (inserted, free, when missing: a racing insert loses with an
+``IntegrityError`` and the service tries again), read the clock after that lock,
+then decide and write the places, the row's ``places_until`` (the latest expiry
+of its live places: while it is in the future the exclusive path refuses the
+row) and the audit event together. The row lock orders every grant, renewal and
+release of the resource's places one after another, and against the exclusive
+path, which locks the same row: N+1 contenders for N places never all commit.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.database import UTCDateTime
+from app.locks.models import EXCLUSIVE, NO_TOKEN, SHARED
+from app.locks.state import Action, holds
+from app.locks.statements.common import (
+    LockRow,
+    Outcome,
+    holders,
+    live_locks,
+    locks,
+    token_ended,
+    waiters,
+)
+
+_NOW = bindparam("now", type_=UTCDateTime())
+
+
+def place_token(token: str | None) -> str:
+    """``lock_holders.token`` of a holder: a caller with no token (tests, tools)
+    is recorded as NO_TOKEN."""
+    return token if token is not None else NO_TOKEN
+
+
+class PlacesStatements:
+    """The places path, mixed into ``TransactionalStatements`` (whose locking
+    read, clock, token row, freeze and fence it uses); SQLAlchemy connections."""
+
+    # Provided by TransactionalStatements.
+    lock_row: Any
+    clock_after_lock: Any
+    freeze_of: Any
+    _token_row: Any
+    _next_fence: Any
+    _log: Any
+    _grant: Any
+    _server_now: Any
+
+    def _place_count_statement(self):
+        return select(live_locks(_NOW).label("live"))
+
+    def _locked_resource(self, conn, resource, now, waiter, holder_limit):
+        """The resource's row, locked; inserted free when missing."""
+        row = self.lock_row(conn, resource, now, waiter)
+        if row is not None:
+            return row
+        at = now if now is not None else self._server_now().cast(UTCDateTime())
+        self._insert_free_row(conn, resource, at, holder_limit)
+        return self.lock_row(conn, resource, now, waiter)
+
+    @staticmethod
+    def _insert_free_row(conn, resource, at, holder_limit) -> None:
+        conn.execute(
+            insert(locks).values(
+                resource=resource,
+                owner=None,
+                token=None,
+                fence=0,
+                acquired_at=at,
+                expires_at=at,
+                holder_limit=holder_limit,
+            )
+        )
+
+    def _places_of(self, conn, resource) -> list[Any]:
+        """Every place row of ``resource``, the one that ends first first."""
+        return conn.execute(
+            select(holders)
+            .where(holders.c.resource == resource)
+            .order_by(holders.c.expires_at, holders.c.id)
+        ).all()
+
+    def _set_places_until(self, conn, row, live_expiries, holder_limit) -> None:
+        until = max(live_expiries) if live_expiries else None
+        conn.execute(
+            update(locks)
+            .where(locks.c.id == row.id)
+            .values(places_until=until, holder_limit=holder_limit)
+        )
+
+    @staticmethod
+    def _place_row(place, *, holder_limit, holders_now, waiters) -> LockRow:
+        return LockRow(
+            resource=place.resource,
+            owner=place.owner,
+            token=place.token,
+            fence=place.fence,
+            acquired_at=place.acquired_at,
+            expires_at=place.expires_at,
+            waiters=waiters,
+            holder_limit=holder_limit,
+            mode=place.mode,
+            holders=holders_now,
+        )
+
+    def peek_place(self, conn, ask, now: datetime | None) -> Outcome | None:
+        """A plain read (no lock, no write) before the places transaction: the
+        refusal a semaphore that is full of other holders answers, or None
+        (decide under the row lock). Refused contenders of a full semaphore
+        then never queue on its row lock, before the releases that free it."""
+        at = now if now is not None else self._server_now().cast(UTCDateTime())
+        row = conn.execute(
+            select(locks, at.label("now") if now is None else locks.c.id).where(
+                locks.c.resource == ask.resource
+            )
+        ).one_or_none()
+        if row is None:
+            # Inserted free first, in a statement of its own: contenders that
+            # all find no row then never lock the gap where it goes (MariaDB's
+            # gap locks deadlocked such inserts round after round).
+            try:
+                # ``conn`` autocommits: the row is committed at once.
+                self._insert_free_row(conn, ask.resource, at, ask.limit)
+            except IntegrityError:
+                pass  # a contender's insert came first: the row is there
+            return None
+        if ask.mode != EXCLUSIVE or ask.limit == 1:
+            return None
+        if (row.holder_limit or 1) != ask.limit:
+            return None
+        now = row.now if now is None else now
+        live = conn.execute(
+            select(holders)
+            .where(holders.c.resource == ask.resource, holders.c.expires_at > now)
+            .order_by(holders.c.expires_at, holders.c.id)
+        ).all()
+        wanted = place_token(ask.token)
+        if len(live) < ask.limit or any(
+            p.owner == ask.owner and p.token == wanted for p in live
+        ):
+            return None
+        shown = self._place_row(
+            live[0], holder_limit=ask.limit, holders_now=len(live), waiters=0
+        )
+        return Outcome(False, None, shown, now)
+
+    def acquire_place(self, conn, ask, now: datetime | None, waiter=None) -> Outcome:
+        """One decision of the places path: ``ask.limit`` above 1 (a semaphore
+        place), ``ask.mode`` SHARED, or an exclusive grant of a resource held
+        by places (a promotion, or a refusal naming the place that ends first)."""
+        resource, owner, token = ask.resource, ask.owner, ask.token
+        limit, mode, ttl = ask.limit, ask.mode, ask.ttl
+        row = self._locked_resource(conn, resource, now, waiter, limit)
+        now = self.clock_after_lock(conn, now).now
+        queued = row.waiters or 0
+        places = self._places_of(conn, resource)
+        live = [p for p in places if p.expires_at > now]
+        expired = [p for p in places if p.expires_at <= now]
+        mine_token = place_token(token)
+        mine = next(
+            (p for p in live if p.owner == owner and p.token == mine_token), None
+        )
+        exclusive_live = row.owner is not None and row.expires_at > now
+        exclusive_mine = exclusive_live and holds(row, owner, token)
+        in_use = exclusive_live or bool(live) or bool(queued)
+        current_limit = row.holder_limit or 1
+        holders_now = len(live) + (1 if exclusive_live else 0)
+
+        def shown(place, holders_count=holders_now) -> LockRow:
+            return self._place_row(
+                place,
+                holder_limit=current_limit,
+                holders_now=holders_count,
+                waiters=queued,
+            )
+
+        def first_ending() -> Any:
+            """The live grant that ends first (exclusive row or a place)."""
+            if exclusive_live:
+                return LockRow.of(row, holders=holders_now)
+            return shown(live[0]) if live else None
+
+        if in_use and current_limit != limit:
+            return Outcome(
+                False, None, first_ending(), now, limit_mismatch=current_limit
+            )
+
+        # -- a holder asking again: re-acquire, promote, demote ----------------
+        if mine is not None and (mode == SHARED) == (mine.mode == SHARED):
+            expires_at = now + timedelta(seconds=ttl)
+            conn.execute(
+                update(holders)
+                .where(holders.c.id == mine.id)
+                .values(acquired_at=now, expires_at=expires_at)
+            )
+            expiries = [p.expires_at for p in live if p.id != mine.id] + [expires_at]
+            self._set_places_until(conn, row, expiries, limit)
+            granted = shown(mine)
+            granted = LockRow.of(granted, acquired_at=now, expires_at=expires_at)
+            return self._logged_place(
+                conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter
+            )
+        if mine is not None:
+            # Shared → exclusive: only as the sole holder, with a new fence.
+            others = [p for p in live if p.id != mine.id]
+            if others or (exclusive_live and not exclusive_mine):
+                blocker = (
+                    LockRow.of(row, holders=holders_now)
+                    if exclusive_live
+                    else shown(others[0])
+                )
+                return Outcome(False, None, blocker, now)
+            conn.execute(delete(holders).where(holders.c.resource == resource))
+            fence = self._next_fence(conn)
+            outcome = self._grant(
+                conn, row, resource, owner, token, fence, now, ttl,
+                Action.ACQUIRED, ask.actor,
+            )  # fmt: skip
+            self._dequeue_place(conn, waiter)
+            return outcome
+        if exclusive_mine:
+            if mode == SHARED:
+                # Exclusive → shared: always, keeping the fence.
+                expires_at = now + timedelta(seconds=ttl)
+                conn.execute(
+                    update(locks)
+                    .where(locks.c.id == row.id)
+                    .values(owner=None, token=None, session_id=None, expires_at=now)
+                )
+                conn.execute(delete(holders).where(holders.c.resource == resource))
+                conn.execute(
+                    insert(holders).values(
+                        resource=resource,
+                        owner=owner,
+                        token=mine_token,
+                        mode=SHARED,
+                        fence=row.fence,
+                        acquired_at=now,
+                        expires_at=expires_at,
+                    )
+                )
+                self._set_places_until(conn, row, [expires_at], 1)
+                granted = LockRow(
+                    resource=resource,
+                    owner=owner,
+                    token=mine_token,
+                    fence=row.fence,
+                    acquired_at=now,
+                    expires_at=expires_at,
+                    waiters=queued,
+                    mode=SHARED,
+                )
+                return self._logged_place(
+                    conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter
+                )
+            # An exclusive re-acquire (the exclusive path's, normally).
+            return self._grant(
+                conn, row, resource, owner, token, row.fence, now, ttl,
+                Action.REACQUIRED, ask.actor,
+            )  # fmt: skip
+
+        # -- a new grant -----------------------------------------------------
+        if row.ahead:
+            # Others are in line first (the row itself when none holds it).
+            return Outcome(False, None, first_ending() or row, now)
+        if exclusive_live:
+            return Outcome(False, None, first_ending(), now)
+        capacity = limit if mode == EXCLUSIVE else None
+        if capacity is not None and len(live) >= capacity:
+            return Outcome(False, None, first_ending(), now)
+        previous_owner = None
+        if row.owner is not None:
+            previous_owner = row.owner  # an expired exclusive grant taken over
+        elif capacity is not None and expired and len(live) + len(expired) >= capacity:
+            previous_owner = expired[0].owner  # the expired place taken over
+        action = Action.TOOK_OVER if previous_owner is not None else Action.ACQUIRED
+        checks_token = token is not None and token != NO_TOKEN
+        counting = bool(ask.max_locks) and token is not None
+        if checks_token:
+            found = self._token_row(conn, token, exclusive=counting)
+            if token_ended(found, now):
+                return Outcome(False, None, None, now, token_ended=True)
+        freeze = self.freeze_of(conn, resource, now)
+        if freeze is not None:
+            return Outcome(False, None, None, now, freeze)
+        if counting:
+            count = conn.scalar(
+                self._place_count_statement(),
+                {"now": now, "quota_token": token, "max_locks": ask.max_locks},
+            )
+            if count >= ask.max_locks:
+                return Outcome(False, None, None, now, over_quota=True)
+        if expired:
+            conn.execute(
+                delete(holders).where(holders.c.id.in_([p.id for p in expired]))
+            )
+        fence = self._next_fence(conn)
+        if mode == EXCLUSIVE and limit == 1:
+            # No place is live: the exclusive grant lives on the row.
+            outcome = self._grant(
+                conn, row, resource, owner, token, fence, now, ttl, action,
+                ask.actor,
+            )  # fmt: skip
+            self._dequeue_place(conn, waiter)
+            return outcome
+        if row.owner is not None:
+            conn.execute(
+                update(locks)
+                .where(locks.c.id == row.id)
+                .values(owner=None, token=None, session_id=None)
+            )
+        expires_at = now + timedelta(seconds=ttl)
+        conn.execute(
+            insert(holders).values(
+                resource=resource,
+                owner=owner,
+                token=mine_token,
+                mode=mode,
+                fence=fence,
+                acquired_at=now,
+                expires_at=expires_at,
+            )
+        )
+        self._set_places_until(
+            conn, row, [p.expires_at for p in live] + [expires_at], limit
+        )
+        granted = LockRow(
+            resource=resource,
+            owner=owner,
+            token=mine_token,
+            fence=fence,
+            acquired_at=now,
+            expires_at=expires_at,
+            waiters=queued,
+            holder_limit=limit,
+            mode=mode,
+            holders=len(live) + 1,
+        )
+        return self._logged_place(
+            conn, granted, action, previous_owner, token, ask, now, waiter
+        )
+
+    def _logged_place(
+        self, conn, granted, action, previous_owner, token, ask, now, waiter
+    ) -> Outcome:
+        self._log(
+            conn, action, granted, previous_owner, token, ask.actor, None, now,
+            mode=granted.mode,
+        )  # fmt: skip
+        self._dequeue_place(conn, waiter)
+        return Outcome(True, action, granted, now)
+
+    def _dequeue_place(self, conn, waiter) -> None:
+        if waiter is not None:
+            conn.execute(delete(waiters).where(waiters.c.id == waiter))
+
+    def _my_place(self, conn, resource, owner, token, now):
+        """The resource's row locked, the clock after it, the caller's place (or
+        None) and the resource's live places."""
+        row = self.lock_row(conn, resource, now)
+        now = self.clock_after_lock(conn, now).now
+        if row is None:
+            return None, now, None, []
+        live = [p for p in self._places_of(conn, resource) if p.expires_at > now]
+        wanted = place_token(token)
+        mine = next((p for p in live if p.owner == owner and p.token == wanted), None)
+        return row, now, mine, live
+
+    def renew_place(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
+        """Extend the caller's live place; refused (row None) when it has none."""
+        row, now, mine, live = self._my_place(conn, resource, owner, token, now)
+        if mine is None:
+            return Outcome(False, None, None, now)
+        expires_at = now + timedelta(seconds=ttl)
+        conn.execute(
+            update(holders).where(holders.c.id == mine.id).values(expires_at=expires_at)
+        )
+        expiries = [p.expires_at for p in live if p.id != mine.id] + [expires_at]
+        self._set_places_until(conn, row, expiries, row.holder_limit)
+        renewed = self._place_row(
+            mine,
+            holder_limit=row.holder_limit,
+            holders_now=len(live),
+            waiters=row.waiters or 0,
+        )
+        renewed = LockRow.of(renewed, expires_at=expires_at)
+        self._log(
+            conn, Action.RENEWED, renewed, owner, token, actor, None, now,
+            mode=mine.mode,
+        )  # fmt: skip
+        return Outcome(True, Action.RENEWED, renewed, now)
+
+    def release_place(self, conn, resource, owner, token, actor, now) -> Outcome:
+        """End the caller's live place; refused (row None) when it has none."""
+        row, now, mine, live = self._my_place(conn, resource, owner, token, now)
+        if mine is None:
+            return Outcome(False, None, None, now)
+        conn.execute(delete(holders).where(holders.c.id == mine.id))
+        rest = [p.expires_at for p in live if p.id != mine.id]
+        self._set_places_until(conn, row, rest, row.holder_limit)
+        ended = self._place_row(
+            mine,
+            holder_limit=row.holder_limit,
+            holders_now=len(rest),
+            waiters=row.waiters or 0,
+        )
+        ended = LockRow.of(ended, expires_at=now)
+        self._log(
+            conn, Action.RELEASED, ended, owner, token, actor, None, now,
+            mode=mine.mode,
+        )  # fmt: skip
+        return Outcome(True, Action.RELEASED, ended, now)

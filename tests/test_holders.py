@@ -1,0 +1,250 @@
+"""More than one holder: semaphores and shared grants, every rule on a fake
+clock, on every database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import select, update
+
+from app.auth.models import ApiToken
+from app.extensions import db
+from app.locks.errors import (
+    InvalidInput,
+    LimitMismatch,
+    LockNotFound,
+    QuotaExceeded,
+    ResourceFrozen,
+    TokenEnded,
+)
+from app.locks.models import DistributedLock, LockEvent, LockHolder
+from app.locks.state import Action
+from tests.conftest import ApiClient
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+
+def events_of(resource: str) -> list[LockEvent]:
+    db.session.rollback()  # no snapshot of an earlier read (SQLite)
+    return list(
+        db.session.scalars(
+            select(LockEvent)
+            .where(LockEvent.resource == resource)
+            .order_by(LockEvent.id)
+        )
+    )
+
+
+def places_of(resource: str) -> list[LockHolder]:
+    db.session.rollback()
+    return list(
+        db.session.scalars(
+            select(LockHolder)
+            .where(LockHolder.resource == resource)
+            .order_by(LockHolder.fence)
+        )
+    )
+
+
+def test_a_semaphore_grants_limit_places_each_with_its_own_fence(service):
+    grants = [service.acquire("sem:1", f"w-{i}", ttl=30, limit=3) for i in range(3)]
+    assert all(g.acquired for g in grants)
+    fences = [g.lock.fence for g in grants]
+    assert fences == sorted(set(fences))
+    assert [g.lock.holders for g in grants] == [1, 2, 3]
+    assert {(g.lock.limit, g.lock.mode) for g in grants} == {(3, "exclusive")}
+    refused = service.acquire("sem:1", "w-3", ttl=30, limit=3)
+    assert not refused.acquired
+    assert refused.lock.owner == "w-0"  # the live grant that ends first
+    events = events_of("sem:1")
+    assert [e.action for e in events] == ["acquired"] * 3
+    assert {e.mode for e in events} == {"exclusive"}
+
+
+def test_the_refusal_names_the_grant_that_ends_first(service, clock):
+    service.acquire("sem:first", "long", ttl=60, limit=2)
+    service.acquire("sem:first", "short", ttl=10, limit=2)
+    refused = service.acquire("sem:first", "late", ttl=30, limit=2)
+    assert (refused.lock.owner, refused.lock.ttl_remaining) == ("short", 10)
+
+
+def test_a_same_holder_reacquire_keeps_its_fence(service, clock):
+    first = service.acquire("sem:re", "w-1", ttl=10, limit=2)
+    clock.advance(5)
+    again = service.acquire("sem:re", "w-1", ttl=30, limit=2)
+    assert again.action is Action.REACQUIRED
+    assert again.lock.fence == first.lock.fence
+    assert again.lock.ttl_remaining == 30
+    assert len(places_of("sem:re")) == 1
+
+
+def test_renew_and_release_act_on_the_callers_own_place(service, clock):
+    a = service.acquire("sem:rr", "a", ttl=10, limit=2).lock
+    b = service.acquire("sem:rr", "b", ttl=10, limit=2).lock
+    renewed = service.renew("sem:rr", "b", ttl=40)
+    assert (renewed.fence, renewed.ttl_remaining) == (b.fence, 40)
+    released = service.release("sem:rr", "a")
+    assert released.fence == a.fence
+    assert [p.owner for p in places_of("sem:rr")] == ["b"]
+    with pytest.raises(LockNotFound):
+        service.release("sem:rr", "a")
+    with pytest.raises(LockNotFound):
+        service.renew("sem:rr", "nobody")
+    assert [e.action for e in events_of("sem:rr")][-2:] == ["renewed", "released"]
+
+
+def test_an_expired_place_is_taken_over_naming_its_owner(service, clock):
+    service.acquire("sem:tk", "old", ttl=5, limit=1 + 1)
+    service.acquire("sem:tk", "live", ttl=60, limit=2)
+    clock.advance(6)
+    taken = service.acquire("sem:tk", "new", ttl=30, limit=2)
+    assert taken.acquired
+    assert taken.action is Action.TOOK_OVER
+    last = events_of("sem:tk")[-1]
+    assert (last.action, last.previous_owner) == ("took_over", "old")
+    assert sorted(p.owner for p in places_of("sem:tk")) == ["live", "new"]
+
+
+def test_another_limit_is_a_mismatch_while_in_use(service, clock):
+    service.acquire("sem:mm", "a", ttl=10, limit=4)
+    with pytest.raises(LimitMismatch) as raised:
+        service.acquire("sem:mm", "b", ttl=10, limit=5)
+    assert raised.value.limit == 4
+    with pytest.raises(LimitMismatch):
+        service.acquire("sem:mm", "b", ttl=10, mode="shared")
+    with pytest.raises(LimitMismatch):
+        service.acquire("sem:mm", "b", ttl=10)  # exclusive, limit 1
+    # Once free, the next grant sets the limit.
+    clock.advance(11)
+    assert service.acquire("sem:mm", "b", ttl=10, limit=5).lock.limit == 5
+
+
+def test_an_exclusive_lock_refuses_a_semaphore_acquire(service):
+    service.acquire("x:mm", "a", ttl=10)
+    with pytest.raises(LimitMismatch) as raised:
+        service.acquire("x:mm", "b", ttl=10, limit=3)
+    assert raised.value.limit == 1
+
+
+def test_shared_grants_coexist_and_exclude_an_exclusive_one(service, clock):
+    r1 = service.acquire("rw:1", "r1", ttl=10, mode="shared")
+    r2 = service.acquire("rw:1", "r2", ttl=20, mode="shared")
+    assert r1.acquired
+    assert r2.acquired
+    assert r2.lock.holders == 2
+    assert r2.lock.mode == "shared"
+    writer = service.acquire("rw:1", "w", ttl=10)
+    assert not writer.acquired
+    assert writer.lock.owner == "r1"
+    service.release("rw:1", "r1")
+    service.release("rw:1", "r2")
+    assert service.acquire("rw:1", "w", ttl=10).acquired
+    assert not service.acquire("rw:1", "r3", ttl=10, mode="shared").acquired
+    assert [e.mode for e in events_of("rw:1")] == [
+        "shared",
+        "shared",
+        "shared",
+        "shared",
+        "exclusive",
+    ]
+
+
+def test_an_exclusive_grant_waits_out_expired_shared_grants(service, clock):
+    service.acquire("rw:exp", "r1", ttl=5, mode="shared")
+    clock.advance(6)
+    assert service.acquire("rw:exp", "w", ttl=10).acquired
+    assert service.get("rw:exp").owner == "w"
+
+
+def test_promote_only_as_the_sole_holder_with_a_new_fence(service):
+    r1 = service.acquire("rw:p", "r1", ttl=10, mode="shared").lock
+    service.acquire("rw:p", "r2", ttl=10, mode="shared")
+    refused = service.acquire("rw:p", "r1", ttl=10)
+    assert not refused.acquired
+    assert refused.lock.owner == "r2"
+    assert [p.owner for p in places_of("rw:p")] == ["r1", "r2"]  # kept
+    service.release("rw:p", "r2")
+    promoted = service.acquire("rw:p", "r1", ttl=10)
+    assert promoted.acquired
+    assert promoted.lock.mode == "exclusive"
+    assert promoted.lock.fence > r1.fence
+    assert places_of("rw:p") == []
+    assert service.get("rw:p").owner == "r1"
+
+
+def test_demote_always_keeps_the_fence(service):
+    w = service.acquire("rw:d", "w", ttl=10).lock
+    demoted = service.acquire("rw:d", "w", ttl=10, mode="shared")
+    assert demoted.acquired
+    assert demoted.lock.mode == "shared"
+    assert demoted.lock.fence == w.fence
+    assert service.acquire("rw:d", "r", ttl=10, mode="shared").acquired
+    db.session.rollback()
+    row = db.session.scalar(
+        select(DistributedLock).where(DistributedLock.resource == "rw:d")
+    )
+    assert row.owner is None
+    assert row.places_until is not None
+
+
+def test_the_quota_counts_places(service):
+    service.acquire("q:x", "w", ttl=10, token="q", max_locks=2)
+    service.acquire("q:sem", "w", ttl=10, token="q", max_locks=2, limit=3)
+    with pytest.raises(QuotaExceeded):
+        service.acquire("q:sem", "w2", ttl=10, token="q", max_locks=2, limit=3)
+    with pytest.raises(QuotaExceeded):
+        service.acquire("q:y", "w", ttl=10, token="q", max_locks=2)
+    # A re-acquire of a place it holds is no new grant.
+    assert service.acquire(
+        "q:sem", "w", ttl=10, token="q", max_locks=2, limit=3
+    ).acquired
+
+
+def test_a_freeze_refuses_a_new_place(service):
+    service.acquire("frz:sem", "a", ttl=10, limit=2)
+    service.freeze("frz:", actor="op", reason="maintenance")
+    with pytest.raises(ResourceFrozen):
+        service.acquire("frz:sem", "b", ttl=10, limit=2)
+    with pytest.raises(ResourceFrozen):
+        service.acquire("frz:rw", "b", ttl=10, mode="shared")
+    # Renewals of grants already made go on.
+    assert service.renew("frz:sem", "a", ttl=10).owner == "a"
+
+
+def test_a_revoked_token_is_refused_at_the_place_grant(fake_app, service):
+    ApiClient(fake_app, "gone")
+    db.session.execute(
+        update(ApiToken)
+        .where(ApiToken.name == "gone")
+        .values(revoked_at=datetime.now(UTC))
+    )
+    db.session.commit()
+    with pytest.raises(TokenEnded):
+        service.acquire("tok:sem", "w", ttl=10, token="gone", limit=2)
+    assert places_of("tok:sem") == []
+
+
+def test_holders_of_another_token_are_other_holders(service):
+    service.acquire("tk:sem", "w", ttl=10, token="t1", limit=2)
+    other = service.acquire("tk:sem", "w", ttl=10, token="t2", limit=2)
+    assert other.acquired
+    assert other.action is Action.ACQUIRED
+    with pytest.raises(LockNotFound):
+        service.release("tk:sem", "w", token="t3")
+
+
+@pytest.mark.parametrize(
+    ("limit", "mode", "field"),
+    [
+        (0, "exclusive", "limit"),
+        (1001, "exclusive", "limit"),
+        (True, "exclusive", "limit"),
+        (2, "shared", "mode"),
+        (1, "read", "mode"),
+    ],
+)
+def test_bad_limit_or_mode_is_bad_input(service, limit, mode, field):
+    with pytest.raises(InvalidInput) as raised:
+        service.acquire("bad:1", "w", ttl=10, limit=limit, mode=mode)
+    assert [f for f, _ in raised.value.errors] == [field]
