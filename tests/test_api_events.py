@@ -19,6 +19,7 @@ EVENT_FIELDS = {
     "token",
     "reason",
     "occurred_at",
+    "mode",
 }
 
 

@@ -54,6 +54,9 @@ def test_acquire_of_free_resource_grants_it(api):
         "ttl_remaining": 30.0,
         "state": "held",
         "waiters": 0,
+        "limit": 1,
+        "mode": "exclusive",
+        "holders": 1,
     }
     assert isinstance(lock["fence"], int)
     assert lock["fence"] >= 1

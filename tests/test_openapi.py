@@ -185,6 +185,11 @@ def test_responses_of_every_operation_conform_to_the_document(api, clock, docume
     call("GET", "/api/v1/locks?state=held&limit=1")
     call("GET", "/api/v1/locks?limit=x")
     call("GET", "/api/v1/locks/job:42/events?limit=1")
+    call("GET", "/api/v1/locks/job:42/holders")
+    call("POST", "/api/v1/locks/sem:1", json={"owner": "w-1", "limit": 2})
+    call("POST", "/api/v1/locks/sem:1", json={"owner": "w-2", "limit": 3})
+    call("POST", "/api/v1/locks/sem:1", json={"owner": "w-2", "limit": "x"})
+    call("GET", "/api/v1/locks/sem:1/holders")
     call("GET", "/api/v1/events?action=renewed")
     call("GET", "/api/v1/events?since=never")
     fence = call("GET", lock).get_json()["fence"]

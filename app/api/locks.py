@@ -16,6 +16,7 @@ from app.api.schemas import (
     SLASH_MESSAGE,
     encoded_slash_errors,
     freeze_to_json,
+    holders_to_json,
     lock_to_json,
 )
 from app.api.shapes import body, query, seconds
@@ -42,6 +43,8 @@ def acquire_lock(resource: str):
         # Asked again while the acquire waits in line (the token cache's bound).
         token_live=lambda: verify_token(credential) is not None,
         session=fields.get("session"),
+        limit=fields.get("limit", 1),
+        mode=fields.get("mode", "exclusive"),
     )
     if result.acquired:
         return jsonify(acquired=True, lock=lock_to_json(result.lock))
@@ -74,6 +77,12 @@ def get_lock(resource: str):
     if fence is not None:
         return jsonify(lock_to_json(lock_service().check_fence(resource, fence)))
     return jsonify(lock_to_json(lock_service().get(resource)))
+
+
+@bp.get("/locks/<resource>/holders")
+def lock_holders(resource: str):
+    """Every live grant of the resource, its limit and mode, and its line."""
+    return jsonify(holders_to_json(lock_service().holders(resource)))
 
 
 @bp.get("/freezes")
@@ -134,8 +143,8 @@ def refuse_encoded_slash():
 def resource_with_slash(resource: str):
     """A resource name never contains '/': say so, rather than a bare 404."""
     head, _, tail = resource.rpartition("/")
-    if tail == "events" and "/" not in head and request.method != "GET":
-        response = problem(405, "Method Not Allowed", "events are read with GET")
+    if tail in ("events", "holders") and "/" not in head and request.method != "GET":
+        response = problem(405, "Method Not Allowed", f"{tail} are read with GET")
         response.headers["Allow"] = "GET, HEAD, OPTIONS"
         return response
     return validation_problem([("resource", SLASH_MESSAGE)])

@@ -11,6 +11,7 @@ from app.errors import problem
 from app.locks.errors import (
     FenceMismatch,
     InvalidInput,
+    LimitMismatch,
     LockChanged,
     LockError,
     LockExpired,
@@ -41,12 +42,19 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
     ResourceFrozen: (423, "Resource frozen"),
     NotFrozen: (404, "Not frozen"),
     QuotaExceeded: (429, "Lock quota reached"),
+    LimitMismatch: (409, "Limit mismatch"),
     TokenEnded: (401, "Unauthorized"),
     ServiceBusy: (503, "Service busy"),
     WaitersFull: (503, "Too many waiting acquires"),
     UnknownSession: (404, "Session not found"),
     SessionExpired: (409, "Session expired"),
     SessionBound: (409, "Lock bound to a session"),
+}
+
+# Problem types other than about:blank: a URN (names no host), whose last part
+# says what went wrong.
+PROBLEM_TYPES: dict[type[LockError], str] = {
+    LimitMismatch: "urn:lockkeeper:problem:limit-mismatch",
 }
 
 # Release by a non-owner is forbidden (403); a renewal by one is a conflict.
@@ -70,11 +78,20 @@ def lock_problem(exc: LockError) -> Response:
         extra["lock"] = lock_to_json(exc.holder) if exc.holder else None
     elif isinstance(exc, ResourceFrozen):
         extra["freeze"] = freeze_to_json(exc.freeze)
+    elif isinstance(exc, LimitMismatch):
+        extra["limit"] = exc.limit
+        extra["lock"] = lock_to_json(exc.holder) if exc.holder else None
+    if kind in PROBLEM_TYPES:
+        extra["type"] = PROBLEM_TYPES[kind]
     response = problem(status, title, str(exc), **extra)
     if status == 503:
         response.headers["Retry-After"] = "1"
     if isinstance(exc, TokenEnded):
         response.headers["WWW-Authenticate"] = AUTHENTICATE
+    if isinstance(exc, LimitMismatch):
+        # Until the grant that ends first ends (the line may keep it in use).
+        remaining = exc.holder.ttl_remaining if exc.holder is not None else 1
+        response.headers["Retry-After"] = str(max(1, math.ceil(remaining)))
     if isinstance(exc, QuotaExceeded):
         response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     return response

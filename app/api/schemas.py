@@ -8,7 +8,7 @@ What a request's fields may hold is checked against the OpenAPI document
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 from flask import Request
@@ -17,6 +17,9 @@ from app.audit.export import event_record
 from app.locks import validation
 from app.locks.results import Event, Freeze, Lock
 from app.timestamps import rfc3339
+
+if TYPE_CHECKING:
+    from app.locks.service import Holders
 
 LOCKS_PATH = "/api/v1/locks/"
 SLASH_MESSAGE = validation.RESOURCE_CHARACTERS + " (no '/')"
@@ -36,6 +39,19 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
         "ttl_remaining": round(lock.ttl_remaining, 3),
         "state": lock.state.value,
         "waiters": lock.waiters,
+        "limit": lock.limit,
+        "mode": lock.mode,
+        "holders": lock.holders,
+    }
+
+
+def holders_to_json(found: Holders) -> dict[str, Any]:
+    return {
+        "resource": found.resource,
+        "limit": found.limit,
+        "mode": found.mode,
+        "holders": [lock_to_json(lock) for lock in found.holders],
+        "waiters": found.waiters,
     }
 
 

@@ -31,6 +31,7 @@ COLUMNS = (
     "actor",
     "token",
     "reason",
+    "mode",
 )
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
 # injection"): an owner like =HYPERLINK(...) would act in the auditor's sheet.
@@ -67,6 +68,7 @@ def event_record(event: Event) -> dict[str, Any]:
         "actor": event.actor,
         "token": event.token,
         "reason": event.reason,
+        "mode": event.mode,
     }
 
 
