@@ -27,6 +27,8 @@ from app.locks.service import lock_service
 pytestmark = [pytest.mark.usefixtures("backend"), pytest.mark.slow]
 
 RUN_SECONDS = 4.0
+TARGET_GRANTS = 40
+HARD_DEADLINE = 30.0
 LIMIT = 4
 CONTENDERS = 32
 GRANTS = ("acquired", "took_over", "reacquired")
@@ -117,15 +119,22 @@ def app(make_app):
 
 def test_32_threads_never_hold_more_than_4_places_of_a_semaphore(app):
     resource = "race:semaphore"
-    deadline = time.monotonic() + RUN_SECONDS
+    started = time.monotonic()
     granted = defaultdict(int)
+
+    def going() -> bool:
+        """RUN_SECONDS, and on until TARGET_GRANTS (a loaded machine grants
+        fewer per second), at most HARD_DEADLINE."""
+        elapsed = time.monotonic() - started
+        enough = sum(granted.values()) >= TARGET_GRANTS
+        return elapsed < HARD_DEADLINE and (elapsed < RUN_SECONDS or not enough)
 
     def worker(number: int) -> None:
         owner = f"w{number}"
         chance = random.Random(number)
         with app.app_context():
             service = lock_service()
-            while time.monotonic() < deadline:
+            while going():
                 # One grant in eight is left to expire: its place is taken over.
                 dropped = chance.random() < 0.125
                 # Half the contenders wait in line, half poll.
@@ -152,8 +161,7 @@ def test_32_threads_never_hold_more_than_4_places_of_a_semaphore(app):
     _run_threads(worker, CONTENDERS)
     events = _events(app, resource)
     intervals = _intervals(events)
-    # Hundreds on an idle machine; a loaded one (2 shared cores) makes fewer.
-    assert sum(granted.values()) == len(intervals) >= 20
+    assert sum(granted.values()) == len(intervals) >= TARGET_GRANTS
     assert _most_at_once(intervals) <= LIMIT
     _check_fences(events)
 
