@@ -1159,10 +1159,12 @@ class LockService:
             query = self._urgent_page(
                 now, ranked_at, filters, position, descending, limit, offset
             )
+        elif sort_key == "waiters":
+            query = self._waiters_page(
+                now, waiting_counts, filters, position, descending, limit, offset
+            )
         else:
             query = select(locks, *keys)
-            if sort_key == "waiters":
-                query = listing.joined_waiters(query, waiting_counts)
             query = self._filtered(
                 query.where(locks.c.owner.is_not(None)), now, **filters
             ).order_by(*(c.desc() if descending else c.asc() for c in order))
@@ -1248,6 +1250,66 @@ class LockService:
             branches.append(select(query.order_by(*order).limit(fetch).subquery()))
         merged = union_all(*branches).subquery("ranked")
         order = [merged.c[f"sort_{n}"] for n in range(3)]
+        query = select(merged).order_by(
+            *(c.desc() if descending else c.asc() for c in order)
+        )
+        if offset is not None:
+            return query.offset(offset).limit(limit)
+        return query.limit(limit + 1)
+
+    def _waiters_page(
+        self,
+        now: datetime,
+        waiting_counts,
+        filters: dict[str, Any],
+        position: dict[str, Any] | None,
+        descending: bool,
+        limit: int,
+        offset: int | None,
+    ):
+        """The waiters order's page as two parts merged: the few locks with
+        waiters (joined to their counts) and the rest (no waiters), read in the
+        resource index's order, each limited to the page first."""
+        fetch = limit + 1 if offset is None else offset + limit
+        waiting = waiting_counts.c.waiting
+        waited = (
+            select(locks, waiting.label("sort_0"), locks.c.resource.label("sort_1"))
+            .select_from(
+                locks.join(
+                    waiting_counts, waiting_counts.c.resource == locks.c.resource
+                )
+            )
+            .where(locks.c.owner.is_not(None))
+        )
+        alone = select(
+            locks, literal(0).label("sort_0"), locks.c.resource.label("sort_1")
+        ).where(
+            locks.c.owner.is_not(None),
+            locks.c.resource.not_in(select(waiting_counts.c.resource)),
+        )
+        parts = []
+        for part, count in ((waited, waiting), (alone, None)):
+            query = self._filtered(part, now, **filters)
+            order = (
+                [count, locks.c.resource] if count is not None else [locks.c.resource]
+            )
+            if position is not None:
+                at_count, at_resource = position["values"]
+                if count is None:
+                    if at_count != 0 and (at_count > 0) != descending:
+                        continue  # past every lock without waiters
+                    if at_count == 0:
+                        query = query.where(
+                            after(order, [at_resource], descending=descending)
+                        )
+                else:
+                    query = query.where(
+                        after(order, position["values"], descending=descending)
+                    )
+            by = [c.desc() if descending else c.asc() for c in order]
+            parts.append(select(query.order_by(*by).limit(fetch).subquery()))
+        merged = union_all(*parts).subquery("by_waiters")
+        order = [merged.c.sort_0, merged.c.sort_1]
         query = select(merged).order_by(
             *(c.desc() if descending else c.asc() for c in order)
         )

@@ -10,15 +10,16 @@ each has a Python twin that computes a cursor's position from a row's values.
   numeric order (equal lengths compare as text do as numbers).
 - **Contended**: a lock with a live waiter in line.
 - **Prefixes**: a name's next prefix below a searched one, to group by.
-- **Waiters**: how many live waiters a lock has, from one grouped read of the
-  line joined to the locks (not a count per lock).
+- **Waiters**: how many live waiters each waited-for resource has, from one
+  grouped read of the line (the service merges those few locks with the rest,
+  read in resource order).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, null, select
+from sqlalchemy import case, func, literal, null, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import Integer, String
@@ -134,10 +135,3 @@ def owner_contains(text: str, owner=locks.c.owner):
 
 def is_contended(now):
     return locks.c.resource.in_(contended_resources(now))
-
-
-def joined_waiters(query, counts):
-    """``query`` (reading ``locks``) outer-joined to ``waiter_counts``."""
-    return query.select_from(
-        locks.outerjoin(counts, and_(counts.c.resource == locks.c.resource))
-    )
