@@ -21,7 +21,6 @@ from lockkeeper_client._concurrency import async_sleep
 from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
 from lockkeeper_client.errors import LockMissing
 from lockkeeper_client.grants import (
-    EXCLUSIVE,
     AcquireAttempt,
     LockEvent,
     LockGrant,
@@ -313,7 +312,7 @@ class AsyncLockClient:
             owner=owner or default_owner(),
             on_lost=on_lost,
             renew_every=renew_every,
-            kind=LockKind(limit, shared) if limit or shared else EXCLUSIVE,
+            kind=LockKind(limit, shared),
         )
 
     # -- following the audit log ---------------------------------------------------

@@ -22,7 +22,6 @@ from lockkeeper_client._sync.watch import follow_events
 from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
 from lockkeeper_client.errors import LockMissing
 from lockkeeper_client.grants import (
-    EXCLUSIVE,
     AcquireAttempt,
     LockEvent,
     LockGrant,
@@ -308,7 +307,7 @@ class LockClient:
             owner=owner or default_owner(),
             on_lost=on_lost,
             renew_every=renew_every,
-            kind=LockKind(limit, shared) if limit or shared else EXCLUSIVE,
+            kind=LockKind(limit, shared),
         )
 
     # -- following the audit log ---------------------------------------------------
