@@ -21,8 +21,12 @@ It maps tooz's lock API onto ``LockClient`` and decides nothing itself:
 - one ``Lock`` used from two threads: the second ``acquire()`` waits for the first
   to release (a local guard, as tooz's own database drivers keep), then asks the
   server;
-- what Lockkeeper does not offer (groups, leaders, watchers, shared locks,
-  breaking another holder's lock) raises ``tooz.NotImplemented``.
+- ``acquire(shared=True)`` takes a shared grant: shared Lock objects of one name
+  hold it together, an exclusive one waits for all of them. As tooz's own
+  drivers do, one Lock object asked for a shared lock again while it holds one
+  answers True and must be released as often (one grant on the server);
+- what Lockkeeper does not offer (groups, leaders, watchers, breaking another
+  holder's lock) raises ``tooz.NotImplemented``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import tooz
 from tooz import coordination, locking
 
 from lockkeeper_client import (
+    FenceRejected,
     HeldLock,
     LockClient,
     LockClientError,
@@ -66,6 +71,8 @@ class LockkeeperLock(locking.Lock):
         self._ttl = ttl
         self._local = threading.Lock()
         self._held: HeldLock | None = None
+        # How often this object holds its shared grant (0: exclusive or none).
+        self._shared_count = 0
 
     def acquire(
         self,
@@ -73,8 +80,9 @@ class LockkeeperLock(locking.Lock):
         shared: bool = False,
         timeout: float | None = None,
     ) -> bool:
-        if shared:
-            raise _not_offered("shared locks")
+        if shared and self._shared_count:
+            self._shared_count += 1  # the grant this object holds already
+            return True
         if blocking is False:
             wait: float | None = 0.0
         elif blocking is True:
@@ -96,7 +104,11 @@ class LockkeeperLock(locking.Lock):
                     else max(deadline - time.monotonic(), 0.0)
                 )
                 held = self._client.lock(
-                    self._resource, ttl=self._ttl, wait=left, owner=self._owner
+                    self._resource,
+                    ttl=self._ttl,
+                    wait=left,
+                    owner=self._owner,
+                    shared=shared,
                 )
                 try:
                     held.acquire()
@@ -105,6 +117,7 @@ class LockkeeperLock(locking.Lock):
                         continue
                     raise
                 self._held = held
+                self._shared_count = 1 if shared else 0
                 return True
         except LockNotAcquired:
             self._local.release()
@@ -120,6 +133,10 @@ class LockkeeperLock(locking.Lock):
         held = self._held
         if held is None:
             return False
+        if self._shared_count > 1:
+            self._shared_count -= 1
+            return True
+        self._shared_count = 0
         self._held = None
         try:
             held.release()
@@ -128,12 +145,16 @@ class LockkeeperLock(locking.Lock):
         return not held.lost.is_set()
 
     def is_still_owner(self) -> bool:
-        if self._held is None:
+        held = self._held
+        if held is None:
             return False
         try:
-            return self._client.get(self._resource).owner == self._owner
-        except (LockMissing, LockLost):
+            # Any live grant of the resource carrying our fence: with shared
+            # grants the resource's first-ending grant may be another's.
+            current = self._client.check_fence(self._resource, held.fence)
+        except (FenceRejected, LockMissing, LockLost):
             return False
+        return current.owner == self._owner
 
     def break_(self) -> bool:
         # Only an operator may end another holder's lock (force-release).
