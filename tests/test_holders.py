@@ -3,7 +3,7 @@ clock, on every database."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select, update
@@ -13,6 +13,7 @@ from app.extensions import db
 from app.locks.errors import (
     InvalidInput,
     LimitMismatch,
+    LockHeld,
     LockNotFound,
     QuotaExceeded,
     ResourceFrozen,
@@ -248,3 +249,23 @@ def test_bad_limit_or_mode_is_bad_input(service, limit, mode, field):
     with pytest.raises(InvalidInput) as raised:
         service.acquire("bad:1", "w", ttl=10, limit=limit, mode=mode)
     assert [f for f, _ in raised.value.errors] == [field]
+
+
+def test_a_claim_never_coexists_with_places(service):
+    service.acquire("op:rw", "r1", ttl=30, mode="shared")
+    for force in (False, True):
+        with pytest.raises(LockHeld) as raised:
+            service.claim("op:rw", "op", ttl=30, actor="alice", reason="x", force=force)
+        assert raised.value.holder.owner == "r1"
+
+
+def test_purge_keeps_a_row_held_by_places(service, clock):
+    service.acquire("pg:sem", "a", ttl=600, limit=2)
+    service.acquire("pg:old", "b", ttl=5, limit=2)
+    clock.advance(120)
+    service.purge_stale(timedelta(minutes=1))
+    assert [p.owner for p in places_of("pg:sem")] == ["a"]
+    assert places_of("pg:old") == []
+    # The exclusive path still sees the live place.
+    with pytest.raises(LimitMismatch):
+        service.acquire("pg:sem", "x", ttl=5)

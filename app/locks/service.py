@@ -38,6 +38,7 @@ from app.locks.errors import (
     LimitMismatch,
     LockChanged,
     LockExpired,
+    LockHeld,
     LockNotFound,
     NotFrozen,
     NotOwner,
@@ -715,6 +716,17 @@ class LockService:
             )
             if view.token_ended:
                 return Outcome(False, None, view.row, view.now, token_ended=True)
+            row = view.row
+            if (
+                row is not None
+                and row.places_until is not None
+                and row.places_until > view.now
+            ):
+                # Held by places: an exclusive claim would coexist with them
+                # (claiming one place is not offered yet), force or not.
+                first = statements.first_place(conn, row, view.now)
+                if first is not None:
+                    raise LockHeld(resource, self._lock(first, view.now))
             taking = rules.claim_takes_from_holder(
                 view.row,
                 view.now,

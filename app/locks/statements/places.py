@@ -154,6 +154,18 @@ class PlacesStatements:
         )
         return Outcome(False, None, shown, now)
 
+    def first_place(self, conn, row, now: datetime) -> LockRow | None:
+        """The live place of ``row``'s resource that ends first, or None."""
+        live = [p for p in self._places_of(conn, row.resource) if p.expires_at > now]
+        if not live:
+            return None
+        return self._place_row(
+            live[0],
+            holder_limit=row.holder_limit or 1,
+            holders_now=len(live),
+            waiters=getattr(row, "waiters", 0) or 0,
+        )
+
     def acquire_place(self, conn, ask, now: datetime | None, waiter=None) -> Outcome:
         """One decision of the places path: ``ask.limit`` above 1 (a semaphore
         place), ``ask.mode`` SHARED, or an exclusive grant of a resource held

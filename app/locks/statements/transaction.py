@@ -20,6 +20,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
+    or_,
     select,
     update,
 )
@@ -45,6 +46,7 @@ from app.locks.statements.common import (
     events,
     fence_counter,
     freezes,
+    holders,
     is_frozen,
     live_locks,
     locks,
@@ -740,7 +742,12 @@ class TransactionalStatements(PlacesStatements):
         """
         candidates = conn.execute(
             select(locks.c.id, locks.c.resource, locks.c.owner)
-            .where(locks.c.expires_at <= cutoff)
+            .where(
+                locks.c.expires_at <= cutoff,
+                # A row held by places stays: without it the next exclusive
+                # grant would insert a row that knows none of them.
+                or_(locks.c.places_until.is_(None), locks.c.places_until <= cutoff),
+            )
             .order_by(locks.c.expires_at)
             .limit(batch)
             .with_for_update()
@@ -748,6 +755,12 @@ class TransactionalStatements(PlacesStatements):
         if candidates:
             conn.execute(
                 delete(locks).where(locks.c.id.in_([c.id for c in candidates]))
+            )
+            # Their places all ended by the cutoff too.
+            conn.execute(
+                delete(holders).where(
+                    holders.c.resource.in_([c.resource for c in candidates])
+                )
             )
         return candidates
 
