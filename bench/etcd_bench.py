@@ -39,7 +39,13 @@ from bench.http_api import (
     wrk_sample,
 )
 from bench.measure import Comparison, alternate, compare
-from bench.servers import Server, ToolMissing, free_port, server_configs
+from bench.servers import (
+    Server,
+    ToolMissing,
+    free_port,
+    process_cpu_seconds,
+    server_configs,
+)
 
 BOUND_LOCKS = 100
 SESSIONS = 4
@@ -110,15 +116,7 @@ class Etcd:
         response.raise_for_status()
 
     def cpu_seconds(self) -> float:
-        import os
-
-        ticks = os.sysconf("SC_CLK_TCK")
-        try:
-            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        except OSError:
-            return 0.0
-        fields = stat.rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / ticks
+        return process_cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         if self.process.poll() is None:

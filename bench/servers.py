@@ -34,6 +34,15 @@ def wrk_path() -> str:
     return found
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time process ``pid`` used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -130,15 +139,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time used so far by the workers alive now."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        total = 0
-        for pid in self.worker_pids():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / ticks
+        return sum(process_cpu_seconds(pid) for pid in self.worker_pids())
 
     def stop(self) -> None:
         if self.process.poll() is None:
