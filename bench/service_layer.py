@@ -71,6 +71,25 @@ def _token_cycle(url: str, instance: Path):
 
 
 BENCH_TOKEN = "bench-shared"
+SEMAPHORE_LIMIT = 4
+
+
+def _semaphore_cycle(url: str, instance: Path):
+    """The service cycle on a semaphore of 4 (the places path: a plain read,
+    then one transaction; the release tries the exclusive statement first)."""
+    _service_cycle(url, instance)
+    from app.locks.service import lock_service
+
+    service = lock_service()
+
+    def cycle(resource: str, owner: str) -> bool:
+        granted = service.acquire(
+            resource, owner, ttl=30, limit=SEMAPHORE_LIMIT
+        ).acquired
+        service.release(resource, owner)
+        return granted
+
+    return cycle
 
 
 def _driver_cycle(url: str, _instance: Path):
@@ -89,6 +108,7 @@ _CYCLES = {
     "service": _service_cycle,
     "driver": _driver_cycle,
     "token": _token_cycle,
+    "semaphore": _semaphore_cycle,
 }
 
 
@@ -153,11 +173,15 @@ def bench_service_layer(
     for backend, database in databases.items():
         instance = workdir / f"instance-{backend}"
         for workers in worker_counts:
+            # PostgreSQL also runs a semaphore's cycle beside the exclusive one.
+            kinds = ("service", "driver", "token") + (
+                ("semaphore",) if backend == "postgresql" else ()
+            )
             sides = {
                 kind: partial(
                     run_cycles, kind, database.url, instance, workers, duration
                 )
-                for kind in ("service", "driver", "token")
+                for kind in kinds
             }
             samples = alternate(sides, rounds)
             suffix = "" if workers == 1 else f"_{workers}w"
@@ -189,4 +213,20 @@ def bench_service_layer(
                 f"{result.baseline:.0f} cycles/s -> {result.ratio:.2f}x"
             )
             comparisons.append(result)
+            if "semaphore" in samples:
+                places = compare(
+                    f"semaphore_vs_exclusive_{backend}{suffix}",
+                    samples,
+                    "semaphore",
+                    "service",
+                    "cycles/s",
+                    workers=workers,
+                    backend=backend,
+                )
+                log(
+                    f"{places.name}: semaphore of {SEMAPHORE_LIMIT} "
+                    f"{places.value:.0f} vs exclusive {places.baseline:.0f} "
+                    f"cycles/s -> {places.ratio:.2f}x"
+                )
+                comparisons.append(places)
     return comparisons
