@@ -593,3 +593,22 @@ def test_sessions_and_heartbeats_are_counted_and_live_sessions_gauged(fake_app, 
     assert value(samples, total, outcome="heartbeat") == 2
     assert value(samples, total, outcome="heartbeat_expired") == 1
     assert value(samples, "lockkeeper_live_sessions") == 1
+
+
+@pytest.mark.usefixtures("backend")
+def test_places_used_of_their_limit_and_shared_grants_are_gauged(fake_app, clock):
+    client = fake_app.test_client()
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("m:sem", "a", ttl=10, limit=4)
+        service.acquire("m:sem", "b", ttl=30, limit=4)
+        service.acquire("m:two", "a", ttl=30, limit=2)
+        service.acquire("m:rw", "r", ttl=30, mode="shared")
+        samples = scrape(client)
+        assert value(samples, "lockkeeper_places_used") == 3
+        assert value(samples, "lockkeeper_places_limit") == 6
+        assert value(samples, "lockkeeper_shared_grants") == 1
+        clock.advance(20)
+        samples = scrape(client)
+    assert value(samples, "lockkeeper_places_used") == 2
+    assert value(samples, "lockkeeper_places_limit") == 6

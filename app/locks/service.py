@@ -1456,6 +1456,37 @@ class LockService:
         ]
         return sorted(groups, key=lambda g: (-g.stale, -g.total, not g.name, g.name))
 
+    def places_counts(self) -> PlacesCounts:
+        """The live places of semaphores now, against the limits of the
+        semaphores that have any, and the live shared grants."""
+        now = self.now()
+        live = holders.c.expires_at > now
+        used = (
+            select(func.count())
+            .where(live, holders.c.mode == EXCLUSIVE)
+            .scalar_subquery()
+        )
+        shared = (
+            select(func.count()).where(live, holders.c.mode == SHARED).scalar_subquery()
+        )
+        limits = (
+            select(func.coalesce(func.sum(locks.c.holder_limit), 0))
+            .where(
+                locks.c.holder_limit > 1,
+                select(holders.c.id)
+                .where(holders.c.resource == locks.c.resource, live)
+                .exists(),
+            )
+            .scalar_subquery()
+        )
+        with self._autocommit_engine.connect() as conn:
+            row = conn.execute(
+                select(
+                    used.label("used"), limits.label("limit"), shared.label("shared")
+                )
+            ).one()
+        return PlacesCounts(row.used, int(row.limit), row.shared)
+
     def counts(self) -> dict[LockState, int]:
         """How many rows are in each state right now."""
         now = self.now()
@@ -1463,6 +1494,17 @@ class LockService:
         with self._autocommit_engine.connect() as conn:
             row = conn.execute(query).one()
         return {state: getattr(row, state.value) for state in LockState}
+
+
+@dataclass(frozen=True, slots=True)
+class PlacesCounts:
+    """``used`` live places of semaphores, of ``limit`` places in all (the
+    limits of the semaphores with a live place), and ``shared`` live shared
+    grants."""
+
+    used: int
+    limit: int
+    shared: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,15 +177,17 @@ class LockStateCollector(Collector):
             counts = service.counts()
             queued = service.queue.queued()
             live_sessions = service.sessions.live()
+            places = service.places_counts()
         except (SQLAlchemyError, LockError):
-            counts = queued = live_sessions = None
-        yield from self._families(counts, queued, live_sessions)
+            counts = queued = live_sessions = places = None
+        yield from self._families(counts, queued, live_sessions, places)
 
     @staticmethod
     def _families(
         counts: dict[LockState, int] | None = None,
         queued: int | None = None,
         live_sessions: int | None = None,
+        places=None,
     ):
         locks = GaugeMetricFamily(
             "lockkeeper_locks",
@@ -212,7 +214,23 @@ class LockStateCollector(Collector):
         )
         if live_sessions is not None:
             sessions.add_metric([], live_sessions)
-        return locks, up, waiters, sessions
+        used = GaugeMetricFamily(
+            "lockkeeper_places_used",
+            "Live places of counting semaphores, every resource, at scrape time.",
+        )
+        limit = GaugeMetricFamily(
+            "lockkeeper_places_limit",
+            "Places in all of the semaphores with a live place, at scrape time.",
+        )
+        shared = GaugeMetricFamily(
+            "lockkeeper_shared_grants",
+            "Live shared grants, every resource, at scrape time.",
+        )
+        if places is not None:
+            used.add_metric([], places.used)
+            limit.add_metric([], places.limit)
+            shared.add_metric([], places.shared)
+        return locks, up, waiters, sessions, used, limit, shared
 
 
 class AppMetrics:
