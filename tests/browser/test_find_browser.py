@@ -38,17 +38,24 @@ def test_contended_first_then_numbered_pages_in_natural_order(
 
     page.get_by_role("link", name=re.compile(r"^Contended")).click()
     expect(page).to_have_url(re.compile(r"state=contended"))
+    expect(page.locator("#tab-contended")).to_have_attribute("aria-current", "page")
     expect(resources).to_have_text(["job:20001"])
     expect(page.locator("#tab-contended .tab-count")).to_have_text("(1)")
 
     page.get_by_role("link", name=re.compile(r"^All")).click()
+    # Each swap lands before the next click (a link of the page before would
+    # keep its tab).
+    expect(page.locator("#tab-all")).to_have_attribute("aria-current", "page")
+    expect(resources).to_have_count(4)
     page.get_by_role("link", name="By name").click()
+    expect(page).to_have_url(re.compile(r"sort=resource"))
     expect(resources).to_have_text(["job:9", "job:4100", "job:20001", "job:soon"])
 
     for n in range(60):
         site.acquire(f"batch:{n}", "db7:2:b", ttl=600)
     page.get_by_label("Resource starts with").fill("batch:")
     page.get_by_label("Resource starts with").press("Enter")
+    expect(page).to_have_url(re.compile(r"prefix=batch"))
     expect(resources.first).to_have_text("batch:0")
     pager = page.get_by_role("navigation", name="Pages of locks")
     pager.get_by_role("link", name="3", exact=True).focus()
