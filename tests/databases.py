@@ -35,6 +35,7 @@ SERVER_URLS = {
     ),
 }
 TABLES = (
+    "lock_holders",
     "lock_sessions",
     "lock_waiters",
     "lock_events",
