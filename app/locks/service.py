@@ -640,6 +640,42 @@ class LockService:
         self.queue.notify_released(resource, getattr(outcome.row, "waiters", 0))
         return self._lock(outcome.row, outcome.now)
 
+    def force_release_place(
+        self, resource: str, fence: int, *, actor: str, reason: str | None
+    ) -> Lock:
+        """Remove the one grant of ``resource`` carrying ``fence`` (a place of a
+        semaphore, or a shared grant), whoever holds it; the others stay. The
+        fence is the one the operator confirmed, looked for under the resource
+        row's lock in the transaction that removes it (one event).
+
+        :raise InvalidInput: no reason, or a bad fence.
+        :raise LockChanged: no grant of the resource carries ``fence`` now
+            (``holder``: the live grant that ends first, or None).
+        """
+        self.validate(resource=resource, actor=actor, reason=reason)
+        if fence is None:
+            raise InvalidInput([("fence", "is required")])
+        self._validate_fence(fence)
+        self._require_reason(reason, "to force-release a lock")
+        statements = self._transactional
+
+        def decide(found) -> Outcome:
+            outcome, first = found
+            if not outcome.done:
+                shown = self._lock(first, outcome.now) if first is not None else None
+                raise LockChanged(resource, fence, shown)
+            return outcome
+
+        outcome = self.run_transaction(
+            lambda conn: statements.force_remove_place(
+                conn, resource, fence, actor, reason, self._now()
+            ),
+            decide=decide,
+        )
+        self.metrics.operator_action(outcome.action)
+        self.queue.notify_released(resource, getattr(outcome.row, "waiters", 0))
+        return self._lock(outcome.row, outcome.now)
+
     def force_release_fenced(
         self,
         grants: Sequence[tuple[str, int]],

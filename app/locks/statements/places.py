@@ -432,3 +432,43 @@ class PlacesStatements:
             mode=mine.mode,
         )  # fmt: skip
         return Outcome(True, Action.RELEASED, ended, now)
+
+    def force_remove_place(
+        self, conn, resource, fence, actor, reason, now
+    ) -> tuple[Outcome, LockRow | None]:
+        """An operator ends the place of ``resource`` carrying ``fence`` (the one
+        confirmed), whoever holds it, live or expired: deleted under the
+        resource row's lock, its ``places_until`` set from the places left, one
+        ``force_released`` event. Refused (not done) when no place carries that
+        fence, with the live place that ends first now (or None)."""
+        row = self.lock_row(conn, resource, now)
+        now = self.clock_after_lock(conn, now).now
+        if row is None:
+            return Outcome(False, None, None, now), None
+        places = self._places_of(conn, resource)
+        live = [p for p in places if p.expires_at > now]
+        target = next((p for p in places if p.fence == fence), None)
+        if target is None:
+            first = live[0] if live else None
+            shown = first and self._place_row(
+                first,
+                holder_limit=row.holder_limit,
+                holders_now=len(live),
+                waiters=row.waiters or 0,
+            )
+            return Outcome(False, None, None, now), shown
+        conn.execute(delete(holders).where(holders.c.id == target.id))
+        rest = [p.expires_at for p in live if p.id != target.id]
+        self._set_places_until(conn, row, rest, row.holder_limit)
+        ended = self._place_row(
+            target,
+            holder_limit=row.holder_limit,
+            holders_now=len(rest),
+            waiters=row.waiters or 0,
+        )
+        ended = LockRow.of(ended, expires_at=min(now, target.expires_at))
+        self._log(
+            conn, Action.FORCE_RELEASED, ended, target.owner, target.token, actor,
+            reason, now, mode=target.mode,
+        )  # fmt: skip
+        return Outcome(True, Action.FORCE_RELEASED, ended, now), None
