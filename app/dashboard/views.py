@@ -396,10 +396,17 @@ def lock_page(resource: str):
     newest = newest_event_id(resource)
     lock = _current_lock(resource)
     lock_session = service.sessions.of_lock(resource) if lock is not None else None
+    # Held by places (a semaphore's, or shared grants): every one of them.
+    held_by = (
+        service.holders(resource)
+        if lock is not None and (lock.limit > 1 or lock.mode != "exclusive")
+        else None
+    )
     waiting = service.queue.line(resource)
     version = shown_version(
         newest,
         lock and [lock.fence, lock.owner, lock.expires_at, lock.state],
+        held_by and [[h.fence, h.owner, h.expires_at] for h in held_by.holders],
         lock_session and [lock_session.id, lock_session.expires_at],
         [waiter.id for waiter in waiting],
         cursor,
@@ -425,6 +432,7 @@ def lock_page(resource: str):
         resource=resource,
         lock=lock,
         lock_session=lock_session,
+        held_by=held_by,
         waiting=waiting,
         history=history,
         renewals=folded,
@@ -529,6 +537,63 @@ def release(resource: str):
             )
     return action_response(
         "dashboard/_release_form.html",
+        status,
+        errors=errors,
+        reason=reason or "",
+        **context,
+    )
+
+
+@bp.route("/locks/<resource>/holders/<int:fence>/release", methods=["GET", "POST"])
+@operator_required
+def release_place(resource: str, fence: int):
+    """Force-release the one grant of a resource held by places that carries
+    ``fence`` (the one the operator saw); the others stay."""
+    _checked_resource(resource)
+    held = lock_service().holders(resource).holders
+    holder = next((h for h in held if h.fence == fence), None)
+    context = {
+        "resource": resource,
+        "fence": fence,
+        "holder": holder,
+        "next_url": return_to(_lock_url(resource)),
+    }
+    if request.method == "GET":
+        if holder is None:
+            abort(404, description=f"No grant of {resource} carries fence {fence}.")
+        return action_response("dashboard/_release_place_form.html", **context)
+    reason = text_field("reason")
+    errors: list[tuple[str, str]] = []
+    status = 400
+    try:
+        released = lock_service().force_release_place(
+            resource, fence, actor=current_user.username, reason=reason
+        )
+    except InvalidInput as exc:
+        errors = exc.errors
+    except LockChanged as exc:
+        status, context["holder"] = 409, None
+        now = (
+            f"the grant that ends first is {exc.holder.owner}'s, fence "
+            f"{exc.holder.fence}"
+            if exc.holder is not None
+            else "nobody holds it now"
+        )
+        errors = [
+            (
+                "fence",
+                f"No grant of {resource} carries fence {fence} any more "
+                f"(released or taken over since you looked); {now}.",
+            )
+        ]
+    else:
+        return finished(
+            f"Released {released.owner}'s grant of {resource} "
+            f"(fence {released.fence}); the others stay.",
+            _lock_url(resource),
+        )
+    return action_response(
+        "dashboard/_release_place_form.html",
         status,
         errors=errors,
         reason=reason or "",

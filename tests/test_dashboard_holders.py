@@ -1,0 +1,101 @@
+"""The lock page of a resource held by places (a semaphore's, or shared grants)
+lists every live holder: owner, token, time left, fence and mode, each with its
+own force-release (a reason, the fence seen), on every database."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.locks.state import Action
+from tests.dashboard_helpers import post, soup
+from tests.test_holders import events_of
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+
+def holder_rows(page):
+    return [
+        [cell.get_text(" ", strip=True) for cell in row.find_all("td")][:5]
+        for row in page.select("#holders-table tbody tr")
+    ]
+
+
+def test_the_lock_page_lists_a_semaphores_holders(operator, service, clock):
+    fences = []
+    for owner, ttl in (("w-1", 30), ("w-2", 60), ("w-3", 45)):
+        result = service.acquire("sem:build", owner, ttl=ttl, limit=4, token="ci")
+        assert result.acquired
+        fences.append(result.lock.fence)
+    clock.advance(10)
+    page = soup(operator.get("/locks/sem:build"))
+    assert page.find(id="holders-used").get_text(strip=True) == "3 / 4"
+    assert page.find(id="holders-mode") is None
+    # The one that ends first first; time left as every coming instant.
+    assert holder_rows(page) == [
+        ["w-1", "ci", "20 s", str(fences[0]), "exclusive"],
+        ["w-3", "ci", "35 s", str(fences[2]), "exclusive"],
+        ["w-2", "ci", "50 s", str(fences[1]), "exclusive"],
+    ]
+    remaining = page.select_one(f"#holder-{fences[1]} .ttl")
+    assert remaining["data-ttl"] == "50.000"
+    assert remaining["title"].startswith("expires 2026-")
+
+
+def test_shared_holders_show_their_mode(viewer, service):
+    for owner in ("r-1", "r-2"):
+        assert service.acquire("cache", owner, ttl=30, mode="shared").acquired
+    page = soup(viewer.get("/locks/cache"))
+    assert page.find(id="holders-used").get_text(strip=True) == "2"
+    assert page.find(id="holders-mode").get_text(strip=True) == "shared"
+    rows = holder_rows(page)
+    assert [row[0] for row in rows] == ["r-1", "r-2"]
+    assert {row[1] for row in rows} == {"none"}
+    assert {row[4] for row in rows} == {"shared"}
+
+
+def test_an_exclusive_lock_shows_no_holders_list(operator, service):
+    assert service.acquire("job:1", "w-1", ttl=30).acquired
+    page = soup(operator.get("/locks/job:1"))
+    assert page.find(id="lock-holders") is None
+    assert page.find(id="lock-state")
+
+
+def test_one_holder_force_released_by_its_own_button(operator, service):
+    fences = [
+        service.acquire("sem:op", f"w-{n}", ttl=30, limit=3).lock.fence
+        for n in (1, 2, 3)
+    ]
+    page = soup(operator.get("/locks/sem:op"))
+    link = page.find(id=f"holder-{fences[1]}-release")
+    form = soup(operator.get(link["href"]))
+    assert form.find("textarea", attrs={"name": "reason"}).has_attr("required")
+    assert "w-2" in form.get_text(" ", strip=True)
+    action = form.find("textarea").find_parent("form")["action"]
+    refused = post(operator, action, {"reason": " "})
+    assert refused.status_code == 400
+    assert len(service.holders("sem:op").holders) == 3
+    done = post(operator, action, {"reason": "wedged", "next": "/locks/sem:op"})
+    assert done.status_code == 303
+    assert [h.owner for h in service.holders("sem:op").holders] == ["w-1", "w-3"]
+    forced = [e for e in events_of("sem:op") if e.action == Action.FORCE_RELEASED]
+    assert [(e.owner, e.fence, e.actor, e.reason) for e in forced] == [
+        ("w-2", fences[1], "olga", "wedged")
+    ]
+    # The same fence again: refused, named, nothing changes.
+    again = post(operator, action, {"reason": "again"}, htmx=True)
+    assert again.status_code == 409
+    message = soup(again).get_text(" ", strip=True)
+    assert f"fence {fences[1]} any more" in message
+    assert f"fence {fences[0]}" in message
+    assert len(service.holders("sem:op").holders) == 2
+    assert operator.get(link["href"]).status_code == 404
+
+
+def test_a_viewer_has_no_per_holder_release(viewer, service):
+    fence = service.acquire("sem:v", "w-1", ttl=30, limit=2).lock.fence
+    page = soup(viewer.get("/locks/sem:v"))
+    assert page.find(id=f"holder-{fence}-release") is None
+    url = f"/locks/sem:v/holders/{fence}/release"
+    assert viewer.get(url).status_code == 403
+    assert post(viewer, url, {"reason": "x"}).status_code == 403
+    assert len(service.holders("sem:v").holders) == 1
