@@ -343,10 +343,6 @@ class LockService:
         if session is not None:
             refuse_both_ttl_and_session(ttl, session)
             self.sessions._check_id(session)
-            if places:
-                raise InvalidInput(
-                    [("session", "binds exclusive grants only (limit 1) for now")]
-                )
         ask = Ask(resource, owner, token, self._ttl(ttl), actor, max_locks, limit, mode)
         if session is not None:
 

@@ -274,6 +274,10 @@ class SessionService:
 
         def decide(outcome) -> AcquireResult:
             if outcome.done:
+                if waiter is not None and getattr(outcome.row, "waiters", 0):
+                    # The next in line may be granted too (a shared head, a
+                    # semaphore's free place): wake it now.
+                    locks.queue.notify_released(ask.resource, outcome.row.waiters)
                 return AcquireResult(
                     True, locks._lock(outcome.row, outcome.now), outcome.action
                 )

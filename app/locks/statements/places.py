@@ -166,14 +166,34 @@ class PlacesStatements:
             waiters=getattr(row, "waiters", 0) or 0,
         )
 
-    def acquire_place(self, conn, ask, now: datetime | None, waiter=None) -> Outcome:
+    def acquire_place(
+        self, conn, ask, now: datetime | None, waiter=None, session=None
+    ) -> Outcome:
         """One decision of the places path: ``ask.limit`` above 1 (a semaphore
         place), ``ask.mode`` SHARED, or an exclusive grant of a resource held
-        by places (a promotion, or a refusal naming the place that ends first)."""
+        by places (a promotion, or a refusal naming the place that ends first).
+
+        ``session``: the session's row (``SessionRow``, already locked FOR
+        SHARE by the caller: the lock order is the session, then the resource's
+        row, then its places) to bind the grant to: its expiry is the session's
+        and its row carries the session's id.
+
+        :raise SessionEnded: ``session`` expired by the deciding clock.
+        """
         resource, owner, token = ask.resource, ask.owner, ask.token
         limit, mode, ttl = ask.limit, ask.mode, ask.ttl
         row = self._locked_resource(conn, resource, now, waiter, limit)
         now = self.clock_after_lock(conn, now).now
+        session_id = None
+        if session is not None:
+            from app.locks.statements.sessions import SessionEnded
+
+            if session.expires_at <= now:
+                raise SessionEnded(session)
+            session_id = session.id
+            # The exclusive grants below (``_grant``) take a ttl: the one that
+            # ends at the session's instant (microseconds, exact).
+            ttl = (session.expires_at - now).total_seconds()
         queued = row.waiters or 0
         places = self._places_of(conn, resource)
         live = [p for p in places if p.expires_at > now]
@@ -209,11 +229,11 @@ class PlacesStatements:
 
         # -- a holder asking again: re-acquire, promote, demote ----------------
         if mine is not None and (mode == SHARED) == (mine.mode == SHARED):
-            expires_at = now + timedelta(seconds=ttl)
+            expires_at = self._expiry(now, ttl, session)
             conn.execute(
                 update(holders)
                 .where(holders.c.id == mine.id)
-                .values(acquired_at=now, expires_at=expires_at)
+                .values(acquired_at=now, expires_at=expires_at, session_id=session_id)
             )
             expiries = [p.expires_at for p in live if p.id != mine.id] + [expires_at]
             self._set_places_until(conn, row, expiries, limit)
@@ -238,12 +258,13 @@ class PlacesStatements:
                 conn, row, resource, owner, token, fence, now, ttl,
                 Action.ACQUIRED, ask.actor,
             )  # fmt: skip
+            self._bind_row(conn, row, resource, session_id)
             self._dequeue_place(conn, waiter)
             return outcome
         if exclusive_mine:
             if mode == SHARED:
                 # Exclusive → shared: always, keeping the fence.
-                expires_at = now + timedelta(seconds=ttl)
+                expires_at = self._expiry(now, ttl, session)
                 conn.execute(
                     update(locks)
                     .where(locks.c.id == row.id)
@@ -259,6 +280,7 @@ class PlacesStatements:
                         fence=row.fence,
                         acquired_at=now,
                         expires_at=expires_at,
+                        session_id=session_id,
                     )
                 )
                 self._set_places_until(conn, row, [expires_at], 1)
@@ -276,10 +298,12 @@ class PlacesStatements:
                     conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter
                 )
             # An exclusive re-acquire (the exclusive path's, normally).
-            return self._grant(
+            outcome = self._grant(
                 conn, row, resource, owner, token, row.fence, now, ttl,
                 Action.REACQUIRED, ask.actor,
             )  # fmt: skip
+            self._bind_row(conn, row, resource, session_id)
+            return outcome
 
         # -- a new grant -----------------------------------------------------
         if row.ahead:
@@ -323,6 +347,7 @@ class PlacesStatements:
                 conn, row, resource, owner, token, fence, now, ttl, action,
                 ask.actor,
             )  # fmt: skip
+            self._bind_row(conn, row, resource, session_id)
             self._dequeue_place(conn, waiter)
             return outcome
         if row.owner is not None:
@@ -331,7 +356,7 @@ class PlacesStatements:
                 .where(locks.c.id == row.id)
                 .values(owner=None, token=None, session_id=None)
             )
-        expires_at = now + timedelta(seconds=ttl)
+        expires_at = self._expiry(now, ttl, session)
         conn.execute(
             insert(holders).values(
                 resource=resource,
@@ -341,6 +366,7 @@ class PlacesStatements:
                 fence=fence,
                 acquired_at=now,
                 expires_at=expires_at,
+                session_id=session_id,
             )
         )
         self._set_places_until(
@@ -361,6 +387,24 @@ class PlacesStatements:
         return self._logged_place(
             conn, granted, action, previous_owner, token, ask, now, waiter
         )
+
+    @staticmethod
+    def _expiry(now, ttl, session) -> datetime:
+        """A place's expiry: the session's when bound, else now + ttl."""
+        if session is not None:
+            return session.expires_at
+        return now + timedelta(seconds=ttl)
+
+    @staticmethod
+    def _bind_row(conn, row, resource, session_id) -> None:
+        """An exclusive grant written by ``_grant`` carries its session's id
+        (None: unbound, nothing to write)."""
+        if session_id is None:
+            return
+        where = (
+            locks.c.id == row.id if row is not None else locks.c.resource == resource
+        )
+        conn.execute(update(locks).where(where).values(session_id=session_id))
 
     def _logged_place(
         self, conn, granted, action, previous_owner, token, ask, now, waiter

@@ -440,6 +440,9 @@ class SessionStatements:
             raise InvalidInput(
                 [("owner", f"must be the session's owner, {session.owner!r}")]
             )
+        if ask.limit != 1 or ask.mode != EXCLUSIVE:
+            # A semaphore's place or a shared grant: the places path, bound.
+            return t.acquire_place(conn, ask, now, waiter, session=session)
         max_locks = ask.max_locks
         counting = bool(max_locks) and token is not None
         checks_token = token is not None and token != NO_TOKEN
@@ -471,8 +474,13 @@ class SessionStatements:
             action = Action.REACQUIRED
         else:
             return Outcome(False, None, row, now)
+        if places_held:
+            # Held by places: the places path answers as it does an unbound
+            # acquire (the grant that ends first, a limit mismatch, a
+            # promotion of the session's own sole shared grant), bound.
+            return t.acquire_place(conn, ask, now, waiter, session=session)
         behind = row is not None and row.ahead and action is not Action.REACQUIRED
-        if places_held or behind:
+        if behind:
             return Outcome(False, None, row, now)
         holder = row if held else None
         if action is not Action.REACQUIRED:

@@ -1,0 +1,215 @@
+"""Session-bound semaphore places and shared grants on every database: a
+heartbeat renews them (and their resource's places_until), expiry makes them
+stale at the session's instant, an end releases them with one event each; a
+session-bound exclusive acquire of a resource held by places gets the answer an
+unbound one gets."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from app.extensions import db
+from app.locks.models import LockEvent, LockHolder
+from app.locks.service import lock_service
+from app.locks.statements.common import locks
+from tests.test_api_locks import assert_problem
+from tests.test_lock_sessions import bind, start
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+
+def places(app, resource):
+    """(owner, session_id, expires_at) of the resource's place rows, and its
+    places_until."""
+    with app.app_context(), db.engine.connect() as conn:
+        rows = conn.execute(
+            select(LockHolder.owner, LockHolder.session_id, LockHolder.expires_at)
+            .where(LockHolder.resource == resource)
+            .order_by(LockHolder.owner)
+        ).all()
+        until = conn.scalar(
+            select(locks.c.places_until).where(locks.c.resource == resource)
+        )
+    return [tuple(row) for row in rows], until
+
+
+def released(app):
+    with app.app_context(), db.engine.connect() as conn:
+        return conn.execute(
+            select(LockEvent.resource, LockEvent.mode)
+            .where(LockEvent.action == "released")
+            .order_by(LockEvent.resource)
+        ).all()
+
+
+def test_bound_places_heartbeat_expire_and_end(api, clock, fake_app):
+    other = api.with_token("other")
+    assert (
+        other.post(
+            "/api/v1/locks/sem:1", json={"owner": "x", "ttl": 60, "limit": 2}
+        ).status_code
+        == 200
+    )
+    session = start(api, ttl=15)
+    place = bind(api, session, "sem:1", limit=2)
+    assert place.status_code == 200, place.get_data(as_text=True)
+    lock = place.get_json()["lock"]
+    assert (lock["limit"], lock["holders"], lock["expires_at"]) == (
+        2,
+        2,
+        session["expires_at"],
+    )
+    shared = bind(api, session, "rw:1", mode="shared")
+    assert shared.status_code == 200, shared.get_data(as_text=True)
+    assert shared.get_json()["lock"]["mode"] == "shared"
+    rows, _ = places(fake_app, "rw:1")
+    assert rows[0][1] == session["id"]
+    read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
+    assert [lock["resource"] for lock in read["locks"]] == ["rw:1", "sem:1"]
+
+    # A heartbeat renews the places and their resource's places_until.
+    clock.advance(10)
+    beat = api.patch(f"/api/v1/sessions/{session['id']}").get_json()
+    rows, until = places(fake_app, "rw:1")
+    assert len(rows) == 1
+    assert rows[0][2] == until
+    assert until.isoformat().startswith("2026-11-30T09:00:25")
+    assert beat["expires_at"] == "2026-11-30T09:00:25.000000Z"
+    holders = api.get("/api/v1/locks/sem:1/holders").get_json()["holders"]
+    assert {h["owner"]: h["expires_at"] for h in holders}["w-7"] == beat["expires_at"]
+    # places_until stays the latest expiry (the other holder's, 09:01:00).
+    _, until = places(fake_app, "sem:1")
+    assert until.isoformat().startswith("2026-11-30T09:01:00")
+    # A writer is refused while the shared grant lives.
+    writer = other.post("/api/v1/locks/rw:1", json={"owner": "y", "ttl": 30})
+    assert writer.status_code == 409
+    assert writer.get_json()["lock"]["owner"] == "w-7"
+
+    # At the session's expiry its places are stale at once.
+    clock.advance(15)
+    assert [
+        h["owner"] for h in api.get("/api/v1/locks/sem:1/holders").get_json()["holders"]
+    ] == ["x"]
+    taken = other.post("/api/v1/locks/rw:1", json={"owner": "y", "ttl": 30})
+    assert taken.status_code == 200, taken.get_data(as_text=True)
+    assert_problem(api.patch(f"/api/v1/sessions/{session['id']}"), 409)
+
+
+def test_an_end_releases_bound_places_with_an_event_each(api, fake_app):
+    session = start(api, ttl=15)
+    for n in range(3):
+        assert bind(api, session, f"sem:{n}", limit=3).status_code == 200
+    assert bind(api, session, "rw:1", mode="shared").status_code == 200
+    other = api.with_token("other")
+    writer = other.post("/api/v1/locks/rw:1", json={"owner": "y", "ttl": 30})
+    assert writer.status_code == 409
+    assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
+    assert [tuple(row) for row in released(fake_app)] == [
+        ("rw:1", "shared"),
+        ("sem:0", "exclusive"),
+        ("sem:1", "exclusive"),
+        ("sem:2", "exclusive"),
+    ]
+    for resource in ("rw:1", "sem:0"):
+        rows, until = places(fake_app, resource)
+        assert (rows, until) == ([], None)
+    # The writer gets in.
+    writer = other.post("/api/v1/locks/rw:1", json={"owner": "y", "ttl": 30})
+    assert writer.status_code == 200, writer.get_data(as_text=True)
+
+
+def test_a_bound_place_is_taken_again_through_its_session(api, clock, fake_app):
+    session = start(api, ttl=15)
+    assert bind(api, session, "sem:1", limit=2).status_code == 200
+    clock.advance(5)
+    again = bind(api, session, "sem:1", limit=2)
+    assert again.status_code == 200
+    assert again.get_json()["lock"]["expires_at"] == session["expires_at"]
+    assert again.get_json()["lock"]["acquired_at"] == "2026-11-30T09:00:05.000000Z"
+    rows, _ = places(fake_app, "sem:1")
+    assert [row[1] for row in rows] == [session["id"]]
+
+
+def test_a_session_acquire_of_a_resource_held_by_places(api):
+    """The answer an unbound acquire gets: 409 naming the grant that ends
+    first, or a limit mismatch; not a retried race and a 503."""
+    other = api.with_token("other")
+    assert (
+        other.post(
+            "/api/v1/locks/rw:1", json={"owner": "r", "ttl": 30, "mode": "shared"}
+        ).status_code
+        == 200
+    )
+    assert (
+        other.post(
+            "/api/v1/locks/sem:1", json={"owner": "s", "ttl": 30, "limit": 3}
+        ).status_code
+        == 200
+    )
+    session = start(api)
+    refused = bind(api, session, "rw:1")
+    assert refused.status_code == 409, refused.get_data(as_text=True)
+    assert refused.get_json()["lock"]["owner"] == "r"
+    mismatch = bind(api, session, "sem:1")
+    assert mismatch.status_code == 409
+    body = mismatch.get_json()
+    assert body["type"].endswith("limit-mismatch")
+    assert (body["limit"], body["lock"]["owner"]) == (3, "s")
+    assert (
+        bind(api, session, "sem:1", limit=4)
+        .get_json()["type"]
+        .endswith("limit-mismatch")
+    )
+
+
+def test_the_sessions_sole_shared_grant_is_promoted_bound(api, fake_app):
+    session = start(api)
+    assert bind(api, session, "rw:1", mode="shared").status_code == 200
+    promoted = bind(api, session, "rw:1")
+    assert promoted.status_code == 200, promoted.get_data(as_text=True)
+    lock = promoted.get_json()["lock"]
+    assert (lock["mode"], lock["expires_at"]) == ("exclusive", session["expires_at"])
+    read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
+    assert [lock["resource"] for lock in read["locks"]] == ["rw:1"]
+    assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
+    assert api.get("/api/v1/locks/rw:1").status_code in (200, 404)
+    assert len(released(fake_app)) == 1
+
+
+def test_a_waiter_gets_the_place_a_session_end_frees(app):
+    """Real clock and threads: a writer waiting behind a session's shared grant
+    is granted when the session ends."""
+    with app.app_context():
+        service = lock_service()
+        session = service.sessions.create("w-7", 30, token="t")
+        assert service.acquire(
+            "rw:w", "w-7", session=session.id, token="t", mode="shared"
+        ).acquired
+        results = []
+        waiting = threading.Event()
+
+        def writer():
+            with app.app_context():
+                waiting.set()
+                results.append(
+                    service.acquire("rw:w", "y", ttl=30, token="other", wait=20)
+                )
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        assert waiting.wait(10)
+        deadline = time.monotonic() + 10
+        while service.get("rw:w").waiters == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)  # polls to a deadline for the writer in line
+        assert service.get("rw:w").waiters == 1
+        service.sessions.end(session.id, token="t", actor="w-7")
+        thread.join(20)
+        assert results
+        assert results[0].acquired
+        assert results[0].lock.owner == "y"
+        with db.engine.connect() as conn:
+            assert conn.scalar(select(func.count()).select_from(LockHolder)) == 0
