@@ -269,3 +269,11 @@ def test_purge_keeps_a_row_held_by_places(service, clock):
     # The exclusive path still sees the live place.
     with pytest.raises(LimitMismatch):
         service.acquire("pg:sem", "x", ttl=5)
+
+
+def test_a_session_bound_acquire_is_refused_by_shared_holders(service):
+    service.acquire("ss:rw", "r1", ttl=30, mode="shared", token="t")
+    session = service.sessions.create("w", 30, token="t")
+    refused = service.acquire("ss:rw", "w", session=session.id, token="t")
+    assert not refused.acquired
+    assert refused.lock.owner == "r1"

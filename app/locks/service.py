@@ -460,6 +460,13 @@ class LockService:
             # Free or expired, but others are in line before us.
             holder = self._lock(row, outcome.now) if row.owner else None
             return AcquireResult(False, holder, None, queued)
+        places_until = getattr(row, "places_until", None)
+        if places_until is not None and places_until > outcome.now:
+            # Held by places (a refusal of the session-bound path, which does
+            # not take the places path): the grant that ends first.
+            grants = self.holders(resource).holders
+            if grants:
+                return AcquireResult(False, grants[0], None, queued)
         # The row we were refused on is gone or expired: it changed under us.
         raise Raced(f"acquire of {resource!r} kept racing", AcquireResult(False, None))
 
