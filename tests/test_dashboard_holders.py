@@ -99,3 +99,29 @@ def test_a_viewer_has_no_per_holder_release(viewer, service):
     assert viewer.get(url).status_code == 403
     assert post(viewer, url, {"reason": "x"}).status_code == 403
     assert len(service.holders("sem:v").holders) == 1
+
+
+def test_the_audit_filters_by_mode(viewer, service):
+    for owner in ("r-1", "r-2"):
+        assert service.acquire("rw:audit", owner, ttl=30, mode="shared").acquired
+    assert service.acquire("job:audit", "w-1", ttl=30).acquired
+    service.freeze("frozen:", actor="olga", reason="maintenance")
+
+    def shown(query):
+        page = soup(viewer.get(f"/audit?{query}"))
+        return sorted(
+            (
+                tr.select_one("td.resource").get_text(strip=True),
+                tr.select("td")[2].get_text(strip=True),
+            )
+            for tr in page.select("tr[data-event-id]")
+        )
+
+    assert shown("mode=shared") == [("rw:audit", "acquired")] * 2
+    assert shown("mode=exclusive") == [("job:audit", "acquired")]
+    assert len(shown("")) == 4  # any mode, the freeze too
+    page = soup(viewer.get("/audit?mode=shared"))
+    assert page.select_one("#f-mode option[selected]")["value"] == "shared"
+    refused = viewer.get("/audit?mode=both")
+    assert refused.status_code == 400
+    assert "exclusive or shared" in soup(refused).get_text(" ", strip=True)

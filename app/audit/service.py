@@ -24,7 +24,7 @@ from app.audit.tenures import (
 from app.extensions import db
 from app.locks import validation
 from app.locks.errors import InvalidInput
-from app.locks.models import LockEvent
+from app.locks.models import EXCLUSIVE, SHARED, LockEvent
 from app.locks.pagination import (
     DEFAULT_PAGE,
     fetch_page,
@@ -51,6 +51,9 @@ class EventFilter:
     actions: tuple[str, ...] = ()
     except_actions: bool = False
     actor: str | None = None
+    # The grant's mode ("exclusive" or "shared"); events before modes and
+    # freezes have none and match neither.
+    mode: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     # The prefixes of the asking API token: events of other resources are not seen.
@@ -73,6 +76,8 @@ class EventFilter:
                     ("action", "must be one of " + ", ".join(a.value for a in Action))
                 )
                 break
+        if self.mode is not None and self.mode not in (EXCLUSIVE, SHARED):
+            errors.append(("mode", "must be exclusive or shared"))
         for field in ("since", "until"):
             value = getattr(self, field)
             if value is not None and value.tzinfo is None:
@@ -103,6 +108,8 @@ class EventFilter:
             )
         if self.actor is not None:
             query = query.where(events.c.actor == self.actor)
+        if self.mode is not None:
+            query = query.where(events.c.mode == self.mode)
         if self.since is not None:
             query = query.where(events.c.occurred_at >= self.since)
         if self.until is not None:

@@ -34,7 +34,7 @@ from app.timestamps import MissingOffset, human_duration, parse_rfc3339
 
 bp = Blueprint("audit", __name__)
 
-FILTER_FIELDS = ("resource", "prefix", "owner", "actor", "since", "until")
+FILTER_FIELDS = ("resource", "prefix", "owner", "actor", "mode", "since", "until")
 # ``?rows=all``: every event, renewals included; by default a history shows the
 # ownership changes, each grant with its renewals counted (``renewals``).
 EVERY_ROW = "all"
