@@ -377,3 +377,14 @@ def test_by_prefix_view_links_each_prefix_and_releases_exactly_its_locks(
     assert sorted(
         box["value"].split(":", 1)[1] for box in dialog.select("input[name=lock]")
     ) == ["job:1", "job:2", "job:eu:7"]
+
+
+@pytest.mark.parametrize(
+    "query", ["page=²", "size=①", "page=99999999999999999999", "page=%EF%BC%91"]
+)
+def test_digits_that_are_not_ascii_are_a_400_not_a_500(operator, numbered, query):
+    assert operator.get(f"/?{query}").status_code == 400
+
+
+def test_a_selected_lock_with_a_superscript_fence_is_a_400(operator, numbered):
+    assert operator.get("/release-many?lock=²:job:9").status_code == 400

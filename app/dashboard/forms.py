@@ -26,6 +26,12 @@ def stripped(values: Mapping[str, str], name: str) -> str | None:
     return values.get(name, "").strip() or None
 
 
+def digits(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes ``²`` and ``①``, which
+    ``int`` then refuses (a 500 where a 400 belongs)."""
+    return text.isascii() and text.isdigit()
+
+
 def text_arg(name: str) -> str | None:
     """A query argument, stripped; None when absent or blank."""
     return stripped(request.args, name)

@@ -15,6 +15,7 @@ from app.auth.views import login_required, operator_required
 from app.dashboard.blueprint import bp
 from app.dashboard.forms import (
     action_response,
+    digits,
     finished,
     return_to,
     stripped,
@@ -188,7 +189,7 @@ def _selected(values) -> list[tuple[str, int]]:
     grants = []
     for raw in values.getlist("lock"):
         fence, _, resource = raw.partition(":")
-        if not fence.isdigit() or len(fence) > 19 or not resource:
+        if not digits(fence) or len(fence) > 19 or not resource:
             raise InvalidInput([("locks", f"{raw!r} is not a lock from the table")])
         grants.append((resource, int(fence)))
     return grants

@@ -26,6 +26,7 @@ from app.dashboard import charts, timeline
 from app.dashboard.blueprint import bp
 from app.dashboard.forms import (
     action_response,
+    digits,
     finished,
     return_to,
     text_arg,
@@ -281,13 +282,13 @@ def _paging() -> tuple[int, int, list[tuple[str, str]]]:
     size, number = PAGE_SIZES[0], 1
     raw_size, raw_page = text_arg("size"), text_arg("page")
     if raw_size is not None:
-        if raw_size.isdigit() and int(raw_size) in PAGE_SIZES:
+        if digits(raw_size) and int(raw_size) in PAGE_SIZES:
             size = int(raw_size)
         else:
             sizes = ", ".join(map(str, PAGE_SIZES))
             errors.append(("size", f"must be one of {sizes}"))
     if raw_page is not None:
-        if raw_page.isdigit() and 1 <= int(raw_page) <= 1_000_000:
+        if digits(raw_page) and len(raw_page) < 8 and 1 <= int(raw_page) <= 1_000_000:
             number = int(raw_page)
         else:
             errors.append(("page", "must be a page number, 1 or more"))
@@ -466,7 +467,7 @@ def _confirmed_fence(errors: list[tuple[str, str]]) -> int | None:
     raw = text_field("fence")
     if raw is None:
         return None
-    if not raw.isdigit() or len(raw) > 19:
+    if not digits(raw) or len(raw) > 19:
         errors.append(("fence", "must be the fence of the lock you confirmed"))
         return None
     return int(raw)
