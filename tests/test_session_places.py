@@ -213,3 +213,28 @@ def test_a_waiter_gets_the_place_a_session_end_frees(app):
         assert results[0].lock.owner == "y"
         with db.engine.connect() as conn:
             assert conn.scalar(select(func.count()).select_from(LockHolder)) == 0
+
+
+def test_a_bound_place_is_not_renewed_or_taken_again_on_its_own(api, fake_app):
+    """Renewed only through its session: a plain re-acquire (with a ttl) or a
+    PATCH of a bound place is a 409 naming the session, and changes nothing."""
+    session = start(api, ttl=15)
+    for resource, extra in (("sem:1", {"limit": 2}), ("rw:1", {"mode": "shared"})):
+        assert bind(api, session, resource, **extra).status_code == 200
+        again = api.post(
+            f"/api/v1/locks/{resource}", json={"owner": "w-7", "ttl": 600, **extra}
+        )
+        detail = assert_problem(again, 409)["detail"]
+        assert session["id"] in detail
+        assert "renew the session" in detail
+        renewed = api.patch(
+            f"/api/v1/locks/{resource}", json={"owner": "w-7", "ttl": 600}
+        )
+        assert session["id"] in assert_problem(renewed, 409)["detail"]
+        rows, until = places(fake_app, resource)
+        assert [row[1] for row in rows] == [session["id"]]
+        assert rows[0][2] == until
+        lock = api.get(f"/api/v1/locks/{resource}").get_json()
+        assert lock["expires_at"] == session["expires_at"]
+    read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
+    assert [lock["resource"] for lock in read["locks"]] == ["rw:1", "sem:1"]

@@ -64,7 +64,8 @@ class SessionBound(LockError):
         self.resource = resource
         self.session_id = session_id
         super().__init__(
-            f"the lock on {resource!r} is bound to a session: it is renewed by "
+            f"the lock on {resource!r} is bound to session {session_id!r}: it "
+            "is renewed by "
             "the session's heartbeat (PATCH /api/v1/sessions/{id}); renew the "
             "session instead"
         )

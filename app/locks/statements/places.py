@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.database import UTCDateTime
-from app.locks.models import EXCLUSIVE, NO_TOKEN, SHARED
+from app.locks.models import EXCLUSIVE, NO_TOKEN, SHARED, LockSession
 from app.locks.state import Action, holds
 from app.locks.statements.common import (
     LockRow,
@@ -34,6 +34,7 @@ from app.locks.statements.common import (
 )
 
 _NOW = bindparam("now", type_=UTCDateTime())
+_sessions = LockSession.__table__
 
 
 def place_token(token: str | None) -> str:
@@ -227,6 +228,8 @@ class PlacesStatements:
                 False, None, first_ending(), now, limit_mismatch=current_limit
             )
 
+        if mine is not None and session is None:
+            self._refuse_if_bound(conn, mine)
         # -- a holder asking again: re-acquire, promote, demote ----------------
         if mine is not None and (mode == SHARED) == (mine.mode == SHARED):
             expires_at = self._expiry(now, ttl, session)
@@ -389,6 +392,30 @@ class PlacesStatements:
         )
 
     @staticmethod
+    def _refuse_if_bound(conn, place) -> None:
+        """A place bound to a live session is renewed by its session only: a
+        plain re-acquire or renewal would move its expiry off the session's
+        (and out of its heartbeat and end). One primary-key probe, made only
+        for a place with a ``session_id``.
+
+        :raise SessionBound: it is bound (the service answers 409).
+        """
+        if place.session_id is None:
+            return
+        bound = conn.scalar(
+            select(_sessions.c.id).where(
+                _sessions.c.id == place.session_id,
+                _sessions.c.expires_at == place.expires_at,
+                _sessions.c.token == place.token,
+                _sessions.c.owner == place.owner,
+            )
+        )
+        if bound is not None:
+            from app.locks.sessions import SessionBound
+
+            raise SessionBound(place.resource, bound)
+
+    @staticmethod
     def _expiry(now, ttl, session) -> datetime:
         """A place's expiry: the session's when bound, else now + ttl."""
         if session is not None:
@@ -437,6 +464,7 @@ class PlacesStatements:
         row, now, mine, live = self._my_place(conn, resource, owner, token, now)
         if mine is None:
             return Outcome(False, None, None, now)
+        self._refuse_if_bound(conn, mine)
         expires_at = now + timedelta(seconds=ttl)
         conn.execute(
             update(holders).where(holders.c.id == mine.id).values(expires_at=expires_at)
