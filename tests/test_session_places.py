@@ -238,3 +238,28 @@ def test_a_bound_place_is_not_renewed_or_taken_again_on_its_own(api, fake_app):
         assert lock["expires_at"] == session["expires_at"]
     read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
     assert [lock["resource"] for lock in read["locks"]] == ["rw:1", "sem:1"]
+
+
+def test_the_lock_json_names_its_session_when_bound(api, clock):
+    from lockkeeper_client.grants import LockGrant
+
+    session = start(api)
+    granted = bind(api, session, "job:1").get_json()["lock"]
+    assert granted["session"] == session["id"]
+    place = bind(api, session, "sem:1", limit=2).get_json()["lock"]
+    assert place["session"] == session["id"]
+    clock.advance(5)
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    assert api.get("/api/v1/locks/job:1").get_json()["session"] == session["id"]
+    read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
+    assert {lock["session"] for lock in read["locks"]} == {session["id"]}
+    plain = api.post("/api/v1/locks/job:2", json={"owner": "w-7", "ttl": 30})
+    assert "session" not in plain.get_json()["lock"]
+    assert "session" not in api.get("/api/v1/locks/job:2").get_json()
+    # Released on its own, the grant leaves the session: the row is free.
+    assert api.delete("/api/v1/locks/job:1?owner=w-7").status_code == 204
+    again = api.post("/api/v1/locks/job:1", json={"owner": "w-7", "ttl": 30})
+    assert "session" not in again.get_json()["lock"]
+    # The client's LockGrant carries it; older servers send none.
+    assert LockGrant.from_json(granted).session == session["id"]
+    assert LockGrant.from_json(plain.get_json()["lock"]).session is None

@@ -29,7 +29,7 @@ SLASH_MESSAGE = validation.RESOURCE_CHARACTERS + " (no '/')"
 
 
 def lock_to_json(lock: Lock) -> dict[str, Any]:
-    return {
+    found = {
         "resource": lock.resource,
         "owner": lock.owner,
         "token": lock.token,
@@ -43,6 +43,10 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
         "mode": lock.mode,
         "holders": lock.holders,
     }
+    if lock.session is not None:
+        # Only a bound grant names its session (absent otherwise).
+        found["session"] = lock.session
+    return found
 
 
 def holders_to_json(found: Holders) -> dict[str, Any]:

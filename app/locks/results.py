@@ -27,6 +27,9 @@ class Lock:
     limit: int = 1
     mode: str = "exclusive"
     holders: int = 1
+    # The id of the session the grant is bound to (renewed by its heartbeat),
+    # or None when it is bound to none (or where a read does not look).
+    session: str | None = None
 
     @classmethod
     def from_row(cls, row, now: datetime, expiring_within: float) -> Lock:

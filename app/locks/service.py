@@ -7,6 +7,7 @@ transaction holding the change and its audit event (see ``statements``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -1041,10 +1042,15 @@ class LockService:
             literal(now, UTCDateTime()) if now is not None else self._server_now()
         ).label("now")
         waiting, _ = queue_columns(locks.c.resource, now_column.element)
+        bound = None
         with self._autocommit_engine.connect() as conn:
             row = conn.execute(
                 select(locks, now_column, waiting).where(locks.c.resource == resource)
             ).one_or_none()
+            if row is not None and row.session_id is not None and row.owner:
+                # A probe only a row with a session id pays: still bound?
+                found = self.sessions.statements.session_of(conn, resource)
+                bound = found.id if found is not None else None
             places = (
                 self._live_places(conn, row)
                 if row is not None
@@ -1058,6 +1064,8 @@ class LockService:
         if row is None or row.owner is None:
             raise LockNotFound(resource)
         lock = self._lock(row, row.now)
+        if bound is not None:
+            lock = dataclasses.replace(lock, session=bound)
         if lock.state is LockState.STALE and not include_stale:
             raise LockNotFound(resource, f"the lock on {resource!r} has expired")
         return lock

@@ -9,7 +9,7 @@ unknown to it (404), as it would be if it did not exist.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +119,10 @@ class SessionService:
             created_at=row.created_at,
             expires_at=row.expires_at,
             ttl_remaining=max((row.expires_at - now).total_seconds(), 0.0),
-            locks=[Lock.from_row(grant, now, expiring) for grant in grants],
+            locks=[
+                replace(Lock.from_row(grant, now, expiring), session=row.id)
+                for grant in grants
+            ],
         )
 
     @staticmethod
@@ -279,9 +282,10 @@ class SessionService:
                     # The next in line may be granted too (a shared head, a
                     # semaphore's free place): wake it now.
                     locks.queue.notify_released(ask.resource, outcome.row.waiters)
-                return AcquireResult(
-                    True, locks._lock(outcome.row, outcome.now), outcome.action
+                lock = replace(
+                    locks._lock(outcome.row, outcome.now), session=session_id
                 )
+                return AcquireResult(True, lock, outcome.action)
             return locks._refusal(ask, outcome)
 
         return locks.run_transaction(work, decide=decide)

@@ -29,6 +29,9 @@ class LockGrant:
     limit: int = 1
     mode: str = "exclusive"
     holders: int = 1
+    # The id of the session the grant is bound to; None when it is bound to
+    # none (or the server is older and does not say).
+    session: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LockGrant:
@@ -45,6 +48,7 @@ class LockGrant:
             limit=int(data.get("limit", 1)),
             mode=str(data.get("mode", "exclusive")),
             holders=int(data.get("holders", 1)),
+            session=str(data["session"]) if data.get("session") else None,
         )
 
 
