@@ -173,6 +173,10 @@ class SessionService:
         if not beat.done:
             self.locks.metrics.session("heartbeat_expired")
             raise SessionExpired(session_id)
+        # Counted in lockkeeper_sessions_total{outcome="heartbeat"}, and not
+        # logged: an audit event per heartbeat would write a row per heartbeat
+        # per worker (every few seconds each, forever), burying the grants and
+        # releases the log is for. The grants' expiries say the same thing.
         self.locks.metrics.session("heartbeat")
         return self._session(beat.session, beat.now)
 
