@@ -34,6 +34,8 @@ SERVER_URLS = {
         "LOCKKEEPER_TEST_MARIADB_URL", "mariadb://root@127.0.0.1:3306/test"
     ),
 }
+# Every table a test may write, emptied between tests on the server databases
+# (``test_every_table_is_emptied_between_tests`` keeps the list whole).
 TABLES = (
     "lock_holders",
     "lock_sessions",
@@ -46,6 +48,8 @@ TABLES = (
     "api_tokens",
     "users",
 )
+# Kept between tests: SQLite's fence counter row (fences only grow).
+KEPT_TABLES = ("lock_fence_counter",)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

@@ -20,6 +20,7 @@ EVENT_FIELDS = {
     "reason",
     "occurred_at",
     "mode",
+    "details",
 }
 
 

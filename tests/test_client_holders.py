@@ -25,7 +25,7 @@ def worker(request, live_server, backend):
 
 def test_a_semaphore_grants_its_places_each_with_a_fence_then_refuses(worker):
     grants = [worker.acquire("report-builds", f"w-{n}", 30, limit=3) for n in range(3)]
-    assert all(grant.acquired for grant in grants)
+    assert all(grant.acquired for grant in grants), grants
     fences = [grant.lock.fence for grant in grants]
     assert fences == sorted(set(fences))  # each its own, in grant order
     assert {grant.lock.limit for grant in grants} == {3}

@@ -212,3 +212,15 @@ def test_the_readme_lists_every_setting_the_code_reads():
     missing = read - table_rows - exec_environment - client_environment
     assert not missing, f"settings read by app/ but not in a README table: {missing}"
     assert (exec_environment | client_environment) <= set(SETTING.findall(readme))
+
+
+def test_every_table_is_emptied_between_tests():
+    """A table left out of ``tests.databases.TABLES`` keeps one test's rows for the
+    next on PostgreSQL and MariaDB (a semaphore's places once did)."""
+    import app.auth.models  # noqa: F401 - the tables of the models
+    import app.locks.models  # noqa: F401
+    from app.extensions import db
+    from tests.databases import KEPT_TABLES, TABLES
+
+    assert set(TABLES) | set(KEPT_TABLES) == set(db.metadata.tables)
+    assert len(TABLES) == len(set(TABLES))

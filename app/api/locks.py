@@ -113,7 +113,14 @@ def release_lock(resource: str):
     owner = in_body if in_body is not None else in_query
     if owner is None:
         raise InvalidInput([("owner", "is required (in the body or as ?owner=)")])
-    lock_service().release(resource, owner, actor=g.actor, token=g.token.name)
+    run = body().get("run")
+    lock_service().release(
+        resource,
+        owner,
+        actor=g.actor,
+        token=g.token.name,
+        details=None if run is None else {"run": run},
+    )
     response = Response(status=204)
     del response.headers["Content-Type"]  # no body, so no type
     return response

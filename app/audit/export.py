@@ -32,6 +32,7 @@ COLUMNS = (
     "token",
     "reason",
     "mode",
+    "details",
 )
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
 # injection"): an owner like =HYPERLINK(...) would act in the auditor's sheet.
@@ -69,6 +70,7 @@ def event_record(event: Event) -> dict[str, Any]:
         "token": event.token,
         "reason": event.reason,
         "mode": event.mode,
+        "details": event.details,
     }
 
 
@@ -77,6 +79,8 @@ def csv_cell(value: Any) -> Any:
     a formula gets a leading ``'`` (shown as text, the value otherwise intact)."""
     if value is None:
         return ""
+    if isinstance(value, dict):
+        value = json.dumps(value, sort_keys=True)
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
         return "'" + value
     return value

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from app.locks.state import Action, LockState, classify
 
@@ -105,9 +106,13 @@ class Event:
     # The grant's mode ("exclusive" or "shared"); None on events before modes
     # and on freezes.
     mode: str | None = None
+    # What a releasing worker reported with its release (``lockkeeper exec``:
+    # ``{"run": {"exit_status", "duration", "host"}}``); None otherwise.
+    details: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row) -> Event:
+        reported = getattr(row, "details", None)
         return cls(
             id=row.id,
             resource=row.resource,
@@ -122,6 +127,7 @@ class Event:
             occurred_at=row.occurred_at,
             token=row.token,
             mode=getattr(row, "mode", None),
+            details=None if reported is None else json.loads(reported),
         )
 
 

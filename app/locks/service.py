@@ -8,6 +8,7 @@ transaction holding the change and its audit event (see ``statements``).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -554,13 +555,17 @@ class LockService:
         actor: str | None = None,
         *,
         token: str | None = None,
+        details: Mapping[str, Any] | None = None,
     ) -> Lock:
         """Release the valid lock of (``token``, ``owner``); returns it as it was.
+        ``details``: what the releasing worker reports (``lockkeeper exec``: how
+        its command ended), kept as JSON with the ``released`` event.
 
         :raise LockNotFound: no row, or it expired (the caller has lost it).
         :raise NotOwner: validly held by another holder.
         """
         self.validate(resource=resource, owner=owner, actor=actor)
+        reported = None if details is None else json.dumps(details, sort_keys=True)
 
         def decide(outcome) -> Lock:
             row, now = outcome.row, outcome.now
@@ -571,7 +576,7 @@ class LockService:
             if row is not None and (row.owner is None or row.expires_at <= now):
                 placed = self._place_operation(
                     lambda conn: self._transactional.release_place(
-                        conn, resource, owner, token, actor, self._now()
+                        conn, resource, owner, token, actor, self._now(), reported
                     )
                 )
                 if placed is not None:
@@ -592,7 +597,7 @@ class LockService:
 
         return self.run_transaction(
             lambda conn: self.statements.release(
-                conn, resource, owner, token, actor, self._now()
+                conn, resource, owner, token, actor, self._now(), reported
             ),
             autocommit=self.statements.autocommit,
             driver=True,

@@ -89,6 +89,7 @@ class LockStatements(Protocol):
         token: str | None,
         actor: str | None,
         now: datetime | None,
+        details: str | None = None,
     ) -> Outcome: ...
 
 

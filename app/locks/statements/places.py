@@ -484,7 +484,9 @@ class PlacesStatements:
         )  # fmt: skip
         return Outcome(True, Action.RENEWED, renewed, now)
 
-    def release_place(self, conn, resource, owner, token, actor, now) -> Outcome:
+    def release_place(
+        self, conn, resource, owner, token, actor, now, details=None
+    ) -> Outcome:
         """End the caller's live place; refused (row None) when it has none."""
         row, now, mine, live = self._my_place(conn, resource, owner, token, now)
         if mine is None:
@@ -501,7 +503,7 @@ class PlacesStatements:
         ended = LockRow.of(ended, expires_at=now)
         self._log(
             conn, Action.RELEASED, ended, owner, token, actor, None, now,
-            mode=mine.mode,
+            mode=mine.mode, details=details,
         )  # fmt: skip
         return Outcome(True, Action.RELEASED, ended, now)
 

@@ -11,7 +11,7 @@ from app.locks.statements.common import FreezeRow, Outcome
 from app.locks.statements.transaction import TransactionalStatements
 from app.locks.values import Ask
 
-# The statements live in the database as functions (migrations 0007, 0009 and 0011,
+# The statements live in the database as functions (migrations 0007 to 0017,
 # where their SQL and its reasoning are): PostgreSQL plans each once per
 # connection, with or without a pooler that cannot carry prepared statements.
 # ``now`` NULL: the server's clock, read after the row lock; a datetime: a
@@ -24,7 +24,8 @@ _PG_RENEW = DriverSQL(
     "SELECT * FROM lockkeeper_renew(:resource, :owner, :token, :ttl, :actor, :now)"
 )
 _PG_RELEASE = DriverSQL(
-    "SELECT * FROM lockkeeper_release(:resource, :owner, :token, :actor, :now)"
+    "SELECT * FROM lockkeeper_release(:resource, :owner, :token, :actor, :now,"
+    " :details)"
 )
 _PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
 
@@ -111,7 +112,9 @@ class PostgresStatements:
             },
         )
 
-    def release(self, conn, resource, owner, token, actor, now) -> Outcome:
+    def release(
+        self, conn, resource, owner, token, actor, now, details=None
+    ) -> Outcome:
         return self._run(
             conn,
             self.release_sql,
@@ -121,5 +124,6 @@ class PostgresStatements:
                 "token": token,
                 "actor": actor,
                 "now": now,
+                "details": details,
             },
         )

@@ -384,6 +384,7 @@ class TransactionalStatements(PlacesStatements):
         reason,
         now,
         mode=EXCLUSIVE,
+        details=None,
     ) -> None:
         self._insert_event(
             conn,
@@ -400,6 +401,7 @@ class TransactionalStatements(PlacesStatements):
                 "reason": reason,
                 "occurred_at": now,
                 "mode": mode,
+                "details": details,
             },
         )
 
@@ -600,12 +602,16 @@ class TransactionalStatements(PlacesStatements):
             is not None
         )
 
-    def release(self, conn, resource, owner, token, actor, now) -> Outcome:
+    def release(
+        self, conn, resource, owner, token, actor, now, details=None
+    ) -> Outcome:
         row = self.lock_row(conn, resource, now)
         now = self.clock_after_lock(conn, now).now
         if row is None or not holds(row, owner, token) or row.expires_at <= now:
             return Outcome(False, None, row, now)
-        return self._remove(conn, row, Action.RELEASED, token, actor, None, now)
+        return self._remove(
+            conn, row, Action.RELEASED, token, actor, None, now, details=details
+        )
 
     # The operator's actions come in steps the service composes inside one
     # transaction: lock the row (and read the clock), apply its rule, write.
@@ -669,11 +675,16 @@ class TransactionalStatements(PlacesStatements):
             reason,
         )
 
-    def _remove(self, conn, row, action, token, actor, reason, now) -> Outcome:
-        """Free the row (see ``DistributedLock``); the event says when it ended."""
+    def _remove(
+        self, conn, row, action, token, actor, reason, now, details=None
+    ) -> Outcome:
+        """Free the row (see ``DistributedLock``); the event says when it ended
+        (and ``details``, what the releasing worker reported)."""
         self._write_free(conn, row, now)
         ended = LockRow.of(row, expires_at=now)
-        self._log(conn, action, ended, row.owner, token, actor, reason, now)
+        self._log(
+            conn, action, ended, row.owner, token, actor, reason, now, details=details
+        )
         return Outcome(True, action, ended, now)
 
     def release_stale_batch(
@@ -786,9 +797,9 @@ _FREE_SQL = (
 _DEQUEUE_SQL = "DELETE FROM lock_waiters WHERE id = :id"
 _INSERT_EVENT_SQL = """INSERT INTO lock_events
     (resource, action, owner, previous_owner, token, fence, acquired_at,
-     expires_at, actor, reason, occurred_at, mode)
+     expires_at, actor, reason, occurred_at, mode, details)
 VALUES (:resource, :action, :owner, :previous_owner, :token, :fence, :acquired_at,
-        :expires_at, :actor, :reason, :occurred_at, :mode)"""
+        :expires_at, :actor, :reason, :occurred_at, :mode, :details)"""
 # The hot path's writes: SQL that both SQLite and MariaDB take (``DriverWrites``).
 DRIVER_WRITES = {
     "insert_lock": _INSERT_LOCK_SQL,

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -310,19 +311,31 @@ def _run_holding(
         shared=kind.shared,
     )
     held.acquire()
+    started = time.monotonic()
+    code: int | None = None
     try:
-        return runner.run(
+        code = runner.run(
             {
                 "LOCKKEEPER_FENCE": str(held.fence),
                 "LOCKKEEPER_RESOURCE": resource,
                 "LOCKKEEPER_OWNER": held.owner,
             }
         )
+        return code
     finally:
         if hold_at_least:
             held.hold_at_least(hold_at_least)
+        elif code is None:
+            held.release()  # the command never ran to an end of its own
         else:
-            held.release()
+            # How the run ended goes with the release into the audit log.
+            held.release(
+                run={
+                    "exit_status": max(-255, min(code, 255)),
+                    "duration": round(time.monotonic() - started, 3),
+                    "host": socket.gethostname()[:255],
+                }
+            )
 
 
 def _run_leading(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lockkeeper_client import decisions
 from lockkeeper_client._async.waiting import AsyncGrantWait
@@ -114,8 +114,10 @@ class AsyncHeldLock:
             self._renew_until_stopped, name=f"lockkeeper-renew:{self.resource}"
         )
 
-    async def release(self) -> None:
-        """Stop renewing and release the lock, unless it was lost already."""
+    async def release(self, *, run: Mapping[str, Any] | None = None) -> None:
+        """Stop renewing and release the lock, unless it was lost already;
+        ``run``: how the work under it ended, kept with the release (see
+        ``LockClient.release``)."""
         self._stop.set()
         if self._renewer is not None:
             await self._renewer.join()
@@ -123,7 +125,7 @@ class AsyncHeldLock:
             return
         self._released = True
         try:
-            await self.client.release(self.resource, self.owner)
+            await self.client.release(self.resource, self.owner, run=run)
         except LockLost as exc:
             # Lost between the last renew and the release: report it, do not raise.
             self._mark_lost(str(exc), notify=False)

@@ -7,7 +7,8 @@ double, another transport) can stand in."""
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from lockkeeper_client.grants import AcquireAttempt, LockGrant
 
@@ -41,6 +42,8 @@ class AsyncLockPort(Protocol):
         retry_until: float | None = None,
     ) -> LockGrant: ...
 
-    async def release(self, resource: str, owner: str) -> None: ...
+    async def release(
+        self, resource: str, owner: str, *, run: Mapping[str, Any] | None = None
+    ) -> None: ...
 
     async def get(self, resource: str) -> LockGrant: ...

@@ -9,7 +9,7 @@ answer outside the call's success becomes one exception of ``errors.py``.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -159,13 +159,22 @@ class LockClient:
         )
         return decisions.renew_outcome(response, resource, owner)
 
-    def release(self, resource: str, owner: str) -> None:
+    def release(
+        self, resource: str, owner: str, *, run: Mapping[str, Any] | None = None
+    ) -> None:
         """Release ``owner``'s lock.
+
+        ``run``: how the work done under the lock ended (``exit_status``, and
+        optionally ``duration`` in seconds and ``host``), kept with the release in
+        the audit log.
 
         :raise LockLost: the lock had expired or was held by another owner
             (404/403): whatever the caller did since it was lost was unprotected.
         """
-        response, maybe_applied = self._send("DELETE", resource, json={"owner": owner})
+        body: dict[str, Any] = {"owner": owner}
+        if run is not None:
+            body["run"] = dict(run)
+        response, maybe_applied = self._send("DELETE", resource, json=body)
         decisions.release_outcome(response, resource, owner, maybe_applied)
 
     def get(self, resource: str) -> LockGrant:

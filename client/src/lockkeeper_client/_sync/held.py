@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lockkeeper_client import decisions
 from lockkeeper_client._concurrency import (
@@ -115,8 +115,10 @@ class HeldLock:
             self._renew_until_stopped, name=f"lockkeeper-renew:{self.resource}"
         )
 
-    def release(self) -> None:
-        """Stop renewing and release the lock, unless it was lost already."""
+    def release(self, *, run: Mapping[str, Any] | None = None) -> None:
+        """Stop renewing and release the lock, unless it was lost already;
+        ``run``: how the work under it ended, kept with the release (see
+        ``LockClient.release``)."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
@@ -124,7 +126,7 @@ class HeldLock:
             return
         self._released = True
         try:
-            self.client.release(self.resource, self.owner)
+            self.client.release(self.resource, self.owner, run=run)
         except LockLost as exc:
             # Lost between the last renew and the release: report it, do not raise.
             self._mark_lost(str(exc), notify=False)

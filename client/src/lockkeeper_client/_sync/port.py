@@ -8,7 +8,8 @@ double, another transport) can stand in."""
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from lockkeeper_client.grants import AcquireAttempt, LockGrant
 
@@ -42,6 +43,8 @@ class LockPort(Protocol):
         retry_until: float | None = None,
     ) -> LockGrant: ...
 
-    def release(self, resource: str, owner: str) -> None: ...
+    def release(
+        self, resource: str, owner: str, *, run: Mapping[str, Any] | None = None
+    ) -> None: ...
 
     def get(self, resource: str) -> LockGrant: ...
