@@ -174,3 +174,18 @@ class TokenEnded(LockError):
         super().__init__(
             f"the API token {token!r} was revoked or has expired; no lock was granted"
         )
+
+
+class SessionBound(LockError):
+    """A renewal of a session-bound grant: it is renewed by its session's
+    heartbeat."""
+
+    def __init__(self, resource: str, session_id: str):
+        self.resource = resource
+        self.session_id = session_id
+        super().__init__(
+            f"the lock on {resource!r} is bound to session {session_id!r}: it "
+            "is renewed by "
+            "the session's heartbeat (PATCH /api/v1/sessions/{id}); renew the "
+            "session instead"
+        )

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from app.locks import rules, validation
-from app.locks.errors import InvalidInput, LockError
+from app.locks.errors import InvalidInput, LockError, SessionBound
 from app.locks.models import SESSION_ID_LENGTH
 from app.locks.results import AcquireResult, Lock
 from app.locks.state import Action
@@ -53,21 +53,6 @@ class SessionExpired(LockError):
         super().__init__(
             f"the session {session_id!r} has expired; its locks are stale: "
             "start a new session and acquire them again"
-        )
-
-
-class SessionBound(LockError):
-    """A renewal of a session-bound grant: it is renewed by its session's
-    heartbeat."""
-
-    def __init__(self, resource: str, session_id: str):
-        self.resource = resource
-        self.session_id = session_id
-        super().__init__(
-            f"the lock on {resource!r} is bound to session {session_id!r}: it "
-            "is renewed by "
-            "the session's heartbeat (PATCH /api/v1/sessions/{id}); renew the "
-            "session instead"
         )
 
 

@@ -209,3 +209,11 @@ class LockRow:
 
 # LockRow's fields a row may lack (or carry NULL in), taken as their defaults.
 _ROW_DEFAULTS = frozenset({"waiters", "holder_limit", "mode", "holders"})
+
+
+class SessionEnded(Exception):
+    """Raised inside a transaction: the session has expired."""
+
+    def __init__(self, session: Any):  # a sessions.SessionRow
+        self.session = session
+        super().__init__(session.id)

@@ -21,11 +21,13 @@ from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.database import UTCDateTime
+from app.locks.errors import SessionBound
 from app.locks.models import EXCLUSIVE, NO_TOKEN, SHARED, LockSession
 from app.locks.state import Action, holds
 from app.locks.statements.common import (
     LockRow,
     Outcome,
+    SessionEnded,
     holders,
     live_locks,
     locks,
@@ -187,8 +189,6 @@ class PlacesStatements:
         now = self.clock_after_lock(conn, now).now
         session_id = None
         if session is not None:
-            from app.locks.statements.sessions import SessionEnded
-
             if session.expires_at <= now:
                 raise SessionEnded(session)
             session_id = session.id
@@ -411,8 +411,6 @@ class PlacesStatements:
             )
         )
         if bound is not None:
-            from app.locks.sessions import SessionBound
-
             raise SessionBound(place.resource, bound)
 
     @staticmethod

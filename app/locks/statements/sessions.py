@@ -42,6 +42,7 @@ from app.locks.state import Action, holds
 from app.locks.statements.common import (
     LockRow,
     Outcome,
+    SessionEnded,
     events,
     locks,
     queue_columns,
@@ -96,14 +97,6 @@ class Ended:
 
 class SessionNotFound(Exception):
     """Raised inside a transaction: no session of this id for this token."""
-
-
-class SessionEnded(Exception):
-    """Raised inside a transaction: the session has expired."""
-
-    def __init__(self, session: SessionRow):
-        self.session = session
-        super().__init__(session.id)
 
 
 def _session(row) -> SessionRow:
