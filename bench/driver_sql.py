@@ -164,6 +164,7 @@ class PostgresDriver:
                 "actor": None,
                 "token": "bench",
                 "now": None,
+                "details": None,
             },
         ).fetchone()
         return bool(row is not None and row[0])
