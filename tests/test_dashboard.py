@@ -583,6 +583,27 @@ def test_lock_page_shows_row_history_and_timeline(operator, service, clock):
     assert svg.select("path.marker-took_over")
 
 
+def test_lock_page_shows_the_last_run_a_release_reported(operator, service, clock):
+    """``lockkeeper exec`` releases with how its command ended; the lock page
+    says how the last such run went, even after later plain releases."""
+    assert soup(operator.get("/locks/job:run")).select_one("#last-run") is None
+    service.acquire("job:run", "w1", ttl=30)
+    clock.advance(5)
+    run = {"exit_status": 3, "duration": 4.25, "host": "batch-07"}
+    service.release("job:run", "w1", details={"run": run})
+    clock.advance(60)
+    service.acquire("job:run", "w2", ttl=30)
+    service.release("job:run", "w2")  # no run reported: the last run stays
+    page = soup(operator.get("/locks/job:run"))
+    last = page.select_one("#last-run")
+    text = last.get_text(" ", strip=True)
+    assert "exit 3" in text
+    assert "batch-07" in text
+    assert "w1" in text
+    assert "1 min ago" in text
+    assert last.select_one("strong")["class"] == ["run-failed"]
+
+
 def test_lock_page_history_pages_newest_first_without_gaps(operator, service, clock):
     service.acquire("job:1", "w", ttl=100)
     for _ in range(44):

@@ -162,6 +162,28 @@ def newest_event_id(resource: str | None = None) -> int:
         return conn.execute(query).scalar() or 0
 
 
+def last_run(resource: str) -> Event | None:
+    """The newest release of ``resource`` that reported how its run ended
+    (``lockkeeper exec``'s exit status, duration and host), or None. Walks the
+    resource's events newest first on ``(resource, id)``, releases only."""
+    query = (
+        select(events)
+        .where(
+            events.c.resource == resource,
+            events.c.action == Action.RELEASED.value,
+            events.c.details.is_not(None),
+        )
+        .order_by(events.c.id.desc())
+        .limit(1)
+    )
+    with db.engine.connect() as conn:
+        row = conn.execute(query).one_or_none()
+    if row is None:
+        return None
+    found = Event.from_row(row)
+    return found if isinstance((found.details or {}).get("run"), dict) else None
+
+
 def iter_events(
     filters: EventFilter | None = None, *, batch: int = 1000
 ) -> Iterator[Event]:

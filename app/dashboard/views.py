@@ -17,6 +17,7 @@ from flask_login import current_user
 from app.audit.service import (
     FOLDED,
     EventFilter,
+    last_run,
     list_events,
     newest_event_id,
     renewals,
@@ -435,6 +436,7 @@ def lock_page(resource: str):
         lock_session=lock_session,
         held_by=held_by,
         waiting=waiting,
+        last_run=last_run(resource),
         history=history,
         renewals=folded,
         every_row=every_row,
