@@ -237,6 +237,32 @@ def test_a_bound_grant_is_renewed_by_its_session_not_on_its_own(api, clock):
     assert api.get(f"/api/v1/sessions/{session['id']}").get_json()["locks"] == []
 
 
+def test_a_plain_reacquire_of_a_bound_grant_is_refused_and_keeps_it_bound(api, clock):
+    """Acquiring one's own session-bound grant with a ttl would move its expiry
+    off the session's: refused like the renew (on PostgreSQL by the acquire
+    function, migration 0018); through the session it is a re-acquire."""
+    session = start(api)
+    granted = bind(api, session, "job:1")
+    assert granted.status_code == 200
+    fence = granted.get_json()["lock"]["fence"]
+    refused = api.post("/api/v1/locks/job:1", json={"owner": "w-7", "ttl": 600})
+    body = assert_problem(refused, 409)
+    assert "renew the session" in body["detail"]
+    assert session["id"] in body["detail"]
+    lock = api.get("/api/v1/locks/job:1").get_json()
+    assert lock["expires_at"] == session["expires_at"]
+    assert lock["fence"] == fence
+    clock.advance(2)
+    renewed = api.patch(f"/api/v1/sessions/{session['id']}").get_json()
+    assert (
+        api.get("/api/v1/locks/job:1").get_json()["expires_at"]
+        == (renewed["expires_at"])
+    )
+    again = bind(api, session, "job:1")
+    assert again.status_code == 200
+    assert again.get_json()["lock"]["fence"] == fence
+
+
 def test_purge_stale_removes_sessions_expired_as_long_ago(service, clock, fake_app):
     from datetime import timedelta
 

@@ -462,6 +462,17 @@ class LockService:
             # Free or expired, but others are in line before us.
             holder = self._lock(row, outcome.now) if row.owner else None
             return AcquireResult(False, holder, None, queued)
+        if (
+            row is not None
+            and row.owner is not None
+            and row.expires_at > outcome.now
+            and holds(row, owner, token)
+        ):
+            # Our own valid grant, refused: bound to a session (read only on
+            # this refusal path), which alone renews it.
+            bound = self.sessions.bound_session(resource)
+            if bound is not None:
+                raise SessionBound(resource, bound)
         places_until = getattr(row, "places_until", None)
         if places_until is not None and places_until > outcome.now:
             # Held by places (a refusal of the session-bound path, which does

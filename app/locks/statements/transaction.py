@@ -508,6 +508,10 @@ class TransactionalStatements(PlacesStatements):
         elif row.expires_at <= now:
             action = Action.TOOK_OVER
         elif holds(row, owner, token):
+            if row.session_id is not None and self._session_bound(conn, row):
+                # Bound to a session: its expiry is the session's, and a plain
+                # re-acquire would cut it loose (the service says so).
+                return Outcome(False, None, row, now)
             action, fence = Action.REACQUIRED, row.fence
         else:
             return Outcome(False, None, row, now)
