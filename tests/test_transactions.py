@@ -278,7 +278,7 @@ def test_a_release_that_keeps_racing_is_a_503(quick_service, monkeypatch):
     calls = []
     live = quick_service.get("job")
 
-    def release(conn, resource, owner, token, actor, now):
+    def release(conn, resource, owner, token, actor, now, details=None):
         calls.append(resource)
         # Held by us and valid, yet not released: the row changed under us.
         row = SimpleNamespace(

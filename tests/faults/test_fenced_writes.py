@@ -71,10 +71,25 @@ def test_the_checker_finds_a_write_under_a_fence_never_granted_there():
 @pytest.mark.slow
 @pytest.mark.parametrize("server", ["postgresql", "mariadb"])
 def test_bounded_fenced_write_run_finds_no_violation(databases, tmp_path, server):
-    url = databases(server).fresh(tmp_path)
-    report = run(FencedConfig(database_url=url, duration=6.0), log=lambda _: None)
-    stats = report.stats
-    assert report.violations == [], stats
+    def exercised(stats) -> bool:
+        return (
+            stats["pauses"] >= 4
+            and stats["take_overs"] >= 3
+            and stats["writes_committed"] >= 30
+            and sum(stats["writes_refused"].values()) >= 1
+        )
+
+    # On a loaded machine 6 s may see no paused holder write late: run again,
+    # longer (every run must be free of violations), up to a deadline.
+    for duration in (6.0, 12.0, 24.0):
+        url = databases(server).fresh(tmp_path)
+        report = run(
+            FencedConfig(database_url=url, duration=duration), log=lambda _: None
+        )
+        stats = report.stats
+        assert report.violations == [], stats
+        if exercised(stats):
+            break
     # The run exercised what it claims to: paused holders, take-overs, refusals.
     assert stats["pauses"] >= 4
     assert stats["take_overs"] >= 3
