@@ -7,6 +7,8 @@ schema, and the baseline WSGI app must answer like the API.
 
 from __future__ import annotations
 
+import shutil
+
 import httpx
 import pytest
 from sqlalchemy import func, select
@@ -18,6 +20,7 @@ from bench import baseline_app
 from bench.driver_sql import connect, driver_for
 from bench.measure import Sample, alternate, compare
 from bench.report import markdown
+from tests.databases import unavailable
 
 
 def _opened(url):
@@ -155,6 +158,9 @@ def test_the_etcd_baseline_cycles_through_etcds_own_lock_api(tmp_path):
     from bench.etcd_bench import Etcd
     from bench.servers import run_wrk
 
+    for tool in ("wrk", "etcd"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed (.ci/run installs it)")
     etcd = Etcd(tmp_path / "etcd")
     try:
         lease = etcd.grant_lease()
