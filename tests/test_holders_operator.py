@@ -4,11 +4,16 @@ grant carries any more is refused and names the grant there now. Every database.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from app.locks.errors import InvalidInput, LockChanged
+from app.locks.errors import InvalidInput, LockChanged, LockNotFound
+from app.locks.service import lock_service
 from app.locks.state import Action
-from tests.test_holders import events_of
+from tests.dashboard_helpers import post, soup
+from tests.test_holders import events_of, places_of
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -79,3 +84,277 @@ def test_a_reason_and_a_fence_are_required(service, fence, reason, field):
         service.force_release_place("sem:bad", fence, actor="olga", reason=reason)
     assert field in [name for name, _ in refused.value.errors]
     assert len(service.holders("sem:bad").holders) == 1
+
+
+# -- every grant at once ---------------------------------------------------------
+
+
+def forced_events(resource):
+    return [
+        (e.owner, e.fence, e.mode, e.actor, e.reason)
+        for e in events_of(resource)
+        if e.action == Action.FORCE_RELEASED
+    ]
+
+
+def test_force_release_all_ends_every_place_one_event_each(service):
+    fences = [grant(service, "sem:all", f"w-{n}", limit=3).fence for n in (1, 2, 3)]
+    done = service.force_release_all("sem:all", actor="olga", reason="drain")
+    assert sorted(lock.fence for lock in done.released) == fences
+    assert (done.left_alone, done.gone) == ([], [])
+    assert service.holders("sem:all").holders == []
+    assert sorted(forced_events("sem:all")) == [
+        (f"w-{n}", fence, "exclusive", "olga", "drain")
+        for n, fence in zip((1, 2, 3), fences, strict=True)
+    ]
+    # Free again: an exclusive lock may take it at once.
+    assert service.acquire("sem:all", "solo", ttl=30).acquired
+
+
+def test_force_release_all_ends_shared_grants_and_an_exclusive_grant(service):
+    readers = [grant(service, "rw:all", f"r-{n}", mode="shared") for n in (1, 2)]
+    done = service.force_release_all("rw:all", actor="olga", reason="x")
+    assert {(lock.owner, lock.mode) for lock in done.released} == {
+        ("r-1", "shared"),
+        ("r-2", "shared"),
+    }
+    assert sorted(e[:3] for e in forced_events("rw:all")) == [
+        ("r-1", readers[0].fence, "shared"),
+        ("r-2", readers[1].fence, "shared"),
+    ]
+    held = grant(service, "job:all", "w-1")
+    done = service.force_release_all(
+        "job:all", actor="olga", reason="y", fences=[held.fence]
+    )
+    assert [(lock.owner, lock.fence) for lock in done.released] == [("w-1", held.fence)]
+    assert forced_events("job:all") == [("w-1", held.fence, "exclusive", "olga", "y")]
+    with pytest.raises(LockNotFound):
+        service.force_release_all("job:all", actor="olga", reason="again")
+
+
+def test_a_grant_taken_since_the_confirmation_is_left_alone(service):
+    first = grant(service, "sem:seen", "w-1", limit=3)
+    gone = grant(service, "sem:seen", "w-2", limit=3)
+    confirmed = [h.fence for h in service.holders("sem:seen").holders]
+    service.release("sem:seen", "w-2")
+    newer = grant(service, "sem:seen", "w-3", limit=3)
+    done = service.force_release_all(
+        "sem:seen", actor="olga", reason="drain", fences=confirmed
+    )
+    assert [lock.fence for lock in done.released] == [first.fence]
+    assert [(lock.owner, lock.fence) for lock in done.left_alone] == [
+        ("w-3", newer.fence)
+    ]
+    assert done.gone == [gone.fence]
+    assert [h.fence for h in service.holders("sem:seen").holders] == [newer.fence]
+    assert [e[1] for e in forced_events("sem:seen")] == [first.fence]
+
+
+@pytest.mark.parametrize(
+    ("fences", "reason", "field"),
+    [(None, " ", "reason"), ([], "r", "fence"), ([0], "r", "fence")],
+)
+def test_force_release_all_needs_a_reason_and_real_fences(
+    service, fences, reason, field
+):
+    grant(service, "sem:bad", "w-1", limit=2)
+    with pytest.raises(InvalidInput) as refused:
+        service.force_release_all("sem:bad", actor="olga", reason=reason, fences=fences)
+    assert field in [name for name, _ in refused.value.errors]
+    assert len(service.holders("sem:bad").holders) == 1
+
+
+# -- races, real threads on the real clock -----------------------------------------
+
+RACE_SECONDS = 2.0
+RACE_DEADLINE = 30.0
+
+
+@pytest.fixture
+def race_app(make_app):
+    """Connections for every thread, so none queues on the pool."""
+    return make_app(SQLALCHEMY_ENGINE_OPTIONS={"pool_size": 10, "max_overflow": 10})
+
+
+def run_threads(*targets) -> None:
+    errors: list[BaseException] = []
+
+    def run(target) -> None:
+        try:
+            target()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_release_all_racing_new_places_leaves_no_grant_without_its_event(race_app):
+    """Workers take places while an operator releases every grant, over and
+    over: each grant ever made either is still a place or has exactly one
+    force_released event, never both, never neither."""
+    resource = "race:all"
+    started = time.monotonic()
+    granted: list[int] = []
+    released: list[int] = []
+
+    def going() -> bool:
+        elapsed = time.monotonic() - started
+        enough = len(granted) >= 40 and len(released) >= 20
+        return elapsed < RACE_DEADLINE and (elapsed < RACE_SECONDS or not enough)
+
+    def worker(number: int):
+        def run() -> None:
+            with race_app.app_context():
+                service = lock_service()
+                attempt = 0
+                while going():
+                    attempt += 1
+                    owner = f"w{number}-{attempt}"
+                    result = service.acquire(resource, owner, ttl=60, limit=8)
+                    if result.acquired:
+                        granted.append(result.lock.fence)
+
+        return run
+
+    def operator() -> None:
+        with race_app.app_context():
+            service = lock_service()
+            while going():
+                try:
+                    done = service.force_release_all(
+                        resource, actor="olga", reason="drain"
+                    )
+                except LockNotFound:
+                    continue
+                released.extend(lock.fence for lock in done.released)
+
+    run_threads(operator, *(worker(n) for n in range(4)))
+    with race_app.app_context():
+        events = [(e.action, e.fence) for e in events_of(resource)]
+        live = [place.fence for place in places_of(resource)]
+    made = [fence for action, fence in events if action == Action.ACQUIRED]
+    forced = [fence for action, fence in events if action == Action.FORCE_RELEASED]
+    assert sorted(made) == sorted(granted)
+    assert len(forced) == len(set(forced)) == len(released) >= 20
+    assert not set(forced) & set(live)
+    assert sorted(forced + live) == sorted(made)
+
+
+def test_a_place_granted_while_release_all_runs_outlives_stale_fences(race_app):
+    """The confirmation is read, then a new place and the release race: in
+    either order the new place carries a fence the operator never confirmed
+    and stays."""
+    resource = "race:seen"
+    with race_app.app_context():
+        service = lock_service()
+        for round_number in range(12):
+            for n in (1, 2):
+                assert service.acquire(
+                    resource, f"base-{round_number}-{n}", ttl=60, limit=8
+                ).acquired
+            confirmed = [h.fence for h in service.holders(resource).holders]
+            barrier = threading.Barrier(2)
+            outcome: dict[str, object] = {}
+
+            def release(confirmed=confirmed, barrier=barrier, outcome=outcome):
+                with race_app.app_context():
+                    barrier.wait(timeout=30)
+                    outcome["done"] = lock_service().force_release_all(
+                        resource, actor="olga", reason="drain", fences=confirmed
+                    )
+
+            def newcomer(number=round_number, barrier=barrier, outcome=outcome):
+                with race_app.app_context():
+                    barrier.wait(timeout=30)
+                    outcome["new"] = lock_service().acquire(
+                        resource, f"new-{number}", ttl=60, limit=8
+                    )
+
+            run_threads(release, newcomer)
+            new = outcome["new"].lock
+            assert outcome["new"].acquired
+            assert sorted(g.fence for g in outcome["done"].released) == confirmed
+            assert [h.fence for h in service.holders(resource).holders] == [new.fence]
+            forced = [
+                e.fence
+                for e in events_of(resource)
+                if e.action == Action.FORCE_RELEASED
+            ]
+            assert new.fence not in forced
+            service.release(resource, f"new-{round_number}")
+
+
+# -- the dashboard and the CLI -------------------------------------------------------
+
+
+def test_the_lock_page_releases_all_holders_it_showed(operator, service):
+    for n in (1, 2, 3):
+        grant(service, "sem:page", f"w-{n}", limit=4)
+    page = soup(operator.get("/locks/sem:page"))
+    button = page.find(id="lock-release-all")
+    assert button.get_text(strip=True) == "Release all 3 holders…"
+    form = soup(operator.get(button["href"]))
+    assert form.find("textarea", attrs={"name": "reason"}).has_attr("required")
+    shown = [int(i["value"]) for i in form.find_all("input", attrs={"name": "fence"})]
+    assert sorted(shown) == sorted(h.fence for h in service.holders("sem:page").holders)
+    action = form.find("textarea").find_parent("form")["action"]
+    refused = post(operator, action, {"reason": " ", "fence": shown})
+    assert refused.status_code == 400
+    assert len(service.holders("sem:page").holders) == 3
+    # Between the confirmation and the post: one leaves, another comes.
+    service.release("sem:page", "w-2")
+    newer = grant(service, "sem:page", "w-4", limit=4)
+    done = post(operator, action, {"reason": "drain", "fence": shown}, htmx=True)
+    assert done.status_code == 200
+    message = soup(done).get_text(" ", strip=True)
+    assert "Released 2 grants of sem:page" in message
+    assert f"Left alone, taken since you looked: w-4 (fence {newer.fence})" in message
+    assert [h.owner for h in service.holders("sem:page").holders] == ["w-4"]
+    assert sorted(e[0] for e in forced_events("sem:page")) == ["w-1", "w-3"]
+    # The same confirmation again: every grant it showed has ended.
+    again = post(operator, action, {"reason": "again", "fence": shown}, htmx=True)
+    assert again.status_code == 409
+    form = soup(again)
+    assert "Released 0 grants" in form.get_text(" ", strip=True)
+    assert [
+        int(i["value"]) for i in form.find_all("input", attrs={"name": "fence"})
+    ] == [newer.fence]
+    assert [h.owner for h in service.holders("sem:page").holders] == ["w-4"]
+    bad = post(operator, action, {"reason": "x", "fence": "²"})
+    assert bad.status_code == 400
+    assert post(operator, action, {"reason": "x"}).status_code == 400
+    assert [h.owner for h in service.holders("sem:page").holders] == ["w-4"]
+
+
+def test_a_viewer_has_no_release_all(viewer, service):
+    grant(service, "sem:view", "w-1", limit=2)
+    page = soup(viewer.get("/locks/sem:view"))
+    assert page.find(id="lock-release-all") is None
+    assert viewer.get("/locks/sem:view/holders/release").status_code == 403
+
+
+def test_the_cli_releases_every_grant_or_the_fences_named(fake_app, service):
+    cli = fake_app.test_cli_runner()
+    fences = [grant(service, "sem:cli", f"w-{n}", limit=3).fence for n in (1, 2, 3)]
+    service.release("sem:cli", "w-3")
+    result = cli.invoke(
+        args=["locks", "release", "sem:cli", "--reason", "x"]
+        + ["--fence", str(fences[0]), "--fence", str(fences[2])]
+    )
+    assert result.exit_code == 3, result.output
+    assert f"Force-released 'sem:cli' (owner 'w-1', fence {fences[0]})." in (
+        result.output
+    )
+    assert f"carries fence {fences[2]} any more" in result.output
+    assert f"held by 'w-2' with fence {fences[1]}" in result.output
+    result = cli.invoke(args=["locks", "release", "sem:cli", "--reason", "x"])
+    assert result.exit_code == 0, result.output
+    assert f"(owner 'w-2', fence {fences[1]})." in result.output
+    assert service.holders("sem:cli").holders == []
+    result = cli.invoke(args=["locks", "release", "sem:cli", "--reason", "x"])
+    assert result.exit_code == 1

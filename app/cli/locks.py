@@ -79,8 +79,12 @@ def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
 @click.option("--reason", help="Why; kept in the audit log (required).")
 @click.option(
     "--fence",
+    "fences",
     type=click.IntRange(min=1),
-    help="Release only the grant with this fence (refused if it changed hands).",
+    multiple=True,
+    help="Release only the grant with this fence (refused if it changed hands); "
+    "repeat it for several grants of a resource held by places. None: every "
+    "grant of RESOURCE.",
 )
 @click.option(
     "--stale",
@@ -93,21 +97,22 @@ def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
 def locks_release(
     resource: str | None,
     reason: str | None,
-    fence: int | None,
+    fences: tuple[int, ...],
     stale: bool,
     prefix: str | None,
     owner: str | None,
 ) -> None:
-    """Force-release RESOURCE whoever holds it, or with --stale every stale lock
-    (recorded as cli:<OS user>, one event per lock)."""
-    from app.locks.errors import InvalidInput, LockChanged, LockNotFound
+    """Force-release RESOURCE whoever holds it (every grant of a resource held
+    by places: a semaphore's, shared grants), or with --stale every stale lock
+    (recorded as cli:<OS user>, one event per grant)."""
+    from app.locks.errors import InvalidInput, LockNotFound
     from app.locks.service import lock_service
 
     if stale == (resource is not None):
         raise click.UsageError("give either RESOURCE or --stale")
     if not stale and (prefix is not None or owner is not None):
         raise click.UsageError("--prefix and --owner go with --stale")
-    if stale and fence is not None:
+    if stale and fences:
         raise click.UsageError("--fence goes with RESOURCE")
     service = lock_service()
     if stale:
@@ -120,16 +125,33 @@ def locks_release(
         click.echo(f"Force-released {len(released)} stale lock(s).")
         return
     try:
-        lock = service.force_release(
-            resource, actor=operator_actor(), reason=reason, expected_fence=fence
+        done = service.force_release_all(
+            resource, actor=operator_actor(), reason=reason, fences=fences or None
         )
-    except LockChanged as exc:
-        raise ChangedHands(f"{exc}; nothing was released.") from exc
     except (InvalidInput, LockNotFound) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(
-        f"Force-released {lock.resource!r} (owner {lock.owner!r}, fence {lock.fence})."
-    )
+    for lock in done.released:
+        mode = "" if lock.mode == "exclusive" else f", {lock.mode}"
+        click.echo(
+            f"Force-released {lock.resource!r} "
+            f"(owner {lock.owner!r}, fence {lock.fence}{mode})."
+        )
+    if done.gone:
+        gone = ", ".join(str(fence) for fence in done.gone)
+        now = "; ".join(
+            f"held by {lock.owner!r} with fence {lock.fence}"
+            for lock in done.left_alone
+        )
+        outcome = (
+            "the others confirmed were released"
+            if done.released
+            else "nothing was released"
+        )
+        raise ChangedHands(
+            f"no grant of {resource!r} carries fence {gone} any more (it changed "
+            f"hands or ended since it was confirmed); it is now "
+            f"{now or 'held by nobody'}; {outcome}."
+        )
 
 
 @locks.command("claim")

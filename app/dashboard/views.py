@@ -44,7 +44,7 @@ from app.locks.errors import (
     ResourceFrozen,
 )
 from app.locks.results import Lock
-from app.locks.service import OwnerCounts, lock_service
+from app.locks.service import AllReleased, OwnerCounts, lock_service
 from app.locks.sessions import UnknownSession
 from app.locks.state import LockState
 
@@ -602,6 +602,87 @@ def release_place(resource: str, fence: int):
         reason=reason or "",
         **context,
     )
+
+
+def _confirmed_fences(errors: list[tuple[str, str]]) -> list[int]:
+    """The fences of the grants the confirmation showed (hidden fields)."""
+    fences = []
+    for raw in request.form.getlist("fence"):
+        if not digits(raw) or len(raw) > 19:
+            errors.append(("fence", "must be the fences of the grants you confirmed"))
+            return []
+        fences.append(int(raw))
+    if not fences and not errors:
+        errors.append(("fence", "confirm the grants shown first"))
+    return fences
+
+
+@bp.route("/locks/<resource>/holders/release", methods=["GET", "POST"])
+@operator_required
+def release_holders(resource: str):
+    """Force-release every grant of a resource (its places, shared grants or
+    exclusive grant) that the confirmation showed; one that came since (its
+    fence not among those shown) is left alone and reported."""
+    _checked_resource(resource)
+    service = lock_service()
+    context: dict[str, Any] = {
+        "resource": resource,
+        "holders": service.holders(resource).holders,
+        "next_url": return_to(_lock_url(resource)),
+    }
+    if request.method == "GET":
+        if not context["holders"]:
+            abort(404, description=f"{resource} is not locked: nothing to release.")
+        return action_response("dashboard/_release_holders_form.html", **context)
+    reason = text_field("reason")
+    errors: list[tuple[str, str]] = []
+    status = 400
+    fences = _confirmed_fences(errors)
+    if not errors:
+        try:
+            done = service.force_release_all(
+                resource, actor=current_user.username, reason=reason, fences=fences
+            )
+        except InvalidInput as exc:
+            errors = exc.errors
+        except LockNotFound:
+            return finished(f"{resource} was already released.", _lock_url(resource))
+        else:
+            message = _holders_released_message(resource, done)
+            if done.released:
+                return finished(message, _lock_url(resource))
+            # Every grant shown has ended or changed: confirm the new ones.
+            status, errors = 409, [("fence", message)]
+            context["holders"] = service.holders(resource).holders
+    return action_response(
+        "dashboard/_release_holders_form.html",
+        status,
+        errors=errors,
+        reason=reason or "",
+        **context,
+    )
+
+
+def _holders_released_message(resource: str, done: AllReleased) -> str:
+    count = len(done.released)
+    message = f"Released {count} grant{'' if count == 1 else 's'} of {resource}"
+    if done.released:
+        message += ": " + ", ".join(
+            f"{lock.owner} (fence {lock.fence})" for lock in done.released
+        )
+    message += "."
+    if done.left_alone:
+        message += (
+            " Left alone, taken since you looked: "
+            + ", ".join(
+                f"{lock.owner} (fence {lock.fence})" for lock in done.left_alone
+            )
+            + "."
+        )
+    if done.gone:
+        fences = ", ".join(str(fence) for fence in done.gone)
+        message += f" Ended already: fence {fences}."
+    return message
 
 
 @bp.route("/sessions/<session_id>/end", methods=["GET", "POST"])

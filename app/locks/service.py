@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -695,6 +695,57 @@ class LockService:
         self.metrics.operator_action(outcome.action)
         self.queue.notify_released(resource, getattr(outcome.row, "waiters", 0))
         return self._lock(outcome.row, outcome.now)
+
+    def force_release_all(
+        self,
+        resource: str,
+        *,
+        actor: str,
+        reason: str | None,
+        fences: Collection[int] | None = None,
+    ) -> AllReleased:
+        """Remove every grant of ``resource`` whoever holds it: its places,
+        its shared grants and its exclusive grant (stale too, as
+        ``force_release``), decided under the resource row's lock in one
+        transaction, one ``force_released`` event each.
+
+        ``fences``: the grants the operator confirmed; a grant carrying another
+        fence came since and is left alone (and reported), as is a confirmed
+        fence no grant carries any more. None: every grant there now.
+
+        :raise InvalidInput: no reason, or a bad fence.
+        :raise LockNotFound: nobody holds it.
+        """
+        self.validate(resource=resource, actor=actor, reason=reason)
+        if fences is not None:
+            fences = list(fences)
+            if not fences:
+                raise InvalidInput([("fence", "confirm at least one grant")])
+            for fence in fences:
+                self._validate_fence(fence)
+        self._require_reason(reason, "to force-release a lock")
+        statements = self._transactional
+
+        def decide(found) -> Any:
+            if not found.released and not found.left_alone:
+                raise LockNotFound(resource)
+            return found
+
+        done = self.run_transaction(
+            lambda conn: statements.force_remove_all(
+                conn, resource, fences, actor, reason, self._now()
+            ),
+            decide=decide,
+        )
+        for _ in done.released:
+            self.metrics.operator_action(Action.FORCE_RELEASED)
+        if done.released:
+            self.queue.notify_released(resource, done.waiters)
+        return AllReleased(
+            [self._lock(grant, done.now) for grant in done.released],
+            [self._lock(grant, done.now) for grant in done.left_alone],
+            done.gone,
+        )
 
     def force_release_fenced(
         self,
@@ -1589,6 +1640,17 @@ class FencedRelease:
 
     released: list[Lock]
     left_alone: list[LockChanged]
+
+
+@dataclass(frozen=True, slots=True)
+class AllReleased:
+    """What ``force_release_all`` did: the grants it removed, the live grants
+    it left alone (not among the confirmed fences: they came since), and the
+    confirmed fences no grant carried any more."""
+
+    released: list[Lock]
+    left_alone: list[Lock]
+    gone: list[int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ path, which locks the same row: N+1 contenders for N places never all commit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,6 +40,19 @@ _NOW = bindparam("now", type_=UTCDateTime())
 _sessions = LockSession.__table__
 
 
+@dataclass(frozen=True, slots=True)
+class AllRemoved:
+    """What ``force_remove_all`` did: the grants it ended, those it left alone
+    (not confirmed: they came since), the confirmed fences no grant carried
+    any more, the deciding clock, and how many wait in line."""
+
+    released: list[LockRow]
+    left_alone: list[LockRow]
+    gone: list[int]
+    now: datetime
+    waiters: int
+
+
 def place_token(token: str | None) -> str:
     """``lock_holders.token`` of a holder: a caller with no token (tests, tools)
     is recorded as NO_TOKEN."""
@@ -58,6 +72,7 @@ class PlacesStatements:
     _log: Any
     _grant: Any
     _server_now: Any
+    force_remove: Any
 
     def _place_count_statement(self):
         return select(live_locks(_NOW).label("live"))
@@ -544,3 +559,60 @@ class PlacesStatements:
             reason, now, mode=target.mode,
         )  # fmt: skip
         return Outcome(True, Action.FORCE_RELEASED, ended, now), None
+
+    def force_remove_all(
+        self, conn, resource, fences, actor, reason, now
+    ) -> AllRemoved:
+        """An operator ends every grant of ``resource``: its exclusive grant
+        (live or stale, as ``force_remove``) and its live places, under the
+        resource row's lock, one ``force_released`` event each (with its mode
+        and fence). ``fences``: the grants the operator confirmed (None: every
+        grant there now); a grant carrying another fence came since and is
+        left alone, a confirmed fence no grant carries is reported gone."""
+        row = self.lock_row(conn, resource, now)
+        now = self.clock_after_lock(conn, now).now
+        if row is None:
+            return AllRemoved([], [], [], now, 0)
+        queued = row.waiters or 0
+        limit = row.holder_limit or 1
+        live = [p for p in self._places_of(conn, resource) if p.expires_at > now]
+        confirmed = None if fences is None else set(fences)
+
+        def confirmed_grant(fence: int) -> bool:
+            return confirmed is None or fence in confirmed
+
+        released: list[LockRow] = []
+        left: list[LockRow] = []
+        if row.owner is not None:
+            if confirmed_grant(row.fence):
+                removed = self.force_remove(conn, row, now, actor=actor, reason=reason)
+                released.append(removed.row)
+            else:
+                left.append(LockRow.of(row))
+        ending = [p for p in live if confirmed_grant(p.fence)]
+        staying = [p for p in live if not confirmed_grant(p.fence)]
+        if ending:
+            conn.execute(
+                delete(holders).where(holders.c.id.in_([p.id for p in ending]))
+            )
+            rest = [p.expires_at for p in staying]
+            self._set_places_until(conn, row, rest, row.holder_limit)
+        for place in ending:
+            ended = self._place_row(
+                place, holder_limit=limit, holders_now=len(staying), waiters=queued
+            )
+            ended = LockRow.of(ended, expires_at=now)
+            self._log(
+                conn, Action.FORCE_RELEASED, ended, place.owner, place.token, actor,
+                reason, now, mode=place.mode,
+            )  # fmt: skip
+            released.append(ended)
+        left.extend(
+            self._place_row(
+                p, holder_limit=limit, holders_now=len(live), waiters=queued
+            )
+            for p in staying
+        )
+        carried = {grant.fence for grant in released + left}
+        gone = sorted((confirmed or set()) - carried)
+        return AllRemoved(released, left, gone, now, queued)
