@@ -53,7 +53,7 @@ class DistributedLock(db.Model):
     token: Mapped[str | None] = mapped_column(name_column(80))
     fence: Mapped[int] = mapped_column(BigInteger)
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # How many holders the resource allows at once: 1 is the exclusive (or
     # read/write) lock, whose exclusive grant lives on this row; above 1 a
     # counting semaphore, whose places are rows of ``lock_holders``.

@@ -795,6 +795,10 @@ SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
 WHERE id = :id"""
 _SET_EXPIRY_SQL = "UPDATE distributed_locks SET expires_at = :expires_at WHERE id = :id"
 _FREE_SQL = (
+    "UPDATE distributed_locks SET owner = NULL, token = NULL, "
+    "expires_at = :expires_at WHERE id = :id"
+)
+_FREE_BOUND_SQL = (
     "UPDATE distributed_locks SET owner = NULL, token = NULL, session_id = NULL, "
     "expires_at = :expires_at WHERE id = :id"
 )
@@ -811,6 +815,7 @@ DRIVER_WRITES = {
     "new_tenure": _NEW_TENURE_SQL,
     "set_expiry": _SET_EXPIRY_SQL,
     "free": _FREE_SQL,
+    "free_bound": _FREE_BOUND_SQL,
     "dequeue": _DEQUEUE_SQL,
     "insert_event": _INSERT_EVENT_SQL,
 }
@@ -827,7 +832,10 @@ class DriverWrites:
         if row is None:
             conn.execute(self._writes["insert_lock"], {"resource": resource, **values})
         else:
-            name = "new_tenure" if new_tenure else "update_lock"
+            # A new tenure resets what places and sessions left on the row; a row
+            # they never touched (the exclusive lock's usual case) needs only the
+            # plain update, which SQLite runs measurably faster.
+            name = "new_tenure" if new_tenure and _leaves_traces(row) else "update_lock"
             conn.execute(self._writes[name], {"id": row.id, **values})
 
     def _write_expiry(self, conn, row, expires_at) -> None:
@@ -836,10 +844,21 @@ class DriverWrites:
         )
 
     def _write_free(self, conn, row, now) -> None:
-        conn.execute(self._writes["free"], {"id": row.id, "expires_at": now})
+        name = "free" if row.session_id is None else "free_bound"
+        conn.execute(self._writes[name], {"id": row.id, "expires_at": now})
 
     def _dequeue(self, conn, waiter) -> None:
         conn.execute(self._writes["dequeue"], {"id": waiter})
 
     def _insert_event(self, conn, params) -> None:
         conn.execute(self._writes["insert_event"], params)
+
+
+def _leaves_traces(row) -> bool:
+    """Whether ``row`` carries a semaphore's limit, places or a session that a
+    new exclusive tenure must clear."""
+    return (
+        row.holder_limit != 1
+        or row.places_until is not None
+        or row.session_id is not None
+    )
