@@ -6,6 +6,13 @@ bytes, huge strings, odd Unicode, numbers at the float limits, wrong types), on
 every database. After every step the database must equal the model: the same rows,
 the same number of audit events, fences only ever growing, and a rejected request
 must have changed nothing at all.
+
+A second machine does the same for more than one holder: acquires of any limit
+and mode on a few resources (semaphore places, shared grants, exclusive locks,
+their promotions and demotions), renewals and releases of a place, expiry by the
+fake clock. After every step no more than ``limit`` grants are live, an exclusive
+grant has no one beside it, every new grant's fence exceeds every earlier one, a
+re-acquire keeps its fence, and the service's holders equal the model's.
 """
 
 from __future__ import annotations
@@ -29,15 +36,23 @@ from app.auth.service import create_token
 from app.extensions import db
 from app.locks.errors import (
     InvalidInput,
+    LimitMismatch,
     LockExpired,
     LockHeld,
     LockNotFound,
     NotOwner,
     QuotaExceeded,
 )
-from app.locks.models import NO_TOKEN, DistributedLock, LockEvent
+from app.locks.models import (
+    EXCLUSIVE,
+    NO_TOKEN,
+    SHARED,
+    DistributedLock,
+    LockEvent,
+    LockHolder,
+)
 from app.locks.pagination import encode_cursor
-from app.locks.service import lock_service
+from app.locks.service import MAX_HOLDER_LIMIT, lock_service
 from app.locks.state import Action, LockState, classify
 from app.locks.validation import MIN_TTL
 from tests.clock import FakeClock
@@ -564,3 +579,345 @@ def test_service_matches_its_model_under_any_sequence(backend, make_app):
                 suppress_health_check=[HealthCheck.too_slow],
             ),
         )
+
+
+# -- more than one holder: semaphores and shared grants ------------------------
+
+# Each resource has the kinds it is mostly asked as, (limit, mode): its
+# semaphore places fill, its readers share. Now and then any kind is asked of
+# any resource, so that kinds collide: another limit (a mismatch), shared
+# against exclusive (a promotion, a demotion), an exclusive lock against places.
+NATURAL_KINDS = {
+    "sem:2": [(2, EXCLUSIVE)],
+    "sem:3": [(3, EXCLUSIVE)],
+    "rw:a": [(1, SHARED), (1, SHARED), (1, EXCLUSIVE)],
+}
+HOLDER_RESOURCES = list(NATURAL_KINDS)
+# Each step reads every resource's holders and both tables: fewer sequences on
+# the server databases, which cost a round trip per statement.
+HOLDER_EXAMPLES = {"sqlite": 40, "postgresql": 12, "mariadb": 12}
+HOLDER_OWNERS = ["h-1", "h-2", "h-3", "h-4"]
+# Two real tokens: a holder is (token, owner) exactly, on the row and in places.
+HOLDER_TOKENS = ["t-1", "t-2"]
+HOLDER_TTLS = st.sampled_from([0.5, 5.0, 30.0, 30.0])
+HOLDER_ADVANCES = st.sampled_from([0.25, 1.0, 5.0, 31.0])
+ANY_KIND = st.sampled_from(
+    [(1, EXCLUSIVE), (1, SHARED), (2, EXCLUSIVE), (3, EXCLUSIVE)]
+)
+# None: one of the resource's natural kinds (``pick``), most of the time.
+KINDS = st.one_of(
+    st.tuples(st.none(), st.integers(0, 2)), st.tuples(ANY_KIND, st.just(0))
+)
+BAD_KINDS = st.sampled_from(
+    [
+        (2, SHARED),
+        (0, EXCLUSIVE),
+        (-1, EXCLUSIVE),
+        (MAX_HOLDER_LIMIT + 1, EXCLUSIVE),
+        (True, EXCLUSIVE),
+        (1.5, EXCLUSIVE),
+        ("2", EXCLUSIVE),
+        (None, EXCLUSIVE),
+        (1, "read"),
+        (1, None),
+        (1, "SHARED"),
+    ]
+)
+
+
+@dataclass
+class Grant:
+    """One grant of the model: an exclusive lock, a semaphore place or a shared
+    grant, as the service must show it."""
+
+    owner: str
+    token: str
+    mode: str
+    fence: int
+    acquired_at: datetime
+    expires_at: datetime
+
+    def shown(self) -> tuple:
+        return (self.owner, self.token, self.mode, self.fence, self.expires_at)
+
+
+class HoldersMachine(RuleBasedStateMachine):
+    """The model: per resource, its grants by holder (live and expired, until
+    released) and the limit of its live grants; the event count; the highest
+    fence handed out. After every step, no more than ``limit`` live grants, an
+    exclusive grant (limit 1) with no one beside it, shared grants with no
+    exclusive one, and the service's holders equal to the model's."""
+
+    service = None  # set by the test before running
+    clock: FakeClock = None
+    # Across all examples, the most live grants seen at once per kind ("shared",
+    # "limit 3"): the test checks the sequences did fill places.
+    most_seen: dict[str, int] = {}
+
+    def __init__(self):
+        super().__init__()
+        with db.engine.begin() as conn:
+            conn.execute(delete(LockEvent))
+            conn.execute(delete(LockHolder))
+            conn.execute(delete(DistributedLock))
+        self.clock.current = START
+        self.grants: dict[str, dict[tuple[str, str], Grant]] = {
+            resource: {} for resource in HOLDER_RESOURCES
+        }
+        self.limits: dict[str, int] = {}
+        self.events = 0
+        self.highest_fence = 0
+
+    @property
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    def _live(self, resource: str) -> list[Grant]:
+        return [g for g in self.grants[resource].values() if g.expires_at > self.now]
+
+    def _snapshot(self):
+        with db.engine.connect() as conn:
+            tables = [
+                sorted(tuple(r) for r in conn.execute(select(table.__table__)).all())
+                for table in (DistributedLock, LockHolder)
+            ]
+            events = conn.execute(
+                select(func.count(), func.max(LockEvent.id)).select_from(LockEvent)
+            ).one()
+        return tables, tuple(events)
+
+    def _last_event(self):
+        with db.engine.connect() as conn:
+            return conn.execute(
+                select(LockEvent.__table__).order_by(LockEvent.id.desc()).limit(1)
+            ).one()
+
+    def _expected(self, resource, holder, limit, mode):
+        """What the service must answer: ("mismatch", limit in force),
+        ("refused", None), ("reacquired", the grant kept) or ("new", None)."""
+        live = self._live(resource)
+        mine = next((g for g in live if (g.token, g.owner) == holder), None)
+        if live and self.limits[resource] != limit:
+            return "mismatch", self.limits[resource]
+        if mine is not None and (mine.mode == SHARED) == (mode == SHARED):
+            return "reacquired", mine
+        if mine is not None and mode == SHARED:
+            return "reacquired", mine  # exclusive -> shared: the fence stays
+        if mine is not None:
+            # shared -> exclusive: as the sole holder only, with a new fence.
+            return ("new", None) if len(live) == 1 else ("refused", None)
+        if mode == SHARED:
+            exclusive = any(g.mode == EXCLUSIVE for g in live)
+            return ("refused", None) if exclusive else ("new", None)
+        return ("refused", None) if len(live) >= limit else ("new", None)
+
+    @rule(
+        resource=st.sampled_from(HOLDER_RESOURCES),
+        owner=st.sampled_from(HOLDER_OWNERS),
+        token=st.sampled_from(HOLDER_TOKENS),
+        ttl=HOLDER_TTLS,
+        kind=KINDS,
+    )
+    def acquire(self, resource, owner, token, ttl, kind):
+        asked, pick = kind
+        natural = NATURAL_KINDS[resource]
+        limit, mode = asked or natural[pick % len(natural)]
+        holder = (token, owner)
+        expected, detail = self._expected(resource, holder, limit, mode)
+        before = self._snapshot()
+        call = lambda: self.service.acquire(  # noqa: E731
+            resource, owner, ttl=ttl, token=token, limit=limit, mode=mode
+        )
+        if expected == "mismatch":
+            with pytest.raises(LimitMismatch) as refused:
+                call()
+            assert refused.value.limit == detail
+            assert self._snapshot() == before
+            return
+        result = call()
+        if expected == "refused":
+            assert not result.acquired
+            # The refusal names the live grant that ends first.
+            first = min(g.expires_at for g in self._live(resource))
+            assert result.lock.expires_at == first
+            assert self._snapshot() == before
+            return
+        assert result.acquired, (expected, result)
+        lock = result.lock
+        assert (lock.owner, lock.token, lock.mode) == (owner, token, mode)
+        assert lock.acquired_at == self.now
+        expected_expiry = self.now + timedelta(seconds=ttl)
+        assert abs(lock.expires_at - expected_expiry) <= timedelta(microseconds=1)
+        if expected == "reacquired":
+            assert result.action is Action.REACQUIRED
+            assert lock.fence == detail.fence
+        else:
+            assert result.action in (Action.ACQUIRED, Action.TOOK_OVER)
+            if result.action is Action.TOOK_OVER:
+                # Taken over from an expired grant, never from nothing.
+                assert any(
+                    g.expires_at <= self.now for g in self.grants[resource].values()
+                )
+            assert lock.fence > self.highest_fence
+            self.highest_fence = lock.fence
+        if not self._live(resource):
+            self.limits[resource] = limit
+        # A promotion or a demotion replaces the holder's own grant: no other
+        # is live (expired ones stay in the model: taken over later, or not).
+        self.grants[resource][holder] = Grant(
+            owner, token, mode, lock.fence, lock.acquired_at, lock.expires_at
+        )
+        self.events += 1
+        event = self._last_event()
+        assert (event.action, event.owner, event.fence, event.mode) == (
+            result.action.value,
+            owner,
+            lock.fence,
+            mode,
+        )
+
+    @rule(
+        resource=st.sampled_from(HOLDER_RESOURCES),
+        owner=st.sampled_from(HOLDER_OWNERS),
+        token=st.sampled_from(HOLDER_TOKENS),
+        kind=BAD_KINDS,
+    )
+    def acquire_bad_kind(self, resource, owner, token, kind):
+        limit, mode = kind
+        before = self._snapshot()
+        with pytest.raises(InvalidInput) as refused:
+            self.service.acquire(
+                resource, owner, ttl=5, token=token, limit=limit, mode=mode
+            )
+        assert {f for f, _ in refused.value.errors} <= {"limit", "mode"}
+        assert self._snapshot() == before
+
+    def _mine(self, resource, owner, token) -> Grant | None:
+        return next(
+            (g for g in self._live(resource) if (g.token, g.owner) == (token, owner)),
+            None,
+        )
+
+    @rule(
+        resource=st.sampled_from(HOLDER_RESOURCES),
+        owner=st.sampled_from(HOLDER_OWNERS),
+        token=st.sampled_from(HOLDER_TOKENS),
+        ttl=HOLDER_TTLS,
+    )
+    def renew(self, resource, owner, token, ttl):
+        mine = self._mine(resource, owner, token)
+        if mine is None:
+            before = self._snapshot()
+            with pytest.raises((LockNotFound, LockExpired, NotOwner)):
+                self.service.renew(resource, owner, ttl=ttl, token=token)
+            assert self._snapshot() == before
+            return
+        lock = self.service.renew(resource, owner, ttl=ttl, token=token)
+        assert (lock.fence, lock.mode, lock.acquired_at) == (
+            mine.fence,
+            mine.mode,
+            mine.acquired_at,
+        )
+        expected_expiry = self.now + timedelta(seconds=ttl)
+        assert abs(lock.expires_at - expected_expiry) <= timedelta(microseconds=1)
+        mine.expires_at = lock.expires_at
+        self.events += 1
+        assert self._last_event().action == "renewed"
+
+    @rule(
+        resource=st.sampled_from(HOLDER_RESOURCES),
+        owner=st.sampled_from(HOLDER_OWNERS),
+        token=st.sampled_from(HOLDER_TOKENS),
+    )
+    def release(self, resource, owner, token):
+        mine = self._mine(resource, owner, token)
+        if mine is None:
+            before = self._snapshot()
+            with pytest.raises((LockNotFound, NotOwner)):
+                self.service.release(resource, owner, token=token)
+            assert self._snapshot() == before
+            return
+        lock = self.service.release(resource, owner, token=token)
+        assert lock.fence == mine.fence
+        del self.grants[resource][(token, owner)]
+        self.events += 1
+        event = self._last_event()
+        assert (event.action, event.fence, event.mode) == (
+            "released",
+            mine.fence,
+            mine.mode,
+        )
+
+    @rule(seconds=HOLDER_ADVANCES)
+    def advance_clock(self, seconds):
+        self.clock.advance(seconds)
+
+    @rule(
+        resource=st.sampled_from(HOLDER_RESOURCES), seconds=st.sampled_from([0, 1e-6])
+    )
+    def advance_to_expiry(self, resource, seconds):
+        """Land exactly on (or a microsecond past) the soonest live expiry."""
+        live = self._live(resource)
+        if live:
+            soonest = min(g.expires_at for g in live)
+            self.clock.current = soonest + timedelta(seconds=seconds)
+
+    @invariant()
+    def holders_equal_model_and_keep_the_rules(self):
+        for resource in HOLDER_RESOURCES:
+            found = self.service.holders(resource)
+            got = sorted(
+                (g.owner, g.token, g.mode, g.fence, g.expires_at) for g in found.holders
+            )
+            live = self._live(resource)
+            assert got == sorted(g.shown() for g in live), resource
+            if not live:
+                continue
+            limit = self.limits[resource]
+            assert found.limit == limit
+            # The rules themselves, on what the database answered: exclusive
+            # grants (a semaphore's places) no more than the limit, shared ones
+            # (limit 1, any number) never beside an exclusive one.
+            modes = {g.mode for g in found.holders}
+            assert len(modes) == 1, f"shared and exclusive together: {found}"
+            if modes == {EXCLUSIVE}:
+                assert len(found.holders) <= limit
+            else:
+                assert limit == 1
+            fences = [g.fence for g in found.holders]
+            assert len(set(fences)) == len(fences)
+            kind = SHARED if modes == {SHARED} else f"limit {limit}"
+            seen = HoldersMachine.most_seen
+            seen[kind] = max(seen.get(kind, 0), len(found.holders))
+
+    @invariant()
+    def every_change_has_one_event(self):
+        with db.engine.connect() as conn:
+            count = conn.scalar(select(func.count()).select_from(LockEvent))
+        assert count == self.events
+
+
+def test_holders_match_their_model_under_any_sequence(backend, make_app):
+    clock = FakeClock()
+    app = make_app(LOCKKEEPER_CLOCK=clock, LOCKKEEPER_MAX_TTL=MAX_TTL)
+    with app.app_context():
+        for token in HOLDER_TOKENS:
+            create_token(token)
+        HoldersMachine.service = lock_service()
+        HoldersMachine.clock = clock
+        HoldersMachine.most_seen = {}
+        run_state_machine_as_test(
+            HoldersMachine,
+            settings=settings(
+                max_examples=HOLDER_EXAMPLES[backend],
+                stateful_step_count=40,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
+    # The sequences reached the interesting states: shared grants side by side,
+    # a semaphore with every place taken.
+    seen = HoldersMachine.most_seen
+    assert seen.get(SHARED, 0) >= 2, seen
+    assert seen.get("limit 2", 0) == 2, seen
+    assert seen.get("limit 3", 0) == 3, seen
