@@ -14,6 +14,7 @@ path, which locks the same row: N+1 contenders for N places never all commit.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,6 +52,12 @@ class AllRemoved:
     gone: list[int]
     now: datetime
     waiters: int
+
+
+def mode_change(from_mode: str, **more: Any) -> str:
+    """An event's ``details`` when a holder's grant changed mode (a promotion
+    or a demotion): the mode it had, so the audit tells it from a re-acquire."""
+    return json.dumps({"from_mode": from_mode, **more}, sort_keys=True)
 
 
 def place_token(token: str | None) -> str:
@@ -270,15 +277,7 @@ class PlacesStatements:
                     else shown(others[0])
                 )
                 return Outcome(False, None, blocker, now)
-            conn.execute(delete(holders).where(holders.c.resource == resource))
-            fence = self._next_fence(conn)
-            outcome = self._grant(
-                conn, row, resource, owner, token, fence, now, ttl,
-                Action.ACQUIRED, ask.actor,
-            )  # fmt: skip
-            self._bind_row(conn, row, resource, session_id)
-            self._dequeue_place(conn, waiter)
-            return outcome
+            return self._promote(conn, row, mine, ask, now, ttl, waiter, session_id)
         if exclusive_mine:
             if mode == SHARED:
                 # Exclusive → shared: always, keeping the fence.
@@ -313,8 +312,9 @@ class PlacesStatements:
                     mode=SHARED,
                 )
                 return self._logged_place(
-                    conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter
-                )
+                    conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter,
+                    details=mode_change(EXCLUSIVE),
+                )  # fmt: skip
             # An exclusive re-acquire (the exclusive path's, normally).
             outcome = self._grant(
                 conn, row, resource, owner, token, row.fence, now, ttl,
@@ -338,15 +338,10 @@ class PlacesStatements:
         elif capacity is not None and expired and len(live) + len(expired) >= capacity:
             previous_owner = expired[0].owner  # the expired place taken over
         action = Action.TOOK_OVER if previous_owner is not None else Action.ACQUIRED
-        checks_token = token is not None and token != NO_TOKEN
         counting = bool(ask.max_locks) and token is not None
-        if checks_token:
-            found = self._token_row(conn, token, exclusive=counting)
-            if token_ended(found, now):
-                return Outcome(False, None, None, now, token_ended=True)
-        freeze = self.freeze_of(conn, resource, now)
-        if freeze is not None:
-            return Outcome(False, None, None, now, freeze)
+        refused = self._new_tenure_refusal(conn, resource, token, now, counting)
+        if refused is not None:
+            return refused
         if counting:
             count = conn.scalar(
                 self._place_count_statement(),
@@ -406,6 +401,42 @@ class PlacesStatements:
             conn, granted, action, previous_owner, token, ask, now, waiter
         )
 
+    def _promote(self, conn, row, mine, ask, now, ttl, waiter, session_id):
+        """Shared → exclusive for the sole holder: a new exclusive tenure with
+        a new fence, so refused as a new grant is (a revoked or expired token,
+        a freeze). Logged ``acquired``; its details name the shared grant it
+        replaced (``from_mode``, ``from_fence``), which ends with it."""
+        resource, token = ask.resource, ask.token
+        refused = self._new_tenure_refusal(conn, resource, token, now, False)
+        if refused is not None:
+            return refused
+        conn.execute(delete(holders).where(holders.c.resource == resource))
+        fence = self._next_fence(conn)
+        outcome = self._grant(
+            conn, row, resource, ask.owner, token, fence, now, ttl,
+            Action.ACQUIRED, ask.actor,
+            details=mode_change(mine.mode, from_fence=mine.fence),
+        )  # fmt: skip
+        self._bind_row(conn, row, resource, session_id)
+        self._dequeue_place(conn, waiter)
+        return outcome
+
+    def _new_tenure_refusal(
+        self, conn, resource, token, now, lock_token_row: bool
+    ) -> Outcome | None:
+        """Why a new tenure (a new grant, a promotion: a new fence) may not
+        begin, or None: its API token was revoked or expired (its row read,
+        FOR UPDATE when ``lock_token_row``, for a quota count), or a freeze
+        covers the resource."""
+        if token is not None and token != NO_TOKEN:
+            found = self._token_row(conn, token, exclusive=lock_token_row)
+            if token_ended(found, now):
+                return Outcome(False, None, None, now, token_ended=True)
+        freeze = self.freeze_of(conn, resource, now)
+        if freeze is not None:
+            return Outcome(False, None, None, now, freeze)
+        return None
+
     @staticmethod
     def _refuse_if_bound(conn, place) -> None:
         """A place bound to a live session is renewed by its session only: a
@@ -447,11 +478,20 @@ class PlacesStatements:
         conn.execute(update(locks).where(where).values(session_id=session_id))
 
     def _logged_place(
-        self, conn, granted, action, previous_owner, token, ask, now, waiter
+        self,
+        conn,
+        granted,
+        action,
+        previous_owner,
+        token,
+        ask,
+        now,
+        waiter,
+        details=None,
     ) -> Outcome:
         self._log(
             conn, action, granted, previous_owner, token, ask.actor, None, now,
-            mode=granted.mode,
+            mode=granted.mode, details=details,
         )  # fmt: skip
         self._dequeue_place(conn, waiter)
         return Outcome(True, action, granted, now)

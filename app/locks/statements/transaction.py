@@ -353,6 +353,7 @@ class TransactionalStatements(PlacesStatements):
         action,
         actor,
         reason=None,
+        details=None,
     ) -> Outcome:
         values = {
             "owner": owner,
@@ -370,7 +371,10 @@ class TransactionalStatements(PlacesStatements):
             **values,
         )
         previous_owner = row.owner if row is not None else None
-        self._log(conn, action, granted, previous_owner, token, actor, reason, now)
+        self._log(
+            conn, action, granted, previous_owner, token, actor, reason, now,
+            details=details,
+        )  # fmt: skip
         return Outcome(True, action, granted, now)
 
     def _log(
