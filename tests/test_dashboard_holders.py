@@ -129,3 +129,21 @@ def test_the_audit_filters_by_mode(viewer, service):
     refused = viewer.get("/audit?mode=both")
     assert refused.status_code == 400
     assert "exclusive or shared" in soup(refused).get_text(" ", strip=True)
+
+
+def test_the_timeline_draws_a_semaphores_holders_side_by_side(viewer, service, clock):
+    # Three places held at once, renewed in turn: one bar per place, each in a
+    # lane of its own, every one of them still held (none cut short by the
+    # others' grants or renewals, as one holder's history would read them).
+    for owner in ("w-1", "w-2", "w-3"):
+        assert service.acquire("sem:draw", owner, ttl=60, limit=3).acquired
+        clock.advance(2)
+    for owner in ("w-1", "w-2", "w-3"):
+        assert service.renew("sem:draw", owner, ttl=60)
+        clock.advance(1)
+    page = soup(viewer.get("/locks/sem:draw"))
+    bars = page.select("svg.timeline rect.tenure")
+    assert len(bars) == 3
+    assert len({bar["y"] for bar in bars}) == 3
+    titles = [bar.find("title").get_text() for bar in bars]
+    assert all(title.endswith("(held)") for title in titles), titles

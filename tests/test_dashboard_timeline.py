@@ -17,7 +17,7 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def event(action, second, owner, ttl=30, previous=None, fence=1, actor=None):
+def event(action, second, owner, ttl=30, previous=None, fence=1, actor=None, mode=None):
     return Event(
         id=next(_ids),
         resource="job:1",
@@ -30,6 +30,7 @@ def event(action, second, owner, ttl=30, previous=None, fence=1, actor=None):
         actor=actor,
         reason=None,
         occurred_at=at(second),
+        mode=mode,
     )
 
 
@@ -254,3 +255,92 @@ def test_a_renewal_of_another_fence_shows_a_grant_whose_events_are_missing():
         ("a", "unrecorded", events[0].id),
         ("b", "held", None),
     ]
+
+
+def test_places_held_at_once_run_side_by_side_in_lanes_of_their_own():
+    # A semaphore of 3: a, b and c hold places at once; b releases, a renews,
+    # c's place runs out and d takes it over.
+    events = [
+        event("acquired", 0, "a", ttl=60, fence=1),
+        event("acquired", 5, "b", ttl=60, fence=2),
+        event("acquired", 10, "c", ttl=20, fence=3),
+        event("released", 20, "b", fence=2),
+        event("renewed", 40, "a", ttl=60, fence=1),
+        event("took_over", 45, "d", ttl=60, previous="c", fence=4),
+    ]
+    spans = derive(events, at(50))
+    assert [
+        (s.owner, s.fence, s.held_from, s.held_until, s.ended_by) for s in spans
+    ] == [
+        ("a", 1, at(0), at(50), "held"),
+        ("b", 2, at(5), at(20), "released"),
+        ("c", 3, at(10), at(30), "expired"),
+        ("d", 4, at(45), at(50), "held"),
+    ]
+    drawn = timeline.build(events, at(50))
+    assert [lane.owner for lane in drawn.lanes] == ["a", "b", "c", "d"]
+    bars = {bar.tenure.owner: bar for bar in drawn.bars}
+    assert len({bar.y for bar in bars.values()}) == 4
+    # a's bar spans b's and c's: the places were held at once.
+    assert bars["a"].x < bars["b"].x < bars["c"].x
+    assert bars["a"].x + bars["a"].width > bars["c"].x + bars["c"].width
+
+
+def test_shared_readers_overlap_and_a_release_ends_only_its_own_grant():
+    events = [
+        event("acquired", 0, "r1", ttl=60, fence=1, mode="shared"),
+        event("acquired", 1, "r2", ttl=60, fence=2, mode="shared"),
+        event("released", 10, "r1", fence=1, mode="shared"),
+        event("renewed", 20, "r2", ttl=60, fence=2, mode="shared"),
+    ]
+    spans = derive(events, at(30))
+    assert [(s.owner, s.ended_by, s.held_until) for s in spans] == [
+        ("r1", "released", at(10)),
+        ("r2", "held", at(30)),
+    ]
+
+
+def test_a_promotion_ends_the_holders_shared_grant_where_its_exclusive_one_starts():
+    events = [
+        event("acquired", 0, "r1", ttl=60, fence=1, mode="shared"),
+        event("acquired", 1, "r2", ttl=60, fence=2, mode="shared"),
+        event("released", 5, "r2", fence=2, mode="shared"),
+        event("acquired", 8, "r1", ttl=60, fence=3, mode="exclusive"),
+    ]
+    spans = derive(events, at(20))
+    assert [(s.owner, s.fence, s.held_until, s.ended_by) for s in spans] == [
+        ("r1", 1, at(8), "acquired"),
+        ("r2", 2, at(5), "released"),
+        ("r1", 3, at(20), "held"),
+    ]
+
+
+def test_renewals_of_places_read_without_their_grants_stay_parallel_when_told():
+    # The events read start after both grants: only renewals, which one
+    # exclusive holder's history would read as a grant whose events are missing.
+    events = [
+        event("renewed", 0, "a", ttl=30, fence=1),
+        event("renewed", 1, "b", ttl=30, fence=2),
+        event("renewed", 10, "a", ttl=30, fence=1),
+    ]
+    spans = derive(events, at(12), parallel=True)
+    assert sorted((s.owner, s.ended_by) for s in spans) == [
+        ("a", "held"),
+        ("b", "held"),
+    ]
+    serial = derive(events, at(12), parallel=False)
+    assert "unrecorded" in [s.ended_by for s in serial]
+
+
+def test_one_holder_at_a_time_is_never_read_as_parallel():
+    events = [
+        event("acquired", 0, "a", ttl=30, fence=1),
+        event("released", 10, "a", fence=1),
+        event("acquired", 11, "b", ttl=5, fence=2),
+        event("took_over", 20, "c", ttl=30, previous="b", fence=3),
+        event("force_claimed", 25, "d", ttl=30, previous="c", fence=4),
+    ]
+    from app.audit.tenures import shows_parallel_holders
+
+    assert not shows_parallel_holders(events)
+    assert derive(events, at(30)) == derive(events, at(30), parallel=False)

@@ -116,16 +116,27 @@ def tenure(
     )
 
 
-def derive(events: Iterable[Event], now: datetime) -> list[Tenure]:
+def derive(
+    events: Iterable[Event], now: datetime, *, parallel: bool | None = None
+) -> list[Tenure]:
     """Every tenure in ``events`` (one resource's, any order), oldest first.
 
     A run that starts mid-tenure still shows it: from its first continuation, or
     from a release that ended it (which records the holder and fence).
+
+    ``parallel``: whether the resource had several holders at once (a
+    semaphore's places, shared grants); None tells it from the events
+    (``shows_parallel_holders``). Their tenures follow ``derive_parallel``.
     """
+    ordered = sorted(events, key=lambda e: e.id)
+    if parallel is None:
+        parallel = shows_parallel_holders(ordered)
+    if parallel:
+        return derive_parallel(ordered, now)
     result: list[Tenure] = []
     grant: Event | None = None
     last: Event | None = None
-    for event in sorted(events, key=lambda e: e.id):
+    for event in ordered:
         if event.action in EXTENSIONS:
             if last is not None and continues(last, event):
                 last = event
@@ -149,3 +160,61 @@ def derive(events: Iterable[Event], now: datetime) -> list[Tenure]:
     if last is not None:
         result.append(tenure(grant, last, None, now))
     return result
+
+
+def shows_parallel_holders(ordered: Iterable[Event]) -> bool:
+    """Whether events (in id order) show grants held at once, which one
+    exclusive holder never gives: a shared grant, or a grant that took no one's
+    place while another grant was live."""
+    live_until: dict[int | None, datetime | None] = {}
+    for event in ordered:
+        if event.mode == "shared":
+            return True
+        if event.action in GRANTS and event.previous_owner is None:
+            at = event.occurred_at
+            if any(
+                fence != event.fence and until is not None and until > at
+                for fence, until in live_until.items()
+            ):
+                return True
+        if event.action in ENDINGS:
+            live_until.pop(event.fence, None)
+        else:
+            live_until[event.fence] = event.expires_at
+    return False
+
+
+def derive_parallel(ordered: Iterable[Event], now: datetime) -> list[Tenure]:
+    """The tenures of a resource with several holders at once, from events in id
+    order, by the same rules per grant: a grant's tenure is its fence's, so a
+    release, force-release, renewal or re-acquire acts on the tenure of the
+    fence it names; a grant ends only the tenures it replaced (the same
+    holder's earlier grant, as a promotion does, or the one it took over or
+    force-claimed: its previous owner's), and every tenure ends at its expiry
+    at the latest. Oldest grant first."""
+    result: list[Tenure] = []
+    open_tenures: dict[int | None, tuple[Event | None, Event]] = {}
+    for event in ordered:
+        if event.action in EXTENSIONS:
+            grant, last = open_tenures.get(event.fence, (None, event))
+            open_tenures[event.fence] = (grant, event)
+            continue
+        if event.action in ENDINGS:
+            if event.fence in open_tenures:
+                grant, last = open_tenures.pop(event.fence)
+                result.append(tenure(grant, last, event))
+            else:
+                result.append(tenure(None, event, event))
+            continue
+        if event.action not in GRANTS:
+            continue
+        replaced = {event.owner, event.previous_owner} - {None}
+        for fence, (grant, last) in list(open_tenures.items()):
+            owner = (grant or last).owner
+            if owner in replaced:
+                del open_tenures[fence]
+                result.append(tenure(grant, last, event))
+        open_tenures[event.fence] = (event, event)
+    for grant, last in open_tenures.values():
+        result.append(tenure(grant, last, None, now))
+    return sorted(result, key=lambda t: (t.held_from, t.fence or 0))

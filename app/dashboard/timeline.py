@@ -5,7 +5,8 @@ on its own; ``templates/dashboard/_timeline.html`` turns the geometry into SVG.
 
 The tenures (grants of ownership) come from ``app.audit.tenures``, the rules the
 audit page uses too; this module only lays them out. Each owner gets a lane (a
-row); take-overs and operator force actions are marked where they happened.
+row), so the holders of a semaphore or a shared lock are drawn in parallel lanes;
+take-overs and operator force actions are marked where they happened.
 """
 
 from __future__ import annotations
@@ -100,9 +101,14 @@ class Timeline:
         return not self.bars
 
 
-def build(events: Sequence[Event], now: datetime) -> Timeline:
-    """Lay out ``events`` between the first of them and ``now``."""
-    spans = derive(events, now)
+def build(
+    events: Sequence[Event], now: datetime, *, parallel: bool | None = None
+) -> Timeline:
+    """Lay out ``events`` between the first of them and ``now``.
+
+    Holders at once (a semaphore's places, shared grants; ``parallel``, as
+    ``derive`` takes it) get a lane each, so their bars run side by side."""
+    spans = derive(events, now, parallel=parallel)
     if not spans:
         return Timeline(width=WIDTH, height=TOP + AXIS_HEIGHT, start=None, end=None)
     start = min(min(t.held_from for t in spans), min(e.occurred_at for e in events))

@@ -450,7 +450,11 @@ def lock_page(resource: str):
         version=version,
         first_url=url() if cursor else None,
         next_url=url(cursor=history.next_cursor) if history.next_cursor else None,
-        timeline=timeline.build(recent, now),
+        # A resource held by places now has had holders at once, even when the
+        # events read show only their renewals.
+        timeline=timeline.build(
+            recent, now, parallel=True if held_by is not None else None
+        ),
         timeline_truncated=len(recent) == TIMELINE_EVENTS,
         now=now,
         refreshed_at=now,
