@@ -45,6 +45,9 @@ TABLES = (
     "lock_freezes",
     "user_sessions",
     "login_address_windows",
+    "activity_samples",
+    "activity_events",
+    "activity_refusals",
     "api_tokens",
     "users",
 )

@@ -3,11 +3,15 @@ the database from the events and lock rows (each test on every backend)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import func, select
 
+from app.audit import activity, rollup
+from app.audit.models import EVERY_ACTION, ActivityEvents, ActivitySample
 from app.dashboard import charts
 from app.extensions import db
 from app.locks.models import DistributedLock, LockEvent
@@ -349,9 +353,9 @@ def test_a_spike_is_drawn_at_the_top_and_told_in_words(app, backend):
     assert tallest == chart.plot_bottom - chart.plot_top
 
 
-def test_the_day_and_week_are_redrawn_once_per_bucket_the_hour_once_a_minute(
-    fake_app, monkeypatch
-):
+def test_every_range_is_redrawn_once_a_minute(fake_app, monkeypatch):
+    """A drawing counts only what the stored buckets lack, so the day and the
+    week are drawn as often as the hour: their newest point is now."""
     calls = []
     real_build = charts.build
 
@@ -360,17 +364,173 @@ def test_the_day_and_week_are_redrawn_once_per_bucket_the_hour_once_a_minute(
         return real_build(now, within, shown)
 
     monkeypatch.setattr(charts, "build", counted)
-    day, week, hour = charts.SPANS["24h"], charts.SPANS["7d"], charts.SPANS["1h"]
     with fake_app.app_context():
-        for minutes in (0, 5, 19):  # one 20-min bucket (NOW is on the hour)
-            at = NOW + timedelta(minutes=minutes)
-            charts.cached(at, 15, day)
-            charts.cached(at, 15, week)
-            charts.cached(at, 15, hour)
-        charts.cached(NOW + timedelta(minutes=20), 15, day)
-    assert [c for c in calls if c[0] == "24h"] == [
-        ("24h", NOW),
-        ("24h", NOW + timedelta(minutes=20)),
-    ]
-    assert [c for c in calls if c[0] == "7d"] == [("7d", NOW)]
-    assert len([c for c in calls if c[0] == "1h"]) == 3
+        for seconds in (0, 20, 59, 60, 61, 130):
+            for shown in charts.SPANS.values():
+                charts.cached(NOW + timedelta(seconds=seconds), 15, shown)
+    for name in charts.SPANS:
+        assert [at for shown, at in calls if shown == name] == [
+            NOW,
+            NOW + timedelta(seconds=60),
+            NOW + timedelta(seconds=130),
+        ]
+
+
+def direct(now, within, shown):
+    """The samples and events per bucket counted afresh from every event of the
+    range, nothing stored: what the stored buckets must agree with."""
+    moments = charts.window(now, shown)
+    states = activity.states(moments, within)
+    per_bucket = [sum(c.values()) for c in activity.per_bucket(moments)]
+    return [tuple(s[k] for k in activity.STATES) for s in states], per_bucket
+
+
+def drawn(now, within, shown):
+    samples = charts.samples(now, within, shown)
+    per_minute = [count for _, count in charts.per_minute(now, shown)]
+    return [(s.held, s.expiring, s.stale) for s in samples], per_minute
+
+
+@pytest.mark.parametrize("name", ["1h", "24h"])
+def test_stored_buckets_agree_with_counting_afresh_as_time_moves_on(app, backend, name):
+    """A history written while the charts are drawn again and again (each
+    drawing storing its closed buckets): every drawing equals a count of the
+    whole range from the events and rows, nothing stored."""
+    shown = charts.SPANS[name]
+    with app.app_context():
+        for n in range(6):
+            # Events up to "now" of this round, then a drawing at that now.
+            now = NOW + shown.step * n + timedelta(seconds=17 * n)
+            for k, action in enumerate(["acquired", "renewed", "released"]):
+                # Written as they happen: seconds before the drawing.
+                at = now - timedelta(seconds=15 - 5 * k)
+                resource = f"job:{n}"
+                db.session.add(
+                    LockEvent(
+                        resource=resource,
+                        action=action,
+                        owner="w",
+                        previous_owner=None if action == "acquired" else "w",
+                        fence=n + 1,
+                        acquired_at=at,
+                        expires_at=at + timedelta(minutes=3),
+                        occurred_at=at,
+                    )
+                )
+                db.session.flush()
+            # A grant of this round still held: its event and its row.
+            granted = now - timedelta(seconds=30)
+            expires = now + timedelta(minutes=2)
+            db.session.add(
+                LockEvent(
+                    resource=f"job:row{n}",
+                    action="acquired",
+                    owner="w",
+                    fence=100 + n,
+                    acquired_at=granted,
+                    expires_at=expires,
+                    occurred_at=granted,
+                )
+            )
+            db.session.add(
+                DistributedLock(
+                    resource=f"job:row{n}",
+                    owner="w",
+                    fence=100 + n,
+                    acquired_at=granted,
+                    expires_at=expires,
+                )
+            )
+            db.session.commit()
+            assert drawn(now, 30, shown) == direct(now, 30, shown)
+        stored = db.session.scalar(select(func.count()).select_from(ActivitySample))
+    assert stored > 0  # the drawings did store closed moments
+
+
+def test_a_closed_bucket_is_read_back_not_counted_again(app, backend):
+    """After a drawing, an event written into a closed bucket (which a real
+    service never does: events are appended) does not change the bucket; one in
+    the open bucket and the last minute does."""
+    with app.app_context():
+        db.session.add(event("acquired", 30.5, resource="job:a"))
+        db.session.commit()
+        first = dict(charts.per_minute(NOW))
+        assert first[minutes_ago(31)] == 1
+        db.session.add(event("acquired", 30.5, resource="job:b"))  # closed
+        db.session.add(event("acquired", 0.5, resource="job:c"))  # the last minute
+        db.session.commit()
+        again = dict(charts.per_minute(NOW + timedelta(seconds=1)))
+        totals = db.session.scalars(
+            select(ActivityEvents.events).where(
+                ActivityEvents.starts_at == minutes_ago(31),
+                ActivityEvents.action == EVERY_ACTION,
+            )
+        ).all()
+    assert again[minutes_ago(31)] == 1
+    assert again[minutes_ago(1)] == 1
+    assert totals == [1]
+
+
+def test_an_unaligned_now_draws_the_open_bucket_after_the_grid(app, backend):
+    now = NOW + timedelta(seconds=30)
+    with app.app_context():
+        db.session.add(event("acquired", -0.25, resource="job:open"))
+        db.session.add(event("acquired", 0.5, resource="job:last"))
+        db.session.commit()
+        moments = charts.window(now).moments
+        drawing = charts.build(now, 15)
+    assert moments[0] == NOW - timedelta(hours=1)
+    assert moments[-2:] == [NOW, now]
+    assert len(drawing.per_minute) == 61
+    assert drawing.per_minute[-2:] == [(minutes_ago(1), 1), (NOW, 1)]
+    whole, open_bucket = drawing.events.bars[-2:]
+    assert open_bucket[2] < whole[2]  # drawn half as wide
+
+
+def test_concurrent_drawings_store_each_closed_bucket_once(make_app, backend):
+    """Drawers in several threads at once, the store empty: they count the same
+    buckets, all agree, and each bucket is stored once (the later inserts are
+    left alone, never an error)."""
+    app = make_app()
+    with app.app_context():
+        for n in range(30):  # each grant's event and its row (ran out since)
+            db.session.add(event("acquired", 55 - n, resource=f"job:{n}"))
+            db.session.add(row(f"job:{n}", "w", 55 - n, 45 - n))
+        db.session.commit()
+    start = threading.Barrier(4)
+    results, errors = [], []
+
+    def draw():
+        try:
+            with app.app_context():
+                start.wait(timeout=30)
+                results.append(drawn(NOW, 15, charts.DEFAULT_SPAN))
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors
+    assert len(results) == 4
+    assert all(r == results[0] for r in results)
+    with app.app_context():
+        per_bucket = db.session.execute(
+            select(ActivityEvents.starts_at, func.count())
+            .where(ActivityEvents.action == EVERY_ACTION)
+            .group_by(ActivityEvents.starts_at)
+        ).all()
+        samples = db.session.scalar(select(func.count()).select_from(ActivitySample))
+    assert len(per_bucket) == 59  # every whole minute but the last (not closed)
+    assert {count for _, count in per_bucket} == {1}
+    assert samples == 60  # the moments up to a minute before now
+
+
+def test_stored_rows_older_than_the_widest_range_are_deleted(app, backend):
+    with app.app_context():
+        charts.per_minute(NOW)
+        charts.per_minute(NOW + timedelta(days=8))
+        oldest = db.session.scalar(select(func.min(ActivityEvents.starts_at)))
+    assert oldest >= NOW + timedelta(days=8) - rollup.KEPT_FOR

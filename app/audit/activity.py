@@ -25,7 +25,7 @@ at 61 moments each, 98 % of the overview's time at 100,000 locks).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -55,9 +55,10 @@ FREEING = [a.value for a in ENDINGS]
 # Before one of these, the resource was validly held (expiry unknown).
 VALID_BEFORE = [a.value for a in (*EXTENSIONS, *ENDINGS, Action.FORCE_CLAIMED)]
 # Ids grow with inserts and ``occurred_at`` with the clock; they can disagree by
-# about one transaction's length. The window's first id is looked up this much
-# earlier, so no event of the window has a smaller id.
+# about one transaction's length. An event this much older than the window has a
+# smaller id than every event of the window.
 ID_MARGIN = timedelta(minutes=1)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class steps_between(FunctionElement):  # noqa: N801 (a SQL function's name)
@@ -115,36 +116,63 @@ def _micros(step: timedelta) -> ColumnElement:
     return literal_column(str(step // timedelta(microseconds=1)))
 
 
+def on_grid(at: datetime, step: timedelta) -> datetime:
+    """The grid moment at or before ``at``: the charts' moments are whole steps
+    from the epoch, so a past bucket is the same bucket in every drawing."""
+    return at - (at - EPOCH) % step
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
-    """``slots`` buckets of ``step`` ending at ``end``; sample moments are
-    ``start + i * step`` for ``i`` in ``0..slots``."""
+    """Sample moments ``start + i * step`` (``start`` on the grid) up to ``end``,
+    and ``end`` itself when it falls between two of them (the open bucket);
+    the buckets are the spans between consecutive moments."""
 
-    end: datetime
+    start: datetime
     step: timedelta
-    slots: int
+    end: datetime
+
+    @classmethod
+    def ending(cls, end: datetime, step: timedelta, buckets: int) -> Window:
+        """``buckets`` whole buckets before the grid moment at or before ``end``,
+        then the open one up to ``end``."""
+        return cls(start=on_grid(end, step) - step * buckets, step=step, end=end)
 
     @property
-    def start(self) -> datetime:
-        return self.end - self.step * self.slots
+    def whole(self) -> int:
+        """Whole steps from ``start`` to ``end``."""
+        return (self.end - self.start) // self.step
+
+    @property
+    def last_on_grid(self) -> datetime:
+        return self.start + self.step * self.whole
 
     @property
     def moments(self) -> list[datetime]:
-        return [self.start + self.step * i for i in range(self.slots + 1)]
+        on = [self.start + self.step * i for i in range(self.whole + 1)]
+        return on if self.end == on[-1] else [*on, self.end]
+
+    @property
+    def slots(self) -> int:
+        """Buckets (moments - 1); ``slots + 1`` is the index after the last."""
+        return len(self.moments) - 1
 
     def first_moment(self, at: Any, shift: float = 0.0) -> ColumnElement:
         """The index of the first sample moment ``m`` with ``m >= at - shift``
         (seconds): 0 before the window, ``slots + 1`` after it (or for NULL)."""
-        low = _instant(self.start + timedelta(seconds=shift))
-        high = _instant(self.end + timedelta(seconds=shift))
+        shifted = timedelta(seconds=shift)
+        low = _instant(self.start + shifted)
+        grid_end = _instant(self.last_on_grid + shifted)
         step = _micros(self.step)
-        # ceil((t - start) / step) = slots - floor((end - t) / step)
-        return case(
+        # ceil((t - start) / step) = whole - floor((last_on_grid - t) / step)
+        whens = [
             (at.is_(None), self.slots + 1),
             (at <= low, 0),
-            (at > high, self.slots + 1),
-            else_=self.slots - steps_between(at, high, step),
-        )
+            (at <= grid_end, self.whole - steps_between(at, grid_end, step)),
+        ]
+        if self.end != self.last_on_grid:
+            whens.append((at <= _instant(self.end + shifted), self.whole + 1))
+        return case(*whens, else_=self.slots + 1)
 
 
 def _add(deltas: list[int], lo: int, hi: int, count: int, slots: int) -> None:
@@ -176,13 +204,22 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
     start, end = _instant(window.start), _instant(window.end)
     deltas = {state: [0] * (slots + 2) for state in STATES}
     with db.engine.connect() as conn:
-        first_id = conn.scalar(
+        # Every event of the window has a larger id than the newest event
+        # ``ID_MARGIN`` before it (the first event after that moment may be
+        # newer than some of the window's: a quiet minute before it).
+        older_id = conn.scalar(
             select(events.c.id)
-            .where(events.c.occurred_at >= window.start - ID_MARGIN)
-            .order_by(events.c.occurred_at)
+            .where(events.c.occurred_at < window.start - ID_MARGIN)
+            .order_by(events.c.occurred_at.desc())
             .limit(1)
         )
-        if first_id is None:
+        after_id = -1 if older_id is None else older_id
+        any_in_window = conn.scalar(
+            select(literal(1))
+            .where(events.c.occurred_at >= start, events.c.occurred_at < end)
+            .limit(1)
+        )
+        if any_in_window is None:
             in_window = None
         else:
             in_window = (
@@ -195,7 +232,7 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                     events.c.occurred_at,
                 )
                 .where(
-                    events.c.id >= first_id,
+                    events.c.id > after_id,
                     events.c.occurred_at >= start,
                     events.c.occurred_at < end,
                 )
@@ -217,7 +254,7 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 ~select(literal(1))
                 .where(
                     touched.c.resource == locks.c.resource,
-                    touched.c.id >= first_id,
+                    touched.c.id > after_id,
                     touched.c.occurred_at >= start,
                     touched.c.occurred_at < end,
                 )
@@ -314,24 +351,27 @@ def _summed(deltas: dict[str, list[int]], slots: int) -> list[dict[str, int]]:
     return counts
 
 
-def per_bucket(window: Window) -> list[int]:
-    """Events in each of the window's ``slots`` buckets, oldest first."""
+def per_bucket(window: Window) -> list[dict[str, int]]:
+    """Events per action in each of the window's ``slots`` buckets, oldest first."""
     start = _instant(window.start)
     slots = (
         select(
             steps_between(start, events.c.occurred_at, _micros(window.step)).label(
                 "slot"
-            )
+            ),
+            events.c.action,
         )
         .where(
             events.c.occurred_at >= start, events.c.occurred_at < _instant(window.end)
         )
         .subquery()
     )
-    query = select(slots.c.slot, func.count()).group_by(slots.c.slot)
-    counts = [0] * window.slots
+    query = select(slots.c.slot, slots.c.action, func.count()).group_by(
+        slots.c.slot, slots.c.action
+    )
+    counts: list[dict[str, int]] = [{} for _ in range(window.slots)]
     with db.engine.connect() as conn:
-        for index, count in conn.execute(query):
+        for index, action, count in conn.execute(query):
             if 0 <= index < window.slots:
-                counts[index] += count
+                counts[index][action] = counts[index].get(action, 0) + count
     return counts

@@ -1,20 +1,24 @@
 """The last hour, day or week in two small charts: locks held / expiring / stale
 per bucket, and audit events per bucket (a minute for the hour, wider for longer
-ranges). The database counts (``app.audit.activity``,
-bucketed ``GROUP BY`` queries); this module only turns the counts into SVG
-geometry, a pure function like ``timeline.py``, drawn by
-``templates/dashboard/_activity.html``.
+ranges). The database counts (``app.audit.activity``, bucketed ``GROUP BY``
+queries), and keeps the counts of closed buckets (``app.audit.rollup``); this
+module only turns the counts into SVG geometry, a pure function like
+``timeline.py``, drawn by ``templates/dashboard/_activity.html``.
+
+The moments are whole steps from the epoch (so a past bucket is the same bucket
+in every drawing), the last one ``now``: the open bucket, drawn narrower.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from flask import current_app
 
 from app.audit import activity as counts_of
+from app.audit import rollup
 from app.dashboard.timeline import ticks
 
 WINDOW = timedelta(hours=1)
@@ -59,7 +63,7 @@ RIGHT = 12
 TOP = 12
 BOTTOM = 24
 STATES = counts_of.STATES
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+EPOCH = counts_of.EPOCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,7 @@ class Activity:
 
 
 def window(now: datetime, span: Span = DEFAULT_SPAN) -> counts_of.Window:
-    return counts_of.Window(end=now, step=span.step, slots=int(span.window / span.step))
+    return counts_of.Window.ending(now, span.step, int(span.window / span.step))
 
 
 def samples(
@@ -118,14 +122,18 @@ def samples(
     """How many locks were held / expiring / stale at each bucket boundary of
     the span up to ``now``, as the database counts them."""
     moments = window(now, span)
-    counted = counts_of.states(moments, expiring_within)
+    counted = rollup.states(moments, expiring_within)
     return [Sample(at, **c) for at, c in zip(moments.moments, counted, strict=True)]
 
 
 def per_minute(now: datetime, span: Span = DEFAULT_SPAN) -> list[tuple[datetime, int]]:
     """Events in each bucket of the span ending at ``now``, oldest first."""
     moments = window(now, span)
-    return list(zip(moments.moments, counts_of.per_bucket(moments), strict=False))
+    per_action = rollup.events(moments)
+    return [
+        (at, counts[rollup.EVERY_ACTION])
+        for at, counts in zip(moments.moments, per_action, strict=False)
+    ]
 
 
 def _scale(values: list[int]) -> int:
@@ -169,10 +177,10 @@ def _peak(chart: Chart, series: list[tuple[datetime, int]]) -> None:
 def build(
     now: datetime, expiring_within: float, shown: Span = DEFAULT_SPAN
 ) -> Activity:
-    start = now - shown.window
     sampled = samples(now, expiring_within, shown)
     minutes = per_minute(now, shown)
-    span = shown.window.total_seconds()
+    start = sampled[0].at  # on the grid: up to a step before now - window
+    span = (now - start).total_seconds()
 
     states = _frame(
         start, now, _scale([getattr(s, k) for s in sampled for k in STATES])
@@ -197,11 +205,12 @@ def build(
     when = "%H:%MZ" if shown.window <= WINDOW else "%Y-%m-%d %H:%MZ"
     counts = _frame(start, now, _scale([count for _, count in minutes]))
     _peak(counts, minutes)
-    slot_width = width / len(minutes)
-    for moment, count in minutes:
+    ends = [sample.at for sample in sampled[1:]]
+    for (moment, count), ends_at in zip(minutes, ends, strict=True):
         if not count:
             continue
         x = counts.plot_left + width * (moment - start).total_seconds() / span
+        slot_width = width * (ends_at - moment).total_seconds() / span
         top = y_of(counts, count)
         counts.bars.append(
             (
@@ -243,18 +252,16 @@ def cached(
     """The charts, drawn at most once a minute per process and app.
 
     The charts are per minute: a minute's samples are history once the minute
-    is over, and counting the hour's events takes the database about a second
-    at 100,000 locks and 72,000 events an hour. Every open overview polls them
+    is over, and even counting only the open bucket reads every held lock (tens
+    of milliseconds at 100,000 locks). Every open overview polls them
     once a minute; the first poll of a minute draws them (ending at its
     ``now``), and the polls that arrive while it draws wait for that drawing
     (a single flight: at a new minute, N open overviews cost one count, not N
     concurrent ones). A drawing that fails is not kept; the next request draws.
     """
-    # A minute for the hour; a bucket (20 min, 2 h) for the longer ranges,
-    # whose drawing counts every event of the day or week (seconds, not
-    # milliseconds, at a million events): redrawn once per bucket.
-    period = STEP if shown.window <= WINDOW else shown.step
-    drawn_in = now - (now - EPOCH) % period
+    # Every range once a minute: a drawing counts only what the stored closed
+    # buckets lack (``rollup``), the open bucket and the last minute.
+    drawn_in = now - (now - EPOCH) % STEP
     key = (shown.name, drawn_in, expiring_within)
     store = current_app.extensions.setdefault("lockkeeper.activity", {})
     with _cache_lock:
