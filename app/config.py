@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     # A stream ends after this many seconds (its client reconnects and resumes);
     # 0: it lasts as long as its client stays.
     "LOCKKEEPER_STREAM_MAX_SECONDS": 0.0,
+    "LOCKKEEPER_REFUSALS_FLUSH_SECONDS": 5.0,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": 5,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": 300,
     "LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS": 20,
@@ -98,6 +99,7 @@ _PARSED = {
     "LOCKKEEPER_STREAM_KEEPALIVE": float,
     "LOCKKEEPER_STREAM_POLL_INTERVAL": float,
     "LOCKKEEPER_STREAM_MAX_SECONDS": float,
+    "LOCKKEEPER_REFUSALS_FLUSH_SECONDS": float,
     "LOCKKEEPER_LOGIN_MAX_FAILURES": int,
     "LOCKKEEPER_LOGIN_LOCKOUT_SECONDS": int,
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
@@ -215,6 +217,8 @@ def _validate(config: Mapping[str, Any]) -> None:
     keepalive = config["LOCKKEEPER_STREAM_KEEPALIVE"]
     if not (math.isfinite(keepalive) and 0 < keepalive <= 15):
         raise ConfigError("LOCKKEEPER_STREAM_KEEPALIVE must be in (0, 15] seconds")
+    if not 0 <= config["LOCKKEEPER_REFUSALS_FLUSH_SECONDS"] <= 60:
+        raise ConfigError("LOCKKEEPER_REFUSALS_FLUSH_SECONDS must be 0 to 60 seconds")
     lifetime = config["LOCKKEEPER_STREAM_MAX_SECONDS"]
     if not (math.isfinite(lifetime) and lifetime >= 0):
         raise ConfigError("LOCKKEEPER_STREAM_MAX_SECONDS must be zero or more seconds")

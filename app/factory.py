@@ -118,16 +118,17 @@ def register_sessions(app: Flask) -> None:
 
 
 def register_services(app: Flask) -> None:
+    from app.audit import refusals
     from app.locks.service import LockService, LockSettings, clock_for
     from app.ops import metrics, request_log
 
     with app.app_context():
         engine = db.engine
+    clock = clock_for(engine, app.config.get("LOCKKEEPER_CLOCK"))
+    recorder = metrics.init_app(app)
+    recorder.refusals = refusals.init_app(app, engine, clock.now)
     app.extensions["lockkeeper.locks"] = LockService(
-        engine,
-        clock_for(engine, app.config.get("LOCKKEEPER_CLOCK")),
-        LockSettings.from_config(app.config),
-        metrics=metrics.init_app(app),
+        engine, clock, LockSettings.from_config(app.config), metrics=recorder
     )
     request_log.init_app(app)
 

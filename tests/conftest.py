@@ -89,6 +89,8 @@ def make_app(database_url, tmp_path) -> Iterator[Callable[..., Flask]]:
             "LOCKKEEPER_INSTANCE_PATH": str(tmp_path / "instance"),
             "LOCKKEEPER_BOOTSTRAP": False,
             "LOCKKEEPER_AUTO_MIGRATE": False,
+            # No flusher thread per test app: tests flush by hand.
+            "LOCKKEEPER_REFUSALS_FLUSH_SECONDS": 0,
             **overrides,
         }
         app = create_app(config)

@@ -316,7 +316,7 @@ def test_ranges_are_links_to_wider_buckets_with_a_unit_on_each_chart(
         assert link["href"].startswith("/activity")
     assert links[f"{name[:-1]} {name[-1]}"]["aria-current"] == "page"
     titles = [t.get_text() for t in page.select("#activity svg .axis-title")]
-    assert titles == ["locks", f"events per {per}"]
+    assert titles == ["locks", f"events per {per}", f"refused per {per}"]
     assert f"per {per}" in page.select_one("#events-title").get_text()
     poll = page.select_one("#activity .poller")["hx-get"]
     assert (f"range={name}" in poll) == (name != "1h")

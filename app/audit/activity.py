@@ -106,11 +106,11 @@ def _steps_mysql(element, compiler, **kw):
     return f"(TIMESTAMPDIFF(MICROSECOND, {earlier}, {later}) DIV {micros})"
 
 
-def _instant(value: datetime) -> ColumnElement:
+def instant(value: datetime) -> ColumnElement:
     return literal(value, UTCDateTime())
 
 
-def _micros(step: timedelta) -> ColumnElement:
+def micros(step: timedelta) -> ColumnElement:
     # Text, not a parameter: rendered inline (``_parts``), and part of the
     # statement's cache key, so another step compiles another statement.
     return literal_column(str(step // timedelta(microseconds=1)))
@@ -161,9 +161,9 @@ class Window:
         """The index of the first sample moment ``m`` with ``m >= at - shift``
         (seconds): 0 before the window, ``slots + 1`` after it (or for NULL)."""
         shifted = timedelta(seconds=shift)
-        low = _instant(self.start + shifted)
-        grid_end = _instant(self.last_on_grid + shifted)
-        step = _micros(self.step)
+        low = instant(self.start + shifted)
+        grid_end = instant(self.last_on_grid + shifted)
+        step = micros(self.step)
         # ceil((t - start) / step) = whole - floor((last_on_grid - t) / step)
         whens = [
             (at.is_(None), self.slots + 1),
@@ -171,7 +171,7 @@ class Window:
             (at <= grid_end, self.whole - steps_between(at, grid_end, step)),
         ]
         if self.end != self.last_on_grid:
-            whens.append((at <= _instant(self.end + shifted), self.whole + 1))
+            whens.append((at <= instant(self.end + shifted), self.whole + 1))
         return case(*whens, else_=self.slots + 1)
 
 
@@ -201,7 +201,7 @@ def _holder(
 def states(window: Window, within: float) -> list[dict[str, int]]:
     """Locks held / expiring / stale at each sample moment of ``window``."""
     slots = window.slots
-    start, end = _instant(window.start), _instant(window.end)
+    start, end = instant(window.start), instant(window.end)
     deltas = {state: [0] * (slots + 2) for state in STATES}
     with db.engine.connect() as conn:
         # Every event of the window has a larger id than the newest event
@@ -353,16 +353,16 @@ def _summed(deltas: dict[str, list[int]], slots: int) -> list[dict[str, int]]:
 
 def per_bucket(window: Window) -> list[dict[str, int]]:
     """Events per action in each of the window's ``slots`` buckets, oldest first."""
-    start = _instant(window.start)
+    start = instant(window.start)
     slots = (
         select(
-            steps_between(start, events.c.occurred_at, _micros(window.step)).label(
+            steps_between(start, events.c.occurred_at, micros(window.step)).label(
                 "slot"
             ),
             events.c.action,
         )
         .where(
-            events.c.occurred_at >= start, events.c.occurred_at < _instant(window.end)
+            events.c.occurred_at >= start, events.c.occurred_at < instant(window.end)
         )
         .subquery()
     )

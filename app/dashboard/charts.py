@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from flask import current_app
 
 from app.audit import activity as counts_of
-from app.audit import rollup
+from app.audit import refusals, rollup
 from app.dashboard.timeline import ticks
 
 WINDOW = timedelta(hours=1)
@@ -63,6 +63,7 @@ RIGHT = 12
 TOP = 12
 BOTTOM = 24
 STATES = counts_of.STATES
+REFUSALS = refusals.OUTCOMES
 EPOCH = counts_of.EPOCH
 
 
@@ -101,6 +102,8 @@ class Activity:
     per_minute: list[tuple[datetime, int]]  # events per bucket of the span
     states: Chart
     events: Chart
+    refused: list[tuple[datetime, dict[str, int]]]  # refusals per outcome, bucket
+    refusals: Chart
     span: Span = DEFAULT_SPAN
 
     @property
@@ -110,6 +113,10 @@ class Activity:
     @property
     def total_events(self) -> int:
         return sum(count for _, count in self.per_minute)
+
+    @property
+    def total_refused(self) -> dict[str, int]:
+        return {o: sum(c[o] for _, c in self.refused) for o in REFUSALS}
 
 
 def window(now: datetime, span: Span = DEFAULT_SPAN) -> counts_of.Window:
@@ -134,6 +141,12 @@ def per_minute(now: datetime, span: Span = DEFAULT_SPAN) -> list[tuple[datetime,
         (at, counts[rollup.EVERY_ACTION])
         for at, counts in zip(moments.moments, per_action, strict=False)
     ]
+
+
+def refused(now: datetime, span: Span = DEFAULT_SPAN) -> list[tuple[datetime, dict]]:
+    """Refused acquires per outcome in each bucket of the span, oldest first."""
+    moments = window(now, span)
+    return list(zip(moments.moments, refusals.per_bucket(moments), strict=False))
 
 
 def _scale(values: list[int]) -> int:
@@ -221,6 +234,23 @@ def build(
                 f"{count} event{'s' if count != 1 else ''} at {moment.strftime(when)}",
             )
         )
+    refused_per_bucket = refused(now, shown)
+    refusal_counts = [(at, c[o]) for at, c in refused_per_bucket for o in REFUSALS]
+    refusal_chart = _frame(start, now, _scale([n for _, n in refusal_counts]))
+    _peak(refusal_chart, refusal_counts)
+    for outcome in REFUSALS:
+        points = []
+        for (moment, per_outcome), ends_at in zip(
+            refused_per_bucket, ends, strict=True
+        ):
+            # Each bucket's count at its middle.
+            middle = moment + (ends_at - moment) / 2
+            x = (
+                refusal_chart.plot_left
+                + width * (middle - start).total_seconds() / span
+            )
+            points.append(f"{x:.1f},{y_of(refusal_chart, per_outcome[outcome])}")
+        refusal_chart.lines[outcome] = " ".join(points)
     return Activity(
         start=start,
         end=now,
@@ -228,6 +258,8 @@ def build(
         per_minute=minutes,
         states=states,
         events=counts,
+        refused=refused_per_bucket,
+        refusals=refusal_chart,
         span=shown,
     )
 

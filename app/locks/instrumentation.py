@@ -15,8 +15,8 @@ class NoMetrics:
     def acquired(self, action: Action) -> None:
         pass
 
-    def acquire_refused(self) -> None:
-        pass
+    def acquire_refused(self, outcome: str = "held") -> None:
+        """``held`` (another holds it), ``frozen`` (423) or ``over_quota`` (429)."""
 
     def renewal(self, outcome: str) -> None:
         pass

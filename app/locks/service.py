@@ -364,7 +364,7 @@ class LockService:
         try:
             result = attempt(None)
         except QuotaExceeded:
-            self.metrics.acquire_refused()
+            self.metrics.acquire_refused("over_quota")
             raise
         if not result.acquired and wait:
             # The line's identity is the token (the actor may be a session's).
@@ -452,7 +452,7 @@ class LockService:
         if outcome.token_ended:
             raise TokenEnded(token)
         if outcome.freeze is not None:
-            self.metrics.acquire_refused()
+            self.metrics.acquire_refused("frozen")
             raise ResourceFrozen(resource, Freeze.from_row(outcome.freeze))
         if outcome.over_quota:
             raise QuotaExceeded(

@@ -96,6 +96,9 @@ class LockMetrics(NoMetrics):
             registry=registry,
         )
         self._granted = {a: acquisitions.labels(a.value) for a in ACQUIRE_GRANTS}
+        # Refused acquires per minute for the overview's chart
+        # (``app.audit.refusals``), set once the app has its database.
+        self.refusals = None
         self._held = acquisitions.labels("held")
         self._renewals = {o: renewals.labels(o) for o in RENEWAL_OUTCOMES}
         self._releases = {o: releases.labels(o) for o in RELEASE_OUTCOMES}
@@ -145,8 +148,10 @@ class LockMetrics(NoMetrics):
     def acquired(self, action: Action) -> None:
         self._granted[action].inc()
 
-    def acquire_refused(self) -> None:
+    def acquire_refused(self, outcome: str = "held") -> None:
         self._held.inc()
+        if self.refusals is not None:
+            self.refusals.count(outcome)
 
     def renewal(self, outcome: str) -> None:
         self._renewals[outcome].inc()
