@@ -9,7 +9,15 @@ import time
 
 import pytest
 
-from app.locks.errors import InvalidInput, LockChanged, LockNotFound
+from app.auth.service import create_token
+from app.locks.errors import (
+    InvalidInput,
+    LockChanged,
+    LockNotFound,
+    PlacesHeld,
+    QuotaExceeded,
+    ResourceFrozen,
+)
 from app.locks.service import lock_service
 from app.locks.state import Action
 from tests.dashboard_helpers import post, soup
@@ -358,3 +366,197 @@ def test_the_cli_releases_every_grant_or_the_fences_named(fake_app, service):
     assert service.holders("sem:cli").holders == []
     result = cli.invoke(args=["locks", "release", "sem:cli", "--reason", "x"])
     assert result.exit_code == 1
+
+
+# -- an operator's claim of one place ---------------------------------------------
+
+
+def claimed_events(resource):
+    return [
+        (e.owner, e.fence, e.mode, e.actor, e.reason)
+        for e in events_of(resource)
+        if e.action == Action.CLAIMED
+    ]
+
+
+def test_a_claim_takes_one_free_place_of_a_semaphore(service):
+    theirs = [grant(service, "sem:claim", f"w-{n}", limit=3) for n in (1, 2)]
+    claimed = service.claim(
+        "sem:claim", "operator:olga", 60, actor="olga", reason="probe"
+    )
+    assert (claimed.owner, claimed.mode, claimed.limit, claimed.holders) == (
+        "operator:olga",
+        "exclusive",
+        3,
+        3,
+    )
+    assert claimed.fence > theirs[1].fence
+    assert sorted((h.owner, h.fence) for h in service.holders("sem:claim").holders) == [
+        ("operator:olga", claimed.fence),
+        ("w-1", theirs[0].fence),
+        ("w-2", theirs[1].fence),
+    ]
+    assert claimed_events("sem:claim") == [
+        ("operator:olga", claimed.fence, "exclusive", "olga", "probe")
+    ]
+    # Full now: a worker is refused as by any full semaphore.
+    assert not service.acquire("sem:claim", "w-3", ttl=30, limit=3).acquired
+
+
+def test_a_claim_of_a_full_semaphore_is_refused_and_says_why(service):
+    fences = [grant(service, "sem:full", f"w-{n}", limit=2).fence for n in (1, 2)]
+    for force in (False, True):
+        with pytest.raises(PlacesHeld) as refused:
+            service.claim("sem:full", "op", 60, actor="olga", reason="x", force=force)
+        assert "no free place" in str(refused.value)
+        assert refused.value.holder.fence == fences[0]
+    assert [h.fence for h in service.holders("sem:full").holders] == fences
+    assert claimed_events("sem:full") == []
+
+
+def test_a_claim_of_shared_grants_needs_the_shared_mode(service):
+    reader = grant(service, "rw:claim", "r-1", mode="shared")
+    with pytest.raises(PlacesHeld) as refused:
+        service.claim("rw:claim", "op", 60, actor="olga", reason="x", force=True)
+    assert "claim it shared" in str(refused.value)
+    joined = service.claim("rw:claim", "op", 60, actor="olga", mode="shared")
+    assert (joined.mode, joined.holders) == ("shared", 2)
+    assert sorted(h.fence for h in service.holders("rw:claim").holders) == [
+        reader.fence,
+        joined.fence,
+    ]
+    fresh = service.claim("rw:free", "op", 60, actor="olga", mode="shared")
+    assert [(h.owner, h.mode) for h in service.holders("rw:free").holders] == [
+        ("op", "shared")
+    ]
+    assert claimed_events("rw:free") == [("op", fresh.fence, "shared", "olga", None)]
+    grant(service, "sem:rw", "w-1", limit=2)
+    with pytest.raises(PlacesHeld, match="semaphore of limit 2"):
+        service.claim("sem:rw", "op", 60, actor="olga", mode="shared")
+    grant(service, "job:rw", "w-1")
+    with pytest.raises(PlacesHeld, match="held exclusively"):
+        service.claim("job:rw", "op", 60, actor="olga", mode="shared", force=True)
+    with pytest.raises(InvalidInput):
+        service.claim("rw:claim", "op", 60, actor="olga", mode="both")
+    assert len(service.holders("rw:claim").holders) == 2
+
+
+def test_a_place_claim_keeps_freezes_fences_and_quotas(service):
+    create_token("ci", max_locks=1)
+    seen = grant(service, "sem:rules", "w-1", limit=3)
+    service.freeze("sem:", actor="olga", reason="migration")
+    with pytest.raises(ResourceFrozen):
+        service.claim("sem:rules", "op", 60, actor="olga")
+    assert len(service.holders("sem:rules").holders) == 1
+    with pytest.raises(LockChanged):
+        service.claim(
+            "sem:rules",
+            "op",
+            60,
+            actor="olga",
+            force=True,
+            expected_fence=seen.fence + 99,
+        )
+    # Past the freeze with force, as any claim; for the token "ci".
+    claimed = service.claim(
+        "sem:rules", "op", 60, actor="olga", force=True, for_token="ci",
+        expected_fence=seen.fence,
+    )  # fmt: skip
+    assert claimed.token == "ci"
+    # Quotas count grants: the claimed place is the token's one live lock.
+    with pytest.raises(QuotaExceeded):
+        service.acquire("job:other", "w", ttl=30, token="ci", max_locks=1)
+
+
+def test_the_dashboard_claims_one_place(operator, service):
+    grant(service, "sem:faces", "w-1", limit=2)
+    form = soup(operator.get("/locks/sem:faces/claim"))
+    assert "places are held: a claim takes a free one" in form.get_text(" ", strip=True)
+    assert form.find(id="claim-force") is None
+    fence = form.find("input", attrs={"name": "fence"})["value"]
+    done = post(
+        operator,
+        "/locks/sem:faces/claim",
+        {"owner": "op-page", "ttl": "60", "fence": fence},
+    )
+    assert done.status_code == 303, soup(done).get_text(" ", strip=True)
+    assert sorted(h.owner for h in service.holders("sem:faces").holders) == [
+        "op-page",
+        "w-1",
+    ]
+    full = post(
+        operator, "/locks/sem:faces/claim", {"owner": "op-more", "fence": fence}
+    )
+    assert full.status_code == 409
+    assert "no free place" in soup(full).get_text(" ", strip=True)
+    shared = post(
+        operator, "/locks/rw:faces/claim", {"owner": "op-r", "mode": "shared"}
+    )
+    assert shared.status_code == 303
+    assert [h.mode for h in service.holders("rw:faces").holders] == ["shared"]
+    assert len(claimed_events("sem:faces")) == 1
+
+
+def test_the_cli_claims_one_place(fake_app, service):
+    grant(service, "sem:cli", "w-1", limit=2)
+    cli = fake_app.test_cli_runner()
+    result = cli.invoke(
+        args=["locks", "claim", "sem:cli", "--owner", "op-cli", "--ttl", "60"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "one place of 2" in result.output
+    result = cli.invoke(args=["locks", "claim", "sem:cli", "--owner", "op-x"])
+    assert result.exit_code == 1
+    assert "no free place" in result.output
+    shared = cli.invoke(
+        args=["locks", "claim", "rw:cli", "--owner", "op", "--mode", "shared"]
+    )
+    assert shared.exit_code == 0, shared.output
+    assert ", shared)" in shared.output
+    assert len(claimed_events("sem:cli")) == 1
+
+
+def test_a_claim_racing_workers_for_the_last_place_never_overfills(race_app):
+    """One place left, an operator's claim and four workers at once, round
+    after round: one of them gets it, the others are refused."""
+    with race_app.app_context():
+        service = lock_service()
+        for round_number in range(8):
+            resource = f"race:claim-{round_number}"
+            for n in (1, 2):
+                assert service.acquire(resource, f"w-{n}", ttl=60, limit=3).acquired
+            barrier = threading.Barrier(5)
+            won: list[str] = []
+
+            def claim(resource=resource, barrier=barrier, won=won):
+                with race_app.app_context():
+                    barrier.wait(timeout=30)
+                    try:
+                        lock_service().claim(resource, "op", 60, actor="olga")
+                    except PlacesHeld:
+                        return
+                    won.append("op")
+
+            def worker(number, resource=resource, barrier=barrier, won=won):
+                def run() -> None:
+                    with race_app.app_context():
+                        barrier.wait(timeout=30)
+                        owner = f"c-{number}"
+                        if (
+                            lock_service()
+                            .acquire(resource, owner, ttl=60, limit=3)
+                            .acquired
+                        ):
+                            won.append(owner)
+
+                return run
+
+            run_threads(claim, *(worker(n) for n in range(4)))
+            assert len(won) == 1
+            assert len(places_of(resource)) == 3
+            made = [
+                e.owner
+                for e in events_of(resource)
+                if e.action in (Action.ACQUIRED, Action.CLAIMED)
+            ]
+            assert sorted(made) == sorted(["w-1", "w-2", *won])

@@ -176,6 +176,13 @@ def locks_release(
     help="Claim only if the grant in place has this fence (refused if it changed "
     "hands or ended).",
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["exclusive", "shared"]),
+    default="exclusive",
+    show_default=True,
+    help="shared: a shared grant beside the readers (of a free resource too).",
+)
 @with_appcontext
 def locks_claim(
     resource: str,
@@ -185,9 +192,17 @@ def locks_claim(
     reason: str | None,
     force: bool,
     fence: int | None,
+    mode: str,
 ) -> None:
-    """Grant RESOURCE to OWNER with a new fence (recorded as cli:<OS user>)."""
-    from app.locks.errors import InvalidInput, LockChanged, LockHeld, ResourceFrozen
+    """Grant RESOURCE to OWNER with a new fence (recorded as cli:<OS user>); of
+    a semaphore, one free place."""
+    from app.locks.errors import (
+        InvalidInput,
+        LockChanged,
+        LockHeld,
+        PlacesHeld,
+        ResourceFrozen,
+    )
     from app.locks.service import lock_service
 
     try:
@@ -200,9 +215,12 @@ def locks_claim(
             force=force,
             for_token=for_token,
             expected_fence=fence,
+            mode=mode,
         )
     except LockChanged as exc:
         raise ChangedHands(f"{exc}; nothing was claimed.") from exc
+    except PlacesHeld as exc:
+        raise click.ClickException(f"{exc}; nothing was claimed.") from exc
     except LockHeld as exc:
         raise click.ClickException(f"{exc} (pass --force to take it)") from exc
     except ResourceFrozen as exc:
@@ -210,8 +228,12 @@ def locks_claim(
     except InvalidInput as exc:
         raise click.ClickException(str(exc)) from exc
     token = f"token {lock.token!r}" if lock.token else "no token"
+    kind = "" if lock.mode == "exclusive" else f", {lock.mode}"
+    if lock.limit > 1:
+        kind = f", one place of {lock.limit}"
     click.echo(
-        f"Claimed {lock.resource!r} for {lock.owner!r} ({token}, fence {lock.fence})."
+        f"Claimed {lock.resource!r} for {lock.owner!r} "
+        f"({token}, fence {lock.fence}{kind})."
     )
 
 

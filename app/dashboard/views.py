@@ -41,6 +41,7 @@ from app.locks.errors import (
     LockChanged,
     LockHeld,
     LockNotFound,
+    PlacesHeld,
     ResourceFrozen,
 )
 from app.locks.results import Lock
@@ -784,6 +785,7 @@ def claim(resource: str):
     ttl = _parse_ttl(raw_ttl, errors)
     reason = text_field("reason")
     force = request.form.get("force") == "yes"
+    mode = "shared" if request.form.get("mode") == "shared" else "exclusive"
     fence = _confirmed_fence(errors)
     status = 400
     if not errors:
@@ -797,9 +799,15 @@ def claim(resource: str):
                 force=force,
                 expected_fence=fence,
                 for_token=for_token,
+                mode=mode,
             )
         except (InvalidInput, LockChanged) as exc:
             errors, status = _refusal(exc, "force", context)
+        except PlacesHeld as exc:
+            # Held by places: no box takes one of theirs; the reason is shown.
+            context["lock"] = exc.holder
+            errors.append(("mode", f"Not claimed: {exc}."))
+            status = 409
         except LockHeld as exc:
             lock = exc.holder
             context["lock"] = lock
@@ -832,5 +840,6 @@ def claim(resource: str):
         ttl=raw_ttl or "",
         reason=reason or "",
         force=force,
+        mode=mode,
         **context,
     )

@@ -53,6 +53,17 @@ class LockHeld(LockError):
         )
 
 
+class PlacesHeld(LockHeld):
+    """A claim of a resource held by places that may take none of them: a
+    semaphore with no free place, or shared grants claimed without the shared
+    mode (``why`` says which). ``holder``: the grant that ends first."""
+
+    def __init__(self, resource: str, holder: Lock, why: str):
+        self.resource = resource
+        self.holder = holder
+        LockError.__init__(self, why)
+
+
 class LockChanged(LockError):
     """The grant an operator confirmed (``expected_fence``) is no longer the lock's
     grant: it changed hands, or ended, between the confirmation and the action.

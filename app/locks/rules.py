@@ -14,8 +14,10 @@ from app.locks.errors import (
     LockChanged,
     LockHeld,
     LockNotFound,
+    PlacesHeld,
     ResourceFrozen,
 )
+from app.locks.models import SHARED
 from app.locks.results import Freeze
 
 
@@ -66,3 +68,58 @@ def claim_takes_from_holder(
     if taking:
         require_reason(reason, "to take a lock another holder holds")
     return taking
+
+
+def refuse_place_claim(
+    view,
+    places: list[Any],
+    *,
+    resource: str,
+    owner: str,
+    token: str,
+    mode: str,
+    expected_fence: int | None,
+    show: Callable[[Any], Any],
+) -> None:
+    """Raise why a claim of one place (``mode`` exclusive: a semaphore's) or of
+    a shared grant may not be made, from what the claim read under the row
+    lock: ``view`` (``ClaimView``) and the resource's live ``places``."""
+    now, row = view.now, view.row
+    exclusive = row if row is not None and row.owner and row.expires_at > now else None
+    seen = {grant.fence for grant in places}
+    if exclusive is not None:
+        seen.add(exclusive.fence)
+    if expected_fence is not None and expected_fence not in seen:
+        first = places[0] if places else exclusive
+        raise LockChanged(
+            resource, expected_fence, show(first) if first is not None else None
+        )
+    if exclusive is not None:
+        raise PlacesHeld(
+            resource,
+            show(exclusive),
+            f"{resource!r} is held exclusively by {exclusive.owner!r}: a shared "
+            "claim does not take an exclusive grant",
+        )
+    shared = mode == SHARED
+    if places and (places[0].mode == SHARED) != shared:
+        kind = (
+            f"a semaphore of limit {places[0].holder_limit}: claim one of its "
+            "places, not a shared grant"
+            if shared
+            else f"held by {len(places)} shared grant(s): claim it shared to join them"
+        )
+        raise PlacesHeld(resource, show(places[0]), f"{resource!r} is {kind}")
+    # The owner's own place is replaced; the others' are never taken.
+    theirs = [p for p in places if not (p.owner == owner and p.token == token)]
+    limit = places[0].holder_limit if places else 1
+    if not shared and len(theirs) >= limit:
+        first = show(places[0])
+        raise PlacesHeld(
+            resource,
+            first,
+            f"{resource!r} has no free place: all {limit} are held (the first "
+            f"to end is {first.owner!r}'s, fence {first.fence})",
+        )
+    if view.freeze is not None:
+        raise ResourceFrozen(resource, Freeze.from_row(view.freeze))

@@ -40,7 +40,6 @@ from app.locks.errors import (
     LimitMismatch,
     LockChanged,
     LockExpired,
-    LockHeld,
     LockNotFound,
     NotFrozen,
     NotOwner,
@@ -788,6 +787,7 @@ class LockService:
         force: bool = False,
         expected_fence: int | None = None,
         for_token: str | None = None,
+        mode: str = EXCLUSIVE,
     ) -> Lock:
         """Grant ``resource`` to ``owner`` with a new fence, as an operator.
 
@@ -802,11 +802,21 @@ class LockService:
         :raise InvalidInput: taking it from a valid holder without a reason.
         :raise LockChanged: the grant is no longer the one of ``expected_fence``.
         :raise ResourceFrozen: a freeze covers it and ``force`` is false.
+
+        Held by places, a claim takes one of them, a grant of its own beside
+        the others (never one of theirs, ``force`` or not): a free place of a
+        semaphore, or with ``mode`` SHARED a shared grant among the readers
+        (of a free resource too); an exclusive claim of shared grants, and
+        a shared one of a semaphore or an exclusive grant, are refused.
+
+        :raise PlacesHeld: a semaphore with no free place, or the wrong mode.
         """
         self.validate(
             resource=resource, owner=owner, ttl=ttl, actor=actor, reason=reason
         )
         self._validate_fence(expected_fence)
+        if mode not in MODES:
+            raise InvalidInput([("mode", f"must be one of {', '.join(MODES)}")])
         token_error = for_token is not None and validation.name_error(
             for_token, "for_token"
         )
@@ -824,16 +834,28 @@ class LockService:
             if view.token_ended:
                 return Outcome(False, None, view.row, view.now, token_ended=True)
             row = view.row
-            if (
-                row is not None
+            places = (
+                statements.live_grants(conn, row, view.now)
+                if row is not None
                 and row.places_until is not None
                 and row.places_until > view.now
-            ):
-                # Held by places: an exclusive claim would coexist with them
-                # (claiming one place is not offered yet), force or not.
-                first = statements.first_place(conn, row, view.now)
-                if first is not None:
-                    raise LockHeld(resource, self._lock(first, view.now))
+                else []
+            )
+            if places or mode == SHARED:
+                rules.refuse_place_claim(
+                    view,
+                    places,
+                    resource=resource,
+                    owner=owner,
+                    token=token,
+                    mode=mode,
+                    expected_fence=expected_fence,
+                    show=lambda found: self._lock(found, view.now),
+                )
+                return statements.write_place_claim(
+                    conn, view, resource, owner, token, mode, ttl,
+                    actor=actor, reason=reason,
+                )  # fmt: skip
             taking = rules.claim_takes_from_holder(
                 view.row,
                 view.now,

@@ -179,18 +179,6 @@ class PlacesStatements:
         )
         return Outcome(False, None, shown, now)
 
-    def first_place(self, conn, row, now: datetime) -> LockRow | None:
-        """The live place of ``row``'s resource that ends first, or None."""
-        live = [p for p in self._places_of(conn, row.resource) if p.expires_at > now]
-        if not live:
-            return None
-        return self._place_row(
-            live[0],
-            holder_limit=row.holder_limit or 1,
-            holders_now=len(live),
-            waiters=getattr(row, "waiters", 0) or 0,
-        )
-
     def acquire_place(
         self, conn, ask, now: datetime | None, waiter=None, session=None
     ) -> Outcome:
@@ -656,3 +644,82 @@ class PlacesStatements:
         carried = {grant.fence for grant in released + left}
         gone = sorted((confirmed or set()) - carried)
         return AllRemoved(released, left, gone, now, queued)
+
+    def live_grants(self, conn, row, now: datetime) -> list[LockRow]:
+        """The live places of ``row``'s resource (none without a row), the
+        one that ends first first."""
+        if row is None:
+            return []
+        live = [p for p in self._places_of(conn, row.resource) if p.expires_at > now]
+        return [
+            self._place_row(
+                p,
+                holder_limit=row.holder_limit or 1,
+                holders_now=len(live),
+                waiters=row.waiters or 0,
+            )
+            for p in live
+        ]
+
+    def write_place_claim(
+        self, conn, view, resource, owner, token, mode, ttl, *, actor, reason
+    ) -> Outcome:
+        """An operator's claim of one place (``mode`` EXCLUSIVE: a semaphore's)
+        or of a shared grant, for (``token``, ``owner``) with ``view``'s fence,
+        under the resource row's lock (inserted free when missing); the caller
+        decided it may be made. A place the owner held is replaced, expired
+        places and a stale exclusive grant end; one ``claimed`` event."""
+        row, now = view.row, view.now
+        if row is None:
+            self._insert_free_row(conn, resource, now, 1)
+            row = self.lock_row(conn, resource, now)
+        places = self._places_of(conn, resource)
+        wanted = place_token(token)
+        staying = [
+            p
+            for p in places
+            if p.expires_at > now and not (p.owner == owner and p.token == wanted)
+        ]
+        ending = [p.id for p in places if p not in staying]
+        if ending:
+            conn.execute(delete(holders).where(holders.c.id.in_(ending)))
+        previous_owner = row.owner
+        if row.owner is not None:
+            conn.execute(
+                update(locks)
+                .where(locks.c.id == row.id)
+                .values(owner=None, token=None, session_id=None, expires_at=now)
+            )
+        limit = (row.holder_limit or 1) if mode == EXCLUSIVE else 1
+        expires_at = now + timedelta(seconds=ttl)
+        conn.execute(
+            insert(holders).values(
+                resource=resource,
+                owner=owner,
+                token=wanted,
+                mode=mode,
+                fence=view.fence,
+                acquired_at=now,
+                expires_at=expires_at,
+                session_id=None,
+            )
+        )
+        expiries = [p.expires_at for p in staying] + [expires_at]
+        self._set_places_until(conn, row, expiries, limit)
+        granted = LockRow(
+            resource=resource,
+            owner=owner,
+            token=wanted,
+            fence=view.fence,
+            acquired_at=now,
+            expires_at=expires_at,
+            waiters=row.waiters or 0,
+            holder_limit=limit,
+            mode=mode,
+            holders=len(staying) + 1,
+        )
+        self._log(
+            conn, Action.CLAIMED, granted, previous_owner, token, actor, reason, now,
+            mode=mode,
+        )  # fmt: skip
+        return Outcome(True, Action.CLAIMED, granted, now)
