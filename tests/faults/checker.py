@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 GRANT_ACTIONS = {"acquired", "took_over", "claimed", "force_claimed"}
+EXCLUSIVE, SHARED = "exclusive", "shared"
 
 # A waiting acquire answers by its wait plus this (its last decision, leaving the
 # line, a loaded machine), still under the client's timeout of 5 s + wait: a
@@ -52,6 +53,12 @@ class Grant:
     expires_at: datetime  # extended by every answered renewal
     released: bool = False
     end: datetime | None = None  # the release's occurred_at, when released
+    limit: int = 1  # a semaphore's places above 1
+    mode: str = EXCLUSIVE
+
+    @property
+    def label(self) -> str:
+        return f"{self.owner} (fence {self.fence})"
 
     @property
     def until(self) -> datetime:
@@ -79,10 +86,13 @@ def check(
     max_recovery: float = 5.0,
     failovers: list[dict[str, Any]] = (),
     failover_recovery: float = FAILOVER_RECOVERY,
+    limits: dict[str, int] | None = None,
 ) -> Report:
-    """``max_recovery``: seconds within which every instance serves again after
-    a database restart; ``failovers`` and ``failover_recovery``: the primary
-    changes of a failover run and its recovery bound (see ``check_failovers``).
+    """``limits``: the semaphores among the resources, by name, with their
+    limits (the others allow one holder, or shared ones). ``max_recovery``:
+    seconds within which every instance serves again after a database restart;
+    ``failovers`` and ``failover_recovery``: the primary changes of a failover
+    run and its recovery bound (see ``check_failovers``).
     A waiter in line while the database was down or the primary changed is held
     to that bound instead of its wait (``answer_due``)."""
     report = Report()
@@ -90,8 +100,8 @@ def check(
     events = sorted(events, key=lambda e: e["id"])
     _match_events(records, grants, events, report)
     _check_believed_intervals(grants, report)
-    _replay_audit_log(events, report)
-    for violation in grant_order_violations(events):
+    _replay_audit_log(events, report, limits)
+    for violation in grant_order_violations(events, limits):
         report.violation(violation)
     windows = held_windows(outage, max_recovery, failovers, failover_recovery)
     _check_responses(records, report, windows)
@@ -118,6 +128,8 @@ def _believed_grants(records, report) -> dict[tuple[str, str], Grant]:
                 int(record["fence"]),
                 ts(record["acquired_at"]),
                 ts(record["expires_at"]),
+                limit=int(record.get("limit") or 1),
+                mode=record.get("mode") or EXCLUSIVE,
             )
         elif kind == "renewed":
             grant = grants.get(key)
@@ -134,21 +146,45 @@ def _believed_grants(records, report) -> dict[tuple[str, str], Grant]:
     return grants
 
 
+def blockers(mode: str, limit: int, live: list) -> list:
+    """Of ``live`` (grants valid at an instant, each with ``mode`` and
+    ``limit``), those a new grant of ``mode`` and ``limit`` may not come beside:
+    an exclusive grant of limit 1 stands alone; a shared grant only beside
+    shared ones; a semaphore place beside fewer than ``limit`` places of that
+    semaphore and nothing else."""
+    if mode == SHARED:
+        return [g for g in live if g.mode != SHARED]
+    if limit == 1:
+        return list(live)
+    foreign = [g for g in live if g.mode == SHARED or g.limit != limit]
+    if foreign:
+        return foreign
+    return list(live) if len(live) >= limit else []
+
+
 def _check_believed_intervals(grants, report) -> None:
-    """Per resource: no two believed validity intervals overlap; fences increase."""
+    """Per resource: at no instant more believed holders than the rules allow
+    (``blockers``: one exclusive holder, or shared ones, or up to a semaphore's
+    limit); fences increase in grant order."""
     by_resource: dict[str, list[Grant]] = defaultdict(list)
     for grant in grants.values():
         by_resource[grant.resource].append(grant)
+    most = report.stats.setdefault("most_believed_at_once", {})
     for resource, held in by_resource.items():
         held.sort(key=lambda g: (g.acquired_at, g.fence))
-        # ``longest``: of the grants so far, the one believed valid the longest.
-        longest: Grant | None = None
+        # The grants so far believed valid after the latest grant's start.
+        open_: list[Grant] = []
         for before, grant in zip([None, *held], held, strict=False):
-            if longest is not None and grant.acquired_at < longest.until:
+            open_ = [g for g in open_ if g.until > grant.acquired_at]
+            blocking = blockers(grant.mode, grant.limit, open_)
+            if blocking:
+                longest = max(blocking, key=lambda g: g.until)
+                kind = "" if grant.limit == 1 else f" (place of {grant.limit})"
                 report.violation(
-                    f"{resource}: {grant.owner} (fence {grant.fence}) granted at "
-                    f"{grant.acquired_at.isoformat()} while {longest.owner} "
-                    f"(fence {longest.fence}) held it until "
+                    f"{resource}: {grant.label} granted {grant.mode}{kind} at "
+                    f"{grant.acquired_at.isoformat()} while "
+                    f"{', '.join(g.label for g in blocking)} held it, "
+                    f"{longest.owner} (fence {longest.fence}) until "
                     f"{longest.until.isoformat()}"
                 )
             if before is not None and grant.fence <= before.fence:
@@ -156,8 +192,8 @@ def _check_believed_intervals(grants, report) -> None:
                     f"{resource}: fence {grant.fence} of {grant.owner} does not "
                     f"exceed fence {before.fence} granted before it"
                 )
-            if longest is None or grant.until > longest.until:
-                longest = grant
+            open_.append(grant)
+            most[resource] = max(most.get(resource, 0), len(open_))
 
 
 # -- the audit log against the history -------------------------------------------
@@ -225,30 +261,66 @@ def _match_events(records, grants, events, report) -> None:
     report.stats["indeterminate_grants_applied"] = indeterminate
 
 
-def _replay_audit_log(events, report) -> None:
+@dataclass
+class Held:
+    """A grant as the audit log tells it, while replaying it."""
+
+    owner: str
+    fence: int
+    mode: str
+    limit: int
+    end: datetime  # its expiry, or its release's occurred_at once released
+    ended_by: str = "expiry"
+
+    @property
+    def label(self) -> str:
+        return f"{self.owner} (fence {self.fence})"
+
+
+def _mode(event) -> str:
+    return event.get("mode") or EXCLUSIVE
+
+
+def _replaced_by(grant: Held, event) -> bool:
+    """Whether the grant ``event`` makes is ``grant``'s holder asking again:
+    a re-acquire (a demotion to shared included), or a promotion of its shared
+    grant to an exclusive one, which ends it."""
+    if grant.owner != event["owner"]:
+        return False
+    if event["action"] == "reacquired":
+        return True
+    return grant.mode == SHARED and _mode(event) == EXCLUSIVE
+
+
+def _replay_audit_log(events, report, limits=None) -> None:
     """The database's own story, independent of what workers believed: replaying
-    the events per resource, no grant may come while another owner validly holds
-    the lock, and every new grant's fence exceeds every earlier one."""
-    holders: dict[str, dict] = {}
+    the events per resource, no grant may come beside the grants validly held
+    then unless the rules allow it (``blockers``; ``limits``: the semaphores'
+    limits by resource, 1 for the others), and every new grant's fence exceeds
+    every earlier one."""
+    limits = limits or {}
+    held: dict[str, dict[int, Held]] = defaultdict(dict)
     highest: dict[str, int] = defaultdict(int)
     for event in events:
         resource, action = event["resource"], event["action"]
-        holder = holders.get(resource)
+        grants = held[resource]
         if action in GRANT_ACTIONS or action == "reacquired":
             at = ts(event["acquired_at"])
-            if (
-                holder is not None
-                and holder["expires_at"] > at
-                and action != "force_claimed"
-                and not (action == "reacquired" and holder["owner"] == event["owner"])
-            ):
+            live = [
+                g for g in grants.values() if g.end > at and not _replaced_by(g, event)
+            ]
+            limit = limits.get(resource, 1)
+            blocking = blockers(_mode(event), limit, live)
+            if blocking and action != "force_claimed":
+                first = blocking[0]
                 report.violation(
                     f"event {event['id']}: {resource} {action} by {event['owner']} at "
-                    f"{at.isoformat()} while {holder['owner']} held it until "
-                    f"{holder['expires_at'].isoformat()}"
+                    f"{at.isoformat()} while {first.owner} held it until "
+                    f"{first.end.isoformat()}"
                 )
             if action == "reacquired":
-                if holder is None or holder["fence"] != event["fence"]:
+                mine = grants.get(event["fence"])
+                if mine is None or mine.owner != event["owner"]:
                     report.violation(f"event {event['id']}: reacquire changed fence")
             elif event["fence"] <= highest[resource]:
                 report.violation(
@@ -256,64 +328,89 @@ def _replay_audit_log(events, report) -> None:
                     f"after fence {highest[resource]}"
                 )
             highest[resource] = max(highest[resource], event["fence"])
-            holders[resource] = {
-                "owner": event["owner"],
-                "fence": event["fence"],
-                "expires_at": ts(event["expires_at"]),
-            }
-        elif action == "renewed":
-            if holder is None or (holder["owner"], holder["fence"]) != (
+            if action == "force_claimed" or (_mode(event) == EXCLUSIVE and limit == 1):
+                live = []  # an exclusive grant ends all others (a claim, too)
+            held[resource] = {g.fence: g for g in live}
+            held[resource][event["fence"]] = Held(
                 event["owner"],
                 event["fence"],
-            ):
+                _mode(event),
+                limit,
+                ts(event["expires_at"]),
+            )
+        elif action == "renewed":
+            grant = grants.get(event["fence"])
+            if grant is None or grant.owner != event["owner"]:
                 report.violation(f"event {event['id']}: renewal by a non-holder")
-            elif holder["expires_at"] <= ts(event["occurred_at"]):
+            elif grant.end <= ts(event["occurred_at"]):
                 report.violation(f"event {event['id']}: renewal of an expired lock")
             else:
-                holder["expires_at"] = ts(event["expires_at"])
+                grant.end = ts(event["expires_at"])
         elif action in ("released", "force_released"):
-            if holder is None or holder["fence"] != event["fence"]:
+            if event["fence"] not in grants:
                 report.violation(f"event {event['id']}: release of a lock not held")
-            holders.pop(resource, None)
+            grants.pop(event["fence"], None)
 
 
-def grant_order_violations(events) -> list[str]:
+def grant_order_violations(events, limits=None) -> list[str]:
     """The audit log ordered like the grants themselves: no grant's recorded
-    ``acquired_at`` may precede the recorded end of the grant before it on the
-    same resource (its release or force-release ``occurred_at``, or, when it ran
-    out, its last ``expires_at``; a claim that takes it ends it there). Exact
-    comparison, no tolerance: every timestamp is the database's own clock.
+    ``acquired_at`` may precede the recorded end of a grant before it on the
+    same resource that it may not come beside (``blockers``: for an exclusive
+    lock, the grant before it): its release or force-release ``occurred_at``,
+    or, when it ran out, its last ``expires_at``; a claim that takes it ends it
+    there. Exact comparison, no tolerance: every timestamp is the database's
+    own clock. ``limits``: the semaphores' limits by resource, 1 for the others.
 
     ``events``: every event of the resources concerned, in id order (a resource's
     events are written under its row lock, so their ids follow the changes).
     """
+    limits = limits or {}
     violations: list[str] = []
-    # resource -> (what ended the previous grant, when, its fence)
-    previous_end: dict[str, tuple[str, datetime, int]] = {}
+    # resource -> fence -> the grant with what ended it (so far) and when
+    previous: dict[str, dict[int, Held]] = defaultdict(dict)
     for event in sorted(events, key=lambda e: e["id"]):
         resource, action = event["resource"], event["action"]
+        grants = previous[resource]
+        limit = limits.get(resource, 1)
         if action in GRANT_ACTIONS:
-            ended = previous_end.get(resource)
             at = ts(event["acquired_at"])
             # A force-claim, or a claim for the holder itself, ends a valid grant.
             ends_it = action == "force_claimed" or (
                 action == "claimed" and event["previous_owner"] == event["owner"]
             )
-            if ended is not None and not ends_it and at < ended[1]:
+            later = [
+                g for g in grants.values() if g.end > at and not _replaced_by(g, event)
+            ]
+            blocking = [] if ends_it else blockers(_mode(event), limit, later)
+            if blocking:
+                ended = max(blocking, key=lambda g: g.end)
                 violations.append(
                     f"event {event['id']}: {resource} {action} (fence "
                     f"{event['fence']}) recorded at {at.isoformat()}, before the "
-                    f"{ended[0]} of fence {ended[2]} at {ended[1].isoformat()}"
+                    f"{ended.ended_by} of fence {ended.fence} at "
+                    f"{ended.end.isoformat()}"
                 )
+            if ends_it or (_mode(event) == EXCLUSIVE and limit == 1):
+                grants.clear()
+            else:
+                for fence in [f for f, g in grants.items() if g.end <= at]:
+                    del grants[fence]
         if action in GRANT_ACTIONS or action in ("reacquired", "renewed"):
-            previous_end[resource] = (
-                "expiry",
-                ts(event["expires_at"]),
-                event["fence"],
-            )
-        elif action in ("released", "force_released"):
-            previous_end[resource] = (action, ts(event["occurred_at"]), event["fence"])
+            grant = grants.get(event["fence"])
+            if grant is None:
+                grant = grants[event["fence"]] = Held(
+                    event["owner"], event["fence"], _mode(event), limit, at_min()
+                )
+            grant.mode = _mode(event)
+            grant.end, grant.ended_by = ts(event["expires_at"]), "expiry"
+        elif action in ("released", "force_released") and event["fence"] in grants:
+            grant = grants[event["fence"]]
+            grant.end, grant.ended_by = ts(event["occurred_at"]), action
     return violations
+
+
+def at_min() -> datetime:
+    return datetime.min.replace(tzinfo=UTC)
 
 
 # -- responses and the outage ----------------------------------------------------
@@ -404,8 +501,11 @@ def _stats(records, events) -> dict[str, Any]:
                 n for op, n in record["counts"].items() if not op.startswith("pause")
             )
     actions: dict[str, int] = defaultdict(int)
+    modes: dict[str, int] = defaultdict(int)
     for event in events:
         actions[event["action"]] += 1
+        if event["action"] in GRANT_ACTIONS:
+            modes[_mode(event)] += 1
     return {
         "operations": operations,
         "grants_believed": kinds["grant"],
@@ -415,6 +515,7 @@ def _stats(records, events) -> dict[str, Any]:
         "unknown_outcomes": kinds["unknown"],
         "events": len(events),
         "events_by_action": dict(actions),
+        "events_by_mode": dict(modes),
         "take_overs": actions["took_over"],
         "waits": kinds["waited"],
         "waits_granted": sum(

@@ -40,6 +40,17 @@ from tests.faults.patroni import PatroniCluster
 from tests.faults.worker import WorkerConfig, worker_main
 
 HOT_RESOURCES = [f"hot:{n}" for n in range(4)]
+# The holder workers' resources: a semaphore of 2 places, and one resource read
+# (shared grants) and written (exclusive ones).
+SEMAPHORES = {"sem:0": 2}
+READ_WRITE = ("rw:0",)
+CHECKED_RESOURCES = [*HOT_RESOURCES, *SEMAPHORES, *READ_WRITE]
+
+
+def is_holder_worker(index: int) -> bool:
+    """Three workers in eight take the holder resources (waiting ones among
+    them: see ``waits``), the others the exclusive hot ones."""
+    return index % 8 in (1, 3, 6)
 
 
 @dataclass
@@ -373,11 +384,14 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
         deadline = start_at + config.duration
         context = multiprocessing.get_context("spawn")
         for index in range(config.workers):
+            holder = is_holder_worker(index)
             worker = WorkerConfig(
                 index=index,
                 urls=[instance.url for instance in instances],
                 token=token,
-                resources=HOT_RESOURCES,
+                resources=[*SEMAPHORES, *READ_WRITE] if holder else HOT_RESOURCES,
+                limits=SEMAPHORES if holder else None,
+                shared=READ_WRITE if holder else (),
                 start_at=start_at,
                 deadline=deadline,
                 history=str(histories / f"worker-{index:02d}.jsonl"),
@@ -406,7 +420,9 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
             raise RuntimeError(f"workers {hung} did not finish")
 
         records = read_histories(histories)
-        events = [e for e in read_events(cluster.url) if e["resource"] in HOT_RESOURCES]
+        events = [
+            e for e in read_events(cluster.url) if e["resource"] in CHECKED_RESOURCES
+        ]
         failovers = injector.failovers if patroni else []
         report = check(
             records,
@@ -414,6 +430,7 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
             None if patroni else injector.outage,
             failovers=failovers,
             failover_recovery=config.failover_recovery,
+            limits=SEMAPHORES,
         )
         if patroni:
             check_failovers(

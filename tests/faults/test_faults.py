@@ -134,6 +134,104 @@ def test_checker_replays_the_audit_log_for_a_grant_over_a_valid_holder():
     assert any("event 5: hot:0 took_over by w09-9" in v for v in violations)
 
 
+def holder_grant(owner, fence, start, end, resource, limit=1, mode="exclusive"):
+    return {**grant(owner, fence, start, end, resource), "limit": limit, "mode": mode}
+
+
+def holder_event(id_, action, owner, fence, start, end, resource, mode="exclusive"):
+    return {
+        **event(id_, action, owner, fence, start, end, resource=resource),
+        "mode": mode,
+    }
+
+
+def semaphore_history(overlapping: int):
+    """``overlapping`` places of the semaphore "sem:0" (limit 2) believed held
+    from t=0 to t=2, each granted 0.1 s after the one before, then one more
+    after they all ended."""
+    records, events = [], []
+    for n in range(overlapping):
+        owner = f"w0{n}-1"
+        records.append(holder_grant(owner, n + 1, n * 0.1, 2, "sem:0", limit=2))
+        events.append(
+            holder_event(n + 1, "acquired", owner, n + 1, n * 0.1, 2, "sem:0")
+        )
+    late = overlapping + 1
+    records.append(holder_grant("w09-1", late, 2.5, 3, "sem:0", limit=2))
+    events.append(holder_event(late, "took_over", "w09-1", late, 2.5, 3, "sem:0"))
+    return records, events
+
+
+def test_checker_accepts_a_semaphore_full_but_not_beyond():
+    records, events = semaphore_history(2)
+    report = check(records, events, limits={"sem:0": 2})
+    assert report.violations == []
+    assert report.stats["most_believed_at_once"]["sem:0"] == 2
+
+
+def test_checker_finds_one_believed_holder_more_than_a_semaphore_allows():
+    records, events = semaphore_history(3)
+    violations = check(records, events, limits={"sem:0": 2}).violations
+    # The workers' beliefs, the audit log's replay and its grant order: each
+    # sees the third place.
+    assert violations == [
+        "sem:0: w02-1 (fence 3) granted exclusive (place of 2) at "
+        f"{at(0.2).isoformat()} while w00-1 (fence 1), w01-1 (fence 2) held it, "
+        f"w00-1 (fence 1) until {at(2).isoformat()}",
+        f"event 3: sem:0 acquired by w02-1 at {at(0.2).isoformat()} while w00-1 "
+        f"held it until {at(2).isoformat()}",
+        f"event 3: sem:0 acquired (fence 3) recorded at {at(0.2).isoformat()}, "
+        f"before the expiry of fence 1 at {at(2).isoformat()}",
+    ]
+
+
+def read_write_history():
+    """Two readers share "rw:0" from t=0 to t=1, a writer holds it from t=1.5."""
+    records = [
+        holder_grant("w00-1", 1, 0, 1, "rw:0", mode="shared"),
+        holder_grant("w01-1", 2, 0.2, 1, "rw:0", mode="shared"),
+        holder_grant("w02-1", 3, 1.5, 2, "rw:0"),
+    ]
+    events = [
+        holder_event(1, "acquired", "w00-1", 1, 0, 1, "rw:0", mode="shared"),
+        holder_event(2, "acquired", "w01-1", 2, 0.2, 1, "rw:0", mode="shared"),
+        holder_event(3, "took_over", "w02-1", 3, 1.5, 2, "rw:0"),
+    ]
+    return records, events
+
+
+def test_checker_accepts_shared_grants_side_by_side():
+    records, events = read_write_history()
+    report = check(records, events)
+    assert report.violations == []
+    assert report.stats["most_believed_at_once"]["rw:0"] == 2
+
+
+def test_checker_finds_a_writer_beside_readers():
+    records, events = read_write_history()
+    records[2] = holder_grant("w02-1", 3, 0.5, 2, "rw:0")
+    events[2] = holder_event(3, "took_over", "w02-1", 3, 0.5, 2, "rw:0")
+    violations = check(records, events).violations
+    assert any(
+        v.startswith("rw:0: w02-1 (fence 3) granted exclusive at")
+        and "while w00-1 (fence 1), w01-1 (fence 2) held it" in v
+        for v in violations
+    )
+    assert any(v.startswith("event 3: rw:0 took_over by w02-1") for v in violations)
+
+
+def test_checker_finds_a_reader_beside_a_writer():
+    records, events = read_write_history()
+    records.append(holder_grant("w03-1", 4, 1.8, 2.5, "rw:0", mode="shared"))
+    events.append(holder_event(4, "acquired", "w03-1", 4, 1.8, 2.5, "rw:0", "shared"))
+    violations = check(records, events).violations
+    assert any(
+        v.startswith("rw:0: w03-1 (fence 4) granted shared at")
+        and "while w02-1 (fence 3) held it" in v
+        for v in violations
+    )
+
+
 def test_checker_finds_a_waiter_stuck_past_its_wait():
     records, events = clean_history()
     records.append(
@@ -402,9 +500,12 @@ def harness_prerequisites(database: str = "postgresql") -> str | None:
 @pytest.mark.parametrize("database", ["postgresql", "mariadb"])
 def test_bounded_fault_run_finds_no_violation(database):
     """3 instances (one 5 minutes fast), 24 workers (a third of them waiting in
-    the server's line half the time), SIGKILLs every few seconds, one database
-    restart: never two holders, nothing lost or invented, no 500, no waiter
-    answering past its wait. MariaDB's waiters poll where PostgreSQL's listen."""
+    the server's line half the time; three in eight on a semaphore of 2 and a
+    resource read and written), SIGKILLs every few seconds, one database
+    restart: never two holders of an exclusive lock, no more than the limit of
+    a semaphore, no shared grant beside an exclusive one, nothing lost or
+    invented, no 500, no waiter answering past its wait. MariaDB's waiters poll
+    where PostgreSQL's listen."""
     missing = harness_prerequisites(database)
     if missing:
         unavailable(f"fault harness: {missing}")
@@ -424,6 +525,11 @@ def test_bounded_fault_run_finds_no_violation(database):
     assert stats["waits"] >= 10
     assert stats["waits_granted"] >= 1
     assert stats["outage_probes"] >= 9
+    # Both places of the semaphore were believed held at once, and readers
+    # shared the read/write resource.
+    assert stats["most_believed_at_once"]["sem:0"] == 2
+    assert stats["most_believed_at_once"]["rw:0"] >= 2
+    assert stats["events_by_mode"]["shared"] >= 5
 
 
 # -- the bounded failover run (Patroni + etcd) ---------------------------------------

@@ -4,7 +4,10 @@ believed, one JSON line per fact, flushed at once (a history must survive faults
 Records (``kind``):
 
 - ``grant``: the service granted ``resource`` to ``owner`` with ``fence``,
-  ``acquired_at`` and ``expires_at`` (the database's clock, as the API reported).
+  ``acquired_at`` and ``expires_at`` (the database's clock, as the API reported),
+  its ``limit`` and ``mode`` as asked (a semaphore's place, a shared grant: the
+  worker's ``limits`` and ``shared_share``); a grant of another kind is also an
+  ``error``.
 - ``renewed``: a renewal answered 200 with a new ``expires_at``.
 - ``released``: a release answered 204.
 - ``lost``: a renew or release said the lock was gone (the worker learned of the
@@ -56,6 +59,11 @@ class WorkerConfig:
     pause_probability: float = 0.1
     # This worker's acquires wait in the server's line (up to 2 s) half the time.
     waits: bool = False
+    # Resources taken as a counting semaphore: resource -> its limit.
+    limits: dict[str, int] | None = None
+    # Resources read and written: this share of their acquires asks shared.
+    shared: tuple[str, ...] = ()
+    shared_share: float = 0.75
 
 
 class Recorder:
@@ -140,9 +148,13 @@ class Worker:
         wait = None
         if config.waits and self.rng.random() < 0.5:
             wait = round(self.rng.uniform(0.2, 2.0), 3)
+        limit = (config.limits or {}).get(resource)
+        shared = resource in config.shared and self.rng.random() < config.shared_share
         sent = time.monotonic()
         try:
-            result = self.client.acquire(resource, owner, ttl, wait=wait)
+            result = self.client.acquire(
+                resource, owner, ttl, wait=wait, limit=limit, shared=shared
+            )
         except ServiceUnavailable as exc:
             self.unknown("acquire", resource, owner, exc)
             return
@@ -168,6 +180,7 @@ class Worker:
             time.sleep(min(wait, self.rng.uniform(0.01, 0.2)))
             return
         lock = result.lock
+        asked = (limit or 1, "shared" if shared else "exclusive")
         self.record.count("acquire", "granted")
         self.record.write(
             "grant",
@@ -176,9 +189,22 @@ class Worker:
             fence=lock.fence,
             acquired_at=lock.acquired_at.isoformat(),
             expires_at=lock.expires_at.isoformat(),
+            limit=asked[0],
+            mode=asked[1],
             ttl=ttl,
             url=self.client.base_url,
         )
+        if (lock.limit, lock.mode) != asked:
+            # Believed as asked; a grant of another kind is outside the contract.
+            self.record.count("acquire", "error")
+            self.record.write(
+                "error",
+                op="acquire",
+                resource=resource,
+                owner=owner,
+                status=200,
+                error=f"asked {asked}, granted {(lock.limit, lock.mode)}",
+            )
         self.hold(resource, owner, lock.fence, ttl)
 
     def hold(self, resource: str, owner: str, fence: int, ttl: float) -> None:
