@@ -518,7 +518,8 @@ def test_the_cli_claims_one_place(fake_app, service):
 
 def test_a_claim_racing_workers_for_the_last_place_never_overfills(race_app):
     """One place left, an operator's claim and four workers at once, round
-    after round: one of them gets it, the others are refused."""
+    after round: one of them gets it, the others are refused (the claim
+    because no place is free)."""
     with race_app.app_context():
         service = lock_service()
         for round_number in range(8):
@@ -527,13 +528,16 @@ def test_a_claim_racing_workers_for_the_last_place_never_overfills(race_app):
                 assert service.acquire(resource, f"w-{n}", ttl=60, limit=3).acquired
             barrier = threading.Barrier(5)
             won: list[str] = []
+            refusals: list[str] = []
 
-            def claim(resource=resource, barrier=barrier, won=won):
+            def claim(resource=resource, barrier=barrier, won=won, refusals=refusals):
                 with race_app.app_context():
                     barrier.wait(timeout=30)
                     try:
                         lock_service().claim(resource, "op", 60, actor="olga")
-                    except PlacesHeld:
+                    except PlacesHeld as refused:
+                        # Refused only because a worker took the last place.
+                        refusals.append(str(refused))
                         return
                     won.append("op")
 
@@ -553,6 +557,8 @@ def test_a_claim_racing_workers_for_the_last_place_never_overfills(race_app):
 
             run_threads(claim, *(worker(n) for n in range(4)))
             assert len(won) == 1
+            assert len(refusals) == (0 if won == ["op"] else 1)
+            assert all("no free place" in refusal for refusal in refusals)
             assert len(places_of(resource)) == 3
             made = [
                 e.owner
