@@ -99,8 +99,11 @@ def test_sort_headers_link_both_ways_and_mark_the_order(operator, spread):
         row.select_one("td.remaining").get_text(strip=True)
         for row in page.select("#live tbody tr")
     ]
-    assert all(text.startswith("stale for") for text in remaining)
-    assert remaining[0] == "stale for 7 s"  # job acquired at t=1 for 5 s, now t=13
+    # The state column says "stale"; the time says when, not the state again.
+    assert all(text.startswith("ran out") for text in remaining)
+    assert remaining[0] == "ran out 7 s ago"  # job acquired at t=1 for 5 s, now t=13
+    for row in page.select("#live tbody tr"):
+        assert row.get_text(" ", strip=True).count("stale") == 1
     times = page.select("#live tbody td.remaining time")
     assert all(t["title"].startswith("expired 20") for t in times)
 
