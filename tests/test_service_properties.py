@@ -932,6 +932,11 @@ def test_holders_match_their_model_under_any_sequence(backend, make_app):
             settings=settings(
                 max_examples=HOLDER_EXAMPLES[backend],
                 stateful_step_count=40,
+                # The same sequences every run: the check below that they
+                # reached shared grants side by side and full semaphores must
+                # not depend on the luck of a draw (it failed once in a few
+                # runs when drawn at random).
+                derandomize=True,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
             ),
