@@ -113,3 +113,50 @@ def test_holders_of_a_free_resource_and_of_an_exclusive_lock(api):
     held = api.get("/api/v1/locks/api:x/holders").get_json()
     assert [h["owner"] for h in held["holders"]] == ["w"]
     assert api.post("/api/v1/locks/api:x/holders", json={}).status_code == 405
+
+
+def test_the_lock_list_has_one_entry_per_live_grant(api, clock):
+    for owner in ("a", "b"):
+        assert acquire(api, "sem:pool", owner, limit=3).status_code == 200
+    for owner in ("r-1", "r-2"):
+        assert acquire(api, "rw:cfg", owner, mode="shared").status_code == 200
+    listed = api.get("/api/v1/locks").get_json()["locks"]
+    assert [(lock["resource"], lock["owner"]) for lock in listed] == [
+        ("rw:cfg", "r-1"),
+        ("rw:cfg", "r-2"),
+        ("sem:pool", "a"),
+        ("sem:pool", "b"),
+    ]
+    assert {(lock["mode"], lock["limit"], lock["holders"]) for lock in listed} == {
+        ("shared", 1, 2),
+        ("exclusive", 3, 2),
+    }
+    assert len({lock["fence"] for lock in listed}) == 4
+    seen, cursor = [], None
+    while True:
+        query = {"limit": 1} if cursor is None else {"limit": 1, "cursor": cursor}
+        page = api.get("/api/v1/locks", query_string=query).get_json()
+        seen += [(lock["resource"], lock["fence"]) for lock in page["locks"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [(lock["resource"], lock["fence"]) for lock in listed]
+    mine = api.get("/api/v1/locks", query_string={"owner": "b"}).get_json()["locks"]
+    assert [(lock["resource"], lock["owner"]) for lock in mine] == [("sem:pool", "b")]
+
+
+def test_a_session_bound_place_names_its_session_in_the_lists(api):
+    session = api.post("/api/v1/sessions", json={"owner": "w-7", "ttl": 15}).get_json()
+    bound = api.post(
+        "/api/v1/locks/sem:s",
+        json={"owner": "w-7", "session": session["id"], "limit": 2},
+    )
+    assert bound.status_code == 200, bound.get_json()
+    assert acquire(api, "sem:s", "w-8", limit=2).status_code == 200
+    holders = api.get("/api/v1/locks/sem:s/holders").get_json()["holders"]
+    listed = api.get("/api/v1/locks").get_json()["locks"]
+    for grants in (holders, listed):
+        assert {lock["owner"]: lock.get("session") for lock in grants} == {
+            "w-7": session["id"],
+            "w-8": None,
+        }

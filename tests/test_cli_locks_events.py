@@ -182,3 +182,24 @@ def test_events_prune_deletes_old_events_only(cli, history, clock, fake_app):
     assert "Pruned 4 event(s)" in result.output
     with fake_app.app_context():
         assert [e.resource for e in iter_events()] == ["new:1"]
+
+
+def test_locks_list_prints_each_place_and_shared_grant(cli, service):
+    for owner in ("a", "b"):
+        assert service.acquire("sem:pool", owner, ttl=30, limit=3).acquired
+    for owner in ("r-1", "r-2"):
+        assert service.acquire("rw:cfg", owner, ttl=30, mode="shared").acquired
+    result = cli.invoke(args=["locks", "list"])
+    assert result.exit_code == 0, result.output
+    lines = [line.split("\t") for line in result.stdout.splitlines()]
+    assert lines[0][-2:] == ["mode", "limit"]
+    assert [(r[0], r[1], r[-2], r[-1]) for r in lines[1:]] == [
+        ("rw:cfg", "r-1", "shared", "1"),
+        ("rw:cfg", "r-2", "shared", "1"),
+        ("sem:pool", "a", "exclusive", "3"),
+        ("sem:pool", "b", "exclusive", "3"),
+    ]
+    mine = cli.invoke(args=["locks", "list", "--owner", "b"])
+    assert [line.split("\t")[0] for line in mine.stdout.splitlines()[1:]] == [
+        "sem:pool"
+    ]

@@ -147,3 +147,82 @@ def test_the_timeline_draws_a_semaphores_holders_side_by_side(viewer, service, c
     assert len({bar["y"] for bar in bars}) == 3
     titles = [bar.find("title").get_text() for bar in bars]
     assert all(title.endswith("(held)") for title in titles), titles
+
+
+def hold_places(service):
+    """A semaphore of 3 with 2 holders and a shared lock with 2 readers."""
+    for owner, ttl in (("host-a:1", 60), ("host-b:2", 90)):
+        assert service.acquire("sem:pool", owner, ttl=ttl, limit=3).acquired
+    for owner in ("reader-1", "reader-2"):
+        assert service.acquire("rw:cfg", owner, ttl=40, mode="shared").acquired
+
+
+def overview_rows(page):
+    return {
+        row.select_one("td.resource").get_text(strip=True): row
+        for row in page.select("#locks-table tbody tr")
+    }
+
+
+def test_the_overview_shows_a_resource_held_by_places_as_one_row(operator, service):
+    hold_places(service)
+    assert service.acquire("job:1", "w-1", ttl=30).acquired
+    page = soup(operator.get("/"))
+    rows = overview_rows(page)
+    assert set(rows) == {"sem:pool", "rw:cfg", "job:1"}
+    pool = rows["sem:pool"]
+    assert pool.select_one(".places").get_text(strip=True) == "2 / 3"
+    assert pool.select_one(".places")["href"] == "/locks/sem:pool#lock-holders"
+    # Its grant that ends first: owner and time left.
+    assert pool.select_one("td.owner").get_text(" ", strip=True) == (
+        "host-a:1 and 1 more"
+    )
+    assert pool.select_one(".ttl")["data-ttl"] == "60.000"
+    assert rows["rw:cfg"].select_one(".places").get_text(strip=True) == "2 shared"
+    # No whole-lock release for them; the exclusive lock keeps its own.
+    for resource in ("sem:pool", "rw:cfg"):
+        assert rows[resource].select_one("input[name=lock]") is None
+        assert rows[resource].find(id=lambda i: i and i.endswith("-release")) is None
+        assert rows[resource].find(id=lambda i: i and i.endswith("-holders"))
+    assert rows["job:1"].select_one(".places") is None
+    assert rows["job:1"].select_one("input[name=lock]") is not None
+    assert page.find(id="count-held").select_one(".count").get_text() == "3"
+    assert page.find(id="tab-all").select_one(".tab-count").get_text() == "(3)"
+
+
+def test_the_overview_finds_a_resource_by_any_holders_owner(viewer, service):
+    hold_places(service)
+    page = soup(viewer.get("/?owner=host-b"))
+    assert list(overview_rows(page)) == ["sem:pool"]
+    assert page.find(id="count-held").select_one(".count").get_text() == "1"
+    assert page.find(id="tab-held").select_one(".tab-count").get_text() == "(1)"
+
+
+def test_the_groupings_count_places(viewer, service):
+    hold_places(service)
+    assert service.acquire("sem:pool", "host-a:7", ttl=60, limit=3).acquired
+
+    def groups(view):
+        page = soup(viewer.get(f"/?group={view}"))
+        return {
+            row.find("td").get_text(" ", strip=True): row.find_all("td")[-1].get_text(
+                strip=True
+            )
+            for row in page.select("#groups-table tbody tr")
+        }
+
+    # One resource per prefix; each holder counts for its owner and host.
+    assert groups("prefix") == {"rw:": "1", "sem:": "1"}
+    assert groups("host") == {
+        "host-a": "2",
+        "host-b": "1",
+        "reader-1": "1",
+        "reader-2": "1",
+    }
+    assert groups("owner") == {
+        "host-a:1": "1",
+        "host-a:7": "1",
+        "host-b:2": "1",
+        "reader-1": "1",
+        "reader-2": "1",
+    }

@@ -20,7 +20,7 @@ from app.locks.errors import (
     TokenEnded,
 )
 from app.locks.models import DistributedLock, LockEvent, LockHolder
-from app.locks.state import Action
+from app.locks.state import Action, LockState
 from tests.conftest import ApiClient
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -277,3 +277,132 @@ def test_a_session_bound_acquire_is_refused_by_shared_holders(service):
     refused = service.acquire("ss:rw", "w", session=session.id, token="t")
     assert not refused.acquired
     assert refused.lock.owner == "r1"
+
+
+# -- listing and counting places ------------------------------------------------
+
+
+def hold_places(service, clock):
+    """A semaphore of 3 with 2 holders, a shared lock with 2 readers and one
+    exclusive lock; the exclusive one ends first, then the readers, then the
+    semaphore's places."""
+    assert service.acquire("job:solo", "w-9:1", ttl=20, token="ci").acquired
+    for owner, ttl in (("host-a:1", 60), ("host-b:2", 90)):
+        assert service.acquire("sem:pool", owner, ttl=ttl, limit=3, token="ci").acquired
+    for owner in ("reader-1", "reader-2"):
+        assert service.acquire("rw:cfg", owner, ttl=40, mode="shared").acquired
+    clock.advance(1)
+
+
+def test_every_live_grant_is_an_entry_of_the_grant_list(service, clock):
+    hold_places(service, clock)
+    listed = service.list_locks(entries="grants").items
+    assert [(lock.resource, lock.owner) for lock in listed] == [
+        ("job:solo", "w-9:1"),
+        ("rw:cfg", "reader-1"),
+        ("rw:cfg", "reader-2"),
+        ("sem:pool", "host-a:1"),
+        ("sem:pool", "host-b:2"),
+    ]
+    by_owner = {lock.owner: lock for lock in listed}
+    pool = by_owner["host-b:2"]
+    assert (pool.limit, pool.mode, pool.holders, pool.token) == (
+        3,
+        "exclusive",
+        2,
+        "ci",
+    )
+    assert round(pool.ttl_remaining) == 89
+    reader = by_owner["reader-1"]
+    assert (reader.mode, reader.holders, reader.limit) == ("shared", 2, 1)
+    assert by_owner["w-9:1"].holders == 1
+    # Each grant its own fence: the entries are the holders' own.
+    assert {lock.fence for lock in listed if lock.resource == "sem:pool"} == {
+        grant.fence for grant in service.holders("sem:pool").holders
+    }
+
+
+@pytest.mark.parametrize(
+    "sort",
+    ["resource", "-resource", "natural", "owner", "-expires", "urgent", "waiters"],
+)
+def test_pages_of_one_list_every_grant_exactly_once(service, clock, sort):
+    hold_places(service, clock)
+    seen, cursor = [], None
+    while True:
+        page = service.list_locks(entries="grants", limit=1, cursor=cursor, sort=sort)
+        seen += [(lock.resource, lock.fence) for lock in page.items]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    every = service.list_locks(entries="grants", sort=sort).items
+    assert seen == [(lock.resource, lock.fence) for lock in every]
+    assert len(set(seen)) == 5
+
+
+def test_a_resource_held_by_places_is_one_entry_of_the_resource_list(service, clock):
+    hold_places(service, clock)
+    listed = service.list_locks(entries="resources", sort="urgent").items
+    # Its grant that ends first stands for it.
+    assert [(lock.resource, lock.owner, lock.holders) for lock in listed] == [
+        ("job:solo", "w-9:1", 1),
+        ("rw:cfg", "reader-1", 2),
+        ("sem:pool", "host-a:1", 2),
+    ]
+    # A search finds it by any of its holders' owners.
+    found = service.list_locks(entries="resources", owner_contains="HOST-B")
+    assert [(lock.resource, lock.owner) for lock in found.items] == [
+        ("sem:pool", "host-a:1")
+    ]
+    assert service.count_locks(owner_contains="host-b") == 1
+    assert service.count_locks(prefix="sem:", state="held") == 1
+
+
+def test_places_count_in_every_counter_and_group(service, clock):
+    hold_places(service, clock)
+    clock.advance(10)  # job:solo expiring
+    assert service.counts() == {
+        LockState.HELD: 2,
+        LockState.EXPIRING: 1,
+        LockState.STALE: 0,
+    }
+    assert service.counts(owner_contains="reader-2") == {
+        LockState.HELD: 1,
+        LockState.EXPIRING: 0,
+        LockState.STALE: 0,
+    }
+    owners = {g.name: (g.held, g.expiring, g.stale) for g in service.owner_counts()}
+    assert owners == {
+        "w-9:1": (0, 1, 0),
+        "host-a:1": (1, 0, 0),
+        "host-b:2": (1, 0, 0),
+        "reader-1": (1, 0, 0),
+        "reader-2": (1, 0, 0),
+    }
+    prefixes = {g.name: g.total for g in service.prefix_counts()}
+    assert prefixes == {"job:": 1, "rw:": 1, "sem:": 1}
+    clock.advance(45)  # the readers' grants ended: rw:cfg is free
+    assert [
+        lock.resource for lock in service.list_locks(entries="resources").items
+    ] == [
+        "job:solo",
+        "sem:pool",
+    ]
+    assert sum(service.counts().values()) == 2
+
+
+def test_a_session_bound_place_names_its_session(fake_app, service, clock):
+    api = ApiClient(fake_app)
+    session = api.post("/api/v1/sessions", json={"owner": "w-7", "ttl": 15}).get_json()
+    bound = api.post(
+        "/api/v1/locks/sem:s",
+        json={"owner": "w-7", "session": session["id"], "limit": 2},
+    )
+    assert bound.status_code == 200, bound.get_json()
+    assert service.acquire("sem:s", "w-8", ttl=30, limit=2).acquired
+    sessions = {
+        lock.owner: lock.session for lock in service.list_locks(entries="grants").items
+    }
+    assert sessions == {"w-7": session["id"], "w-8": None}
+    held = {lock.owner: lock.session for lock in service.holders("sem:s").holders}
+    assert held == sessions

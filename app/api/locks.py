@@ -24,7 +24,7 @@ from app.auth.service import verify_token
 from app.errors import problem
 from app.locks.errors import InvalidInput
 from app.locks.queue import client_still_there
-from app.locks.service import lock_service
+from app.locks.service import ENTRIES_GRANTS, lock_service
 
 
 @bp.post("/locks/<resource>")
@@ -128,7 +128,10 @@ def release_lock(resource: str):
 
 @bp.get("/locks")
 def list_locks():
-    page = lock_service().list_locks(**query(), scope=g.token.prefixes)
+    # One entry per live grant: each place or shared grant of its own.
+    page = lock_service().list_locks(
+        **query(), scope=g.token.prefixes, entries=ENTRIES_GRANTS
+    )
     return jsonify(
         locks=[lock_to_json(lock) for lock in page.items],
         next_cursor=page.next_cursor,

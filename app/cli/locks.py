@@ -38,21 +38,28 @@ class ChangedHands(click.ClickException):
 @click.option("--owner", help="Only locks held by this owner.")
 @with_appcontext
 def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
-    """Every matching lock, one per line, tab-separated, ordered by resource."""
+    """Every matching grant, one per line, tab-separated, ordered by resource:
+    each place of a semaphore and each shared grant a line of its own."""
     from app.locks.errors import InvalidInput
     from app.locks.pagination import MAX_PAGE
-    from app.locks.service import lock_service
+    from app.locks.service import ENTRIES_GRANTS, lock_service
     from app.timestamps import rfc3339
 
     service = lock_service()
     cursor = None
     click.echo(
-        "resource\towner\tfence\tstate\tacquired_at\texpires_at\tttl_remaining\ttoken"
+        "resource\towner\tfence\tstate\tacquired_at\texpires_at\tttl_remaining"
+        "\ttoken\tmode\tlimit"
     )
     while True:
         with refusals_reported(InvalidInput):
             page = service.list_locks(
-                state=state, prefix=prefix, owner=owner, limit=MAX_PAGE, cursor=cursor
+                state=state,
+                prefix=prefix,
+                owner=owner,
+                limit=MAX_PAGE,
+                cursor=cursor,
+                entries=ENTRIES_GRANTS,
             )
         for lock in page.items:
             click.echo(
@@ -66,6 +73,8 @@ def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
                         rfc3339(lock.expires_at),
                         f"{lock.ttl_remaining:.1f}",
                         lock.token or "",
+                        lock.mode,
+                        str(lock.limit),
                     )
                 )
             )

@@ -45,7 +45,12 @@ from app.locks.errors import (
     ResourceFrozen,
 )
 from app.locks.results import Lock
-from app.locks.service import AllReleased, OwnerCounts, lock_service
+from app.locks.service import (
+    ENTRIES_RESOURCES,
+    AllReleased,
+    OwnerCounts,
+    lock_service,
+)
 from app.locks.sessions import UnknownSession
 from app.locks.state import LockState
 
@@ -187,12 +192,7 @@ def overview():
         if group is not None and group not in GROUPS:
             raise InvalidInput([("group", "must be owner, host or prefix")])
         if searched:
-            owners = service.owner_counts(prefix=prefix, owner_contains=owner)
-            counts = {
-                LockState.HELD: sum(g.held for g in owners),
-                LockState.EXPIRING: sum(g.expiring for g in owners),
-                LockState.STALE: sum(g.stale for g in owners),
-            }
+            counts = service.counts(prefix=prefix, owner_contains=owner)
         contended_count = service.count_locks(
             prefix=prefix, owner_contains=owner, contended=True
         )
@@ -208,6 +208,9 @@ def overview():
             cursor=cursor,
             offset=None if cursor else (number - 1) * size,
             sort=sort_key,
+            # A resource held by places is one row: its places used of the
+            # limit, its grant that ends first.
+            entries=ENTRIES_RESOURCES,
         )
         if group == "prefix":
             groups = service.prefix_counts(prefix=prefix, owner_contains=owner)
@@ -223,7 +226,7 @@ def overview():
             contended_count,
             [
                 [lock.resource, lock.owner, lock.fence, lock.expires_at, lock.state]
-                + [lock.waiters]
+                + [lock.waiters, lock.holders]
                 for lock in (page.items if page else [])
             ],
             groups and [[g.name, g.held, g.expiring, g.stale] for g in groups],

@@ -32,6 +32,12 @@ class Lock:
     # or None when it is bound to none (or where a read does not look).
     session: str | None = None
 
+    @property
+    def is_place(self) -> bool:
+        """A semaphore's place or a shared grant (a row of ``lock_holders``),
+        not a resource's exclusive grant."""
+        return self.limit > 1 or self.mode == "shared"
+
     @classmethod
     def from_row(cls, row, now: datetime, expiring_within: float) -> Lock:
         remaining = (row.expires_at - now).total_seconds()
@@ -48,6 +54,7 @@ class Lock:
             limit=getattr(row, "holder_limit", None) or 1,
             mode=getattr(row, "mode", None) or "exclusive",
             holders=getattr(row, "holders", None) or 1,
+            session=getattr(row, "session", None),
         )
 
 

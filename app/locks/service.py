@@ -94,6 +94,10 @@ MAX_FREEZE = timedelta(days=366)
 RELEASE_BATCH = 200
 MAX_HOLDER_LIMIT = 1000
 MODES = (EXCLUSIVE, SHARED)
+# What one entry of a lock list is (``LockService._sources``).
+ENTRIES_EXCLUSIVE = "exclusive"
+ENTRIES_GRANTS = "grants"
+ENTRIES_RESOURCES = "resources"
 
 
 def holder_errors(limit: Any, mode: Any) -> list[tuple[str, str]]:
@@ -1162,20 +1166,29 @@ class LockService:
     def _live_places(self, conn, row) -> list[Lock]:
         """The live places of ``row``'s resource (read with ``row.now``), the
         one that ends first first."""
+        bound = listing.bound_session(
+            holders.c.session_id,
+            holders.c.owner,
+            holders.c.token,
+            holders.c.expires_at,
+        ).label("session")
         found = conn.execute(
-            select(holders)
+            select(holders, bound)
             .where(holders.c.resource == row.resource, holders.c.expires_at > row.now)
             .order_by(holders.c.expires_at, holders.c.id)
         ).all()
         return [
-            self._lock(
-                LockRow.of(
-                    place,
-                    waiters=row.waiters,
-                    holder_limit=row.holder_limit,
-                    holders=len(found),
+            dataclasses.replace(
+                self._lock(
+                    LockRow.of(
+                        place,
+                        waiters=row.waiters,
+                        holder_limit=row.holder_limit,
+                        holders=len(found),
+                    ),
+                    row.now,
                 ),
-                row.now,
+                session=place.session,
             )
             for place in found
         ]
@@ -1189,9 +1202,14 @@ class LockService:
             literal(now, UTCDateTime()) if now is not None else self._server_now()
         ).label("now")
         waiting, _ = queue_columns(locks.c.resource, now_column.element)
+        bound = listing.bound_session(
+            locks.c.session_id, locks.c.owner, locks.c.token, locks.c.expires_at
+        ).label("session")
         with self._autocommit_engine.connect() as conn:
             row = conn.execute(
-                select(locks, now_column, waiting).where(locks.c.resource == resource)
+                select(locks, now_column, waiting, bound).where(
+                    locks.c.resource == resource
+                )
             ).one_or_none()
             if row is None:
                 return Holders(resource, 1, EXCLUSIVE, [], 0)
@@ -1227,19 +1245,31 @@ class LockService:
     def _server_now(self):
         return self._transactional._server_now().cast(UTCDateTime())
 
-    def _state_condition(self, state: LockState | None, now: datetime):
+    def _state_condition(
+        self, state: LockState | None, now: datetime, expires_at=locks.c.expires_at
+    ):
         if state is None:
             return None
-        return state_condition(
-            state, locks.c.expires_at, now, self.settings.expiring_within
-        )
+        return state_condition(state, expires_at, now, self.settings.expiring_within)
 
-    def _state_counts(self, now: datetime) -> list:
+    def _state_counts(self, now: datetime, expires_at=locks.c.expires_at) -> list:
         """One ``count`` column per state, labelled by its name."""
         return [
-            func.count(case((self._state_condition(state, now), 1))).label(state.value)
+            func.count(case((self._state_condition(state, now, expires_at), 1))).label(
+                state.value
+            )
             for state in LockState
         ]
+
+    @staticmethod
+    def _sources(entries: str) -> list[Any]:
+        """The grant sources (``listing.GRANT_COLUMNS``) a list of ``entries``
+        reads: ``exclusive`` the exclusive grants only (what a whole-lock
+        operator action takes); ``grants`` every place and shared grant as an
+        entry of its own too; ``resources`` a resource held by places as one
+        entry, its grant that ends first. A statement reading them binds
+        ``listing.LISTED_AT``, the instant whose live places they are."""
+        return SOURCES[entries]
 
     def list_locks(
         self,
@@ -1254,13 +1284,15 @@ class LockService:
         sort: str = "resource",
         contended: bool = False,
         offset: int | None = None,
+        entries: str = ENTRIES_EXCLUSIVE,
     ) -> Page[Lock]:
         """Locks a page at a time, ordered by ``sort`` (a key of ``SORT_KEYS``,
-        ``-`` first for descending; ties by resource) with a keyset cursor, or
-        from ``offset`` (numbered pages; no cursor then);
+        ``-`` first for descending; ties by resource, then fence) with a keyset
+        cursor, or from ``offset`` (numbered pages; no cursor then);
         ``scope``: the asking token's prefixes, outside which nothing is listed;
-        ``owner_contains``: owners containing this text, ignoring case;
-        ``contended``: only locks with a live waiter."""
+        ``owner_contains``: owners containing this text, ignoring case (any
+        holder's, for a resource held by places); ``contended``: only locks
+        with a live waiter; ``entries``: what one entry is (``_sources``)."""
         errors = []
         descending = sort.startswith("-")
         sort_key = sort.removeprefix("-")
@@ -1290,11 +1322,6 @@ class LockService:
         # pages after it continue the same order while time moves on.
         ranked_at = position["at"] if position and "at" in position else now
         waiting_counts = listing.waiter_counts(literal(now, UTCDateTime()))
-        order = _order(sort_key, ranked_at, waiting_counts)
-        # The page's rows are chosen first and only then their waiters
-        # counted: a count in the ordered select is one probe of the line per
-        # lock sorted (100,000 of them), not per lock shown.
-        keys = [column.label(f"sort_{n}") for n, column in enumerate(order)]
         filters = {
             "state": state,
             "prefix": prefix,
@@ -1303,52 +1330,68 @@ class LockService:
             "scope": scope,
             "contended": contended,
         }
-        if sort_key == "urgent":
-            query = self._urgent_page(
-                now, ranked_at, filters, position, descending, limit, offset
-            )
-        elif sort_key == "waiters":
-            query = self._waiters_page(
-                now, waiting_counts, filters, position, descending, limit, offset
-            )
-        else:
-            query = select(locks, *keys)
-            query = self._filtered(
-                query.where(locks.c.owner.is_not(None)), now, **filters
-            ).order_by(*(c.desc() if descending else c.asc() for c in order))
-            if position is not None:
-                query = query.where(
-                    after(order, position["values"], descending=descending)
+        # Each source's page is chosen on its own (in the order of its
+        # indexes, limited first), then the pages are merged: no sort of every
+        # lock. The rows' waiters are counted only then: a count in the ordered
+        # select is one probe of the line per lock sorted (100,000 of them),
+        # not per lock shown.
+        fetch = limit + 1 if offset is None else offset + limit
+        page = PageAsked(position, descending, fetch)
+        branches = []
+        for source in self._sources(entries):
+            if sort_key == "urgent":
+                branches += self._urgent_branches(source, now, ranked_at, filters, page)
+            elif sort_key == "waiters":
+                branches += self._waiters_branches(
+                    source, now, waiting_counts, filters, page
                 )
-            if offset is not None:
-                query = query.offset(offset).limit(limit)
             else:
-                query = query.limit(limit + 1)
+                order = _order(sort_key, source)
+                branches.append(self._one_range(source, order, now, filters, page))
+        merged = union_all(*branches).subquery("merged")
+        keys = [c for c in merged.c if c.name.startswith("sort_")]
+        query = select(merged).order_by(
+            *(c.desc() if descending else c.asc() for c in keys),
+            merged.c.fence.desc() if descending else merged.c.fence.asc(),
+        )
+        if offset is not None:
+            query = query.offset(offset).limit(limit)
+        else:
+            query = query.limit(limit + 1)
         chosen = query.subquery("chosen")
-        waiting, _ = queue_columns(chosen.c.resource, literal(now, UTCDateTime()))
-        shown = select(chosen, waiting).order_by(
+        at = literal(now, UTCDateTime())
+        waiting, _ = queue_columns(chosen.c.resource, at)
+        held_now = case(
+            (chosen.c.placed == 1, listing.live_holder_count(chosen.c.resource, at)),
+            else_=1,
+        ).label("holders")
+        bound = listing.bound_session(
+            chosen.c.session_id, chosen.c.owner, chosen.c.token, chosen.c.expires_at
+        ).label("session")
+        shown = select(chosen, waiting, held_now, bound).order_by(
             *(
                 chosen.c[key.name].desc() if descending else chosen.c[key.name].asc()
                 for key in keys
-            )
+            ),
+            chosen.c.fence.desc() if descending else chosen.c.fence.asc(),
         )
 
         def position_of(row) -> dict[str, Any]:
-            found: dict[str, Any] = {"resource": row.resource}
+            found: dict[str, Any] = {"resource": row.resource, "fence": row.fence}
             if sort_key == "urgent":
                 found["at"] = ranked_at.isoformat()
                 found["key"] = [row.sort_0, row.expires_at.isoformat()]
             elif sort_key == "waiters":
                 found["key"] = row.sort_0
             elif sort_key not in ("resource", "natural"):
-                value = getattr(row, SORT_KEYS[sort_key].name)
+                value = getattr(row, SORT_KEYS[sort_key])
                 found["key"] = (
                     value.isoformat() if isinstance(value, datetime) else value
                 )
             return found
 
         with self._autocommit_engine.connect() as conn:
-            rows = conn.execute(shown).all()
+            rows = conn.execute(shown, {listing.LISTED_AT: now}).all()
         next_cursor = None
         if offset is None and len(rows) > limit:
             rows = rows[:limit]
@@ -1356,114 +1399,116 @@ class LockService:
         items = [self._lock(row, now) for row in rows]
         return Page(items, next_cursor)
 
-    def _urgent_page(
+    def _one_range(
         self,
+        source,
+        order: list[Any],
+        now: datetime,
+        filters: dict[str, Any],
+        page: PageAsked,
+        joined=None,
+    ):
+        """``source``'s page in ``order`` (``joined``: read from that join of
+        it): an index range of the exclusive grants (the unique resource
+        last), or a few places (ordered by their fence after it too)."""
+        keys = [column.label(f"sort_{n}") for n, column in enumerate(order)]
+        query = select(source, *keys)
+        if joined is not None:
+            query = query.select_from(joined)
+        query = self._filtered(query, source, now, **filters)
+        if page.position is not None:
+            query = query.where(page.after(order, source))
+        by = page.ordered(order, source)
+        return select(query.order_by(*by).limit(page.fetch).subquery())
+
+    def _urgent_branches(
+        self,
+        source,
         now: datetime,
         ranked_at: datetime,
         filters: dict[str, Any],
-        position: dict[str, Any] | None,
-        descending: bool,
-        limit: int,
-        offset: int | None,
-    ):
-        """The urgent order's page as three index ranges, one per rank
-        (contended; live, by expiry; stale, by expiry), each ordered by
+        page: PageAsked,
+    ) -> list[Any]:
+        """The urgent order's page of ``source`` as three index ranges, one per
+        rank (contended; live, by expiry; stale, by expiry), each ordered by
         (expires_at, resource) as ``ix_distributed_locks_expires_at_resource``
         is, and limited before they are merged: no sort of every lock."""
         at = literal(ranked_at, UTCDateTime())
-        contended_now = listing.is_contended(at)
+        contended_now = listing.is_contended(at, source.c.resource)
+        expires_at = source.c.expires_at
         ranks = {
             URGENT_CONTENDED: contended_now,
-            URGENT_LIVE: and_(~contended_now, locks.c.expires_at > at),
-            URGENT_STALE: and_(~contended_now, locks.c.expires_at <= at),
+            URGENT_LIVE: and_(~contended_now, expires_at > at),
+            URGENT_STALE: and_(~contended_now, expires_at <= at),
         }
-        fetch = limit + 1 if offset is None else offset + limit
-        within_rank = [locks.c.expires_at, locks.c.resource]
+        if listing.only_live(source):
+            # A few live places: one range, ranked as it is read (never stale).
+            rank = case((contended_now, URGENT_CONTENDED), else_=URGENT_LIVE)
+            order = [rank, expires_at, source.c.resource]
+            return [self._one_range(source, order, now, filters, page)]
+        within_rank = [expires_at, source.c.resource]
         branches = []
         for rank, condition in ranks.items():
             query = select(
-                locks,
+                source,
                 literal(rank).label("sort_0"),
-                locks.c.expires_at.label("sort_1"),
-                locks.c.resource.label("sort_2"),
-            ).where(locks.c.owner.is_not(None), condition)
-            query = self._filtered(query, now, **filters)
-            if position is not None:
-                at_rank, *rest = position["values"]
-                if (rank < at_rank) != descending and rank != at_rank:
+                expires_at.label("sort_1"),
+                source.c.resource.label("sort_2"),
+            ).where(condition)
+            query = self._filtered(query, source, now, **filters)
+            if page.position is not None:
+                at_rank, *rest = page.position["values"]
+                if (rank < at_rank) != page.descending and rank != at_rank:
                     continue  # a rank the cursor is past
                 if rank == at_rank:
-                    query = query.where(after(within_rank, rest, descending=descending))
-            order = [c.desc() if descending else c.asc() for c in within_rank]
-            branches.append(select(query.order_by(*order).limit(fetch).subquery()))
-        merged = union_all(*branches).subquery("ranked")
-        order = [merged.c[f"sort_{n}"] for n in range(3)]
-        query = select(merged).order_by(
-            *(c.desc() if descending else c.asc() for c in order)
-        )
-        if offset is not None:
-            return query.offset(offset).limit(limit)
-        return query.limit(limit + 1)
+                    query = query.where(page.after(within_rank, source, rest))
+            order = page.ordered(within_rank, source)
+            branches.append(select(query.order_by(*order).limit(page.fetch).subquery()))
+        return branches
 
-    def _waiters_page(
+    def _waiters_branches(
         self,
+        source,
         now: datetime,
         waiting_counts,
         filters: dict[str, Any],
-        position: dict[str, Any] | None,
-        descending: bool,
-        limit: int,
-        offset: int | None,
-    ):
-        """The waiters order's page as two parts merged: the few locks with
-        waiters (joined to their counts) and the rest (no waiters), read in the
-        resource index's order, each limited to the page first."""
-        fetch = limit + 1 if offset is None else offset + limit
+        page: PageAsked,
+    ) -> list[Any]:
+        """The waiters order's page of ``source`` as two parts: the few locks
+        with waiters (joined to their counts) and the rest (no waiters), read
+        in the resource index's order, each limited to the page first."""
         waiting = waiting_counts.c.waiting
-        waited = (
-            select(locks, waiting.label("sort_0"), locks.c.resource.label("sort_1"))
-            .select_from(
-                locks.join(
-                    waiting_counts, waiting_counts.c.resource == locks.c.resource
-                )
+        resource = source.c.resource
+        if listing.only_live(source):
+            # A few live places: one range, their counts joined as they are read.
+            order = [func.coalesce(waiting, 0), resource]
+            joined = source.outerjoin(
+                waiting_counts, waiting_counts.c.resource == resource
             )
-            .where(locks.c.owner.is_not(None))
+            return [self._one_range(source, order, now, filters, page, joined)]
+        waited = select(
+            source, waiting.label("sort_0"), resource.label("sort_1")
+        ).select_from(
+            source.join(waiting_counts, waiting_counts.c.resource == resource)
         )
-        alone = select(
-            locks, literal(0).label("sort_0"), locks.c.resource.label("sort_1")
-        ).where(
-            locks.c.owner.is_not(None),
-            locks.c.resource.not_in(select(waiting_counts.c.resource)),
-        )
+        alone = select(source, literal(0).label("sort_0"), resource.label("sort_1"))
+        alone = alone.where(resource.not_in(select(waiting_counts.c.resource)))
         parts = []
         for part, count in ((waited, waiting), (alone, None)):
-            query = self._filtered(part, now, **filters)
-            order = (
-                [count, locks.c.resource] if count is not None else [locks.c.resource]
-            )
-            if position is not None:
-                at_count, at_resource = position["values"]
+            query = self._filtered(part, source, now, **filters)
+            order = [count, resource] if count is not None else [resource]
+            if page.position is not None:
+                at_count, at_resource = page.position["values"]
                 if count is None:
-                    if at_count != 0 and (at_count > 0) != descending:
+                    if at_count != 0 and (at_count > 0) != page.descending:
                         continue  # past every lock without waiters
                     if at_count == 0:
-                        query = query.where(
-                            after(order, [at_resource], descending=descending)
-                        )
+                        query = query.where(page.after(order, source, [at_resource]))
                 else:
-                    query = query.where(
-                        after(order, position["values"], descending=descending)
-                    )
-            by = [c.desc() if descending else c.asc() for c in order]
-            parts.append(select(query.order_by(*by).limit(fetch).subquery()))
-        merged = union_all(*parts).subquery("by_waiters")
-        order = [merged.c.sort_0, merged.c.sort_1]
-        query = select(merged).order_by(
-            *(c.desc() if descending else c.asc() for c in order)
-        )
-        if offset is not None:
-            return query.offset(offset).limit(limit)
-        return query.limit(limit + 1)
+                    query = query.where(page.after(order, source))
+            by = page.ordered(order, source)
+            parts.append(select(query.order_by(*by).limit(page.fetch).subquery()))
+        return parts
 
     def count_locks(
         self,
@@ -1473,22 +1518,27 @@ class LockService:
         owner_contains: str | None = None,
         contended: bool = False,
     ) -> int:
-        """How many locks ``list_locks`` with these filters would list in all
-        (the count behind numbered pages)."""
+        """How many locks ``list_locks`` with these filters would list in all,
+        one per resource (the count behind the overview's numbered pages)."""
         state, errors = self._list_filters(state, prefix, None, owner_contains)
         if errors:
             raise InvalidInput(errors)
         now = self.now()
-        query = self._filtered(
-            select(func.count()).select_from(locks).where(locks.c.owner.is_not(None)),
-            now,
-            state=state,
-            prefix=prefix,
-            owner_contains=owner_contains,
-            contended=contended,
-        )
+        counts = [
+            self._filtered(
+                select(func.count()).select_from(source),
+                source,
+                now,
+                state=state,
+                prefix=prefix,
+                owner_contains=owner_contains,
+                contended=contended,
+            ).scalar_subquery()
+            for source in self._sources(ENTRIES_RESOURCES)
+        ]
+        exclusive, placed = counts
         with self._autocommit_engine.connect() as conn:
-            return conn.scalar(query)
+            return conn.scalar(select(exclusive + placed), {listing.LISTED_AT: now})
 
     def _list_filters(
         self,
@@ -1519,6 +1569,7 @@ class LockService:
     def _filtered(
         self,
         query,
+        source,
         now: datetime,
         *,
         state: LockState | None = None,
@@ -1528,68 +1579,91 @@ class LockService:
         scope: tuple[str, ...] | None = None,
         contended: bool = False,
     ):
-        """``query`` narrowed to the locks a list's filters select."""
-        condition = self._state_condition(state, now)
+        """``query`` narrowed to the entries of ``source`` a list's filters
+        select."""
+        resource = source.c.resource
+        condition = self._state_condition(state, now, source.c.expires_at)
         if condition is not None:
             query = query.where(condition)
         if prefix:
-            query = query.where(starts_with(locks.c.resource, prefix))
+            query = query.where(starts_with(resource, prefix))
         if scope is not None:
-            query = query.where(within(locks.c.resource, scope))
+            query = query.where(within(resource, scope))
+        at = literal(now, UTCDateTime())
         if owner is not None:
-            query = query.where(locks.c.owner == owner)
+            query = query.where(
+                listing.held_by_owner(source, lambda column: column == owner, at)
+            )
         if owner_contains:
-            query = query.where(listing.owner_contains(owner_contains))
+            query = query.where(
+                listing.held_by_owner(
+                    source,
+                    lambda column: listing.owner_contains(owner_contains, column),
+                    at,
+                )
+            )
         if contended:
-            query = query.where(listing.is_contended(literal(now, UTCDateTime())))
+            query = query.where(listing.is_contended(at, resource))
         return query
+
+    def _grouped_counts(self, entries: str, group, prefix, owner_contains) -> list:
+        """(name, held, expiring, stale) over ``entries`` (``_sources``) per
+        ``group`` (a function of a source's columns), the sources' counts of
+        one name summed; ``group`` None: one row named ``""``, every entry."""
+        now = self.now()
+        parts = []
+        for source in self._sources(entries):
+            column = literal("") if group is None else group(source)
+            query = self._filtered(
+                select(
+                    column.label("name"),
+                    *self._state_counts(now, source.c.expires_at),
+                ),
+                source,
+                now,
+                prefix=prefix,
+                owner_contains=owner_contains,
+            )
+            parts.append(query if group is None else query.group_by(column))
+        with self._autocommit_engine.connect() as conn:
+            rows = conn.execute(union_all(*parts), {listing.LISTED_AT: now}).all()
+        summed: dict[Any, list[int]] = {}
+        for row in rows:
+            total = summed.setdefault(row.name, [0, 0, 0])
+            total[0] += row.held
+            total[1] += row.expiring
+            total[2] += row.stale
+        return [(name, *numbers) for name, numbers in summed.items()]
 
     def owner_counts(
         self, *, prefix: str | None = None, owner_contains: str | None = None
     ) -> list[OwnerCounts]:
-        """Each owner of a lock with how many it holds in each state, most stale
-        first (what needs attention), then most locks; ``owner_contains``:
-        only owners containing it, as ``list_locks`` matches them."""
+        """Each owner of a grant with how many it holds in each state (each
+        place or shared grant counts for its own owner), most stale first (what
+        needs attention), then most locks; ``owner_contains``: only owners
+        containing it, as ``list_locks`` matches them."""
         self._validate_filters(prefix, None, owner_contains)
-        now = self.now()
-        query = (
-            select(locks.c.owner, *self._state_counts(now))
-            .where(locks.c.owner.is_not(None))
-            .group_by(locks.c.owner)
+        rows = self._grouped_counts(
+            ENTRIES_GRANTS, lambda source: source.c.owner, prefix, owner_contains
         )
-        if prefix:
-            query = query.where(starts_with(locks.c.resource, prefix))
-        if owner_contains:
-            query = query.where(listing.owner_contains(owner_contains))
-        with self._autocommit_engine.connect() as conn:
-            rows = conn.execute(query).all()
-        groups = [OwnerCounts(r.owner, r.held, r.expiring, r.stale) for r in rows]
+        groups = [OwnerCounts(*row) for row in rows]
         return sorted(groups, key=lambda g: (-g.stale, -g.total, g.name))
 
     def prefix_counts(
         self, *, prefix: str | None = None, owner_contains: str | None = None
     ) -> list[OwnerCounts]:
-        """The locks under ``prefix`` grouped by their next prefix (up to the
-        next ``:``, ``listing.next_prefix``), with how many are in each state,
-        most stale first, then most locks; names with no ``:`` after ``prefix``
-        are one group named ``""`` (last among equals)."""
+        """The locks under ``prefix`` (one per resource) grouped by their next
+        prefix (up to the next ``:``, ``listing.next_prefix``), with how many
+        are in each state, most stale first, then most locks; names with no
+        ``:`` after ``prefix`` are one group named ``""`` (last among equals)."""
         self._validate_filters(prefix, None, owner_contains)
-        now = self.now()
-        group = listing.next_prefix(prefix or "").label("prefix")
-        query = (
-            select(group, *self._state_counts(now))
-            .where(locks.c.owner.is_not(None))
-            .group_by(group)
+        rows = self._grouped_counts(
+            ENTRIES_RESOURCES,
+            lambda source: listing.next_prefix(prefix or "", source.c.resource),
+            prefix,
+            owner_contains,
         )
-        if prefix:
-            query = query.where(starts_with(locks.c.resource, prefix))
-        if owner_contains:
-            query = query.where(listing.owner_contains(owner_contains))
-        with self._autocommit_engine.connect() as conn:
-            rows = conn.execute(query).all()
-        groups = [
-            OwnerCounts(r.prefix or "", r.held, r.expiring, r.stale) for r in rows
-        ]
+        groups = [OwnerCounts(name or "", *numbers) for name, *numbers in rows]
         return sorted(groups, key=lambda g: (-g.stale, -g.total, not g.name, g.name))
 
     def places_counts(self) -> PlacesCounts:
@@ -1623,13 +1697,17 @@ class LockService:
             ).one()
         return PlacesCounts(row.used, int(row.limit), row.shared)
 
-    def counts(self) -> dict[LockState, int]:
-        """How many rows are in each state right now."""
-        now = self.now()
-        query = select(*self._state_counts(now)).where(locks.c.owner.is_not(None))
-        with self._autocommit_engine.connect() as conn:
-            row = conn.execute(query).one()
-        return {state: getattr(row, state.value) for state in LockState}
+    def counts(
+        self, *, prefix: str | None = None, owner_contains: str | None = None
+    ) -> dict[LockState, int]:
+        """How many locks are in each state right now, one per resource (a
+        resource held by places in the state of its grant that ends first);
+        ``prefix`` and ``owner_contains`` narrow them as ``list_locks`` does."""
+        self._validate_filters(prefix, None, owner_contains)
+        ((_, *found),) = self._grouped_counts(
+            ENTRIES_RESOURCES, None, prefix, owner_contains
+        )
+        return dict(zip(LockState, found, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1691,45 +1769,81 @@ class OwnerCounts:
 
 # The orders the lock list offers: remaining time and "stale since" are both
 # the expiry (ascending: the least time left, or the longest stale, first).
+# The orders the lock list offers, each by a grant column's name: remaining
+# time and "stale since" are both the expiry (ascending: the least time left, or
+# the longest stale, first). The waiters and urgent orders have pages of their
+# own (``_waiters_branches``, ``_urgent_branches``).
 SORT_KEYS = {
-    "resource": locks.c.resource,
-    "natural": locks.c.resource,
-    "owner": locks.c.owner,
-    "acquired": locks.c.acquired_at,
-    "expires": locks.c.expires_at,
+    "resource": "resource",
+    "natural": "resource",
+    "owner": "owner",
+    "acquired": "acquired_at",
+    "expires": "expires_at",
     "waiters": None,
     "urgent": None,
+}
+# The sources of each kind of list (``LockService._sources``), built once.
+SOURCES = {
+    ENTRIES_EXCLUSIVE: [listing.EXCLUSIVE_SOURCE],
+    ENTRIES_GRANTS: [listing.EXCLUSIVE_SOURCE, listing.PLACE_GRANTS_SOURCE],
+    ENTRIES_RESOURCES: [listing.EXCLUSIVE_SOURCE, listing.PLACE_HELD_SOURCE],
 }
 # The urgent order's ranks: contended first, then live locks by the time they
 # have left (expiring ones come first there), stale ones last.
 URGENT_CONTENDED, URGENT_LIVE, URGENT_STALE = 0, 1, 2
 
 
-def _order(sort_key: str, ranked_at: datetime, waiting_counts) -> list[Any]:
-    """The SQL expressions a sort orders by, the unique resource last."""
+def _order(sort_key: str, source) -> list[Any]:
+    """The SQL expressions a plain sort orders ``source`` by, its resource last."""
     if sort_key == "resource":
-        return [locks.c.resource]
+        return [source.c.resource]
     if sort_key == "natural":
-        return listing.natural_order()
-    if sort_key == "waiters":
-        return [func.coalesce(waiting_counts.c.waiting, 0), locks.c.resource]
-    if sort_key == "urgent":
-        at = literal(ranked_at, UTCDateTime())
-        rank = case(
-            (listing.is_contended(at), URGENT_CONTENDED),
-            (locks.c.expires_at > at, URGENT_LIVE),
-            else_=URGENT_STALE,
+        return listing.natural_order(source.c.resource)
+    return [source.c[SORT_KEYS[sort_key]], source.c.resource]
+
+
+@dataclass(frozen=True, slots=True)
+class PageAsked:
+    """The page a list asks each source for: after ``position`` (a cursor's,
+    or None), in which direction, and how many rows (``fetch``)."""
+
+    position: dict[str, Any] | None
+    descending: bool
+    fetch: int
+
+    def after(self, order: list[Any], source, values: list[Any] | None = None):
+        """``source``'s entries strictly after the position in ``order`` (the
+        position's values, or ``values``), then by fence: a resource's places
+        are entries of their own."""
+        assert self.position is not None
+        values = self.position["values"] if values is None else values
+        return after(
+            [*order, source.c.fence],
+            [*values, self.position["fence"]],
+            descending=self.descending,
         )
-        return [rank, locks.c.expires_at, locks.c.resource]
-    return [SORT_KEYS[sort_key], locks.c.resource]
+
+    def ordered(self, order: list[Any], source) -> list[Any]:
+        """``order`` in the page's direction, by fence last where a resource
+        may have several entries (the exclusive grants are one per resource:
+        their order stays that of their indexes)."""
+        if not listing.one_per_resource(source):
+            order = [*order, source.c.fence]
+        return [c.desc() if self.descending else c.asc() for c in order]
 
 
 def _read_position(sort_key: str, position: dict[str, Any]) -> dict[str, Any]:
     """A cursor's position, checked (client input), as the values of
     ``_order`` and, for the urgent order, the instant it ranks by."""
-    resource = position["resource"]
+    resource, fence = position["resource"], position["fence"]
     if validation.resource_error(resource):
         raise ValueError(resource)
+    if isinstance(fence, bool) or not isinstance(fence, int) or not 0 < fence < 2**63:
+        raise ValueError("bad cursor")
+    return {"fence": fence, **_read_values(sort_key, resource, position)}
+
+
+def _read_values(sort_key: str, resource: str, position: dict[str, Any]):
     if sort_key == "resource":
         return {"values": [resource]}
     if sort_key == "natural":

@@ -196,7 +196,7 @@ class LockStateCollector(Collector):
     ):
         locks = GaugeMetricFamily(
             "lockkeeper_locks",
-            "Lock rows by state (held, expiring, stale) at scrape time.",
+            "Locks by state (held, expiring, stale), one per resource, at scrape time.",
             labels=["state"],
         )
         for state in LockState:

@@ -19,12 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import case, func, literal, null, select
+from sqlalchemy import bindparam, case, func, literal, null, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import Integer, String
 
-from app.locks.statements.common import locks, waiters
+from app.database import UTCDateTime
+from app.locks.models import EXCLUSIVE, LockSession
+from app.locks.statements.common import holders, locks, waiters
+
+sessions = LockSession.__table__
 
 DIGITS = "0123456789"
 
@@ -133,5 +137,164 @@ def owner_contains(text: str, owner=locks.c.owner):
     return func.lower(owner).like(func.lower(pattern), escape="/")
 
 
-def is_contended(now):
-    return locks.c.resource.in_(contended_resources(now))
+def is_contended(now, resource=locks.c.resource):
+    return resource.in_(contended_resources(now))
+
+
+# -- the grants a list reads ----------------------------------------------------
+#
+# A list reads grants from two sources with the same columns, ``GRANT_COLUMNS``:
+# the exclusive grants (rows of ``distributed_locks`` with an owner, live or
+# stale) and the live places and shared grants (rows of ``lock_holders``). A
+# resource is in one of them at a time: granting a place clears the row's owner.
+# ``placed`` tells them apart (0 exclusive, 1 a place).
+
+EXCLUSIVE_GRANTS = "exclusive_grants"
+PLACE_HELD = "place_held"
+PLACE_GRANTS = "place_grants"
+GRANT_COLUMNS = (
+    "resource",
+    "owner",
+    "token",
+    "fence",
+    "acquired_at",
+    "expires_at",
+    "holder_limit",
+    "mode",
+    "session_id",
+    "placed",
+)
+
+
+def exclusive_grants():
+    """Every exclusive grant, live or stale (a plain subquery every dialect
+    merges into the query around it, so the table's indexes serve it)."""
+    return (
+        select(
+            locks.c.resource,
+            locks.c.owner,
+            locks.c.token,
+            locks.c.fence,
+            locks.c.acquired_at,
+            locks.c.expires_at,
+            locks.c.holder_limit,
+            literal(EXCLUSIVE, String()).label("mode"),
+            locks.c.session_id,
+            literal(0).label("placed"),
+        )
+        .where(locks.c.owner.is_not(None))
+        .subquery(EXCLUSIVE_GRANTS)
+    )
+
+
+def _place_columns(resource, place, holder_limit):
+    return (
+        resource,
+        place.c.owner,
+        place.c.token,
+        place.c.fence,
+        place.c.acquired_at,
+        place.c.expires_at,
+        holder_limit,
+        place.c.mode,
+        place.c.session_id,
+        literal(1).label("placed"),
+    )
+
+
+def place_grants(now):
+    """Every live place and shared grant at ``now``, each an entry of its own
+    (``ix_lock_holders_resource_expires_at`` finds them)."""
+    return (
+        select(*_place_columns(holders.c.resource, holders, locks.c.holder_limit))
+        .select_from(holders.join(locks, locks.c.resource == holders.c.resource))
+        .where(holders.c.expires_at > now, locks.c.owner.is_(None))
+        .subquery(PLACE_GRANTS)
+    )
+
+
+def place_held_resources(now):
+    """Every resource held by places at ``now``, one entry each: its live grant
+    that ends first (the one ``LockService.get`` answers), picked by one pass
+    over the live places (a window, not a probe per resource)."""
+    turn = (
+        func.row_number()
+        .over(
+            partition_by=holders.c.resource,
+            order_by=(holders.c.expires_at, holders.c.id),
+        )
+        .label("turn")
+    )
+    live = (
+        select(holders, turn).where(holders.c.expires_at > now).subquery("live_places")
+    )
+    return (
+        select(*_place_columns(live.c.resource, live, locks.c.holder_limit))
+        .select_from(live.join(locks, locks.c.resource == live.c.resource))
+        .where(live.c.turn == 1, locks.c.owner.is_(None))
+        .subquery(PLACE_HELD)
+    )
+
+
+def only_live(source) -> bool:
+    """Whether ``source`` lists live grants only (the places: a stale place
+    is nobody's grant)."""
+    return source.name != EXCLUSIVE_GRANTS
+
+
+def one_per_resource(source) -> bool:
+    """Whether ``source`` has at most one entry per resource (every source but
+    the place grants)."""
+    return source.name != PLACE_GRANTS
+
+
+def held_by_owner(source, condition, now):
+    """``source``'s entries whose holder's owner meets ``condition`` (a function
+    of an owner column); for one entry per place-held resource: any of its live
+    holders' owners, so a search finds a resource by each of its holders."""
+    if source.name != PLACE_HELD:
+        return condition(source.c.owner)
+    other = holders.alias("other_holders")
+    return (
+        select(other.c.id)
+        .where(
+            other.c.resource == source.c.resource,
+            other.c.expires_at > now,
+            condition(other.c.owner),
+        )
+        .exists()
+    )
+
+
+def live_holder_count(resource, now):
+    """How many live grants ``resource`` has in ``lock_holders`` (a scalar
+    subquery, read for the rows of a page only)."""
+    return (
+        select(func.count())
+        .select_from(holders)
+        .where(holders.c.resource == resource, holders.c.expires_at > now)
+        .scalar_subquery()
+    )
+
+
+def bound_session(session_id, owner, token, expires_at):
+    """The id of the session a grant is still bound to, or NULL: its session's
+    row names its holder and has its expiry (see ``statements.sessions``)."""
+    return (
+        select(sessions.c.id)
+        .where(
+            sessions.c.id == session_id,
+            sessions.c.owner == owner,
+            sessions.c.token == token,
+            sessions.c.expires_at == expires_at,
+        )
+        .scalar_subquery()
+    )
+
+
+# The sources, built once: a statement reading the places binds LISTED_AT.
+LISTED_AT = "listed_at"
+_listed_at = bindparam(LISTED_AT, type_=UTCDateTime())
+EXCLUSIVE_SOURCE = exclusive_grants()
+PLACE_GRANTS_SOURCE = place_grants(_listed_at)
+PLACE_HELD_SOURCE = place_held_resources(_listed_at)
