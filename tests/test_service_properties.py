@@ -595,7 +595,7 @@ NATURAL_KINDS = {
 HOLDER_RESOURCES = list(NATURAL_KINDS)
 # Each step reads every resource's holders and both tables: fewer sequences on
 # the server databases, which cost a round trip per statement.
-HOLDER_EXAMPLES = {"sqlite": 40, "postgresql": 12, "mariadb": 12}
+HOLDER_EXAMPLES = {"sqlite": 40, "postgresql": 8, "mariadb": 8}
 HOLDER_OWNERS = ["h-1", "h-2", "h-3", "h-4"]
 # Two real tokens: a holder is (token, owner) exactly, on the row and in places.
 HOLDER_TOKENS = ["t-1", "t-2"]
