@@ -162,8 +162,31 @@ def test_events_per_minute_and_the_drawing(app, backend):
     labels = [label for _, label in drawn.states.x_ticks]
     assert labels[0] == "09:00Z"
     assert labels[-1] == "10:00Z"
-    for points in drawn.states.lines.values():
-        assert len(points.split()) == 61
+    chart = drawn.states
+    for points in chart.lines.values():
+        xs = [float(point.split(",")[0]) for point in points.split()]
+        assert (xs[0], xs[-1]) == (chart.plot_left, chart.plot_right)
+        assert xs == sorted(xs)
+
+
+def test_a_flat_stretch_of_a_series_is_drawn_by_its_ends(app, backend):
+    """A quiet hour: each line is two points, not 61 (the fragment is polled
+    every minute); a change keeps the points where the line bends."""
+    with app.app_context():
+        quiet = charts.build(NOW, 15)
+        db.session.add(event("acquired", 30, ttl_minutes=60))
+        db.session.add(row("job:1", "w", 30, -30))
+        db.session.commit()
+        app.extensions.get("lockkeeper.activity", {}).clear()
+        changed = charts.build(NOW + timedelta(seconds=1), 15)
+    for points in [*quiet.states.lines.values(), *quiet.refusals.lines.values()]:
+        assert len(points.split()) == 2
+    held = changed.states.lines["held"].split()
+    # Flat at 0, up at the acquire (the point before it and the point at it),
+    # flat after: four points.
+    assert len(held) == 4
+    assert held[1].split(",")[1] == held[0].split(",")[1]
+    assert held[2].split(",")[1] == held[3].split(",")[1] != held[0].split(",")[1]
 
 
 def test_overview_loads_the_last_hour_after_its_table_and_polls_it_once_a_minute(
