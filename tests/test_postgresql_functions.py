@@ -23,6 +23,8 @@ FUNCTIONS = {
     "lockkeeper_guard",
     # 0013: a session's heartbeat
     "lockkeeper_heartbeat",
+    # 0021: a semaphore's place or a shared grant
+    "lockkeeper_acquire_place",
 }
 
 

@@ -163,6 +163,22 @@ def test_refused_acquire_writes_and_locks_nothing(fake_app, clock):
         assert _row_state("rt:held") == before
 
 
+def test_a_full_semaphore_refuses_without_locking_or_writing(fake_app, clock):
+    """The plain look before the places' row lock (on PostgreSQL inside the
+    place's function): refused contenders of a full semaphore never lock its
+    row, write, or draw a fence."""
+    with fake_app.app_context():
+        service = lock_service()
+        for owner in ("w-1", "w-2"):
+            assert service.acquire("rt:full", owner, ttl=60, limit=2).acquired
+        before = _row_state("rt:full")
+        for _ in range(5):
+            refused = service.acquire("rt:full", "w-3", ttl=60, limit=2)
+            assert not refused.acquired
+            assert refused.lock.owner == "w-1"  # the place that ends first
+        assert _row_state("rt:full") == before
+
+
 # A session's heartbeat renews the session and every grant bound to it: one
 # statement on PostgreSQL, whatever the number of grants.
 HEARTBEAT = {
@@ -192,25 +208,28 @@ def test_a_heartbeat_of_fifty_grants_is_one_round_trip_on_postgresql(app, backen
     assert measured == HEARTBEAT[backend]
 
 
-# The places path (a semaphore's places, shared grants): one transaction on
-# every dialect, before which a plain read refuses a semaphore already full of
-# others (and inserts a missing row). (statements, commits) per operation.
+# The places path (a semaphore's places, shared grants): on PostgreSQL one
+# statement (migration 0021); elsewhere one transaction, before which a plain
+# read refuses a semaphore already full of others (and inserts a missing row).
+# (statements, commits) per operation.
 PLACES_EXPECTED = {
-    # the plain read (the row; then its live places), then the transaction:
-    # locking read, clock, places, the token's row, freeze, quota count, fence,
-    # insert, update of the row's places_until, event; COMMIT
+    # the function: its plain look, then the row lock and the decision
     "postgresql": {
-        "place first grant": (12, 1),  # the read inserts the missing row
-        "place grant": (12, 1),
-        "place reacquire": (8, 1),
-        "place refused (full)": (2, 0),  # the plain read alone
+        "place first grant": (1, 0),  # the function inserts the missing row
+        "place grant": (1, 0),
+        "place reacquire": (1, 0),
+        "place refused (full)": (1, 0),  # the plain look alone, inside it
         # the exclusive statement first (the hot path), then the place's
         # transaction: locking read, clock, places, update, update, event
         "place renew": (7, 1),
         "place release": (7, 1),
-        "shared grant": (12, 1),
+        "shared grant": (1, 0),
     },
-    # as PostgreSQL, the exclusive attempt a transaction of its own (2 statements)
+    # the plain read (the row; then its live places), then the transaction:
+    # locking read, clock, places, the token's row, freeze, quota count, fence,
+    # insert, update of the row's places_until, event; COMMIT. Renew and
+    # release: the exclusive attempt a transaction of its own (2 statements),
+    # then the place's: locking read, clock, places, update, update, event.
     "mariadb": {
         "place first grant": (12, 1),
         "place grant": (12, 1),

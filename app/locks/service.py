@@ -408,7 +408,8 @@ class LockService:
         )
 
     def _attempt_places(self, ask: Ask, waiter: int | None) -> AcquireResult:
-        """One decision of the places path (one transaction on every dialect)."""
+        """One decision of the places path: one statement where acquire is one
+        (PostgreSQL), a plain read then one transaction elsewhere."""
 
         def decide(outcome) -> AcquireResult:
             if outcome.done:
@@ -421,6 +422,15 @@ class LockService:
                 )
             return self._refusal(ask, outcome)
 
+        if self.statements.autocommit:
+            return self.run_transaction(
+                lambda conn: self.statements.acquire_place(
+                    conn, ask, self._now(), waiter
+                ),
+                autocommit=True,
+                driver=True,
+                decide=decide,
+            )
         if waiter is None:
             with self._autocommit_engine.connect() as conn:
                 full = self._transactional.peek_place(conn, ask, self._now())

@@ -57,7 +57,8 @@ class LockStatements(Protocol):
     and what they run on, declared rather than probed."""
 
     # acquire, renew and release are one statement each, on the driver's
-    # autocommit connection.
+    # autocommit connection; so is a place's acquire then (``acquire_place``
+    # taking the driver's connection, PostgreSQL's migration 0021).
     autocommit: bool
     # The hot path runs in a transaction on the driver's connection, opened with
     # this SQL ("" when the driver opens it itself); None: on SQLAlchemy's.

@@ -10,6 +10,10 @@ of its live places: while it is in the future the exclusive path refuses the
 row) and the audit event together. The row lock orders every grant, renewal and
 release of the resource's places one after another, and against the exclusive
 path, which locks the same row: N+1 contenders for N places never all commit.
+
+On PostgreSQL a grant with no session (``peek_place`` then ``acquire_place``)
+is one statement instead, the function ``lockkeeper_acquire_place`` (migration
+0021): it gives the same answers, so a rule changed here changes there too.
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from app.locks.driver import DriverConnection, DriverSQL
+from app.locks.errors import SessionBound
 from app.locks.state import Action
 from app.locks.statements.common import FreezeRow, Outcome
 from app.locks.statements.transaction import TransactionalStatements
 from app.locks.values import Ask
 
-# The statements live in the database as functions (migrations 0007 to 0017,
+# The statements live in the database as functions (migrations 0007 to 0021,
 # where their SQL and its reasoning are): PostgreSQL plans each once per
 # connection, with or without a pooler that cannot carry prepared statements.
 # ``now`` NULL: the server's clock, read after the row lock; a datetime: a
@@ -26,6 +27,12 @@ _PG_RENEW = DriverSQL(
 _PG_RELEASE = DriverSQL(
     "SELECT * FROM lockkeeper_release(:resource, :owner, :token, :actor, :now,"
     " :details)"
+)
+# A semaphore's place or a shared grant (migration 0021): the places path's
+# plain look, decision and writes in one statement.
+_PG_ACQUIRE_PLACE = DriverSQL(
+    "SELECT * FROM lockkeeper_acquire_place(:resource, :owner, :token, :ttl,"
+    " :actor, :max_locks, :waiter, :now, :limit, :mode)"
 )
 _PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
 
@@ -43,6 +50,7 @@ class PostgresStatements:
     acquire_sql = _PG_ACQUIRE
     renew_sql = _PG_RENEW
     release_sql = _PG_RELEASE
+    acquire_place_sql = _PG_ACQUIRE_PLACE
 
     def __init__(self) -> None:
         self.transactional = TransactionalStatements("postgresql")
@@ -50,8 +58,9 @@ class PostgresStatements:
     def _run(
         self, conn: DriverConnection, statement: DriverSQL, params: dict[str, Any]
     ) -> Outcome:
-        now = params["now"]
-        row = conn.one(statement, params)
+        return self._outcome(conn, conn.one(statement, params), params["now"])
+
+    def _outcome(self, conn: DriverConnection, row: Any, now: Any) -> Outcome:
         if row is None:
             return Outcome(False, None, None, now or conn.one(_PG_READ_NOW, {}).now)
         if row.done:
@@ -80,6 +89,7 @@ class PostgresStatements:
             over_quota,
             bool(getattr(row, "token_ended", False)),
             places=places_until is not None and places_until > row.now,
+            limit_mismatch=getattr(row, "limit_mismatch", None),
         )
 
     def acquire(self, conn, ask: Ask, now, waiter=None) -> Outcome:
@@ -97,6 +107,31 @@ class PostgresStatements:
                 "now": now,
             },
         )
+
+    def acquire_place(self, conn, ask: Ask, now, waiter=None) -> Outcome:
+        """The places path's decision with no session (``PlacesStatements``'
+        ``peek_place`` and ``acquire_place``, the same answers) in one statement.
+
+        :raise SessionBound: the caller's place is bound to a live session.
+        """
+        row = conn.one(
+            self.acquire_place_sql,
+            {
+                "resource": ask.resource,
+                "owner": ask.owner,
+                "token": ask.token,
+                "ttl": ask.ttl,
+                "actor": ask.actor,
+                "max_locks": ask.max_locks,
+                "waiter": waiter,
+                "now": now,
+                "limit": ask.limit,
+                "mode": ask.mode,
+            },
+        )
+        if row.bound_session is not None:
+            raise SessionBound(ask.resource, row.bound_session)
+        return self._outcome(conn, row, now)
 
     def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
         return self._run(
