@@ -108,6 +108,20 @@ def fill(app, clock: DemoClock) -> None:
                 duration=timedelta(hours=hours) if hours else None,
             )
         locks.acquire("job:42", "worker-7@host-2", ttl=12, actor="batch")
+        # A semaphore of 5 (report builds sharing a licence), 3 places taken at
+        # different moments, and a cache read by two shared holders.
+        for minutes, n in ((9, 1), (6, 2), (2, 3)):
+            clock.at(minutes)
+            locks.acquire(
+                "build:licensed-reports", f"builder-{n}@host-{n + 4}", ttl=900,
+                limit=5, actor="batch",
+            )  # fmt: skip
+        for minutes, n in ((7, 1), (3, 2)):
+            clock.at(minutes)
+            locks.acquire(
+                "cache:catalog", f"reader-{n}", ttl=600, mode="shared", actor="batch"
+            )
+        clock.at(0)
         locks.acquire("deploy:api", "ci-runner-18", ttl=1200, actor="ci")
 
 
@@ -130,6 +144,8 @@ def main() -> None:
             "overview": "/",
             "lock": "/locks/report:monthly-2026-05",
             "audit": "/audit",
+            "semaphore": "/locks/build:licensed-reports",
+            "shared": "/locks/cache:catalog",
         }
         try:
             with sync_playwright() as playwright:
