@@ -217,7 +217,8 @@ def test_the_readme_lists_every_setting_the_code_reads():
 def test_every_table_is_emptied_between_tests():
     """A table left out of ``tests.databases.TABLES`` keeps one test's rows for the
     next on PostgreSQL and MariaDB (a semaphore's places once did)."""
-    import app.auth.models  # noqa: F401 - the tables of the models
+    import app.audit.models  # noqa: F401 - the tables of the models
+    import app.auth.models  # noqa: F401
     import app.locks.models  # noqa: F401
     from app.extensions import db
     from tests.databases import KEPT_TABLES, TABLES
