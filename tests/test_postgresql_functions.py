@@ -25,6 +25,9 @@ FUNCTIONS = {
     "lockkeeper_heartbeat",
     # 0021: a semaphore's place or a shared grant
     "lockkeeper_acquire_place",
+    # 0022: renewing or releasing a place
+    "lockkeeper_renew_place",
+    "lockkeeper_release_place",
 }
 
 

@@ -220,9 +220,9 @@ PLACES_EXPECTED = {
         "place reacquire": (1, 0),
         "place refused (full)": (1, 0),  # the plain look alone, inside it
         # the exclusive statement first (the hot path), then the place's
-        # transaction: locking read, clock, places, update, update, event
-        "place renew": (7, 1),
-        "place release": (7, 1),
+        # (migration 0022)
+        "place renew": (2, 0),
+        "place release": (2, 0),
         "shared grant": (1, 0),
     },
     # the plain read (the row; then its live places), then the transaction:

@@ -165,6 +165,11 @@ class LockService:
         self.dialect = engine.dialect.name
         self.statements = statements_for(self.dialect)
         self._transactional = self.statements.transactional
+        # Where a place is acquired, renewed or released: the statements where
+        # those are one statement each (PostgreSQL), else the transactional ones.
+        self._places = (
+            self.statements if self.statements.autocommit else self._transactional
+        )
         self._has_server_clock = self.dialect in SERVER_CLOCK_DIALECTS
         self._autocommit_engine = autocommit(engine)
         self._driver = DriverConnection(self._autocommit_engine)
@@ -424,9 +429,7 @@ class LockService:
 
         if self.statements.autocommit:
             return self.run_transaction(
-                lambda conn: self.statements.acquire_place(
-                    conn, ask, self._now(), waiter
-                ),
+                lambda conn: self._places.acquire_place(conn, ask, self._now(), waiter),
                 autocommit=True,
                 driver=True,
                 decide=decide,
@@ -539,7 +542,7 @@ class LockService:
                 # Not the exclusive grant's holder: the caller's place, if any
                 # (a round trip only places pay).
                 placed = self._place_operation(
-                    lambda conn: self._transactional.renew_place(
+                    lambda conn: self._places.renew_place(
                         conn, resource, owner, token, ttl, actor, self._now()
                     )
                 )
@@ -599,7 +602,7 @@ class LockService:
                 return self._lock(row, now)
             if row is not None and (row.owner is None or row.expires_at <= now):
                 placed = self._place_operation(
-                    lambda conn: self._transactional.release_place(
+                    lambda conn: self._places.release_place(
                         conn, resource, owner, token, actor, self._now(), reported
                     )
                 )
@@ -629,9 +632,13 @@ class LockService:
         )
 
     def _place_operation(self, work: Callable[[Connection], Outcome]) -> Lock | None:
-        """Renew or release the caller's place (``work``, one transaction): the
-        place as it now is, or None when the caller holds none."""
-        outcome = self.run_transaction(work)
+        """Renew or release the caller's place (``work``: one statement on
+        PostgreSQL, one transaction elsewhere): the place as it now is, or None
+        when the caller holds none."""
+        one_statement = self.statements.autocommit
+        outcome = self.run_transaction(
+            work, autocommit=one_statement, driver=one_statement
+        )
         return self._lock(outcome.row, outcome.now) if outcome.done else None
 
     # -- the operator's actions --------------------------------------------

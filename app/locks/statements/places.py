@@ -11,9 +11,11 @@ row) and the audit event together. The row lock orders every grant, renewal and
 release of the resource's places one after another, and against the exclusive
 path, which locks the same row: N+1 contenders for N places never all commit.
 
-On PostgreSQL a grant with no session (``peek_place`` then ``acquire_place``)
-is one statement instead, the function ``lockkeeper_acquire_place`` (migration
-0021): it gives the same answers, so a rule changed here changes there too.
+On PostgreSQL a grant with no session (``peek_place`` then ``acquire_place``),
+``renew_place`` and ``release_place`` are one statement each instead, the
+functions ``lockkeeper_acquire_place`` (migration 0021),
+``lockkeeper_renew_place`` and ``lockkeeper_release_place`` (0022): they give
+the same answers, so a rule changed here changes there too.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from app.locks.statements.common import FreezeRow, Outcome
 from app.locks.statements.transaction import TransactionalStatements
 from app.locks.values import Ask
 
-# The statements live in the database as functions (migrations 0007 to 0021,
+# The statements live in the database as functions (migrations 0007 to 0022,
 # where their SQL and its reasoning are): PostgreSQL plans each once per
 # connection, with or without a pooler that cannot carry prepared statements.
 # ``now`` NULL: the server's clock, read after the row lock; a datetime: a
@@ -34,6 +34,15 @@ _PG_ACQUIRE_PLACE = DriverSQL(
     "SELECT * FROM lockkeeper_acquire_place(:resource, :owner, :token, :ttl,"
     " :actor, :max_locks, :waiter, :now, :limit, :mode)"
 )
+# Renewing or releasing a place, after the exclusive statement (migration 0022).
+_PG_RENEW_PLACE = DriverSQL(
+    "SELECT * FROM lockkeeper_renew_place(:resource, :owner, :token, :ttl, :actor,"
+    " :now)"
+)
+_PG_RELEASE_PLACE = DriverSQL(
+    "SELECT * FROM lockkeeper_release_place(:resource, :owner, :token, :actor,"
+    " :now, :details)"
+)
 _PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
 
 
@@ -51,6 +60,8 @@ class PostgresStatements:
     renew_sql = _PG_RENEW
     release_sql = _PG_RELEASE
     acquire_place_sql = _PG_ACQUIRE_PLACE
+    renew_place_sql = _PG_RENEW_PLACE
+    release_place_sql = _PG_RELEASE_PLACE
 
     def __init__(self) -> None:
         self.transactional = TransactionalStatements("postgresql")
@@ -114,7 +125,8 @@ class PostgresStatements:
 
         :raise SessionBound: the caller's place is bound to a live session.
         """
-        row = conn.one(
+        return self._place(
+            conn,
             self.acquire_place_sql,
             {
                 "resource": ask.resource,
@@ -129,9 +141,51 @@ class PostgresStatements:
                 "mode": ask.mode,
             },
         )
+
+    def renew_place(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
+        """Extend the caller's live place (``PlacesStatements.renew_place``'s
+        answers); refused (row None) when it has none.
+
+        :raise SessionBound: the place is bound to a live session.
+        """
+        return self._place(
+            conn,
+            self.renew_place_sql,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "ttl": ttl,
+                "actor": actor,
+                "now": now,
+            },
+        )
+
+    def release_place(
+        self, conn, resource, owner, token, actor, now, details=None
+    ) -> Outcome:
+        """End the caller's live place (``PlacesStatements.release_place``'s
+        answers); refused (row None) when it has none."""
+        return self._place(
+            conn,
+            self.release_place_sql,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "actor": actor,
+                "now": now,
+                "details": details,
+            },
+        )
+
+    def _place(
+        self, conn: DriverConnection, statement: DriverSQL, params: dict[str, Any]
+    ) -> Outcome:
+        row = conn.one(statement, params)
         if row.bound_session is not None:
-            raise SessionBound(ask.resource, row.bound_session)
-        return self._outcome(conn, row, now)
+            raise SessionBound(params["resource"], row.bound_session)
+        return self._outcome(conn, row, params["now"])
 
     def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
         return self._run(
