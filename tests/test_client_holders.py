@@ -74,6 +74,9 @@ def test_the_lock_block_with_a_limit_never_lets_more_inside(live_server, backend
     most_inside = 0
     guard = threading.Lock()
     fences: list[int] = []
+    # The first holder stays inside until a second one is there with it, so the
+    # two places are seen taken at once however the threads are scheduled.
+    two_inside = threading.Event()
 
     def run(client: LockClient) -> None:
         nonlocal inside, most_inside
@@ -82,6 +85,9 @@ def test_the_lock_block_with_a_limit_never_lets_more_inside(live_server, backend
                 inside += 1
                 most_inside = max(most_inside, inside)
                 fences.append(place.fence)
+                if inside == 2:
+                    two_inside.set()
+            two_inside.wait(timeout=30)
             time.sleep(0.05)  # the work while holding a place: others must wait
             with guard:
                 inside -= 1

@@ -404,9 +404,11 @@ def test_cli_claim_binds_to_a_token_or_to_none(api):
     assert bound.exit_code == 0, bound.output
     assert "token 'worker'" in bound.output
     assert _renew(api).status_code == 200
-    listed = runner.invoke(args=["locks", "list"]).stdout.splitlines()
-    assert listed[0].split("\t")[-1] == "token"
-    assert listed[1].split("\t")[-1] == "worker"
+    header, row = (
+        line.split("\t")
+        for line in runner.invoke(args=["locks", "list"]).stdout.splitlines()
+    )
+    assert dict(zip(header, row, strict=True))["token"] == "worker"
 
     held = runner.invoke(
         args=["locks", "claim", "job:1", "--owner", "w-1", "--reason", "mine"]
