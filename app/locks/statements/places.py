@@ -121,6 +121,24 @@ class PlacesStatements:
             .order_by(holders.c.expires_at, holders.c.id)
         ).all()
 
+    @staticmethod
+    def _insert_place(
+        conn, resource, owner, token, mode, fence, now, expires_at, session_id
+    ) -> None:
+        """One grant's row of ``lock_holders``, granted at ``now``."""
+        conn.execute(
+            insert(holders).values(
+                resource=resource,
+                owner=owner,
+                token=token,
+                mode=mode,
+                fence=fence,
+                acquired_at=now,
+                expires_at=expires_at,
+                session_id=session_id,
+            )
+        )
+
     def _set_places_until(self, conn, row, live_expiries, holder_limit) -> None:
         until = max(live_expiries) if live_expiries else None
         conn.execute(
@@ -282,18 +300,10 @@ class PlacesStatements:
                     .values(owner=None, token=None, session_id=None, expires_at=now)
                 )
                 conn.execute(delete(holders).where(holders.c.resource == resource))
-                conn.execute(
-                    insert(holders).values(
-                        resource=resource,
-                        owner=owner,
-                        token=mine_token,
-                        mode=SHARED,
-                        fence=row.fence,
-                        acquired_at=now,
-                        expires_at=expires_at,
-                        session_id=session_id,
-                    )
-                )
+                self._insert_place(
+                    conn, resource, owner, mine_token, SHARED, row.fence, now,
+                    expires_at, session_id,
+                )  # fmt: skip
                 self._set_places_until(conn, row, [expires_at], 1)
                 granted = LockRow(
                     resource=resource,
@@ -364,18 +374,10 @@ class PlacesStatements:
                 .values(owner=None, token=None, session_id=None)
             )
         expires_at = self._expiry(now, ttl, session)
-        conn.execute(
-            insert(holders).values(
-                resource=resource,
-                owner=owner,
-                token=mine_token,
-                mode=mode,
-                fence=fence,
-                acquired_at=now,
-                expires_at=expires_at,
-                session_id=session_id,
-            )
-        )
+        self._insert_place(
+            conn, resource, owner, mine_token, mode, fence, now, expires_at,
+            session_id,
+        )  # fmt: skip
         self._set_places_until(
             conn, row, [p.expires_at for p in live] + [expires_at], limit
         )
@@ -698,17 +700,8 @@ class PlacesStatements:
             )
         limit = (row.holder_limit or 1) if mode == EXCLUSIVE else 1
         expires_at = now + timedelta(seconds=ttl)
-        conn.execute(
-            insert(holders).values(
-                resource=resource,
-                owner=owner,
-                token=wanted,
-                mode=mode,
-                fence=view.fence,
-                acquired_at=now,
-                expires_at=expires_at,
-                session_id=None,
-            )
+        self._insert_place(
+            conn, resource, owner, wanted, mode, view.fence, now, expires_at, None
         )
         expiries = [p.expires_at for p in staying] + [expires_at]
         self._set_places_until(conn, row, expiries, limit)
