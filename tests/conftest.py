@@ -6,6 +6,7 @@ uses the ``backend`` fixture runs once per database: SQLite, PostgreSQL, MariaDB
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,10 +14,16 @@ import pytest
 from flask import Flask
 
 from app import create_app
+from app.audit import refusals
 from app.extensions import db
 from tests.clock import FakeClock
 from tests.dashboard_helpers import log_in, make_user
 from tests.databases import BACKENDS, ServerDatabase, SqliteDatabases, unavailable
+
+# Apps that tests build outside `make_app` (races, fault harness) and the servers
+# they start count refused acquires too: no flusher thread of theirs may write
+# into a database another test is using meanwhile. Tests flush by hand.
+os.environ.setdefault("LOCKKEEPER_REFUSALS_FLUSH_SECONDS", "0")
 
 # `live_server`: the app under a real threaded HTTP server (worker client, browsers).
 pytest_plugins = ["tests.live_server"]
@@ -59,6 +66,9 @@ def databases(tmp_path_factory) -> Iterator[Callable[[str], Any]]:
         return found
 
     yield get
+    # What the apps counted goes to their databases while these still exist,
+    # not at the interpreter's exit, after the server databases were dropped.
+    refusals.stop_all()
     for found in _databases.values():
         if not isinstance(found, Exception):
             found.close()

@@ -164,3 +164,23 @@ def test_refusals_are_the_overviews_third_chart(operator, fake_app, clock, backe
         "refused-frozen",
         "refused-over_quota",
     }
+
+
+def test_stop_all_flushes_every_apps_counts_while_their_databases_exist(
+    make_app, backend
+):
+    """What the exit flush does, called before the databases go away: each
+    app's pending refusals reach its own database, and none is left to flush
+    later (the interpreter's exit then writes nowhere)."""
+    apps = [make_app(), make_app()]
+    refusals.stop_all()  # what earlier tests' apps left is not this test's
+    before = sum(stored(apps[0]).values())
+    for app in apps:
+        with app.app_context():
+            service = lock_service()
+            service.acquire("job:1", "w1", ttl=60)
+            service.acquire("job:1", "w2", ttl=60)
+    assert [counts_of(app).pending() for app in apps] == [1, 1]
+    refusals.stop_all()
+    assert [counts_of(app).pending() for app in apps] == [0, 0]
+    assert sum(stored(apps[0]).values()) - before == 2  # one database for both

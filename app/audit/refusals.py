@@ -181,6 +181,8 @@ _live: weakref.WeakSet[RefusalCounts] = weakref.WeakSet()
 
 
 @atexit.register
-def _flush_at_exit() -> None:
+def stop_all() -> None:
+    """Stop every app's flusher and flush what is left: at a clean exit, or
+    before the databases the apps write to go away (the test suite's end)."""
     for counts in list(_live):
         counts.stop()
