@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from filelock import FileLock
 from flask import Flask
 
 from app import create_app
@@ -73,6 +74,19 @@ def databases(tmp_path_factory) -> Iterator[Callable[[str], Any]]:
         if not isinstance(found, Exception):
             found.close()
     _databases.clear()
+
+
+@pytest.fixture
+def many_connections(tmp_path_factory) -> Iterator[None]:
+    """Held by a test that opens dozens of server connections (the races of 32
+    clients): one such test at a time on this machine, across pytest-xdist
+    workers and concurrent sessions, so that two of them never exceed the
+    server's ``max_connections`` (100 by default) together."""
+    shared = tmp_path_factory.getbasetemp().parent
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        shared = shared.parent  # the workers' common folder
+    with FileLock(str(shared / "many-connections.lock")):
+        yield
 
 
 @pytest.fixture

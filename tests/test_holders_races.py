@@ -32,7 +32,10 @@ from app.locks.errors import LockNotFound
 from app.locks.models import LockEvent
 from app.locks.service import lock_service
 
-pytestmark = [pytest.mark.usefixtures("backend"), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.usefixtures("backend", "many_connections"),
+    pytest.mark.slow,
+]
 
 RUN_SECONDS = 20.0 if os.environ.get("CI") == "true" else 4.0
 # Readers and writers: half as long (the suite runs sequentially under CI).

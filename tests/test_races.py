@@ -22,7 +22,10 @@ from app.locks.errors import LockNotFound
 from app.locks.models import LockEvent
 from app.locks.service import lock_service
 
-pytestmark = [pytest.mark.usefixtures("backend"), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.usefixtures("backend", "many_connections"),
+    pytest.mark.slow,
+]
 
 CONTENDERS = 32
 PROCESSES = 4  # x 8 threads each = 32 contenders in separate processes

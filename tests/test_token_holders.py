@@ -254,6 +254,7 @@ ROUNDS = 10
 PER_TOKEN = 4
 
 
+@pytest.mark.usefixtures("many_connections")
 def test_two_tokens_with_one_owner_string_race_and_one_wins(database_url, tmp_path):
     """Threads of two tokens send the same owner at once, on a free, then a stale
     lock: exactly one token holds it after each round, the other's acquires,
@@ -339,6 +340,7 @@ def _wait_until_stale(service, deadline_seconds: float = 5.0) -> None:
     raise AssertionError("the lock did not go stale")
 
 
+@pytest.mark.usefixtures("many_connections")
 def test_quota_refusals_under_a_race_write_nothing(database_url, tmp_path):
     """Many threads of one capped token acquire different resources at once: at
     least the quota is granted, every refusal is a QuotaExceeded that wrote
