@@ -70,3 +70,46 @@ def test_the_audit_tells_a_promotion_and_a_demotion(service):
         "from_fence": reader.fence,
     }
     assert json.loads(logged[2][3]) == {"from_mode": "exclusive"}
+
+
+def test_a_refused_promotion_names_the_other_grant_that_ends_first(api, service, clock):
+    """The 409 of a promotion refused beside other readers names what is in
+    its way: of the others' live grants, the one that ends first (with
+    Retry-After until then), never the caller's own shared grant, even when
+    that ends sooner; the same on every dialect (PostgreSQL decides it in
+    lockkeeper_acquire_place)."""
+    for owner, ttl in (("mine", 5), ("r-late", 50), ("r-soon", 20), ("r-mid", 30)):
+        body = {"owner": owner, "ttl": ttl, "mode": "shared"}
+        assert api.post("/api/v1/locks/rw:promo", json=body).status_code == 200
+    clock.advance(1)
+    logged = len(events_of("rw:promo"))
+    refused = api.post("/api/v1/locks/rw:promo", json={"owner": "mine", "ttl": 10})
+    assert refused.status_code == 409
+    body = refused.get_json()
+    assert body["acquired"] is False
+    assert (body["lock"]["owner"], body["lock"]["mode"]) == ("r-soon", "shared")
+    assert refused.headers["Retry-After"] == "19"
+    # Nothing changed: the four shared grants, no event for the refusal.
+    assert sorted(h.owner for h in service.holders("rw:promo").holders) == [
+        "mine",
+        "r-late",
+        "r-mid",
+        "r-soon",
+    ]
+    assert len(events_of("rw:promo")) == logged
+
+
+def test_a_refused_session_bound_promotion_names_the_same_grant(api, service, clock):
+    """A session's shared grant asking to be exclusive decides in the places
+    transaction on every dialect: its refusal names the same grant."""
+    session = api.post("/api/v1/sessions", json={"owner": "s", "ttl": 5}).get_json()
+    shared = {"owner": "s", "session": session["id"], "mode": "shared"}
+    assert api.post("/api/v1/locks/rw:sp", json=shared).status_code == 200
+    for owner, ttl in (("r-late", 50), ("r-soon", 20)):
+        assert service.acquire("rw:sp", owner, ttl=ttl, mode="shared").acquired
+    refused = api.post(
+        "/api/v1/locks/rw:sp", json={"owner": "s", "session": session["id"]}
+    )
+    assert refused.status_code == 409
+    assert refused.get_json()["lock"]["owner"] == "r-soon"
+    assert refused.headers["Retry-After"] == "20"
