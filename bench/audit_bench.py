@@ -8,6 +8,15 @@ viewer, and a full CSV export in a separate process whose peak RSS is read from
     python bench/audit_bench.py --backend sqlite --backend postgresql
     python bench/audit_bench.py --backend postgresql --events 200000 --explain
 
+Loading a million events takes minutes: ``--keep`` leaves the loaded database
+in place and prints its URL, ``--reuse URL`` times pages against it again (no
+load, nothing dropped). The history ends at the load and the locks' expiries
+are spread around it: the charts' last minutes hold events only for a few
+minutes after it, so time a kept database soon (a copy of it, a PostgreSQL
+``CREATE DATABASE ... TEMPLATE`` or a copied SQLite file, makes the A and B
+sides of a comparison the same data). Drop a kept PostgreSQL database with
+``DROP DATABASE <name>``; a kept SQLite file is in a temp dir.
+
 Report: docs/benchmarks-audit.md.
 """
 
@@ -266,13 +275,17 @@ def load(url: str, n_locks: int, n_events: int) -> None:
 
 
 class BenchDatabase:
-    def __init__(self, backend: str, workdir: Path):
+    def __init__(self, backend: str, workdir: Path, reuse: str | None = None):
         from sqlalchemy import create_engine, text
 
         from app.config import normalize_database_url
 
         self.backend = backend
         self.admin = None
+        if reuse is not None:
+            # A database a run before loaded and kept: never dropped here.
+            self.url = reuse
+            return
         if backend == "sqlite":
             self.url = f"sqlite:///{workdir / 'bench.sqlite3'}"
             return
@@ -455,19 +468,24 @@ def bench(
     show_plans: bool,
     exports: bool = True,
     only: list[str] | None = None,
+    keep: bool = False,
+    reuse: str | None = None,
 ):
     from app.auth.service import create_user
     from app.factory import upgrade_schema
 
     workdir = Path(tempfile.mkdtemp(prefix="lk-audit-bench-"))
-    database = BenchDatabase(backend, workdir)
+    database = BenchDatabase(backend, workdir, reuse)
     results = {}
     try:
         app = make_app(database.url, workdir)
         upgrade_schema(app)
-        with app.app_context():
-            create_user("bench", PASSWORD, "viewer")
-        load(database.url, n_locks, n_events)
+        if reuse is None:
+            with app.app_context():
+                create_user("bench", PASSWORD, "viewer")
+            load(database.url, n_locks, n_events)
+        if keep:
+            print(f"  kept: --reuse {database.url}", flush=True)
         if show_plans:
             explain(app)
         client = app.test_client()
@@ -566,7 +584,8 @@ def bench(
                 flush=True,
             )
     finally:
-        database.drop()
+        if not keep and reuse is None:
+            database.drop()
     return results
 
 
@@ -585,8 +604,16 @@ def main() -> None:
         action="append",
         help="time only the pages whose label contains this (repeatable)",
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the loaded database, print its URL"
+    )
+    parser.add_argument(
+        "--reuse", metavar="URL", help="time pages against a kept database (no load)"
+    )
     parser.add_argument("--export-child", nargs=3, metavar=("URL", "INSTANCE", "QUERY"))
     args = parser.parse_args()
+    if args.reuse and len(args.backend) != 1:
+        parser.error("--reuse takes the one --backend its database is")
     if args.export_child:
         export_child(*args.export_child)
         return
@@ -600,6 +627,8 @@ def main() -> None:
             args.explain,
             exports=not args.no_export,
             only=args.only,
+            keep=args.keep,
+            reuse=args.reuse,
         )
 
 
