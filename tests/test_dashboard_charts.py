@@ -15,6 +15,7 @@ from app.audit.models import EVERY_ACTION, ActivityEvents, ActivitySample
 from app.dashboard import charts
 from app.extensions import db
 from app.locks.models import DistributedLock, LockEvent
+from app.locks.state import LockState, classify
 from tests.dashboard_helpers import poller_version, soup
 
 NOW = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)
@@ -137,6 +138,45 @@ def test_expiries_on_the_minute_count_as_the_python_rule_does(stored):
     assert at_minute(sampled, 15) == (0, 1, 0)  # exactly 5 min left
     assert at_minute(sampled, 11) == (0, 1, 0)
     assert at_minute(sampled, 10) == (0, 0, 1)  # expires now
+
+
+# Expiries (minutes before NOW) on both sides of each edge the untouched rows'
+# count splits at: the window's start, its start plus ``within`` (2 min), now,
+# and now plus ``within``; a row expiring between them is placed per moment,
+# one outside them is counted stale or held all along.
+EDGE_EXPIRIES = (90, 61, 60, 59.5, 58, 57, 30, 0.5, 0, -1, -2, -2.5, -30)
+
+
+def test_untouched_rows_on_each_side_of_the_windows_edges_count_as_classify(stored):
+    rows = [
+        row(f"job:edge{n}", "w", 300, minutes)
+        for n, minutes in enumerate(EDGE_EXPIRIES)
+    ]
+    sampled = stored(rows=rows, within=120)
+    for sample in sampled:
+        expected = {state: 0 for state in LockState}
+        for minutes in EDGE_EXPIRIES:
+            left = (minutes_ago(minutes) - sample.at).total_seconds()
+            expected[classify(left, 120)] += 1
+        found = (sample.held, sample.expiring, sample.stale)
+        assert found == tuple(expected.values()), sample.at
+
+
+def test_rows_touched_in_the_hour_count_once_from_their_events_on_every_side(stored):
+    """A resource with an event in the hour counts from its events, never also
+    from its row, wherever its row's expiry falls: acquired 30 min ago, each is
+    free before and held after (its events say so), whatever its row says."""
+    events = [
+        event("acquired", 30, resource=f"job:edge{n}", ttl_minutes=600)
+        for n in range(len(EDGE_EXPIRIES))
+    ]
+    rows = [
+        row(f"job:edge{n}", "w", 30, minutes) for n, minutes in enumerate(EDGE_EXPIRIES)
+    ]
+    sampled = stored(events, rows, within=120)
+    assert at_minute(sampled, 31) == (0, 0, 0)
+    assert at_minute(sampled, 30) == (len(EDGE_EXPIRIES), 0, 0)
+    assert at_minute(sampled, 0) == (len(EDGE_EXPIRIES), 0, 0)
 
 
 def test_events_per_minute_and_the_drawing(app, backend):

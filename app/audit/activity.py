@@ -36,6 +36,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    union_all,
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnElement, FunctionElement
@@ -239,34 +240,50 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 .cte("in_window")
             )
 
-        # Resources untouched in the window: their row, all along.
+        # Resources untouched in the window: their row, all along. Counted as
+        # every held row less the rows of the resources the window's events
+        # touched (a few, found by their resource), not by an anti-join that
+        # probes the events once per held row (100,000 of them). A row that
+        # expired before the window is stale all along, one that expires after
+        # it (and its expiring span) held all along: those are plainly counted;
+        # only the rows expiring within the window are placed per moment.
         expires = locks.c.expires_at
-        untouched = select(
+        owned = locks.c.owner.is_not(None)
+        shift = timedelta(seconds=within)
+        low = instant(window.start + min(shift, timedelta(0)))
+        high = instant(window.end + max(shift, timedelta(0)))
+        before, after = conn.execute(
+            select(
+                func.count(case((expires <= low, 1))),
+                func.count(case((expires > high, 1))),
+            ).where(owned)
+        ).one()
+        _holder(deltas, 0, slots + 1, 0, 0, before, slots)
+        _holder(deltas, 0, slots + 1, slots + 1, slots + 1, after, slots)
+        moments = (
             window.first_moment(expires, within).label("expiring_from"),
             window.first_moment(expires).label("stale_from"),
-        ).where(locks.c.owner.is_not(None))
+        )
+        parts = [
+            select(*moments, literal(1).label("sign"), func.count())
+            .where(owned, expires > low, expires <= high)
+            .group_by(*moments)
+        ]
         if in_window is not None:
-            # NOT EXISTS on the table itself, not on the CTE: PostgreSQL then
-            # estimates the window's rows from its statistics and anti-joins by
-            # hash (over a CTE, estimated at one row, it loops per lock row).
-            touched = events.alias("touched")
-            untouched = untouched.where(
-                ~select(literal(1))
-                .where(
-                    touched.c.resource == locks.c.resource,
-                    touched.c.id > after_id,
-                    touched.c.occurred_at >= start,
-                    touched.c.occurred_at < end,
-                )
-                .exists()
+            touched = select(events.c.resource).where(
+                events.c.id > after_id,
+                events.c.occurred_at >= start,
+                events.c.occurred_at < end,
             )
-        untouched = untouched.subquery()
-        for row in conn.execute(
-            select(
-                untouched.c.expiring_from, untouched.c.stale_from, func.count()
-            ).group_by(untouched.c.expiring_from, untouched.c.stale_from)
-        ):
-            _holder(deltas, 0, slots + 1, row[0], row[1], row[2], slots)
+            parts.append(
+                select(*moments, literal(-1).label("sign"), func.count())
+                .where(owned, locks.c.resource.in_(touched))
+                .group_by(*moments)
+            )
+        for expiring_from, stale_from, sign, count in conn.execute(union_all(*parts)):
+            _holder(
+                deltas, 0, slots + 1, expiring_from, stale_from, sign * count, slots
+            )
         if in_window is None:
             return _summed(deltas, slots)
 
