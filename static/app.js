@@ -261,7 +261,47 @@
     if (back && back.isConnected) back.focus();
   }, true);
 
-  // -- keys: "/" to search, "j" / "k" to the next / previous row ---------------
+  // -- keys -------------------------------------------------------------------
+  // In a confirmation, Enter confirms from the usual-reason picker and from the
+  // reason's text too (Shift+Enter: a new line), as it does from a text field.
+  document.addEventListener("keydown", function (event) {
+    if (event.key !== "Enter" || event.shiftKey || event.ctrlKey || event.metaKey ||
+        event.altKey || event.isComposing) return;
+    var el = event.target;
+    if (!el || !/^(SELECT|TEXTAREA)$/.test(el.tagName)) return;
+    if (!el.closest("#action-dialog") || !el.form) return;
+    event.preventDefault();
+    el.form.requestSubmit();
+  });
+
+  // A search sent from the keyboard lands on its first row, so the row keys
+  // below act on what was found ("/" goes back to the search).
+  var searchSent = false;
+  document.addEventListener("submit", function (event) {
+    searchSent = !!(event.target.matches && event.target.matches("form.search"));
+  }, true);
+  document.addEventListener("htmx:after:swap", function (event) {
+    var ctx = event.detail && event.detail.ctx;
+    var target = ctx && ctx.target;
+    if (!searchSent || !target || target.id !== "locks") return;
+    searchSent = false;
+    var first = document.querySelector("#locks-table tbody tr[id] td.resource a");
+    if (first) first.focus();
+  });
+
+  // The focused row's own action link (in its menu), by the suffix of its id.
+  function rowAction(el, suffixes) {
+    var row = el && el.closest && el.closest("#locks-table tbody tr[id]");
+    if (!row) return null;
+    for (var i = 0; i < suffixes.length; i++) {
+      var link = document.getElementById(row.id + suffixes[i]);
+      if (link) return link;
+    }
+    return null;
+  }
+
+  // "/" search, "j" / "k" next / previous row, "r" release or "c" claim the
+  // focused row's lock, "f" freeze a prefix: listed on the page (#shortcuts).
   document.addEventListener("keydown", function (event) {
     if (event.ctrlKey || event.metaKey || event.altKey) return;
     var el = event.target;
@@ -275,6 +315,15 @@
         search.focus();
         search.select && search.select();
       }
+      return;
+    }
+    var action = null;
+    if (event.key === "r") action = rowAction(el, ["-release", "-holders"]);
+    else if (event.key === "c") action = rowAction(el, ["-claim"]);
+    else if (event.key === "f") action = document.querySelector("#freezes .freeze-link a");
+    if (action) {
+      event.preventDefault();
+      action.click();
       return;
     }
     if (event.key !== "j" && event.key !== "k") return;

@@ -403,6 +403,33 @@ def test_release_needs_a_reason(fake_app, operator, service):
     assert len(events_of(fake_app, "job:1")) == 1
 
 
+def test_a_usual_reason_picked_is_the_reason_and_typed_details_follow_it(
+    fake_app, operator, service
+):
+    service.acquire("job:1", "w", ttl=100)
+    service.acquire("job:2", "w", ttl=100)
+    form = soup(operator.get("/locks/job:1/release"))
+    usual = [o.get_text() for o in form.select("select[name=reason_choice] option")]
+    assert usual[1:] == [
+        "Dead holder: its host or process is gone",
+        "Stuck holder: no progress",
+        "Maintenance",
+        "Incident response",
+    ]
+    # The pick alone, then the pick with details.
+    post(operator, "/locks/job:1/release", {"reason_choice": "Maintenance"})
+    post(
+        operator,
+        "/locks/job:2/release",
+        {"reason_choice": "Stuck holder: no progress", "reason": " since 02:00 "},
+    )
+    assert events_of(fake_app, "job:1")[0].reason == "Maintenance"
+    assert (
+        events_of(fake_app, "job:2")[0].reason
+        == "Stuck holder: no progress: since 02:00"
+    )
+
+
 def test_release_after_the_lock_changed_hands_asks_again(operator, service, clock):
     old = service.acquire("job:1", "w1", ttl=1).lock.fence
     clock.advance(2)

@@ -72,7 +72,8 @@ def test_one_holder_force_released_by_its_own_button(operator, service):
     assert page.find(id="lock-release") is None
     link = page.find(id=f"holder-{fences[1]}-release")
     form = soup(operator.get(link["href"]))
-    assert form.find("textarea", attrs={"name": "reason"}).has_attr("required")
+    assert form.find("textarea", attrs={"name": "reason"})
+    assert form.find("select", attrs={"name": "reason_choice"}).find_all("option")
     assert "w-2" in form.get_text(" ", strip=True)
     action = form.find("textarea").find_parent("form")["action"]
     refused = post(operator, action, {"reason": " "})

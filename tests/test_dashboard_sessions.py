@@ -45,7 +45,8 @@ def test_a_lock_of_no_session_shows_none(operator, service):
 
 def test_an_operator_ends_the_session_with_a_reason(operator, bound, service, fake_app):
     form = soup(operator.get(f"/sessions/{bound.id}/end?resource=job:2"))
-    assert form.find("textarea", attrs={"name": "reason"}).has_attr("required")
+    assert form.find("textarea", attrs={"name": "reason"})
+    assert form.find("select", attrs={"name": "reason_choice"}).find_all("option")
     refused = post(operator, f"/sessions/{bound.id}/end", {"reason": ""})
     assert refused.status_code == 400
     assert service.counts()["stale"] == 0

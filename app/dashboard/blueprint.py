@@ -7,9 +7,12 @@ from datetime import datetime
 
 from flask import Blueprint
 
+from app.dashboard.forms import USUAL_REASONS
 from app.timestamps import human_duration, rfc3339
 
 bp = Blueprint("dashboard", __name__, url_prefix="/")
+# The reasons every confirmation offers (templates/_macros.html reason_fields).
+bp.add_app_template_global(USUAL_REASONS, "usual_reasons")
 
 
 @bp.app_template_filter("rfc3339")

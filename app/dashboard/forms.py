@@ -20,6 +20,30 @@ from app.dashboard.htmx import is_htmx
 # Sent with every successful action, so the live table and the lock row refresh.
 LOCKS_CHANGED = "locks-changed"
 
+# The usual reasons a confirmation offers beside its free text, per kind of
+# action: picked with one key (a <select> selects by first letter, so each list
+# starts its entries with different letters), they keep a reasoned action a few
+# keystrokes long. The audit keeps the words, and the details typed after them.
+USUAL_REASONS = {
+    "release": (
+        "Dead holder: its host or process is gone",
+        "Stuck holder: no progress",
+        "Maintenance",
+        "Incident response",
+    ),
+    "freeze": (
+        "Maintenance",
+        "Incident response",
+        "Deploy in progress",
+        "Backfill or migration",
+    ),
+    "unfreeze": (
+        "Work finished",
+        "Incident resolved",
+        "Frozen by mistake",
+    ),
+}
+
 
 def stripped(values: Mapping[str, str], name: str) -> str | None:
     """``values[name]`` without surrounding spaces; None when absent or blank."""
@@ -40,6 +64,16 @@ def text_arg(name: str) -> str | None:
 def text_field(name: str) -> str | None:
     """A field of the posted form, stripped; None when absent or blank."""
     return stripped(request.form, name)
+
+
+def reason_field() -> str | None:
+    """The reason a confirmation was given: the usual reason picked
+    (``reason_choice``), the text typed (``reason``), or both as
+    "picked: typed"; None when neither (the service then asks for one)."""
+    picked, typed = text_field("reason_choice"), text_field("reason")
+    if picked and typed:
+        return f"{picked}: {typed}"
+    return picked or typed
 
 
 def url_with(path: str, **params: Any) -> str:

@@ -17,6 +17,7 @@ from app.dashboard.forms import (
     action_response,
     digits,
     finished,
+    reason_field,
     return_to,
     stripped,
     text_arg,
@@ -65,7 +66,7 @@ def freeze():
         )
     prefix = text_field("prefix") or ""
     raw_duration = text_field("for") or ""
-    reason = text_field("reason")
+    reason = reason_field()
     errors: list[tuple[str, str]] = []
     duration: timedelta | None = None
     if raw_duration:
@@ -121,7 +122,7 @@ def unfreeze(prefix: str):
                 **context,
             )
         return action_response("dashboard/_unfreeze_form.html", reason="", **context)
-    reason = text_field("reason")
+    reason = reason_field()
     try:
         lock_service().unfreeze(prefix, actor=current_user.username, reason=reason)
     except NotFrozen:
@@ -159,7 +160,7 @@ def release_stale():
             return action_response(
                 "dashboard/_release_stale_form.html", count=count, reason="", **context
             )
-        reason = text_field("reason")
+        reason = reason_field()
         released = service.release_stale(
             actor=current_user.username,
             reason=reason,
@@ -248,7 +249,7 @@ def release_many():
                 "dashboard/_release_many_form.html", grants=grants, reason="", **context
             )
         grants = _selected(request.form)
-        reason = text_field("reason")
+        reason = reason_field()
         done = lock_service().force_release_fenced(
             grants, actor=current_user.username, reason=reason
         )

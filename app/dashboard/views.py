@@ -29,6 +29,7 @@ from app.dashboard.forms import (
     action_response,
     digits,
     finished,
+    reason_field,
     return_to,
     text_arg,
     text_field,
@@ -524,7 +525,7 @@ def release(resource: str):
     if request.method == "GET":
         return action_response("dashboard/_release_form.html", **context)
 
-    reason = text_field("reason")
+    reason = reason_field()
     errors: list[tuple[str, str]] = []
     status = 400
     fence = _confirmed_fence(errors)
@@ -573,7 +574,7 @@ def release_place(resource: str, fence: int):
         if holder is None:
             abort(404, description=f"No grant of {resource} carries fence {fence}.")
         return action_response("dashboard/_release_place_form.html", **context)
-    reason = text_field("reason")
+    reason = reason_field()
     errors: list[tuple[str, str]] = []
     status = 400
     try:
@@ -642,7 +643,7 @@ def release_holders(resource: str):
         if not context["holders"]:
             abort(404, description=f"{resource} is not locked: nothing to release.")
         return action_response("dashboard/_release_holders_form.html", **context)
-    reason = text_field("reason")
+    reason = reason_field()
     errors: list[tuple[str, str]] = []
     status = 400
     fences = _confirmed_fences(errors)
@@ -720,7 +721,7 @@ def end_session(session_id: str):
     }
     if request.method == "GET":
         return action_response("dashboard/_end_session_form.html", **context)
-    reason = text_field("reason")
+    reason = reason_field()
     try:
         ended = sessions.end(
             session_id, token=None, actor=current_user.username, reason=reason

@@ -195,18 +195,21 @@ def test_lock_page_is_live_and_shows_an_action_at_once(operator_page: Page, site
         "worker-2", timeout=POLL_WAIT_MS
     )
 
-    # The operator acts: the dialog opens with focus in the reason field, and
-    # the page shows the new state before the next poll could.
+    # The operator acts: the dialog opens with focus on its first field (the
+    # usual reasons, then the reason's text), and the page shows the new
+    # state before the next poll could.
     opener = page.get_by_role("link", name="Force release…")
     opener.click()
     dialog = page.locator("#action-dialog")
     expect(dialog).to_be_visible()
-    expect(dialog.get_by_label("Reason")).to_be_focused()
+    expect(dialog.get_by_label("Why")).to_be_focused()
     page.keyboard.press("Escape")
     expect(dialog).to_be_hidden()
     expect(opener).to_be_focused()
 
     opener.press("Enter")
+    expect(dialog.get_by_label("Why")).to_be_focused()
+    page.keyboard.press("Tab")
     expect(dialog.get_by_label("Reason")).to_be_focused()
     page.keyboard.type("worker-2 is gone")
     dialog.get_by_role("button", name=re.compile("^Release")).click()

@@ -117,6 +117,8 @@ def test_focus_after_a_release_is_on_the_next_row_and_keys_move_between_rows(
     row_action(row, "Release…").focus()
     page.keyboard.press("Enter")
     panel = page.locator("#action-panel")
+    expect(panel.get_by_label("Why")).to_be_focused()
+    page.keyboard.press("Tab")
     expect(panel.get_by_label("Reason")).to_be_focused()
     page.keyboard.type("stuck")
     panel.get_by_role("button", name="Release worker-1’s lock").click()
