@@ -199,9 +199,20 @@ def test_events_per_minute_and_the_drawing(app, backend):
         "1 event at 09:59Z",
     ]
     assert drawn.events.y_max == 5
-    labels = [label for _, label in drawn.states.x_ticks]
-    assert labels[0] == "09:00Z"
-    assert labels[-1] == "10:00Z"
+    ticks = drawn.states.x_ticks
+    assert [label for _, label in ticks] == [
+        "1 h ago",
+        "50 min ago",
+        "40 min ago",
+        "30 min ago",
+        "20 min ago",
+        "10 min ago",
+        "now",
+    ]
+    assert (ticks[0][0], ticks[-1][0]) == (
+        drawn.states.plot_left,
+        drawn.states.plot_right,
+    )
     chart = drawn.states
     for points in chart.lines.values():
         xs = [float(point.split(",")[0]) for point in points.split()]
@@ -255,6 +266,43 @@ def test_overview_loads_the_last_hour_after_its_table_and_polls_it_once_a_minute
     assert again.status_code == 200
     assert soup(again).body is None
     assert soup(operator.get("/activity")).body is not None
+
+
+def test_a_quiet_hours_chart_poll_is_a_204_and_a_new_event_redraws_it(
+    operator, fake_app, clock
+):
+    """Nothing happened for an hour: a minute later the charts would draw the
+    same (axes say how long ago), so the poll gets no body. An event in that
+    minute changes them: the poll gets the new drawing."""
+    from app.locks.service import lock_service
+
+    with fake_app.app_context():
+        lock_service().acquire("job:1", "w", ttl=3 * 3600)
+    clock.advance(61 * 60)
+    headers = {"HX-Request": "true", "HX-Target": "section#activity"}
+    first = operator.get("/activity?live=1", headers=headers)
+    assert first.status_code == 200
+    drawn = soup(first).select_one(".charts")
+    headers["Lockkeeper-Shown"] = poller_version(soup(first).select_one(".poller"))
+
+    clock.advance(60)
+    quiet = operator.get("/activity?live=1", headers=headers)
+    assert (quiet.status_code, quiet.data) == (204, b"")
+    # No body is right: drawn afresh, the charts are the same.
+    fresh = soup(
+        operator.get("/activity?live=1", headers={**headers, "Lockkeeper-Shown": ""})
+    )
+    assert fresh.select_one(".charts") == drawn
+
+    with fake_app.app_context():
+        lock_service().acquire("job:2", "w", ttl=600)
+    clock.advance(60)
+    changed = operator.get("/activity?live=1", headers=headers)
+    assert changed.status_code == 200
+    section = soup(changed)
+    assert "Now 2 held" in section.select_one("#states-desc").get_text()
+    assert [bar["height"] for bar in section.select("rect.event-bar")]
+    assert section.select_one(".charts") != drawn
 
 
 def test_the_charts_are_drawn_once_a_minute(operator, fake_app, clock):

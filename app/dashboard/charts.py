@@ -19,7 +19,7 @@ from flask import current_app
 
 from app.audit import activity as counts_of
 from app.audit import refusals, rollup
-from app.dashboard.timeline import ticks
+from app.dashboard.timeline import tick_step
 
 WINDOW = timedelta(hours=1)
 STEP = timedelta(minutes=1)
@@ -169,14 +169,33 @@ def _nice_max(value: int) -> int:
     return (value // magnitude + 1) * magnitude
 
 
-def _frame(start: datetime, end: datetime, y_max: int) -> Chart:
+def _relative(offset: timedelta) -> str:
+    if not offset:
+        return "now"
+    minutes = int(offset.total_seconds() // 60)
+    if minutes < 60:
+        return f"{minutes} min ago"
+    if minutes < 48 * 60 or minutes % (24 * 60):
+        return f"{minutes // 60} h ago"
+    return f"{minutes // (24 * 60)} d ago"
+
+
+def _frame(start: datetime, end: datetime, y_max: int, window: timedelta) -> Chart:
+    """Axes whose ticks say how long ago ("45 min ago" … "now"), at round
+    offsets back from ``end``: a quiet range draws the same a minute later, so
+    its poll is answered 204 (``views.activity``) and its labels stay true.
+    The instants are on the bars' and the peak's hover."""
     chart = Chart(y_max=_nice_max(y_max))
     span = (end - start).total_seconds()
-    for moment, label in ticks(start, end):
+    step = tick_step(window)  # of the range, not of this drawing's few seconds more
+    offset = timedelta(0)
+    while offset <= end - start:
         x = chart.plot_left + (chart.plot_right - chart.plot_left) * (
-            (moment - start).total_seconds() / span
+            (span - offset.total_seconds()) / span
         )
-        chart.x_ticks.append((round(x, 1), label))
+        chart.x_ticks.append((round(x, 1), _relative(offset)))
+        offset += step
+    chart.x_ticks.reverse()
     return chart
 
 
@@ -196,6 +215,11 @@ def _peak(chart: Chart, series: list[tuple[datetime, int]]) -> None:
     for at, value in series:
         if value > chart.peak:
             chart.peak, chart.peak_at = value, at
+    # A peak that lasts until now has no moment of its own (a flat series would
+    # otherwise name the window's first bucket, a new one every minute).
+    last = max((at for at, _ in series), default=None)
+    if any(at == last and value == chart.peak for at, value in series):
+        chart.peak_at = None
     chart.clipped = chart.peak > chart.y_max
 
 
@@ -208,7 +232,10 @@ def build(
     span = (now - start).total_seconds()
 
     states = _frame(
-        start, now, _scale([getattr(s, k) for s in sampled for k in STATES])
+        start,
+        now,
+        _scale([getattr(s, k) for s in sampled for k in STATES]),
+        shown.window,
     )
     _peak(states, [(s.at, getattr(s, k)) for s in sampled for k in STATES])
     width = states.plot_right - states.plot_left
@@ -228,7 +255,7 @@ def build(
         states.lines[state] = _polyline(points)
 
     when = "%H:%MZ" if shown.window <= WINDOW else "%Y-%m-%d %H:%MZ"
-    counts = _frame(start, now, _scale([count for _, count in minutes]))
+    counts = _frame(start, now, _scale([count for _, count in minutes]), shown.window)
     _peak(counts, minutes)
     ends = [sample.at for sample in sampled[1:]]
     for (moment, count), ends_at in zip(minutes, ends, strict=True):
@@ -248,7 +275,9 @@ def build(
         )
     refused_per_bucket = refused(now, shown)
     refusal_counts = [(at, c[o]) for at, c in refused_per_bucket for o in REFUSALS]
-    refusal_chart = _frame(start, now, _scale([n for _, n in refusal_counts]))
+    refusal_chart = _frame(
+        start, now, _scale([n for _, n in refusal_counts]), shown.window
+    )
     _peak(refusal_chart, refusal_counts)
     for outcome in REFUSALS:
         points = []

@@ -353,7 +353,17 @@ def activity():
         abort(400, description="range is one of " + ", ".join(charts.SPANS) + ".")
     service = lock_service()
     drawn = charts.cached(service.now(), service.settings.expiring_within, shown)
-    version = shown_version(drawn.end)
+    # What the charts show, not when they were drawn: counts per bucket, back
+    # from now, and the peaks' instants. Their axes say how long ago, so the
+    # same counts draw the same charts; a quiet range's poll is a 204.
+    version = shown_version(
+        shown.name,
+        [[s.held, s.expiring, s.stale] for s in drawn.samples],
+        [count for _, count in drawn.per_minute],
+        [sorted(counts.items()) for _, counts in drawn.refused],
+        [c.peak_at for c in (drawn.states, drawn.events, drawn.refusals)],
+        live,
+    )
     unchanged = _unchanged(version)
     if unchanged is not None:
         return unchanged
