@@ -301,16 +301,136 @@ def test_tenures_of_a_page_take_a_fixed_number_of_queries(service, clock, fake_a
     for n in range(30):
         service.acquire(f"job:{n}", "w-1", ttl=30)
         service.release(f"job:{n}", "w-1")
-    page = list_events(EventFilter(), limit=60)
-    statements = []
-    listener = lambda *args: statements.append(args[2])  # noqa: E731
-    event.listen(db.engine, "before_cursor_execute", listener)
-    try:
-        found = tenures(page.items)
-    finally:
-        event.remove(db.engine, "before_cursor_execute", listener)
-    assert len(found.started) == 30
-    assert len([s for s in statements if s.startswith("SELECT")]) == 3
+    for n in range(3):
+        assert service.acquire("sem:q", f"p-{n}", ttl=30, limit=3).acquired
+    for n in range(3):
+        service.release("sem:q", f"p-{n}")
+
+    def selects(limit: int) -> tuple[int, int]:
+        page = list_events(EventFilter(), limit=limit)
+        statements = []
+        listener = lambda *args: statements.append(args[2])  # noqa: E731
+        event.listen(db.engine, "before_cursor_execute", listener)
+        try:
+            found = tenures(page.items)
+        finally:
+            event.remove(db.engine, "before_cursor_execute", listener)
+        return len(found.started), len(
+            [s for s in statements if s.startswith("SELECT")]
+        )
+
+    # Two queries whatever the page's length: never one per row.
+    assert selects(6) == (3, 2)
+    assert selects(66) == (33, 2)
+
+
+# -- tenures of holders at once ---------------------------------------------------
+
+
+def test_three_places_held_at_once_each_keep_their_own_tenure(service, clock):
+    """Each place's grant ends its own holder's tenure only: before, the next
+    grant on the resource ended the one before it, so p-1 was 'held for 5 s
+    until acquired' while it held on for 30."""
+    for owner in ("p-1", "p-2", "p-3"):
+        assert service.acquire("sem:3", owner, ttl=60, limit=3).acquired
+        clock.advance(5)  # granted at 0, 5 and 10 s
+    clock.advance(5)
+    service.release("sem:3", "p-2")  # at 20 s
+    clock.advance(10)
+    service.renew("sem:3", "p-3", ttl=60)  # at 30 s
+    service.release("sem:3", "p-1")  # at 30 s
+    clock.advance(15)
+    service.release("sem:3", "p-3")  # at 45 s
+    page = list_events(EventFilter(resource="sem:3"))
+    found = tenures(page.items)
+    grants = {e.owner: e for e in by_action(page, Action.ACQUIRED)}
+    releases = {e.owner: e for e in by_action(page, Action.RELEASED)}
+    held = {
+        owner: (found.started[grant.id].held_for, found.started[grant.id].ended_by)
+        for owner, grant in grants.items()
+    }
+    assert held == {
+        "p-1": (timedelta(seconds=30), "released"),
+        "p-2": (timedelta(seconds=15), "released"),
+        "p-3": (timedelta(seconds=35), "released"),
+    }
+    for owner, release in releases.items():
+        assert found.ended[release.id] == found.started[grants[owner].id]
+
+
+def test_a_place_taken_over_ends_only_the_place_that_ran_out(service, clock):
+    assert service.acquire("sem:2", "p-1", ttl=10, limit=2).acquired
+    assert service.acquire("sem:2", "p-2", ttl=60, limit=2).acquired
+    clock.advance(15)
+    taken = service.acquire("sem:2", "p-3", ttl=60, limit=2)
+    assert taken.action is Action.TOOK_OVER
+    clock.advance(5)
+    service.release("sem:2", "p-2")
+    page = list_events(EventFilter(resource="sem:2"))
+    found = tenures(page.items)
+    first, second = by_action(page, Action.ACQUIRED)[::-1]
+    (took_over,) = by_action(page, Action.TOOK_OVER)
+    assert found.started[first.id].held_for == timedelta(seconds=10)
+    assert found.started[first.id].ended_by == "expired"
+    assert found.ended[took_over.id] == found.started[first.id]
+    assert found.started[second.id].held_for == timedelta(seconds=20)
+    assert found.started[second.id].ended_by == "released"
+    assert took_over.id not in found.started  # p-3 still holds its place
+
+
+def test_shared_grants_and_a_promotion_keep_their_holders_tenures(service, clock):
+    assert service.acquire("rw:t", "r-1", ttl=60, mode="shared").acquired
+    clock.advance(4)
+    assert service.acquire("rw:t", "r-2", ttl=60, mode="shared").acquired
+    clock.advance(6)
+    service.release("rw:t", "r-2")  # at 10 s
+    clock.advance(2)
+    assert service.acquire("rw:t", "r-1", ttl=60).acquired  # promoted at 12 s
+    clock.advance(3)
+    service.release("rw:t", "r-1")  # at 15 s
+    page = list_events(EventFilter(resource="rw:t"))
+    found = tenures(page.items)
+    shared_1, shared_2, exclusive = by_action(page, Action.ACQUIRED)[::-1]
+    assert found.started[shared_1.id].held_for == timedelta(seconds=12)
+    assert found.started[shared_1.id].ended_by == "acquired"
+    assert found.started[shared_2.id].held_for == timedelta(seconds=6)
+    assert found.started[exclusive.id].held_for == timedelta(seconds=3)
+    # A promotion names no previous owner: it recorded no end.
+    assert found.started[shared_1.id].end_id is None
+
+
+def test_the_audit_page_and_the_timeline_derive_the_same_parallel_tenures(
+    service, clock
+):
+    from app.audit.tenures import derive
+
+    fences = {}
+    for owner, ttl in (("p-1", 20), ("p-2", 60), ("p-3", 60)):
+        fences[owner] = service.acquire("sem:x", owner, ttl=ttl, limit=3).lock.fence
+        clock.advance(3)
+    service.renew("sem:x", "p-2", ttl=60)
+    clock.advance(30)  # p-1 ran out
+    taken = service.acquire("sem:x", "p-4", ttl=60, limit=3)
+    assert taken.action is Action.TOOK_OVER
+    service.force_release_place("sem:x", fences["p-2"], actor="al", reason="stuck")
+    clock.advance(2)
+    service.release("sem:x", "p-3")
+    assert service.acquire("sem:x", "p-5", ttl=5, limit=3).acquired
+    clock.advance(10)  # p-5 ran out; no event of its own ends it
+    assert service.acquire("sem:x", "p-6", ttl=60, limit=3).action is Action.ACQUIRED
+    page = list_events(EventFilter(resource="sem:x"))
+    found = tenures(page.items)
+    timeline = [t for t in derive(page.items, service.now()) if t.ended_by != "held"]
+    assert [(t.owner, t.ended_by) for t in timeline] == [
+        ("p-1", "expired"),
+        ("p-2", "force_released"),
+        ("p-3", "released"),
+        ("p-5", "expired"),
+    ]
+    assert sorted(found.started.values(), key=lambda t: t.grant_id) == sorted(
+        timeline, key=lambda t: t.grant_id
+    )
+    assert {t.end_id: t for t in timeline if t.end_id is not None} == found.ended
 
 
 # -- retention ------------------------------------------------------------------

@@ -65,6 +65,43 @@ def test_audit_page_shows_durations_held_where_the_end_is_known(viewer, history)
     assert held.get_text(strip=True) == ""
 
 
+def test_audit_page_shows_each_place_of_a_semaphore_held_for_its_own_time(
+    viewer, service, clock
+):
+    """Three places held at once: each grant's row says how long its own
+    holder kept it, each release whose hold it ended (before, the next place's
+    grant ended the previous holder's hold: 5 s, 5 s)."""
+    for owner in ("p-1", "p-2", "p-3"):
+        assert service.acquire("sem:audit", owner, ttl=60, limit=3).acquired
+        clock.advance(5)
+    clock.advance(5)
+    service.release("sem:audit", "p-2")  # held 15 s
+    clock.advance(10)
+    service.release("sem:audit", "p-1")  # held 30 s
+    clock.advance(15)
+    service.release("sem:audit", "p-3")  # held 35 s
+    page = soup(viewer.get("/audit?resource=sem:audit"))
+
+    def held(action: str) -> dict[str, str]:
+        return {
+            row.select_one("td.owner").get_text(strip=True): row.select_one(
+                "td.held"
+            ).get_text(" ", strip=True)
+            for row in page.select(f"tr.action-{action}")
+        }
+
+    assert held("acquired") == {
+        "p-1": "30 s until released",
+        "p-2": "15 s until released",
+        "p-3": "35 s until released",
+    }
+    assert held("released") == {
+        "p-1": "ended p-1's hold of 30 s",
+        "p-2": "ended p-2's hold of 15 s",
+        "p-3": "ended p-3's hold of 35 s",
+    }
+
+
 @pytest.mark.parametrize(
     ("query", "expected"),
     [

@@ -11,13 +11,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select
+from sqlalchemy import (
+    Select,
+    and_,
+    bindparam,
+    delete,
+    func,
+    select,
+    union_all,
+)
 
 from app.audit.tenures import (
-    BOUNDARIES,
+    ENDINGS,
     EXTENSIONS,
     GRANTS,
+    HOLDING,
     Tenure,
+    ends,
+    ends_condition,
     records_an_end,
     tenure,
 )
@@ -211,71 +222,186 @@ class Tenures:
 
 def tenures(page: Iterable[Event]) -> Tenures:
     """The ended tenures that the grants on ``page`` started and its events ended,
-    by the rules of ``app.audit.tenures``.
+    by the rules of ``app.audit.tenures`` per grant (``ends``), so the holders
+    of a semaphore or of shared grants each keep their own tenure.
 
-    A tenure needs only its grant, its newest event and its boundary, so three
+    A tenure needs only its grant, its newest event and its boundary: two
     queries per page whatever its length, each row a probe of the (resource, id)
-    index: never one query per row, never a resource's history.
+    index from its event: never one query per row. Each query returns a set of
+    events that holds every answer; the rule then picks each answer from it
+    (the newest, or the first, event it allows), so SQL and Python apply the
+    same rule to the same events.
     """
     page = list(page)
-    grant_ids = [e.id for e in page if e.action in GRANTS]
-    boundary_ids = {e.id for e in page if records_an_end(e)}
-    later = events.alias("later")
-    earlier = events.alias("earlier")
+    grants = [e for e in page if e.action in GRANTS]
+    recorded = [e for e in page if records_an_end(e)]
+    if not grants and not recorded:
+        return Tenures({}, {})
+    known = {e.id: e for e in page}
+    grant_ids = [e.id for e in grants]
     with db.engine.connect() as conn:
-        if grant_ids:
-            next_boundary = (
-                select(func.min(later.c.id))
-                .where(
-                    later.c.resource == events.c.resource,
-                    later.c.id > events.c.id,
-                    later.c.action.in_([a.value for a in BOUNDARIES]),
-                )
-                .scalar_subquery()
-            )
-            boundary_ids.update(
-                conn.scalars(select(next_boundary).where(events.c.id.in_(grant_ids)))
-            )
-        boundary_ids.discard(None)
-        if not boundary_ids:
-            return Tenures({}, {})
-        last_before = (
-            select(func.max(earlier.c.id))
-            .where(earlier.c.resource == events.c.resource, earlier.c.id < events.c.id)
-            .scalar_subquery()
+        found = conn.execute(
+            _HOLDING_EVENTS,
+            {
+                "grants": grant_ids,
+                "endings": [e.id for e in recorded if e.action in ENDINGS],
+                "replacing": [e.id for e in recorded if e.action in GRANTS],
+            },
         )
-        grant_before = (
-            select(func.max(earlier.c.id))
-            .where(
-                earlier.c.resource == events.c.resource,
-                earlier.c.id < events.c.id,
-                earlier.c.action.in_([a.value for a in GRANTS]),
+        for row in found:
+            known[row.id] = Event.from_row(row)
+        lasts = {g.id: _newest_of_fence(known.values(), g) for g in grants}
+        if grants:
+            found = conn.execute(
+                _BOUNDARY_EVENTS,
+                {"grants": grant_ids, "lasts": [e.id for e in lasts.values()]},
             )
-            .scalar_subquery()
-        )
-        boundaries = conn.execute(
-            select(
-                events, last_before.label("last_id"), grant_before.label("grant_id")
-            ).where(events.c.id.in_(boundary_ids))
-        ).all()
-        wanted = {b.last_id for b in boundaries} | {b.grant_id for b in boundaries}
-        wanted.discard(None)
-        known = {
-            row.id: Event.from_row(row)
-            for row in conn.execute(select(events).where(events.c.id.in_(wanted)))
-        }
+            for row in found:
+                known[row.id] = Event.from_row(row)
+    by_resource: dict[str, list[Event]] = {}
+    for event in sorted(known.values(), key=lambda e: e.id):
+        by_resource.setdefault(event.resource, []).append(event)
     started: dict[int, Tenure] = {}
     ended: dict[int, Tenure] = {}
-    for row in boundaries:
-        last = known.get(row.last_id)
-        if last is None or last.action not in (*GRANTS, *EXTENSIONS):
-            continue
-        found = tenure(known.get(row.grant_id), last, Event.from_row(row))
+
+    def keep(found: Tenure) -> None:
         if found.grant_id is not None:
             started[found.grant_id] = found
         if found.end_id is not None:
             ended[found.end_id] = found
+
+    for grant in grants:
+        last = lasts[grant.id]
+        boundary = next(
+            (
+                e
+                for e in by_resource[grant.resource]
+                if e.id > grant.id and ends(grant, last, e)
+            ),
+            None,
+        )
+        if boundary is not None:
+            keep(tenure(grant, last, boundary))
+    for boundary in recorded:
+        if boundary.id in ended:
+            continue
+        earlier = [e for e in by_resource[boundary.resource] if e.id < boundary.id]
+        last = _newest(e for e in earlier if _of_ended_tenure(e, boundary))
+        if last is None:
+            continue
+        grant = _newest(
+            e for e in earlier if e.action in GRANTS and e.fence == last.fence
+        )
+        if ends(grant or last, last, boundary):
+            keep(tenure(grant, last, boundary))
     return Tenures(started, ended)
+
+
+def _newest(found: Iterable[Event]) -> Event | None:
+    return max(found, key=lambda e: e.id, default=None)
+
+
+def _newest_of_fence(found: Iterable[Event], grant: Event) -> Event:
+    """The newest event of ``grant``'s tenure in ``found`` (the grant itself
+    when none is later)."""
+    return (
+        _newest(
+            e
+            for e in found
+            if e.resource == grant.resource
+            and e.fence == grant.fence
+            and e.id >= grant.id
+            and e.action in HOLDING
+        )
+        or grant
+    )
+
+
+def _of_ended_tenure(event: Event, boundary: Event) -> bool:
+    """``event`` (before ``boundary``) is an event of the tenure ``boundary``
+    recorded the end of: one of its fence (an ending), one of its previous
+    owner (a take-over, a force-claim)."""
+    if event.action not in HOLDING:
+        return False
+    if boundary.action in ENDINGS:
+        return event.fence == boundary.fence
+    return event.owner == boundary.previous_owner
+
+
+def _probe_statement(probes) -> Select:
+    """The events whose ids the ``probes`` (selects of one id per anchor)
+    find. Built once: its anchors are expanding parameters, so every page runs
+    the same compiled statement."""
+    return select(events).where(events.c.id.in_(union_all(*probes)))
+
+
+def _anchored(probe, anchors: str) -> Select:
+    return select(probe).where(_anchor.c.id.in_(bindparam(anchors, expanding=True)))
+
+
+def _step(where, *, before: bool | None) -> Any:
+    """The id of the newest event of the anchor's resource before it (or at
+    or after it: ``before`` False) satisfying ``where``; ``before`` None: the
+    first after it. An ordered probe of the (resource, id) index that stops
+    at the first match."""
+    if before is None:
+        bound, order = _other.c.id > _anchor.c.id, _other.c.id
+    elif before:
+        bound, order = _other.c.id < _anchor.c.id, _other.c.id.desc()
+    else:
+        bound, order = _other.c.id >= _anchor.c.id, _other.c.id.desc()
+    return (
+        select(_other.c.id)
+        .where(_other.c.resource == _anchor.c.resource, bound, where)
+        .order_by(order)
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+_anchor = events.alias("anchor")
+_other = events.alias("other")
+_holding = _other.c.action.in_([a.value for a in HOLDING])
+_granting = _other.c.action.in_([a.value for a in GRANTS])
+_of_fence = _other.c.fence == _anchor.c.fence
+_of_previous_owner = _other.c.owner == _anchor.c.previous_owner
+
+# Per page grant the newest event of its fence (its expiry is where it runs
+# out); per recorded end the newest event, and the newest grant, of the
+# tenure it ended (by its fence, or its previous owner's).
+_HOLDING_EVENTS = _probe_statement(
+    [
+        _anchored(_step(and_(_of_fence, _holding), before=False), "grants"),
+        _anchored(_step(and_(_of_fence, _holding), before=True), "endings"),
+        _anchored(_step(and_(_of_fence, _granting), before=True), "endings"),
+        _anchored(_step(and_(_of_previous_owner, _holding), before=True), "replacing"),
+        _anchored(_step(and_(_of_previous_owner, _granting), before=True), "replacing"),
+    ]
+)
+# Per page grant the first event after it that names its tenure
+# (``ends_condition`` with no expiry), and the first after its newest event
+# that ends it (with that event's expiry): nothing between the two ends it
+# by running out, which comes after the newest event's instant.
+_BOUNDARY_EVENTS = _probe_statement(
+    [
+        _anchored(
+            _step(
+                ends_condition(_other, _anchor.c.fence, _anchor.c.owner, None),
+                before=None,
+            ),
+            "grants",
+        ),
+        _anchored(
+            _step(
+                ends_condition(
+                    _other, _anchor.c.fence, _anchor.c.owner, _anchor.c.expires_at
+                ),
+                before=None,
+            ),
+            "lasts",
+        ),
+    ]
+)
 
 
 # -- renewals folded into their tenure ------------------------------------------

@@ -22,7 +22,15 @@ timeline (from a run of events, ``derive``):
   are inserted under its row lock, so id order is the order things happened in
   even when clocks disagree about ``occurred_at``.
 
-Pure: no Flask, no database.
+A resource with several holders at once (a semaphore's places, shared grants)
+follows the same rules per grant (``ends``): a tenure is its fence's, ended by
+an ending naming its fence, or by a grant that replaced it (its holder's own
+new grant, as a promotion; one naming it as the previous owner) or that came
+once it had run out. One holder's history gets the same boundaries by either
+reading; the audit page reads every resource so (``ends_condition`` is the rule
+in SQL), the timeline only those that show holders at once.
+
+Pure: no Flask, no database (``ends_condition`` builds an expression only).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from sqlalchemy import ColumnElement, and_, or_
+
 from app.locks.results import Event
 from app.locks.state import Action
 
@@ -38,6 +48,8 @@ GRANTS = (Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIME
 EXTENSIONS = (Action.RENEWED, Action.REACQUIRED)
 ENDINGS = (Action.RELEASED, Action.FORCE_RELEASED)
 BOUNDARIES = (*ENDINGS, *GRANTS)
+# The events of a tenure itself: its grant and its continuations.
+HOLDING = (*GRANTS, *EXTENSIONS)
 EXPIRED = "expired"
 HELD = "held"
 UNRECORDED = "unrecorded"
@@ -73,6 +85,54 @@ def records_an_end(event: Event) -> bool:
     return event.action in GRANTS and event.previous_owner is not None
 
 
+def records_the_end_of(event: Event, owner: str | None) -> bool:
+    """``event`` recorded the end of ``owner``'s tenure it ended: an ending
+    (it names the fence), or a grant naming ``owner`` as the previous owner.
+    A grant that ended a tenure otherwise (its own holder's, as a promotion;
+    one that had run out) recorded no end of it."""
+    if event.action in ENDINGS:
+        return True
+    return (
+        event.action in GRANTS
+        and event.previous_owner is not None
+        and event.previous_owner == owner
+    )
+
+
+def ends(first: Event, last: Event, event: Event) -> bool:
+    """Whether ``event``, later on the resource, ends the tenure whose first
+    event is ``first`` (its grant, or its first continuation when the grant is
+    unknown) and newest ``last``: an ending of its fence; a grant by its owner
+    (a promotion replaces the holder's grant) or naming it as the previous
+    owner (a take-over, a force-claim); any grant once it had run out by
+    ``last``'s expiry (a new grant clears expired places, and one holder's
+    expired row was purged before a grant found none).
+
+    ``ends_condition`` is this rule in SQL: change both together."""
+    if event.action in ENDINGS:
+        return event.fence == last.fence
+    if event.action not in GRANTS:
+        return False
+    owner = first.owner
+    if owner is not None and owner in (event.owner, event.previous_owner):
+        return True
+    return last.expires_at is not None and event.occurred_at >= last.expires_at
+
+
+def ends_condition(later, fence, owner, expires_at) -> ColumnElement[bool]:
+    """``ends`` in SQL: whether the event ``later`` (a table or alias of
+    ``lock_events``, later on the resource) ends the tenure of ``fence``,
+    held by ``owner`` and running out at ``expires_at`` (columns or values;
+    ``expires_at`` None: by what names it only, not by running out)."""
+    grant_ends = [later.c.owner == owner, later.c.previous_owner == owner]
+    if expires_at is not None:
+        grant_ends.append(later.c.occurred_at >= expires_at)
+    return or_(
+        and_(later.c.action.in_([a.value for a in ENDINGS]), later.c.fence == fence),
+        and_(later.c.action.in_([a.value for a in GRANTS]), or_(*grant_ends)),
+    )
+
+
 def continues(last: Event, event: Event) -> bool:
     """``event`` extends the tenure whose newest event is ``last``."""
     return event.action in EXTENSIONS and event.fence == last.fence
@@ -92,6 +152,7 @@ def tenure(
     if grant is not None and grant.fence != last.fence:
         grant = None
     first = grant or last
+    owner = first.owner or first.previous_owner
     held_from = first.acquired_at or first.occurred_at
     expires = last.expires_at
     if boundary is None:
@@ -103,14 +164,14 @@ def tenure(
     if expires is not None and expires < held_until:
         held_until, ended_by = expires, EXPIRED
     return Tenure(
-        owner=first.owner or first.previous_owner,
+        owner=owner,
         fence=last.fence,
         held_from=held_from,
         held_until=max(held_until, held_from),
         ended_by=ended_by,
         grant_id=grant.id if grant is not None else None,
         end_id=boundary.id
-        if boundary is not None and records_an_end(boundary)
+        if boundary is not None and records_the_end_of(boundary, owner)
         else None,
         forced=grant is not None and grant.action is Action.FORCE_CLAIMED,
     )
@@ -186,12 +247,12 @@ def shows_parallel_holders(ordered: Iterable[Event]) -> bool:
 
 def derive_parallel(ordered: Iterable[Event], now: datetime) -> list[Tenure]:
     """The tenures of a resource with several holders at once, from events in id
-    order, by the same rules per grant: a grant's tenure is its fence's, so a
-    release, force-release, renewal or re-acquire acts on the tenure of the
-    fence it names; a grant ends only the tenures it replaced (the same
-    holder's earlier grant, as a promotion does, or the one it took over or
-    force-claimed: its previous owner's), and every tenure ends at its expiry
-    at the latest. Oldest grant first."""
+    order, by the same rules per grant (``ends``): a grant's tenure is its
+    fence's, so a release, force-release, renewal or re-acquire acts on the
+    tenure of the fence it names; a grant ends only the tenures it replaced
+    (the same holder's earlier grant, as a promotion does, or the one it took
+    over or force-claimed: its previous owner's) or that had run out, and
+    every tenure ends at its expiry at the latest. Oldest grant first."""
     result: list[Tenure] = []
     open_tenures: dict[int | None, tuple[Event | None, Event]] = {}
     for event in ordered:
@@ -208,10 +269,8 @@ def derive_parallel(ordered: Iterable[Event], now: datetime) -> list[Tenure]:
             continue
         if event.action not in GRANTS:
             continue
-        replaced = {event.owner, event.previous_owner} - {None}
         for fence, (grant, last) in list(open_tenures.items()):
-            owner = (grant or last).owner
-            if owner in replaced:
+            if ends(grant or last, last, event):
                 del open_tenures[fence]
                 result.append(tenure(grant, last, event))
         open_tenures[event.fence] = (event, event)
