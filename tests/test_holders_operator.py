@@ -339,6 +339,65 @@ def test_the_lock_page_releases_all_holders_it_showed(operator, service):
     assert [h.owner for h in service.holders("sem:page").holders] == ["w-4"]
 
 
+def test_the_whole_lock_release_form_shows_the_holders_of_a_place_held_resource(
+    operator, service
+):
+    """/locks/<resource>/release confirms one exclusive grant. Of a resource
+    held by places it said "not locked" (404), and posted "already released"
+    while three grants stayed: it now shows the holders' confirmation, every
+    grant with its fence, and releases them from there."""
+    for n in (1, 2, 3):
+        grant(service, "sem:old", f"w-{n}", limit=3)
+    shown = operator.get("/locks/sem:old/release")
+    assert shown.status_code == 200
+    form = soup(shown)
+    fences = [int(i["value"]) for i in form.find_all("input", attrs={"name": "fence"})]
+    assert sorted(fences) == sorted(h.fence for h in service.holders("sem:old").holders)
+    action = form.find("textarea").find_parent("form")["action"]
+    assert action == "/locks/sem:old/holders/release"
+    done = post(operator, action, {"reason": "drain", "fence": fences}, htmx=True)
+    assert "Released 3 grants of sem:old" in soup(done).get_text(" ", strip=True)
+    assert service.holders("sem:old").holders == []
+
+
+def test_the_whole_lock_release_posted_for_places_releases_nothing_and_says_so(
+    operator, service
+):
+    """The lock page showed one exclusive grant; before the post its holder
+    turned it into a shared grant (the same fence) and a reader joined. The
+    post releases nothing (the confirmation was of one lock, not of the
+    grants there now): 409 naming how many hold it, with their form."""
+    writer = grant(service, "rw:old", "w")
+    form = soup(operator.get("/locks/rw:old/release"))
+    assert form.find("input", attrs={"name": "fence"})["value"] == str(writer.fence)
+    grant(service, "rw:old", "w", mode="shared")  # demoted: the same fence
+    grant(service, "rw:old", "r", mode="shared")
+    for htmx in (False, True):
+        refused = post(
+            operator,
+            "/locks/rw:old/release",
+            {"reason": "stuck", "fence": str(writer.fence)},
+            htmx=htmx,
+        )
+        assert refused.status_code == 409
+        page = soup(refused)
+        text = page.get_text(" ", strip=True)
+        assert "rw:old is held by 2 grants at once" in text
+        assert "nothing was released" in text
+        assert sorted(
+            int(i["value"]) for i in page.find_all("input", attrs={"name": "fence"})
+        ) == sorted(h.fence for h in service.holders("rw:old").holders)
+        assert page.find("textarea", attrs={"name": "reason"}).get_text() == "stuck"
+    assert sorted(h.owner for h in service.holders("rw:old").holders) == ["r", "w"]
+    assert forced_events("rw:old") == []
+
+
+def test_the_whole_lock_release_of_a_free_resource_is_still_not_found(operator):
+    assert operator.get("/locks/free:old/release").status_code == 404
+    gone = post(operator, "/locks/free:old/release", {"reason": "x", "fence": "1"})
+    assert gone.status_code == 404
+
+
 def test_a_viewer_has_no_release_all(viewer, service):
     grant(service, "sem:view", "w-1", limit=2)
     page = soup(viewer.get("/locks/sem:view"))

@@ -523,6 +523,9 @@ def release(resource: str):
         "lock": lock,
         "next_url": return_to(_lock_url(resource)),
     }
+    if lock is not None and lock.is_place:
+        held = lock_service().holders(resource).holders
+        return _release_holders_instead(resource, held, context["next_url"])
     if lock is None:
         if request.method == "POST" and is_htmx():
             return action_response(
@@ -550,6 +553,9 @@ def release(resource: str):
         except (InvalidInput, LockChanged) as exc:
             errors, status = _refusal(exc, "fence", context)
         except LockNotFound:
+            held = lock_service().holders(resource).holders
+            if held:
+                return _release_holders_instead(resource, held, context["next_url"])
             return finished(f"{resource} was already released.", _lock_url(resource))
         else:
             return finished(
@@ -563,6 +569,38 @@ def release(resource: str):
         errors=errors,
         reason=reason or "",
         **context,
+    )
+
+
+def _release_holders_instead(resource: str, held: list, next_url: str):
+    """The whole-lock release of a resource held by places (a semaphore's, or
+    shared grants): its form confirms one grant, so it shows the holders' form
+    instead, every grant with its fence to confirm. Asked for it, the form;
+    posted (the page showed one lock, or none), nothing is released: 409 with
+    the grants there now, which the operator confirms or releases one by one
+    from the lock page."""
+    errors = []
+    status = 200
+    if request.method == "POST":
+        count = len(held)
+        status = 409
+        errors = [
+            (
+                "fence",
+                f"{resource} is held by {count} grant{'' if count == 1 else 's'} "
+                "at once (a semaphore's places or shared grants), not by the lock "
+                "you confirmed: nothing was released. Confirm the grants below to "
+                "release them all, or release one from the lock page's holders.",
+            )
+        ]
+    return action_response(
+        "dashboard/_release_holders_form.html",
+        status,
+        resource=resource,
+        holders=held,
+        next_url=next_url,
+        errors=errors,
+        reason=reason_field() or "",
     )
 
 
