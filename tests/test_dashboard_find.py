@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event, inspect
+from sqlalchemy.engine import Engine
 
+from app.extensions import db
 from app.locks.errors import InvalidInput
 from tests.dashboard_helpers import soup
 
@@ -176,6 +179,44 @@ def test_natural_order_puts_numbers_in_numeric_order_on_every_page(numbered):
     ]
     backwards = [lock.resource for lock in all_pages(numbered, sort="-natural")]
     assert backwards == paged[::-1]
+
+
+def test_the_natural_order_is_read_from_its_index_not_sorted(numbered, backend):
+    """By name reads the exclusive grants in the order of
+    ``ix_distributed_locks_natural`` (migration 0023), only as far as the page,
+    instead of sorting every lock (280-650 ms at 100,000 locks): the listing's
+    SQL and the index's expressions must stay the same for a planner to use it.
+    MariaDB has no index on expressions: it has no such index, and sorts."""
+    statements = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        statements.append((statement, parameters))
+
+    event.listen(Engine, "before_cursor_execute", capture)
+    try:
+        numbered.list_locks(limit=2, sort="natural")
+    finally:
+        event.remove(Engine, "before_cursor_execute", capture)
+    [(statement, parameters)] = [s for s in statements if "chosen" in s[0]]
+    with db.engine.connect() as conn:
+        if backend == "mariadb":
+            indexes = inspect(conn).get_indexes("distributed_locks")
+            assert "ix_distributed_locks_natural" not in {i["name"] for i in indexes}
+            return
+        raw = conn.connection.cursor()
+        if backend == "postgresql":
+            # A handful of rows: without this a sort is cheaper than any index.
+            raw.execute("SET enable_sort = off")
+            raw.execute("EXPLAIN " + statement, parameters)
+        else:
+            raw.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+        plan = "\n".join(str(line) for line in raw.fetchall())
+    assert "ix_distributed_locks_natural" in plan, plan
+    # In the index's whole order, not sorted again after its first column
+    # (an incremental sort presorted by the head alone).
+    assert "RIGHT PART OF ORDER BY" not in plan, plan
+    presorted = [line for line in plan.splitlines() if "Presorted Key" in line]
+    assert all("length(" in line for line in presorted), plan
 
 
 def test_urgent_order_puts_contended_then_least_time_left_then_stale(numbered):
