@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from app.extensions import db
 from app.locks.errors import InvalidInput, LockExpired, LockHeld, LockNotFound, NotOwner
 from app.locks.models import DistributedLock, LockEvent
+from app.locks.pagination import prefix_range_bounds
 from app.locks.state import Action, LockState
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -344,6 +345,32 @@ def test_prefix_search_is_case_exact(service):
     assert [lock.resource for lock in service.list_locks(prefix="JOB").items] == [
         "JOB:2"
     ]
+
+
+def test_a_prefix_search_finds_exactly_the_names_on_both_edges_of_its_range(service):
+    """SQLite narrows a prefix search to the names from the prefix up to the
+    next prefix (``job:1`` to ``job:2``): the prefix itself and the names just
+    inside are found, those at or past either edge and other cases are not."""
+    names = ["job:0", "job:1", "job:1-", "job:10", "job:1z", "job:2", "JOB:1", "job1"]
+    names += ["job:z", "job:zz", "job:z0"]
+    for name in names:
+        service.acquire(name, "w")
+
+    def found(prefix):
+        return sorted(lock.resource for lock in service.list_locks(prefix=prefix).items)
+
+    assert found("job:1") == ["job:1", "job:1-", "job:10", "job:1z"]
+    assert found("job:z") == ["job:z", "job:z0", "job:zz"]  # after z: "{"
+    assert found("job:1z") == ["job:1z"]
+    assert found("job:\U0010ffff") == []
+    assert service.counts(prefix="job:1")[LockState.HELD] == 4
+
+
+def test_the_next_prefix_skips_surrogates_and_has_none_after_the_last_character():
+    assert [b.value for b in prefix_range_bounds("job:1")] == ["job:1", "job:2"]
+    assert [b.value for b in prefix_range_bounds("a\ud7ff")] == ["a\ud7ff", "a\ue000"]
+    assert [b.value for b in prefix_range_bounds("a\U0010ffff")] == ["a\U0010ffff", "b"]
+    assert [b.value for b in prefix_range_bounds("\U0010ffff")] == ["\U0010ffff"]
 
 
 def test_owners_differing_only_in_trailing_space_are_different_owners(service):

@@ -15,7 +15,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Select, and_, false, func, or_
+from sqlalchemy import Boolean, Connection, Select, and_, false, func, literal, or_
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import String
 
 T = TypeVar("T")
 
@@ -101,12 +104,51 @@ def starts_with(column, prefix: str):
     """``column`` begins with ``prefix``, exactly.
 
     LIKE lets an index narrow the range; the substr comparison keeps the match
-    case-exact, as resources are, where LIKE is not (SQLite).
+    case-exact, as resources are, where LIKE is not (SQLite). SQLite's LIKE
+    ignores ASCII case, so it never narrows a (case-exact) index: there the
+    names from ``prefix`` up to the next prefix (``_PrefixRange``) do.
     """
     return and_(
         column.startswith(prefix, autoescape=True),
         func.substr(column, 1, len(prefix)) == prefix,
+        _PrefixRange(column, *prefix_range_bounds(prefix)),
     )
+
+
+def prefix_range_bounds(prefix: str) -> tuple[Any, ...]:
+    """(``prefix``, the first string after every string starting with it) in
+    code point order, which is UTF-8's byte order (SQLite's BINARY collation);
+    only ``prefix`` when no string follows them."""
+    head = prefix.rstrip(chr(0x10FFFF))
+    if not head:
+        return (literal(prefix, String()),)
+    following = ord(head[-1]) + 1
+    if 0xD800 <= following <= 0xDFFF:  # surrogates are no characters
+        following = 0xE000
+    after = head[:-1] + chr(following)
+    return literal(prefix, String()), literal(after, String())
+
+
+class _PrefixRange(FunctionElement[bool]):
+    """SQLite: ``column`` between a prefix and the next one (an index range);
+    elsewhere nothing (their LIKE narrows the index already; a range under a
+    linguistic collation would not match LIKE's prefix exactly)."""
+
+    type = Boolean()
+    inherit_cache = True
+    name = "lockkeeper_prefix_range"
+
+
+@compiles(_PrefixRange)
+def _no_range(element, compiler, **kw):
+    return "1 = 1"
+
+
+@compiles(_PrefixRange, "sqlite")
+def _binary_range(element, compiler, **kw):
+    column, low, *high = (compiler.process(c, **kw) for c in element.clauses)
+    below = f" AND {column} < {high[0]}" if high else ""
+    return f"({column} >= {low}{below})"
 
 
 def within(column, prefixes: tuple[str, ...]):
