@@ -398,6 +398,89 @@ def test_the_whole_lock_release_of_a_free_resource_is_still_not_found(operator):
     assert gone.status_code == 404
 
 
+def test_release_the_matching_of_a_host_releases_its_places_and_shared_grants(
+    operator, service
+):
+    """A host's grants are an exclusive lock, two places of a semaphore (a
+    third is another host's) and a shared grant beside another host's. The
+    host's "Release its…" confirmation names each of its grants by fence (it
+    named the resources but released the exclusive lock only, reporting the
+    others 'nobody holds it now'); posted, each ends by its fence, one event
+    each, the other hosts' grants stay, and a place that changed hands since
+    the confirmation is left alone and reported."""
+    exclusive = grant(service, "job:x", "batch-07:1:a")
+    places = [
+        grant(service, "sem:h", f"batch-07:{n}:b", limit=3, token="ci") for n in (1, 2)
+    ]
+    grant(service, "sem:h", "web-1:1:c", limit=3, token="ci")
+    shared = grant(service, "rw:h", "batch-07:3:d", mode="shared")
+    grant(service, "rw:h", "web-1:2:e", mode="shared")
+    hosts = soup(operator.get("/?group=host"))
+    [link] = [
+        a for a in hosts.select("#groups-table td.actions a") if "batch-07" in a.text
+    ]
+    confirm = soup(operator.get(link["href"]))
+    assert confirm.find("h2").get_text() == "Force release 4 grants of 3 locks?"
+    shown = [i["value"] for i in confirm.select("form input[name=lock]")]
+    ours = [exclusive, *places, shared]
+    assert sorted(shown) == sorted(f"{g.fence}:{g.resource}" for g in ours)
+    # Meanwhile batch-07:2's place is released and taken by another worker.
+    service.release("sem:h", "batch-07:2:b", token="ci")
+    newer = grant(service, "sem:h", "web-3:1:f", limit=3, token="ci")
+    response = post(
+        operator, "/release-many", {"lock": shown, "reason": "host died"}, htmx=True
+    )
+    assert response.status_code == 200
+    text = soup(response).get_text(" ", strip=True)
+    assert "Force-released 3 lock(s)." in text
+    assert (
+        "Left alone 1 that changed hands: sem:h (now held by web-1:1:c" in text
+        or "Left alone 1 that changed hands: sem:h (now held by web-3:1:f" in text
+    )
+    assert sorted(h.owner for h in service.holders("sem:h").holders) == [
+        "web-1:1:c",
+        "web-3:1:f",
+    ]
+    assert [h.owner for h in service.holders("rw:h").holders] == ["web-1:2:e"]
+    with pytest.raises(LockNotFound):
+        service.get("job:x")
+    released = {
+        (e.resource, e.owner, e.fence, e.mode)
+        for e in events_of("job:x") + events_of("sem:h") + events_of("rw:h")
+        if e.action == Action.FORCE_RELEASED
+    }
+    assert released == {
+        ("job:x", "batch-07:1:a", exclusive.fence, "exclusive"),
+        ("sem:h", "batch-07:1:b", places[0].fence, "exclusive"),
+        ("rw:h", "batch-07:3:d", shared.fence, "shared"),
+    }
+    assert newer.fence not in {fence for _, _, fence, _ in released}
+
+
+def test_release_many_checks_every_selected_grant_before_it_changes_any(
+    operator, service
+):
+    """A bad row among the selected ones is a 400 before any grant ends (the
+    lock before it was released, then the bad one refused)."""
+    kept = grant(service, "job:chk", "w-1")
+    place = grant(service, "sem:chk", "w-2", limit=2)
+    bad = post(
+        operator,
+        "/release-many",
+        {
+            "lock": [
+                f"{kept.fence}:job:chk",
+                f"{place.fence}:sem:chk",
+                f"1:{'x' * 300}",
+            ],
+            "reason": "r",
+        },
+    )
+    assert bad.status_code == 400
+    assert service.get("job:chk").owner == "w-1"
+    assert [h.owner for h in service.holders("sem:chk").holders] == ["w-2"]
+
+
 def test_a_viewer_has_no_release_all(viewer, service):
     grant(service, "sem:view", "w-1", limit=2)
     page = soup(viewer.get("/locks/sem:view"))

@@ -25,7 +25,7 @@ from app.dashboard.forms import (
 )
 from app.dashboard.htmx import is_htmx, render_page_or_fragment
 from app.locks.errors import InvalidInput, NotFrozen
-from app.locks.service import lock_service
+from app.locks.service import ENTRIES_GRANTS, lock_service
 from app.timestamps import parse_duration
 
 
@@ -197,8 +197,11 @@ def _selected(values) -> list[tuple[str, int]]:
 
 
 def _matching(args) -> list[tuple[str, int]]:
-    """Every lock the view shows (tab, search; an owner or a host of the
-    grouped views), with the fence it has now: what the operator confirms."""
+    """Every grant the view counts (tab, search; an owner or a host of the
+    grouped views), with the fence it has now: what the operator confirms.
+    A resource held by places is each of its matching grants (a semaphore's
+    places, shared grants), released by their fences, as an exclusive lock
+    is by its own."""
     from app.dashboard.views import host_of
 
     service = lock_service()
@@ -216,6 +219,7 @@ def _matching(args) -> list[tuple[str, int]]:
             owner_contains=stripped(args, "owner"),
             limit=500,
             cursor=cursor,
+            entries=ENTRIES_GRANTS,
         )
         found.extend(
             (lock.resource, lock.fence)

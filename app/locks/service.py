@@ -774,27 +774,36 @@ class LockService:
         actor: str,
         reason: str | None,
     ) -> FencedRelease:
-        """Force-release each ``(resource, fence)`` the operator selected, each
-        decided like ``force_release`` with that fence (under its row lock, one
-        event each); a lock that changed hands or ended since is left alone and
-        reported. The reason rule is checked once, before anything changes."""
+        """Force-release each ``(resource, fence)`` the operator selected: an
+        exclusive grant, a semaphore's place or a shared grant, each by its
+        fence. Per resource one transaction under its row lock
+        (``force_release_all`` with the fences selected there, one event per
+        grant); a selected fence no grant carries any more (the grant changed
+        hands or ended since) is left alone and reported with the grant there
+        now, and the resource's other grants, not selected, stay. Every input
+        is checked before anything changes."""
         self.validate(actor=actor, reason=reason)
         self._require_reason(reason, "to force-release a lock")
         if not grants:
             raise InvalidInput([("locks", "choose at least one lock")])
+        by_resource: dict[str, list[int]] = {}
+        for resource, fence in grants:
+            self.validate(resource=resource)
+            self._validate_fence(fence)
+            by_resource.setdefault(resource, []).append(fence)
         released: list[Lock] = []
         left: list[LockChanged] = []
-        for resource, fence in grants:
+        for resource, fences in by_resource.items():
             try:
-                released.append(
-                    self.force_release(
-                        resource, actor=actor, reason=reason, expected_fence=fence
-                    )
+                done = self.force_release_all(
+                    resource, actor=actor, reason=reason, fences=fences
                 )
-            except LockChanged as exc:
-                left.append(exc)
             except LockNotFound:
-                left.append(LockChanged(resource, fence, None))
+                left.extend(LockChanged(resource, fence, None) for fence in fences)
+                continue
+            released.extend(done.released)
+            there = done.left_alone[0] if done.left_alone else None
+            left.extend(LockChanged(resource, fence, there) for fence in done.gone)
         return FencedRelease(released, left)
 
     def claim(
