@@ -307,7 +307,10 @@ def test_the_lock_page_releases_all_holders_it_showed(operator, service):
     button = page.find(id="lock-release-all")
     assert button.get_text(strip=True) == "Release all 3 holders…"
     form = soup(operator.get(button["href"]))
-    assert form.find("textarea", attrs={"name": "reason"}).has_attr("required")
+    # A reason is asked for: a usual one picked, or typed (either will do, so
+    # neither field is required by itself; a post with neither is a 400).
+    assert form.find("select", attrs={"name": "reason_choice"}) is not None
+    assert form.find("textarea", attrs={"name": "reason"}) is not None
     shown = [int(i["value"]) for i in form.find_all("input", attrs={"name": "fence"})]
     assert sorted(shown) == sorted(h.fence for h in service.holders("sem:page").holders)
     action = form.find("textarea").find_parent("form")["action"]
