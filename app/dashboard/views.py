@@ -108,6 +108,8 @@ def _unchanged(version: str) -> Response | None:
     if not is_htmx() or request.headers.get(SHOWN_VERSION_HEADER) != version:
         return None
     response = make_response("", 204)
+    # No body, so no type: every open page sends this every few seconds.
+    del response.headers["Content-Type"]
     response.headers["Cache-Control"] = "no-store"
     response.vary.add("HX-Request")
     response.vary.add("HX-Target")

@@ -149,10 +149,17 @@ class Site:
 
 
 @pytest.fixture
-def site(make_app) -> Iterator[Site]:
+def site_clock():
+    """The server's clock: the real one, unless a test module overrides this
+    fixture with a ``tests.clock.FakeClock`` it moves."""
+    return None
+
+
+@pytest.fixture
+def site(make_app, site_clock) -> Iterator[Site]:
     from app.auth.service import create_user
 
-    app = make_app()
+    app = make_app(**({"LOCKKEEPER_CLOCK": site_clock} if site_clock else {}))
     with app.app_context():
         create_user(OPERATOR, OPERATOR_PASSWORD, "operator")
     with (
