@@ -398,6 +398,7 @@ def test_axe_finds_no_serious_violation_on_any_page(
 
     for url in (
         "/",
+        "/?prefix=job:",
         "/?state=stale&sort=expires",
         "/?group=host",
         "/locks/job:held",
@@ -406,6 +407,7 @@ def test_axe_finds_no_serious_violation_on_any_page(
         "/audit",
         "/audit?rows=all",
         "/freezes",
+        "/freezes/new",
         "/activity",
         "/release-many?matching=1",
     ):
@@ -415,6 +417,10 @@ def test_axe_finds_no_serious_violation_on_any_page(
     row_action(lock_row(page, "job:held"), "Release…").click()
     expect(page.locator("#action-dialog")).to_be_visible()
     check("release dialog")
+    page.keyboard.press("Escape")
+    page.keyboard.press("f")
+    expect(page.locator("#action-dialog")).to_be_visible()
+    check("freeze dialog")
     page.keyboard.press("Escape")
     page.get_by_role("button", name="Log out").click()
     page.get_by_role("heading", name="Log in").wait_for()

@@ -92,6 +92,47 @@ def test_a_dead_hosts_26_locks_released_in_four_actions_one_event_each(
     assert alive["action"] == "acquired"
 
 
+def test_a_bulk_release_leaves_alone_a_lock_that_changed_hands_during_its_confirmation(
+    operator_page: Page, site: Site
+):
+    """The dialog names 26 locks of batch-07 with the fences shown; before the
+    operator confirms, one of them is released by its worker and taken by
+    another. That one is left alone and reported; the 25 others go."""
+    for i in range(26):
+        site.acquire(f"job:b{i}", f"batch-07:{i}:x", ttl=3600)
+    page = operator_page
+    page.reload()
+    page.get_by_role("link", name="By host").click()
+    page.get_by_role("link", name="Release its 26… locks of batch-07").click()
+    panel = page.locator("#action-panel")
+    expect(panel.get_by_role("heading")).to_contain_text("Force release 26 locks?")
+
+    site.release("job:b5", "batch-07:5:x")
+    taken = site.acquire("job:b5", "web-2:1:z", ttl=3600)
+    panel.get_by_label("Reason").fill("batch-07 is dead")
+    panel.get_by_role("button", name="Release 26 locks").click()
+
+    message = page.locator("#messages .message-success")
+    expect(message).to_contain_text("Force-released 25 lock(s).")
+    expect(message).to_contain_text(
+        f"Left alone 1 that changed hands: job:b5 (now held by web-2:1:z, "
+        f"fence {taken['fence']})."
+    )
+    [latest, *_] = site.events("job:b5")
+    assert (latest["action"], latest["owner"]) == ("acquired", "web-2:1:z")
+    for i in (0, 4, 6, 25):
+        [latest, *_] = site.events(f"job:b{i}")
+        assert latest["action"] == "force_released"
+    assert (
+        sum(
+            e["action"] == "force_released"
+            for i in range(26)
+            for e in site.events(f"job:b{i}")
+        )
+        == 25
+    )
+
+
 def test_focus_after_a_release_is_on_the_next_row_and_keys_move_between_rows(
     operator_page: Page, site: Site
 ):
