@@ -15,6 +15,7 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    update,
 )
 from sqlalchemy.sql import column, table
 from sqlalchemy.types import Integer, String
@@ -121,6 +122,17 @@ def token_ended(found, now: datetime) -> bool:
         found.revoked_at is not None
         or (found.expires_at is not None and found.expires_at <= now)
     )
+
+
+def clear_exclusive_grant(row_ids, ended_at: datetime | None = None):
+    """The update that ends the exclusive grant on the ``distributed_locks``
+    rows ``row_ids``: no owner, token or session any more. ``ended_at``: the
+    instant it ended, the free row's ``expires_at``; None keeps the row's
+    expiry (a stale grant a new place took over: it ran out then)."""
+    values: dict[str, Any] = {"owner": None, "token": None, "session_id": None}
+    if ended_at is not None:
+        values["expires_at"] = ended_at
+    return update(locks).where(locks.c.id.in_(row_ids)).values(**values)
 
 
 def live_locks(now_column):

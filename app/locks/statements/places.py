@@ -36,6 +36,7 @@ from app.locks.statements.common import (
     LockRow,
     Outcome,
     SessionEnded,
+    clear_exclusive_grant,
     holders,
     live_locks,
     locks,
@@ -294,11 +295,7 @@ class PlacesStatements:
             if mode == SHARED:
                 # Exclusive → shared: always, keeping the fence.
                 expires_at = self._expiry(now, ttl, session)
-                conn.execute(
-                    update(locks)
-                    .where(locks.c.id == row.id)
-                    .values(owner=None, token=None, session_id=None, expires_at=now)
-                )
+                conn.execute(clear_exclusive_grant([row.id], now))
                 conn.execute(delete(holders).where(holders.c.resource == resource))
                 self._insert_place(
                     conn, resource, owner, mine_token, SHARED, row.fence, now,
@@ -368,11 +365,8 @@ class PlacesStatements:
             self._dequeue_place(conn, waiter)
             return outcome
         if row.owner is not None:
-            conn.execute(
-                update(locks)
-                .where(locks.c.id == row.id)
-                .values(owner=None, token=None, session_id=None)
-            )
+            # Its expiry stays: the stale grant ran out then.
+            conn.execute(clear_exclusive_grant([row.id]))
         expires_at = self._expiry(now, ttl, session)
         self._insert_place(
             conn, resource, owner, mine_token, mode, fence, now, expires_at,
@@ -693,11 +687,7 @@ class PlacesStatements:
             conn.execute(delete(holders).where(holders.c.id.in_(ending)))
         previous_owner = row.owner
         if row.owner is not None:
-            conn.execute(
-                update(locks)
-                .where(locks.c.id == row.id)
-                .values(owner=None, token=None, session_id=None, expires_at=now)
-            )
+            conn.execute(clear_exclusive_grant([row.id], now))
         limit = (row.holder_limit or 1) if mode == EXCLUSIVE else 1
         expires_at = now + timedelta(seconds=ttl)
         self._insert_place(

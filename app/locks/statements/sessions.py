@@ -43,6 +43,7 @@ from app.locks.statements.common import (
     LockRow,
     Outcome,
     SessionEnded,
+    clear_exclusive_grant,
     events,
     locks,
     queue_columns,
@@ -343,11 +344,7 @@ class SessionStatements:
         released: list[LockRow] = []
         waiters_of = {row.resource: row.waiters for row in rows}
         if exclusive:
-            conn.execute(
-                update(locks)
-                .where(locks.c.id.in_([row.id for row in exclusive]))
-                .values(owner=None, token=None, session_id=None, expires_at=now)
-            )
+            conn.execute(clear_exclusive_grant([row.id for row in exclusive], now))
             for row in exclusive:
                 released.append(LockRow.of(row, expires_at=now))
         if places:

@@ -42,6 +42,7 @@ from app.locks.statements.common import (
     Outcome,
     StaleBatch,
     api_tokens,
+    clear_exclusive_grant,
     covering,
     events,
     fence_counter,
@@ -433,11 +434,7 @@ class TransactionalStatements(PlacesStatements):
         )
 
     def _write_free(self, conn, row, now) -> None:
-        conn.execute(
-            update(locks)
-            .where(locks.c.id == row.id)
-            .values(owner=None, token=None, session_id=None, expires_at=now)
-        )
+        conn.execute(clear_exclusive_grant([row.id], now))
 
     def _dequeue(self, conn, waiter) -> None:
         conn.execute(delete(waiters).where(waiters.c.id == waiter))
@@ -725,11 +722,7 @@ class TransactionalStatements(PlacesStatements):
         now = self.clock_after_lock(conn, now).now
         stale = [row for row in candidates if row.expires_at <= now]
         if stale:
-            conn.execute(
-                update(locks)
-                .where(locks.c.id.in_([row.id for row in stale]))
-                .values(owner=None, token=None, session_id=None, expires_at=now)
-            )
+            conn.execute(clear_exclusive_grant([row.id for row in stale], now))
             conn.execute(
                 _INSERT_EVENT,
                 [
