@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app.database import autocommit
 from app.extensions import db
-from app.locks.driver import DriverConnection, DriverSQL
+from app.locks.driver import DriverConnection, DriverSQL, FixedSQL
 from app.locks.statements import (
     LockStatements,
     TransactionalStatements,
@@ -164,3 +164,54 @@ def test_every_dialects_statements_declare_what_the_service_asks(dialect):
         statements.driver_transaction, str
     )
     assert isinstance(statements.transactional, TransactionalStatements)
+
+
+# -- row shapes: found once per statement text -------------------------------------
+
+
+def test_a_statements_row_shape_is_found_once_and_converts_only_its_instants(
+    app, backend
+):
+    """The hot path's rows: instants (and only they) come back as aware UTC,
+    a NULL instant stays None, and a statement's text has one shape however
+    many times (and through however many objects) it is sent."""
+    with app.app_context():
+        if backend == "postgresql":
+            connection = DriverConnection(autocommit(db.engine))
+            sql = (
+                "SELECT clock_timestamp() AS now, CAST(NULL AS timestamptz) AS ends_at,"
+                " 'x' AS owner, 7 AS fence WHERE :x = :x"
+            )
+            rows = [connection.one(DriverSQL(sql), {"x": 1}) for _ in range(3)]
+        elif backend == "sqlite":
+            connection = DriverConnection(db.engine)
+            sql = (
+                "SELECT '2026-05-01 12:00:00.123456' AS expires_at,"
+                " NULL AS ends_at, '2026-05-01 12:00:00.123456' AS owner, 7 AS fence"
+            )
+            rows = []
+            for _ in range(3):
+                with connection.transaction("BEGIN") as conn:
+                    rows.append(conn.one(sql, {}))
+        else:  # MariaDB reads its rows column by column: the same answers
+            connection = DriverConnection(db.engine)
+            sql = FixedSQL.written(
+                "SELECT UTC_TIMESTAMP(6) AS now, NULL AS ends_at, 'x' AS owner,"
+                " 7 AS fence"
+            )
+            rows = []
+            for _ in range(3):
+                with connection.transaction("") as conn:
+                    rows.append(conn.one(sql, {}))
+    first = rows[0]
+    instant = first.expires_at if backend == "sqlite" else first.now
+    assert isinstance(instant, datetime)
+    assert instant.tzinfo is UTC
+    if backend == "sqlite":
+        assert instant == datetime(2026, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
+        assert first.owner == "2026-05-01 12:00:00.123456"  # not an instant column
+    else:
+        assert first.owner == "x"
+    assert (first.ends_at, first.fence) == (None, 7)
+    assert all(row._fields == first._fields for row in rows)
+    assert len(connection._shapes) == (0 if backend == "mariadb" else 1)

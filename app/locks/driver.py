@@ -67,6 +67,9 @@ class DriverConnection:
         self.dialect = engine.dialect
         self._dbapi_error = engine.dialect.loaded_dbapi.Error
         self._row_types: dict[tuple[str, ...], type] = {}
+        # Each statement's row shape by its text, found from its first result:
+        # fixed SQL always returns the same columns.
+        self._shapes: dict[Any, RowShape] = {}
         self._raw_cursor = None
         self._tuples_ok = None
         if self.dialect.driver == "psycopg":
@@ -101,13 +104,27 @@ class DriverConnection:
                 result = cursor.pgresult
                 if result is None or result.status != self._tuples_ok:
                     return None  # no result set (a plain write)
-                names = tuple(result.fname(n).decode() for n in range(result.nfields))
-            else:
-                cursor.execute(sql, params)
-                description = cursor.description
-                if description is None:  # no result set (a plain write)
-                    return None
-                names = tuple(column[0] for column in description)
+                shape = self._shapes.get(statement.raw)
+                if shape is None or shape.width != result.nfields:
+                    shape = self._shapes[statement.raw] = RowShape(
+                        self._row_type(
+                            tuple(
+                                result.fname(n).decode() for n in range(result.nfields)
+                            )
+                        ),
+                        tuple(
+                            n
+                            for n in range(result.nfields)
+                            if result.ftype(n) in _PG_INSTANT_TYPES
+                        ),
+                    )
+                raw = cursor.fetchone()
+                return None if raw is None else shape.row(raw, _in_utc)
+            cursor.execute(sql, params)
+            description = cursor.description
+            if description is None:  # no result set (a plain write)
+                return None
+            names = tuple(column[0] for column in description)
             raw = cursor.fetchone()
             if raw is None:
                 return None
@@ -206,6 +223,40 @@ class DriverConnection:
         return row_type
 
 
+class RowShape:
+    """The row type of one fixed statement's result and the positions of its
+    instants, the only values that need converting: found once per statement,
+    not column by column on every row."""
+
+    __slots__ = ("instants", "row_type", "width")
+
+    def __init__(self, row_type: type, instants: tuple[int, ...]) -> None:
+        self.row_type = row_type
+        self.instants = instants
+        self.width = len(row_type._fields)  # type: ignore[attr-defined]
+
+    def row(self, raw: Any, instant: Any) -> Any:
+        if not self.instants:
+            return self.row_type._make(raw)  # type: ignore[attr-defined]
+        values = list(raw)
+        for n in self.instants:
+            if values[n] is not None:
+                values[n] = instant(values[n])
+        return self.row_type._make(values)  # type: ignore[attr-defined]
+
+
+# timestamptz and timestamp (psycopg hands both back as datetime).
+_PG_INSTANT_TYPES = frozenset({1184, 1114})
+
+
+def _in_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _sqlite_instant(value: str) -> datetime:
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
 # SQLite keeps an instant as naive-UTC text in SQLAlchemy's DATETIME format (always
 # six fraction digits: the text orders as the instant does); these are the columns
 # that hold one.
@@ -279,12 +330,31 @@ class SQLiteTransaction(DriverTransaction):
     __slots__ = ()
 
     def _prepared(self, sql, params):
-        return sql, {name: _sqlite_text(value) for name, value in params.items()}
+        return sql, {
+            name: _sqlite_text(value) if isinstance(value, datetime) else value
+            for name, value in params.items()
+        }
 
     def _value(self, name, value):
         if value is not None and name in _SQLITE_TIMES:
-            return datetime.fromisoformat(value).replace(tzinfo=UTC)
+            return _sqlite_instant(value)
         return value
+
+    def one(self, sql, params):
+        cursor = self.execute(sql, params)
+        raw = cursor.fetchone()
+        if raw is None:
+            return None
+        # The statements are fixed SQL text: one shape per text.
+        shapes = self._connection._shapes
+        shape = shapes.get(sql)
+        if shape is None or shape.width != len(raw):
+            names = tuple(column[0] for column in cursor.description)
+            shape = shapes[sql] = RowShape(
+                self._connection._row_type(names),
+                tuple(n for n, name in enumerate(names) if name in _SQLITE_TIMES),
+            )
+        return shape.row(raw, _sqlite_instant)
 
 
 class FixedSQL:
