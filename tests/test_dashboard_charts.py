@@ -305,6 +305,34 @@ def test_a_quiet_hours_chart_poll_is_a_204_and_a_new_event_redraws_it(
     assert section.select_one(".charts") != drawn
 
 
+def test_a_steady_rate_redraws_the_charts_as_their_bars_name_new_minutes(
+    operator, fake_app, clock
+):
+    """One renewal a minute for an hour: a minute later every bucket counts the
+    same, but each bar is another minute (its hover names it), so the poll
+    gets the new drawing."""
+    from app.locks.service import lock_service
+
+    def a_minute_and_a_renewal():
+        clock.advance(60)
+        with fake_app.app_context():
+            lock_service().renew("job:1", "w", ttl=3 * 3600)
+
+    with fake_app.app_context():
+        lock_service().acquire("job:1", "w", ttl=3 * 3600)
+    for _ in range(61):
+        a_minute_and_a_renewal()
+    headers = {"HX-Request": "true", "HX-Target": "section#activity"}
+    first = soup(operator.get("/activity?live=1", headers=headers))
+    headers["Lockkeeper-Shown"] = poller_version(first.select_one(".poller"))
+
+    a_minute_and_a_renewal()
+    again = operator.get("/activity?live=1", headers=headers)
+    assert again.status_code == 200
+    titles = [t.get_text() for t in soup(again).select("rect.event-bar title")]
+    assert titles != [t.get_text() for t in first.select("rect.event-bar title")]
+
+
 def test_the_charts_are_drawn_once_a_minute(operator, fake_app, clock):
     """Within a minute a poll reuses the minute's drawing; the next minute
     counts again."""

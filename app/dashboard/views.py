@@ -356,14 +356,16 @@ def activity():
     service = lock_service()
     drawn = charts.cached(service.now(), service.settings.expiring_within, shown)
     # What the charts show, not when they were drawn: counts per bucket, back
-    # from now, and the peaks' instants. Their axes say how long ago, so the
-    # same counts draw the same charts; a quiet range's poll is a 204.
+    # from now, and the instants they name (the peaks', the bars' on hover).
+    # Their axes say how long ago, so the same counts draw the same charts; a
+    # quiet range's poll is a 204.
     version = shown_version(
         shown.name,
         [[s.held, s.expiring, s.stale] for s in drawn.samples],
         [count for _, count in drawn.per_minute],
         [sorted(counts.items()) for _, counts in drawn.refused],
         [c.peak_at for c in (drawn.states, drawn.events, drawn.refusals)],
+        [bar[4] for bar in drawn.events.bars],
         live,
     )
     unchanged = _unchanged(version)
