@@ -263,3 +263,28 @@ def test_the_lock_json_names_its_session_when_bound(api, clock):
     # The client's LockGrant carries it; older servers send none.
     assert LockGrant.from_json(granted).session == session["id"]
     assert LockGrant.from_json(plain.get_json()["lock"]).session is None
+
+
+def test_a_bound_exclusive_grant_is_not_demoted_on_its_own(api, fake_app):
+    """A demotion is a re-acquire: of a session-bound exclusive grant, without
+    the session, it is the 409 naming the session that a plain re-acquire
+    gets, and the grant stays exclusive and bound. Through the session, it is
+    demoted and stays bound."""
+    session = start(api, ttl=15)
+    assert bind(api, session, "rw:1").status_code == 200
+    demoted = api.post(
+        "/api/v1/locks/rw:1", json={"owner": "w-7", "ttl": 600, "mode": "shared"}
+    )
+    detail = assert_problem(demoted, 409)["detail"]
+    assert session["id"] in detail
+    lock = api.get("/api/v1/locks/rw:1").get_json()
+    assert (lock["mode"], lock["expires_at"]) == ("exclusive", session["expires_at"])
+    read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
+    assert [lock["resource"] for lock in read["locks"]] == ["rw:1"]
+
+    through_session = bind(api, session, "rw:1", mode="shared")
+    assert through_session.status_code == 200, through_session.get_data(as_text=True)
+    lock = through_session.get_json()["lock"]
+    assert (lock["mode"], lock["expires_at"]) == ("shared", session["expires_at"])
+    read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
+    assert [lock["resource"] for lock in read["locks"]] == ["rw:1"]

@@ -263,8 +263,13 @@ class PlacesStatements:
                 False, None, first_ending(), now, limit_mismatch=current_limit
             )
 
-        if mine is not None and session is None:
-            self._refuse_if_bound(conn, mine)
+        if session is None:
+            # Bound to a live session: only the session renews it, nor may a
+            # demotion (a re-acquire) cut it loose.
+            if mine is not None:
+                self._refuse_if_bound(conn, mine)
+            elif exclusive_mine:
+                self._refuse_if_bound(conn, row)
         # -- a holder asking again: re-acquire, promote, demote ----------------
         if mine is not None and (mode == SHARED) == (mine.mode == SHARED):
             expires_at = self._expiry(now, ttl, session)
