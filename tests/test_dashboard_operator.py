@@ -182,7 +182,7 @@ def test_release_selected_rows_leaves_a_lock_that_changed_hands_and_reports_it(
     )
     assert response.status_code == 303
     text = soup(operator.get("/")).select_one("#messages").get_text()
-    assert "Force-released 2 lock(s)." in text
+    assert "Force-released 2 locks." in text
     assert "Left alone 1 that changed hands: job:1 (now held by web-2:1:y" in text
     assert service.get("job:1").owner == "web-2:1:y"
     for name in ("job:0", "job:2"):

@@ -435,7 +435,7 @@ def test_release_the_matching_of_a_host_releases_its_places_and_shared_grants(
     )
     assert response.status_code == 200
     text = soup(response).get_text(" ", strip=True)
-    assert "Force-released 3 lock(s)." in text
+    assert "Force-released 3 locks." in text
     assert (
         "Left alone 1 that changed hands: sem:h (now held by web-1:1:c" in text
         or "Left alone 1 that changed hands: sem:h (now held by web-3:1:f" in text
@@ -458,6 +458,30 @@ def test_release_the_matching_of_a_host_releases_its_places_and_shared_grants(
         ("rw:h", "batch-07:3:d", shared.fence, "shared"),
     }
     assert newer.fence not in {fence for _, _, fence, _ in released}
+
+
+def test_release_many_counts_the_grants_and_the_locks_it_released(operator, service):
+    """Three grants of two locks (two places of a semaphore, an exclusive
+    lock) released together are reported as such, not as three locks; as
+    many grants as locks are counted as locks."""
+    places = [grant(service, "sem:count", f"w-{n}", limit=3) for n in (1, 2)]
+    exclusive = grant(service, "job:count", "w-3")
+    chosen = [f"{g.fence}:{g.resource}" for g in (*places, exclusive)]
+    response = post(
+        operator, "/release-many", {"lock": chosen, "reason": "r"}, htmx=True
+    )
+    assert response.status_code == 200
+    text = soup(response).get_text(" ", strip=True)
+    assert "Force-released 3 grants of 2 locks." in text
+    assert service.holders("sem:count").holders == []
+    one = grant(service, "job:count", "w-4")
+    response = post(
+        operator,
+        "/release-many",
+        {"lock": [f"{one.fence}:job:count"], "reason": "r"},
+        htmx=True,
+    )
+    assert "Force-released 1 lock." in soup(response).get_text(" ", strip=True)
 
 
 def test_release_many_checks_every_selected_grant_before_it_changes_any(

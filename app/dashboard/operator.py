@@ -236,6 +236,18 @@ def _matching(args) -> list[tuple[str, int]]:
     return found
 
 
+def grants_of_locks(released) -> str:
+    """How many grants of how many locks ``released`` holds: a resource held
+    by places gives one grant per place (or shared grant), so the two counts
+    differ then ("3 grants of 2 locks"); otherwise they are locks."""
+    count = len(released)
+    locks = len({grant.resource for grant in released})
+    lock_word = "lock" if locks == 1 else "locks"
+    if locks == count:
+        return f"{count} {lock_word}"
+    return f"{count} grants of {locks} {lock_word}"
+
+
 @bp.route("/release-many", methods=["GET", "POST"])
 @operator_required
 def release_many():
@@ -266,7 +278,7 @@ def release_many():
             reason=reason or "",
             **context,
         )
-    message = f"Force-released {len(done.released)} lock(s)."
+    message = f"Force-released {grants_of_locks(done.released)}."
     if done.left_alone:
         names = ", ".join(
             f"{c.resource} (now held by {c.holder.owner}, fence {c.holder.fence})"

@@ -81,7 +81,7 @@ def test_a_dead_hosts_26_locks_released_in_four_actions_one_event_each(
     panel.get_by_label("Reason").fill("batch-07 is dead")
     panel.get_by_role("button", name="Release 26 locks").click()
     expect(page.locator("#messages .message-success")).to_contain_text(
-        "Force-released 26 lock(s)."
+        "Force-released 26 locks."
     )
     for i in (0, 13, 25):
         [latest, *_] = site.events(f"job:b{i}")
@@ -113,7 +113,7 @@ def test_a_bulk_release_leaves_alone_a_lock_that_changed_hands_during_its_confir
     panel.get_by_role("button", name="Release 26 locks").click()
 
     message = page.locator("#messages .message-success")
-    expect(message).to_contain_text("Force-released 25 lock(s).")
+    expect(message).to_contain_text("Force-released 25 locks.")
     expect(message).to_contain_text(
         f"Left alone 1 that changed hands: job:b5 (now held by web-2:1:z, "
         f"fence {taken['fence']})."
