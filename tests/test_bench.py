@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.extensions import db
+from app.locks.errors import LockNotFound
 from app.locks.models import LockEvent
 from app.locks.service import lock_service
 from bench import baseline_app
@@ -196,3 +197,31 @@ def test_the_session_bench_counts_heartbeats_against_renewals(database_url, tmp_
     assert 0 < found.value <= 2  # one heartbeat per interval (a late one at most)
     assert found.baseline >= LOCKS / 2  # every lock renews once per interval
     assert found.ratio <= 0.04
+
+
+def test_the_instruction_count_runs_its_cycles_on_a_trees_own_migration(
+    tmp_path, database_url
+):
+    """What bench.instructions has callgrind count: a migrated database, the
+    warm-up, then the cycles in a thread of their own, every one granted and
+    released (one acquired and one released event each)."""
+    from bench import instructions
+
+    instructions._cycles(3, database_url, str(tmp_path), migrate=False)
+    from app import create_app
+
+    app = create_app(
+        {
+            "LOCKKEEPER_DATABASE_URL": database_url,
+            "LOCKKEEPER_INSTANCE_PATH": str(tmp_path),
+            "LOCKKEEPER_BOOTSTRAP": False,
+            "LOCKKEEPER_AUTO_MIGRATE": False,
+        }
+    )
+    with app.app_context():
+        counted = db.session.scalar(
+            select(func.count()).where(LockEvent.resource == "bench:1")
+        )
+        assert counted == 2 * (instructions.WARMUP + 3)
+        with pytest.raises(LockNotFound):  # released
+            lock_service().get("bench:1")
