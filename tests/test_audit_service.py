@@ -378,6 +378,33 @@ def test_a_place_taken_over_ends_only_the_place_that_ran_out(service, clock):
     assert took_over.id not in found.started  # p-3 still holds its place
 
 
+def test_one_owner_under_two_tokens_holds_two_places_with_a_tenure_each(service, clock):
+    """The holder is (token, owner): w's place under t-2 is not a re-grant of
+    its place under t-1 (it ended it: "held for 5 s until acquired" while it
+    is still held), and a take-over of the t-2 place that ran out, naming w,
+    ends only that one."""
+    assert service.acquire("sem:tok", "w", ttl=60, limit=2, token="t-1").acquired
+    clock.advance(5)
+    assert service.acquire("sem:tok", "w", ttl=10, limit=2, token="t-2").acquired
+    clock.advance(15)  # the t-2 place ran out at 15 s
+    assert service.acquire("sem:tok", "c", ttl=60, limit=2).action is Action.TOOK_OVER
+    clock.advance(10)
+    page = list_events(EventFilter(resource="sem:tok"))
+    found = tenures(page.items)
+    first, second = by_action(page, Action.ACQUIRED)[::-1]
+    (took_over,) = by_action(page, Action.TOOK_OVER)
+    assert took_over.previous_owner == "w"
+    assert first.id not in found.started  # w still holds its t-1 place
+    ran_out = found.started[second.id]
+    assert (ran_out.held_for, ran_out.ended_by) == (timedelta(seconds=10), "expired")
+    assert found.ended == {took_over.id: ran_out}
+    # Released, it was held for 30 s by either reading.
+    service.release("sem:tok", "w", token="t-1")
+    page = list_events(EventFilter(resource="sem:tok"))
+    released = tenures(page.items).started[first.id]
+    assert (released.held_for, released.ended_by) == (timedelta(seconds=30), "released")
+
+
 def test_shared_grants_and_a_promotion_keep_their_holders_tenures(service, clock):
     assert service.acquire("rw:t", "r-1", ttl=60, mode="shared").acquired
     clock.advance(4)

@@ -17,7 +17,17 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def event(action, second, owner, ttl=30, previous=None, fence=1, actor=None, mode=None):
+def event(
+    action,
+    second,
+    owner,
+    ttl=30,
+    previous=None,
+    fence=1,
+    actor=None,
+    mode=None,
+    token=None,
+):
     return Event(
         id=next(_ids),
         resource="job:1",
@@ -30,6 +40,7 @@ def event(action, second, owner, ttl=30, previous=None, fence=1, actor=None, mod
         actor=actor,
         reason=None,
         occurred_at=at(second),
+        token=token,
         mode=mode,
     )
 
@@ -284,6 +295,25 @@ def test_places_held_at_once_run_side_by_side_in_lanes_of_their_own():
     # a's bar spans b's and c's: the places were held at once.
     assert bars["a"].x < bars["b"].x < bars["c"].x
     assert bars["a"].x + bars["a"].width > bars["c"].x + bars["c"].width
+
+
+def test_one_owner_under_two_tokens_is_two_holders_each_with_its_own_bar():
+    # w holds two places of a semaphore of 2, under t-1 and t-2; the t-2
+    # place runs out and c takes it over (naming w, with no token).
+    events = [
+        event("acquired", 0, "w", ttl=60, fence=1, token="t-1"),
+        event("acquired", 5, "w", ttl=10, fence=2, token="t-2"),
+        event("took_over", 20, "c", ttl=60, previous="w", fence=3),
+        event("released", 30, "w", fence=1, token="t-1"),
+    ]
+    spans = derive(events, at(40))
+    assert [
+        (s.owner, s.fence, s.held_from, s.held_until, s.ended_by) for s in spans
+    ] == [
+        ("w", 1, at(0), at(30), "released"),
+        ("w", 2, at(5), at(15), "expired"),
+        ("c", 3, at(20), at(40), "held"),
+    ]
 
 
 def test_shared_readers_overlap_and_a_release_ends_only_its_own_grant():

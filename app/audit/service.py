@@ -386,7 +386,9 @@ _BOUNDARY_EVENTS = _probe_statement(
     [
         _anchored(
             _step(
-                ends_condition(_other, _anchor.c.fence, _anchor.c.owner, None),
+                ends_condition(
+                    _other, _anchor.c.fence, _anchor.c.owner, _anchor.c.token, None
+                ),
                 before=None,
             ),
             "grants",
@@ -394,7 +396,11 @@ _BOUNDARY_EVENTS = _probe_statement(
         _anchored(
             _step(
                 ends_condition(
-                    _other, _anchor.c.fence, _anchor.c.owner, _anchor.c.expires_at
+                    _other,
+                    _anchor.c.fence,
+                    _anchor.c.owner,
+                    _anchor.c.token,
+                    _anchor.c.expires_at,
                 ),
                 before=None,
             ),

@@ -25,8 +25,9 @@ timeline (from a run of events, ``derive``):
 A resource with several holders at once (a semaphore's places, shared grants)
 follows the same rules per grant (``ends``): a tenure is its fence's, ended by
 an ending naming its fence, or by a grant that replaced it (its holder's own
-new grant, as a promotion; one naming it as the previous owner) or that came
-once it had run out. One holder's history gets the same boundaries by either
+new grant, as a promotion: the holder is the owner and the token; an
+operator's claim naming it as the previous owner) or that came once it had
+run out. One holder's history gets the same boundaries by either
 reading; the audit page reads every resource so (``ends_condition`` is the rule
 in SQL), the timeline only those that show holders at once.
 
@@ -102,11 +103,17 @@ def records_the_end_of(event: Event, owner: str | None) -> bool:
 def ends(first: Event, last: Event, event: Event) -> bool:
     """Whether ``event``, later on the resource, ends the tenure whose first
     event is ``first`` (its grant, or its first continuation when the grant is
-    unknown) and newest ``last``: an ending of its fence; a grant by its owner
-    (a promotion replaces the holder's grant) or naming it as the previous
-    owner (a take-over, a force-claim); any grant once it had run out by
-    ``last``'s expiry (a new grant clears expired places, and one holder's
-    expired row was purged before a grant found none).
+    unknown) and newest ``last``: an ending of its fence; a grant by its holder
+    (the same owner and token: a promotion replaces the holder's grant); a
+    claim naming its owner as the previous owner (an operator's claim or
+    force-claim replaces the one grant of an exclusive lock); any grant once
+    it had run out by ``last``'s expiry (a take-over takes only what ran out,
+    a new grant clears expired places, and one holder's expired row was
+    purged before a grant found none).
+
+    The previous owner an event names carries no token, and one owner may
+    hold several places under several tokens: a take-over naming it ends
+    the tenure that ran out, never another of that owner's by its name.
 
     ``ends_condition`` is this rule in SQL: change both together."""
     if event.action in ENDINGS:
@@ -114,17 +121,30 @@ def ends(first: Event, last: Event, event: Event) -> bool:
     if event.action not in GRANTS:
         return False
     owner = first.owner
-    if owner is not None and owner in (event.owner, event.previous_owner):
+    if owner is not None and event.owner == owner and event.token == first.token:
+        return True
+    if (
+        owner is not None
+        and event.action is not Action.TOOK_OVER
+        and event.previous_owner == owner
+    ):
         return True
     return last.expires_at is not None and event.occurred_at >= last.expires_at
 
 
-def ends_condition(later, fence, owner, expires_at) -> ColumnElement[bool]:
+def ends_condition(later, fence, owner, token, expires_at) -> ColumnElement[bool]:
     """``ends`` in SQL: whether the event ``later`` (a table or alias of
     ``lock_events``, later on the resource) ends the tenure of ``fence``,
-    held by ``owner`` and running out at ``expires_at`` (columns or values;
-    ``expires_at`` None: by what names it only, not by running out)."""
-    grant_ends = [later.c.owner == owner, later.c.previous_owner == owner]
+    held by (``token``, ``owner``) and running out at ``expires_at`` (columns
+    or values; ``expires_at`` None: by what names it only, not by running
+    out). An event without a token matches a holder without one."""
+    grant_ends = [
+        and_(later.c.owner == owner, later.c.token.is_not_distinct_from(token)),
+        and_(
+            later.c.action != Action.TOOK_OVER.value,
+            later.c.previous_owner == owner,
+        ),
+    ]
     if expires_at is not None:
         grant_ends.append(later.c.occurred_at >= expires_at)
     return or_(
@@ -250,8 +270,9 @@ def derive_parallel(ordered: Iterable[Event], now: datetime) -> list[Tenure]:
     order, by the same rules per grant (``ends``): a grant's tenure is its
     fence's, so a release, force-release, renewal or re-acquire acts on the
     tenure of the fence it names; a grant ends only the tenures it replaced
-    (the same holder's earlier grant, as a promotion does, or the one it took
-    over or force-claimed: its previous owner's) or that had run out, and
+    (the same holder's earlier grant, as a promotion does, or the one an
+    operator claimed or force-claimed: its previous owner's) or that had run
+    out (as every take-over's had), and
     every tenure ends at its expiry at the latest. Oldest grant first."""
     result: list[Tenure] = []
     open_tenures: dict[int | None, tuple[Event | None, Event]] = {}
