@@ -6,6 +6,7 @@ unbound one gets."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -178,6 +179,41 @@ def test_the_sessions_sole_shared_grant_is_promoted_bound(api, fake_app):
     assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
     assert api.get("/api/v1/locks/rw:1").status_code in (200, 404)
     assert len(released(fake_app)) == 1
+
+
+def test_every_session_bound_grant_names_its_session_on_its_event(api, fake_app):
+    """Its heartbeats write no event: the grant's event says it is bound, so
+    its history reads its end from the session (a place, a shared grant, a
+    promotion beside its from_mode, an exclusive grant and its re-acquire);
+    an unbound grant's event names none."""
+    session = start(api)
+    assert bind(api, session, "sem:n", limit=2).status_code == 200
+    assert bind(api, session, "rw:n", mode="shared").status_code == 200
+    assert bind(api, session, "rw:n").status_code == 200  # promoted
+    assert bind(api, session, "job:n").status_code == 200
+    assert bind(api, session, "job:n").status_code == 200  # re-acquired
+    plain = api.post("/api/v1/locks/job:plain", json={"owner": "w-7", "ttl": 30})
+    assert plain.status_code == 200
+    with fake_app.app_context(), db.engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                LockEvent.resource, LockEvent.action, LockEvent.details, LockEvent.fence
+            ).order_by(LockEvent.id)
+        ).all()
+    bound = {"session": session["id"]}
+    shared_fence = rows[1].fence
+    assert [(r.resource, r.action, json.loads(r.details or "null")) for r in rows] == [
+        ("sem:n", "acquired", bound),
+        ("rw:n", "acquired", bound),
+        (
+            "rw:n",
+            "acquired",
+            {**bound, "from_mode": "shared", "from_fence": shared_fence},
+        ),
+        ("job:n", "acquired", bound),
+        ("job:n", "reacquired", bound),
+        ("job:plain", "acquired", None),
+    ]
 
 
 def test_a_waiter_gets_the_place_a_session_end_frees(app):

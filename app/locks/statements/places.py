@@ -67,6 +67,17 @@ def mode_change(from_mode: str, **more: Any) -> str:
     return json.dumps({"from_mode": from_mode, **more}, sort_keys=True)
 
 
+def with_session(details: str | None, session_id: str | None) -> str | None:
+    """A grant event's ``details`` naming the session it is bound to (None:
+    unbound, ``details`` unchanged): its expiry moves with the session's
+    heartbeat, which writes no event, so the history reads the grant's end
+    from its session rather than from the expiry the event recorded."""
+    if session_id is None:
+        return details
+    found = json.loads(details) if details is not None else {}
+    return json.dumps({**found, "session": session_id}, sort_keys=True)
+
+
 def place_token(token: str | None) -> str:
     """``lock_holders.token`` of a holder: a caller with no token (tests, tools)
     is recorded as NO_TOKEN."""
@@ -283,8 +294,9 @@ class PlacesStatements:
             granted = shown(mine)
             granted = LockRow.of(granted, acquired_at=now, expires_at=expires_at)
             return self._logged_place(
-                conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter
-            )
+                conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter,
+                details=with_session(None, session_id),
+            )  # fmt: skip
         if mine is not None:
             # Shared → exclusive: only as the sole holder, with a new fence.
             others = [p for p in live if p.id != mine.id]
@@ -319,12 +331,13 @@ class PlacesStatements:
                 )
                 return self._logged_place(
                     conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter,
-                    details=mode_change(EXCLUSIVE),
+                    details=with_session(mode_change(EXCLUSIVE), session_id),
                 )  # fmt: skip
             # An exclusive re-acquire (the exclusive path's, normally).
             outcome = self._grant(
                 conn, row, resource, owner, token, row.fence, now, ttl,
                 Action.REACQUIRED, ask.actor,
+                details=with_session(None, session_id),
             )  # fmt: skip
             self._bind_row(conn, row, resource, session_id)
             return outcome
@@ -364,7 +377,7 @@ class PlacesStatements:
             # No place is live: the exclusive grant lives on the row.
             outcome = self._grant(
                 conn, row, resource, owner, token, fence, now, ttl, action,
-                ask.actor,
+                ask.actor, details=with_session(None, session_id),
             )  # fmt: skip
             self._bind_row(conn, row, resource, session_id)
             self._dequeue_place(conn, waiter)
@@ -393,8 +406,9 @@ class PlacesStatements:
             holders=len(live) + 1,
         )
         return self._logged_place(
-            conn, granted, action, previous_owner, token, ask, now, waiter
-        )
+            conn, granted, action, previous_owner, token, ask, now, waiter,
+            details=with_session(None, session_id),
+        )  # fmt: skip
 
     def _promote(self, conn, row, mine, ask, now, ttl, waiter, session_id):
         """Shared → exclusive for the sole holder: a new exclusive tenure with
@@ -410,7 +424,9 @@ class PlacesStatements:
         outcome = self._grant(
             conn, row, resource, ask.owner, token, fence, now, ttl,
             Action.ACQUIRED, ask.actor,
-            details=mode_change(mine.mode, from_fence=mine.fence),
+            details=with_session(
+                mode_change(mine.mode, from_fence=mine.fence), session_id
+            ),
         )  # fmt: skip
         self._bind_row(conn, row, resource, session_id)
         self._dequeue_place(conn, waiter)

@@ -50,6 +50,7 @@ from app.locks.statements.common import (
     token_ended,
     token_or_none,
 )
+from app.locks.statements.places import with_session
 from app.locks.statements.transaction import TransactionalStatements
 from app.locks.values import Ask
 
@@ -510,6 +511,7 @@ class SessionStatements:
             ask.actor,
             None,
             now,
+            details=with_session(None, session.id),
         )
         if waiter is not None:
             t._dequeue(conn, waiter)
