@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from app.audit.tenures import derive
@@ -314,6 +315,39 @@ def test_one_owner_under_two_tokens_is_two_holders_each_with_its_own_bar():
         ("w", 2, at(5), at(15), "expired"),
         ("c", 3, at(20), at(40), "held"),
     ]
+
+
+def test_a_session_bound_grant_ends_with_its_session_not_its_recorded_expiry():
+    # a's exclusive grant is bound to session s-1 (its event recorded 15 s);
+    # the heartbeats moved it, and wrote nothing. b took it over at 60 s.
+    bound = {"session": "s-1"}
+    events = [
+        replace(event("acquired", 0, "a", ttl=15, fence=1), details=bound),
+        event("took_over", 60, "b", ttl=30, previous="a", fence=2),
+    ]
+    spans = {
+        when: [
+            (s.owner, s.held_until, s.ended_by)
+            for s in derive(events, at(70), sessions=sessions)
+        ]
+        for when, sessions in (
+            ("ended at 40 s", {"s-1": at(40)}),
+            ("purged", {}),
+        )
+    }
+    assert spans == {
+        "ended at 40 s": [("a", at(40), "expired"), ("b", at(70), "held")],
+        "purged": [("a", at(15), "expired_unknown"), ("b", at(70), "held")],
+    }
+    # A place bound to a live session is held, whatever other grants came.
+    places = [
+        replace(event("acquired", 0, "a", ttl=15, fence=1), details=bound),
+        event("acquired", 20, "c", ttl=60, fence=2),
+    ]
+    assert [
+        (s.owner, s.ended_by)
+        for s in derive(places, at(30), parallel=True, sessions={"s-1": at(45)})
+    ] == [("a", "held"), ("c", "held")]
 
 
 def test_shared_readers_overlap_and_a_release_ends_only_its_own_grant():

@@ -25,8 +25,10 @@ from app.audit.tenures import (
     ENDINGS,
     EXTENSIONS,
     GRANTS,
+    HELD,
     HOLDING,
     Tenure,
+    bound_session,
     ends,
     ends_condition,
     records_an_end,
@@ -35,7 +37,7 @@ from app.audit.tenures import (
 from app.extensions import db
 from app.locks import validation
 from app.locks.errors import InvalidInput
-from app.locks.models import EXCLUSIVE, SHARED, LockEvent
+from app.locks.models import EXCLUSIVE, SHARED, LockEvent, LockSession
 from app.locks.pagination import (
     DEFAULT_PAGE,
     fetch_page,
@@ -49,6 +51,7 @@ from app.locks.service import lock_service
 from app.locks.state import Action
 
 events = LockEvent.__table__
+_sessions = LockSession.__table__
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,10 +230,11 @@ def tenures(page: Iterable[Event]) -> Tenures:
 
     A tenure needs only its grant, its newest event and its boundary: two
     queries per page whatever its length, each row a probe of the (resource, id)
-    index from its event: never one query per row. Each query returns a set of
-    events that holds every answer; the rule then picks each answer from it
-    (the newest, or the first, event it allows), so SQL and Python apply the
-    same rule to the same events.
+    index from its event: never one query per row (and, when a grant read is
+    bound to a session, one for the sessions' expiries and the clock). Each
+    query returns a set of events that holds every answer; the rule then
+    picks each answer from it (the newest, or the first, event it allows), so
+    SQL and Python apply the same rule to the same events.
     """
     page = list(page)
     grants = [e for e in page if e.action in GRANTS]
@@ -258,11 +262,13 @@ def tenures(page: Iterable[Event]) -> Tenures:
             )
             for row in found:
                 known[row.id] = Event.from_row(row)
+        sessions = _session_expiries(conn, known.values())
     by_resource: dict[str, list[Event]] = {}
     for event in sorted(known.values(), key=lambda e: e.id):
         by_resource.setdefault(event.resource, []).append(event)
     started: dict[int, Tenure] = {}
     ended: dict[int, Tenure] = {}
+    now: datetime | None = None
 
     def keep(found: Tenure) -> None:
         if found.grant_id is not None:
@@ -281,7 +287,15 @@ def tenures(page: Iterable[Event]) -> Tenures:
             None,
         )
         if boundary is not None:
-            keep(tenure(grant, last, boundary))
+            keep(tenure(grant, last, boundary, sessions=sessions))
+        elif bound_session(last) is not None:
+            # Nothing names its end: a session-bound grant ran out with its
+            # session (at its expiry, or when is not known), unless it lives.
+            if now is None:
+                now = lock_service().now()
+            ran_out = tenure(grant, last, None, now, sessions)
+            if ran_out.ended_by != HELD:
+                keep(ran_out)
     for boundary in recorded:
         if boundary.id in ended:
             continue
@@ -293,8 +307,29 @@ def tenures(page: Iterable[Event]) -> Tenures:
             e for e in earlier if e.action in GRANTS and e.fence == last.fence
         )
         if ends(grant or last, last, boundary):
-            keep(tenure(grant, last, boundary))
+            keep(tenure(grant, last, boundary, sessions=sessions))
     return Tenures(started, ended)
+
+
+def session_expiries(found: Iterable[Event]) -> dict[str, datetime]:
+    """The expiry of each session the grants among ``found`` are bound to
+    whose row still exists, by id (``app.audit.tenures.tenure`` reads a
+    session-bound grant's end from it). No query when none is bound."""
+    found = list(found)
+    if not any(bound_session(e) for e in found):
+        return {}
+    with db.engine.connect() as conn:
+        return _session_expiries(conn, found)
+
+
+def _session_expiries(conn, found: Iterable[Event]) -> dict[str, datetime]:
+    ids = sorted({s for s in (bound_session(e) for e in found) if s is not None})
+    if not ids:
+        return {}
+    rows = conn.execute(
+        select(_sessions.c.id, _sessions.c.expires_at).where(_sessions.c.id.in_(ids))
+    )
+    return {row.id: row.expires_at for row in rows}
 
 
 def _newest(found: Iterable[Event]) -> Event | None:

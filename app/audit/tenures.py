@@ -31,12 +31,17 @@ run out. One holder's history gets the same boundaries by either
 reading; the audit page reads every resource so (``ends_condition`` is the rule
 in SQL), the timeline only those that show holders at once.
 
+A grant bound to a session (its event's ``details`` name the session) is
+renewed by the session's heartbeat, which writes no event: it does not run
+out at the expiry its events recorded but at its session's (``tenure``, given
+the sessions' expiries), and only an event naming it ends it earlier.
+
 Pure: no Flask, no database (``ends_condition`` builds an expression only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -52,6 +57,9 @@ BOUNDARIES = (*ENDINGS, *GRANTS)
 # The events of a tenure itself: its grant and its continuations.
 HOLDING = (*GRANTS, *EXTENSIONS)
 EXPIRED = "expired"
+# A session-bound grant whose session's row is gone ran out, but when is
+# recorded nowhere (its heartbeats write no event).
+EXPIRED_UNKNOWN = "expired_unknown"
 HELD = "held"
 UNRECORDED = "unrecorded"
 
@@ -116,20 +124,36 @@ def ends(first: Event, last: Event, event: Event) -> bool:
     the tenure that ran out, never another of that owner's by its name.
 
     ``ends_condition`` is this rule in SQL: change both together."""
+    if replaces(first, last, event):
+        return True
+    if event.action not in GRANTS or bound_session(last) is not None:
+        # A session-bound grant's expiry moved with its session's heartbeats
+        # (which write no event): it did not run out at the one its events
+        # recorded. ``tenure`` ends it at its session's expiry instead.
+        return False
+    return last.expires_at is not None and event.occurred_at >= last.expires_at
+
+
+def replaces(first: Event, last: Event, event: Event) -> bool:
+    """``ends`` by what ``event`` names: an ending of the tenure's fence, a
+    grant by its holder, a claim naming its owner as the previous owner."""
     if event.action in ENDINGS:
         return event.fence == last.fence
     if event.action not in GRANTS:
         return False
     owner = first.owner
-    if owner is not None and event.owner == owner and event.token == first.token:
+    if owner is None:
+        return False
+    if event.owner == owner and event.token == first.token:
         return True
-    if (
-        owner is not None
-        and event.action is not Action.TOOK_OVER
-        and event.previous_owner == owner
-    ):
-        return True
-    return last.expires_at is not None and event.occurred_at >= last.expires_at
+    return event.action is not Action.TOOK_OVER and event.previous_owner == owner
+
+
+def bound_session(event: Event) -> str | None:
+    """The id of the session ``event``'s grant is bound to (its expiry is the
+    session's), recorded in its ``details``; None when unbound."""
+    found = (event.details or {}).get("session")
+    return found if isinstance(found, str) else None
 
 
 def ends_condition(later, fence, owner, token, expires_at) -> ColumnElement[bool]:
@@ -137,7 +161,11 @@ def ends_condition(later, fence, owner, token, expires_at) -> ColumnElement[bool
     ``lock_events``, later on the resource) ends the tenure of ``fence``,
     held by (``token``, ``owner``) and running out at ``expires_at`` (columns
     or values; ``expires_at`` None: by what names it only, not by running
-    out). An event without a token matches a holder without one."""
+    out). An event without a token matches a holder without one.
+
+    A session-bound tenure ends by what names it only (``ends``): the events
+    this finds with ``expires_at`` given are then more than its ending, and
+    the rule in Python picks among them."""
     grant_ends = [
         and_(later.c.owner == owner, later.c.token.is_not_distinct_from(token)),
         and_(
@@ -163,25 +191,44 @@ def tenure(
     last: Event,
     boundary: Event | None,
     now: datetime | None = None,
+    sessions: Mapping[str, datetime] | None = None,
 ) -> Tenure:
     """The tenure whose newest event is ``last`` (its grant, or a continuation),
     ended by ``boundary`` (None: nothing has ended it yet, judged at ``now``).
 
     ``grant``: its grant event when known; it must carry ``last``'s fence.
+
+    ``sessions``: the expiry of each session whose row exists, by id
+    (``app.audit.service.session_expiries``). A session-bound grant runs out
+    at its session's expiry, not at the one its event recorded: held while the
+    session lives; once its session's row is gone (purged, or ended after it
+    had run out), ``expired_unknown`` from the last instant its events vouch
+    for, unless an event naming it ended it.
     """
     if grant is not None and grant.fence != last.fence:
         grant = None
     first = grant or last
     owner = first.owner or first.previous_owner
     held_from = first.acquired_at or first.occurred_at
-    expires = last.expires_at
+    session = bound_session(last)
+    if session is None:
+        expires = last.expires_at
+    else:
+        expires = (sessions or {}).get(session)
     if boundary is None:
         if now is None:
             raise ValueError("an open tenure is judged at a given now")
         held_until, ended_by = now, HELD
     else:
         held_until, ended_by = boundary.occurred_at, boundary.action.value
-    if expires is not None and expires < held_until:
+    if (
+        session is not None
+        and expires is None
+        and not (boundary is not None and replaces(first, last, boundary))
+    ):
+        vouched = last.expires_at or held_until
+        held_until, ended_by = min(vouched, held_until), EXPIRED_UNKNOWN
+    elif expires is not None and expires < held_until:
         held_until, ended_by = expires, EXPIRED
     return Tenure(
         owner=owner,
@@ -198,7 +245,11 @@ def tenure(
 
 
 def derive(
-    events: Iterable[Event], now: datetime, *, parallel: bool | None = None
+    events: Iterable[Event],
+    now: datetime,
+    *,
+    parallel: bool | None = None,
+    sessions: Mapping[str, datetime] | None = None,
 ) -> list[Tenure]:
     """Every tenure in ``events`` (one resource's, any order), oldest first.
 
@@ -208,12 +259,15 @@ def derive(
     ``parallel``: whether the resource had several holders at once (a
     semaphore's places, shared grants); None tells it from the events
     (``shows_parallel_holders``). Their tenures follow ``derive_parallel``.
+
+    ``sessions``: the expiries of the sessions the grants are bound to, as
+    ``tenure`` takes them.
     """
     ordered = sorted(events, key=lambda e: e.id)
     if parallel is None:
         parallel = shows_parallel_holders(ordered)
     if parallel:
-        return derive_parallel(ordered, now)
+        return derive_parallel(ordered, now, sessions)
     result: list[Tenure] = []
     grant: Event | None = None
     last: Event | None = None
@@ -225,7 +279,13 @@ def derive(
             if last is not None:
                 # Another fence: a grant whose events are missing ended ours by
                 # the time the new fence was granted.
-                cut = tenure(grant, last, None, event.acquired_at or event.occurred_at)
+                cut = tenure(
+                    grant,
+                    last,
+                    None,
+                    event.acquired_at or event.occurred_at,
+                    sessions,
+                )
                 if cut.ended_by != EXPIRED:
                     cut = replace(cut, ended_by=UNRECORDED)
                 result.append(cut)
@@ -234,12 +294,12 @@ def derive(
         if event.action not in BOUNDARIES:
             continue
         if last is not None:
-            result.append(tenure(grant, last, event))
+            result.append(tenure(grant, last, event, sessions=sessions))
         elif event.action in ENDINGS:
             result.append(tenure(None, event, event))
         grant, last = (event, event) if event.action in GRANTS else (None, None)
     if last is not None:
-        result.append(tenure(grant, last, None, now))
+        result.append(tenure(grant, last, None, now, sessions))
     return result
 
 
@@ -265,7 +325,11 @@ def shows_parallel_holders(ordered: Iterable[Event]) -> bool:
     return False
 
 
-def derive_parallel(ordered: Iterable[Event], now: datetime) -> list[Tenure]:
+def derive_parallel(
+    ordered: Iterable[Event],
+    now: datetime,
+    sessions: Mapping[str, datetime] | None = None,
+) -> list[Tenure]:
     """The tenures of a resource with several holders at once, from events in id
     order, by the same rules per grant (``ends``): a grant's tenure is its
     fence's, so a release, force-release, renewal or re-acquire acts on the
@@ -284,7 +348,7 @@ def derive_parallel(ordered: Iterable[Event], now: datetime) -> list[Tenure]:
         if event.action in ENDINGS:
             if event.fence in open_tenures:
                 grant, last = open_tenures.pop(event.fence)
-                result.append(tenure(grant, last, event))
+                result.append(tenure(grant, last, event, sessions=sessions))
             else:
                 result.append(tenure(None, event, event))
             continue
@@ -293,8 +357,8 @@ def derive_parallel(ordered: Iterable[Event], now: datetime) -> list[Tenure]:
         for fence, (grant, last) in list(open_tenures.items()):
             if ends(grant or last, last, event):
                 del open_tenures[fence]
-                result.append(tenure(grant, last, event))
+                result.append(tenure(grant, last, event, sessions=sessions))
         open_tenures[event.fence] = (event, event)
     for grant, last in open_tenures.values():
-        result.append(tenure(grant, last, None, now))
+        result.append(tenure(grant, last, None, now, sessions))
     return sorted(result, key=lambda t: (t.held_from, t.fence or 0))

@@ -11,11 +11,11 @@ take-overs and operator force actions are marked where they happened.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from app.audit.tenures import EXPIRED, Tenure, derive
+from app.audit.tenures import EXPIRED, EXPIRED_UNKNOWN, Tenure, derive
 from app.locks.results import Event
 from app.locks.state import Action
 
@@ -102,13 +102,19 @@ class Timeline:
 
 
 def build(
-    events: Sequence[Event], now: datetime, *, parallel: bool | None = None
+    events: Sequence[Event],
+    now: datetime,
+    *,
+    parallel: bool | None = None,
+    sessions: Mapping[str, datetime] | None = None,
 ) -> Timeline:
     """Lay out ``events`` between the first of them and ``now``.
 
     Holders at once (a semaphore's places, shared grants; ``parallel``, as
-    ``derive`` takes it) get a lane each, so their bars run side by side."""
-    spans = derive(events, now, parallel=parallel)
+    ``derive`` takes it) get a lane each, so their bars run side by side.
+    ``sessions``: the expiries of the sessions grants are bound to, as
+    ``derive`` takes them."""
+    spans = derive(events, now, parallel=parallel, sessions=sessions)
     if not spans:
         return Timeline(width=WIDTH, height=TOP + AXIS_HEIGHT, start=None, end=None)
     start = min(min(t.held_from for t in spans), min(e.occurred_at for e in events))
@@ -156,7 +162,7 @@ def build(
         css = "tenure"
         if tenure.forced:
             css += " tenure-forced"
-        elif tenure.ended_by == EXPIRED:
+        elif tenure.ended_by in (EXPIRED, EXPIRED_UNKNOWN):
             css += " tenure-expired"
         timeline.bars.append(
             Bar(

@@ -21,6 +21,7 @@ from app.audit.service import (
     list_events,
     newest_event_id,
     renewals,
+    session_expiries,
 )
 from app.auth.views import login_required, operator_required
 from app.dashboard import charts, timeline
@@ -472,7 +473,10 @@ def lock_page(resource: str):
         # A resource held by places now has had holders at once, even when the
         # events read show only their renewals.
         timeline=timeline.build(
-            recent, now, parallel=True if held_by is not None else None
+            recent,
+            now,
+            parallel=True if held_by is not None else None,
+            sessions=session_expiries(recent),
         ),
         timeline_truncated=len(recent) == TIMELINE_EVENTS,
         now=now,

@@ -1,0 +1,105 @@
+"""The history of a session-bound grant, on every database: its event names
+its session, and its heartbeat (which writes no event) moves its expiry, so
+the audit page and the timeline read its end from its session: held while the
+session lives, ran out at the session's expiry once it ended, and ran out at
+a time not known once the session's row is gone."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from app.audit.service import EventFilter, list_events, tenures
+from app.locks.service import lock_service
+from app.locks.state import Action
+from tests.dashboard_helpers import soup
+from tests.test_lock_sessions import bind, start
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+
+def page_of(app, resource):
+    with app.app_context():
+        page = list_events(EventFilter(resource=resource))
+        return page, tenures(page.items)
+
+
+def bar_titles(viewer, resource, owner):
+    page = soup(viewer.get(f"/locks/{resource}"))
+    return [
+        bar.find("title").get_text()
+        for bar in page.select("svg.timeline rect.tenure")
+        if bar.find("title").get_text().startswith(f"{owner},")
+    ]
+
+
+def test_a_session_bound_place_is_held_while_its_session_lives_and_ends_with_it(
+    api, viewer, clock, fake_app
+):
+    other = api.with_token("other")
+    session = start(api, ttl=15)
+    bound = bind(api, session, "sem:s", limit=3)
+    assert bound.status_code == 200, bound.get_data(as_text=True)
+    for _ in range(2):
+        clock.advance(10)
+        assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    # At 20 s, past the 15 s the grant's event recorded, another place.
+    taken = other.post(
+        "/api/v1/locks/sem:s", json={"owner": "x", "ttl": 600, "limit": 3}
+    )
+    assert taken.status_code == 200
+    page, found = page_of(fake_app, "sem:s")
+    grant = next(e for e in page.items if e.owner == "w-7")
+    assert grant.details == {"session": session["id"]}
+    # Still held: it did not run out at 15 s ("held for 15 s until it expired").
+    assert grant.id not in found.started
+    assert bar_titles(viewer, "sem:s", "w-7")[0].endswith("(held)")
+
+    # No heartbeat after 20 s: the session ends at 35 s; a place at 50 s.
+    clock.advance(30)
+    later = other.post(
+        "/api/v1/locks/sem:s", json={"owner": "y", "ttl": 600, "limit": 3}
+    )
+    assert later.status_code == 200
+    page, found = page_of(fake_app, "sem:s")
+    ran_out = found.started[grant.id]
+    assert (ran_out.held_for, ran_out.ended_by) == (timedelta(seconds=35), "expired")
+    [title] = bar_titles(viewer, "sem:s", "w-7")
+    assert "09:00:35" in title
+    assert title.endswith("(expired)")
+
+    # The session's row purged, its expiry is known no more: it ran out, when
+    # is not recorded (not the 15 s its grant's event said).
+    with fake_app.app_context():
+        clock.advance(86400 * 8)
+        lock_service().purge_stale(timedelta(days=7))
+    page, found = page_of(fake_app, "sem:s")
+    unknown = found.started[grant.id]
+    assert unknown.ended_by == "expired_unknown"
+    [title] = bar_titles(viewer, "sem:s", "w-7")
+    assert title.endswith("(expired, time unknown)")
+    html = soup(viewer.get("/audit?resource=sem:s"))
+    held = html.select_one(f"#event-{grant.id} td.held").get_text(" ", strip=True)
+    assert "until it expired, time unknown" in held
+
+
+def test_a_session_bound_exclusive_grant_released_by_its_session_end(
+    api, viewer, clock, fake_app
+):
+    session = start(api, ttl=15)
+    assert bind(api, session, "job:s").status_code == 200
+    clock.advance(10)
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    clock.advance(10)  # 20 s: past the 15 s its event recorded
+    page, found = page_of(fake_app, "job:s")
+    [grant] = page.items
+    assert grant.details == {"session": session["id"]}
+    assert bar_titles(viewer, "job:s", "w-7")[0].endswith("(held)")
+    clock.advance(2)
+    assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
+    page, found = page_of(fake_app, "job:s")
+    ended = found.started[grant.id]
+    assert (ended.held_for, ended.ended_by) == (timedelta(seconds=22), "released")
+    released = next(e for e in page.items if e.action is Action.RELEASED)
+    assert found.ended[released.id] == ended
