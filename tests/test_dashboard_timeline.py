@@ -315,6 +315,18 @@ def test_one_owner_under_two_tokens_is_two_holders_each_with_its_own_bar():
         ("w", 2, at(5), at(15), "expired"),
         ("c", 3, at(20), at(40), "held"),
     ]
+    # Each holder its own lane, both labelled w, the token in its title; the
+    # take-over is marked in c's.
+    drawn = timeline.build(events, at(40))
+    assert [(lane.owner, lane.token) for lane in drawn.lanes] == [
+        ("w", "t-1"),
+        ("w", "t-2"),
+        ("c", None),
+    ]
+    bars = {bar.tenure.fence: bar for bar in drawn.bars}
+    assert len({bar.y for bar in bars.values()}) == 3
+    [marker] = drawn.markers
+    assert marker.y == bars[3].y + timeline.BAR_HEIGHT / 2
 
 
 def test_a_session_bound_grant_ends_with_its_session_not_its_recorded_expiry():

@@ -81,6 +81,8 @@ class Tenure:
     grant_id: int | None = None
     end_id: int | None = None
     forced: bool = False
+    # With ``owner``, the holder: one owner may hold places under two tokens.
+    token: str | None = None
 
     @property
     def held_for(self) -> timedelta:
@@ -241,6 +243,7 @@ def tenure(
         if boundary is not None and records_the_end_of(boundary, owner)
         else None,
         forced=grant is not None and grant.action is Action.FORCE_CLAIMED,
+        token=first.token,
     )
 
 

@@ -4,8 +4,9 @@ A pure function of the events and "now" (no Flask, no database), so it is tested
 on its own; ``templates/dashboard/_timeline.html`` turns the geometry into SVG.
 
 The tenures (grants of ownership) come from ``app.audit.tenures``, the rules the
-audit page uses too; this module only lays them out. Each owner gets a lane (a
-row), so the holders of a semaphore or a shared lock are drawn in parallel lanes;
+audit page uses too; this module only lays them out. Each holder (owner and
+token) gets a lane (a row), so the holders of a semaphore or a shared lock are
+drawn in parallel lanes, one owner's places under two tokens too;
 take-overs and operator force actions are marked where they happened.
 """
 
@@ -74,6 +75,7 @@ class Lane:
     y: float
     label_y: float
     label: str = ""
+    token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +129,14 @@ def build(
     def x_of(moment: datetime) -> float:
         return round(LABEL_WIDTH + plot * (moment - start).total_seconds() / total, 2)
 
-    owners: list[str] = []
+    holders: list[tuple[str, str | None]] = []
     for tenure in spans:
-        if lane_of(tenure) not in owners:
-            owners.append(lane_of(tenure))
-    # The most recent holders matter most: keep the last MAX_LANES owners.
-    recent = owners[-MAX_LANES:]
-    hidden = len(owners) - len(recent)
-    lane_y = {owner: TOP + index * LANE_HEIGHT for index, owner in enumerate(recent)}
+        if lane_of(tenure) not in holders:
+            holders.append(lane_of(tenure))
+    # The most recent holders matter most: keep the last MAX_LANES holders.
+    recent = holders[-MAX_LANES:]
+    hidden = len(holders) - len(recent)
+    lane_y = {holder: TOP + index * LANE_HEIGHT for index, holder in enumerate(recent)}
     timeline = Timeline(
         width=WIDTH,
         height=TOP + len(recent) * LANE_HEIGHT + AXIS_HEIGHT,
@@ -143,14 +145,16 @@ def build(
         hidden_owners=hidden,
         now_x=x_of(now) if start <= now <= end else None,
     )
-    for owner in recent:
-        y = lane_y[owner]
+    for holder in recent:
+        owner, token = holder
+        y = lane_y[holder]
         timeline.lanes.append(
             Lane(
                 owner=owner,
                 y=y,
                 label_y=y + LANE_HEIGHT / 2 + 4,
                 label=truncate_label(owner),
+                token=token,
             )
         )
     pad = (LANE_HEIGHT - BAR_HEIGHT) / 2
@@ -183,7 +187,8 @@ def build(
             if event.action is Action.FORCE_RELEASED
             else event.owner
         )
-        if owner not in lane_y:
+        holder = (owner or "?", event.token)
+        if holder not in lane_y:
             continue
         label = f"{event.action.value} by {event.actor or 'unknown'}"
         if event.previous_owner and event.action is not Action.FORCE_RELEASED:
@@ -191,7 +196,7 @@ def build(
         timeline.markers.append(
             Marker(
                 x=x_of(event.occurred_at),
-                y=lane_y[owner] + LANE_HEIGHT / 2,
+                y=lane_y[holder] + LANE_HEIGHT / 2,
                 action=event.action.value,
                 label=label,
             )
@@ -202,8 +207,9 @@ def build(
     return timeline
 
 
-def lane_of(tenure: Tenure) -> str:
-    return tenure.owner or "?"
+def lane_of(tenure: Tenure) -> tuple[str, str | None]:
+    """The lane of ``tenure``'s holder: its owner and token."""
+    return tenure.owner or "?", tenure.token
 
 
 def tick_step(span: timedelta) -> timedelta:
