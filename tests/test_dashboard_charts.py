@@ -14,7 +14,7 @@ from app.audit import activity, rollup
 from app.audit.models import EVERY_ACTION, ActivityEvents, ActivitySample
 from app.dashboard import charts
 from app.extensions import db
-from app.locks.models import DistributedLock, LockEvent
+from app.locks.models import SHARED, DistributedLock, LockEvent, LockHolder
 from app.locks.state import LockState, classify
 from tests.dashboard_helpers import poller_version, soup
 
@@ -673,3 +673,120 @@ def test_stored_rows_older_than_the_widest_range_are_deleted(app, backend):
         charts.per_minute(NOW + timedelta(days=8))
         oldest = db.session.scalar(select(func.min(ActivityEvents.starts_at)))
     assert oldest >= NOW + timedelta(days=8) - rollup.KEPT_FOR
+
+
+def _charts_now_and_cards(fake_app, clock):
+    """The charts' last point (now) and the cards' counts, at the clock's now."""
+    from app.locks.service import lock_service
+
+    with fake_app.app_context():
+        service = lock_service()
+        within = service.settings.expiring_within
+        last = charts.samples(clock.now(), within)[-1]
+        cards = service.counts()
+    return (last.held, last.expiring, last.stale), (
+        cards[LockState.HELD],
+        cards[LockState.EXPIRING],
+        cards[LockState.STALE],
+    )
+
+
+def test_the_charts_count_a_place_held_resource_once_as_the_cards_do(
+    backend, fake_app, clock
+):
+    """A semaphore held by 2 places and a shared lock held by 2 readers are one
+    lock each, in the state of their grant that ends first, on the charts as
+    on the cards: held, then expiring as that grant nears its end, then held
+    again by the later one, and gone once every grant ran out. Acquired in the
+    window (their events tell) and untouched for longer than the window (their
+    rows tell) alike."""
+    from app.locks.service import lock_service
+
+    hour = 3600
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("job:exclusive", "w", ttl=3 * hour)
+        service.acquire("job:stale", "w", ttl=60)
+        service.acquire("job:sem", "a", ttl=2 * hour, limit=2)
+        service.acquire("job:sem", "b", ttl=4 * hour, limit=2)
+        service.acquire("job:readers", "r1", ttl=5 * hour, mode="shared")
+        service.acquire("job:readers", "r2", ttl=6 * hour, mode="shared")
+    clock.advance(120)
+    charted, cards = _charts_now_and_cards(fake_app, clock)
+    assert cards == (3, 0, 1)
+    assert charted == cards
+
+    # The last event says a reader let go; the other still holds the lock.
+    with fake_app.app_context():
+        lock_service().release("job:readers", "r1")
+    clock.advance(60)
+    charted, cards = _charts_now_and_cards(fake_app, clock)
+    assert cards == (3, 0, 1)
+    assert charted == cards
+
+    clock.advance(2 * hour - 180 - 10)  # place a: 10 s left, untouched for 2 h
+    charted, cards = _charts_now_and_cards(fake_app, clock)
+    assert cards == (2, 1, 1)
+    assert charted == cards
+
+    clock.advance(20)  # place a ran out: place b holds the semaphore
+    charted, cards = _charts_now_and_cards(fake_app, clock)
+    assert cards == (3, 0, 1)
+    assert charted == cards
+
+    clock.advance(2 * hour)  # every place and the exclusive grant ran out
+    charted, cards = _charts_now_and_cards(fake_app, clock)
+    assert cards == (1, 0, 2)
+    assert charted == cards
+
+
+def place_held_row(resource, limit, places_ends_minutes):
+    """The row of a resource held by places (no owner; ``places_until`` the
+    latest expiry of its places) and its places, granted before the window."""
+    granted = minutes_ago(90)
+    ends = [minutes_ago(m) for m in places_ends_minutes]
+    row = DistributedLock(
+        resource=resource,
+        owner=None,
+        fence=1,
+        acquired_at=granted,
+        expires_at=granted,
+        holder_limit=limit,
+        places_until=max(ends),
+    )
+    held = [
+        LockHolder(
+            resource=resource,
+            owner=f"p{i}",
+            token=f"t{i}",
+            mode=SHARED if limit == 1 else "exclusive",
+            fence=10 + i,
+            acquired_at=granted,
+            expires_at=expires,
+        )
+        for i, expires in enumerate(ends)
+    ]
+    return [row, *held]
+
+
+def test_a_past_moment_counts_untouched_places_by_the_one_that_ends_first(stored):
+    """No event in the window: the places did not change, so at each past
+    moment the resource is in the state of its place that ends first after it
+    (expiring within 2 min of it, then held by the next), and free once the last
+    ran out (a place that ran out is nobody's grant: never stale)."""
+    sampled = stored(
+        rows=[
+            *place_held_row("job:sem", 3, [40, 20, -30]),
+            *place_held_row("job:readers", 1, [50, 10]),
+        ],
+        within=120,
+    )
+    assert at_minute(sampled, 55) == (2, 0, 0)
+    assert at_minute(sampled, 51) == (1, 1, 0)  # a reader: 1 min left
+    assert at_minute(sampled, 45) == (2, 0, 0)  # the other reader holds it
+    assert at_minute(sampled, 41) == (1, 1, 0)  # a place: 1 min left
+    assert at_minute(sampled, 40) == (2, 0, 0)  # the next place holds it
+    assert at_minute(sampled, 21) == (1, 1, 0)
+    assert at_minute(sampled, 11) == (1, 1, 0)  # a reader: 1 min left
+    assert at_minute(sampled, 10) == (1, 0, 0)  # the readers ran out: free
+    assert at_minute(sampled, 0) == (1, 0, 0)

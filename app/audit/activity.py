@@ -44,11 +44,12 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from app.audit.tenures import ENDINGS, EXTENSIONS, GRANTS
 from app.database import UTCDateTime
 from app.extensions import db
-from app.locks.models import DistributedLock, LockEvent
-from app.locks.state import Action
+from app.locks.models import DistributedLock, LockEvent, LockHolder
+from app.locks.state import Action, LockState, state_condition
 
 events = LockEvent.__table__
 locks = DistributedLock.__table__
+places = LockHolder.__table__
 
 STATES = ("held", "expiring", "stale")
 HOLDING = [a.value for a in (*GRANTS, *EXTENSIONS)]
@@ -240,6 +241,28 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 .cte("in_window")
             )
 
+        touched = select(events.c.resource).where(
+            events.c.id > after_id,
+            events.c.occurred_at >= start,
+            events.c.occurred_at < end,
+        )
+        # Resources held by places during the window: their row has no owner
+        # and its ``places_until`` (the latest expiry of its places) is after
+        # the window's start. A few rows; their states come from their places
+        # (``_placed_states``), their events are counted apart (``place_deltas``).
+        place_held = select(locks.c.resource).where(
+            locks.c.owner.is_(None), locks.c.places_until > start
+        )
+        place_deltas = {state: [0] * (slots + 2) for state in STATES}
+        _placed_states(
+            conn,
+            window,
+            within,
+            place_deltas,
+            place_held,
+            None if in_window is None else touched,
+        )
+
         # Resources untouched in the window: their row, all along. Counted as
         # every held row less the rows of the resources the window's events
         # touched (a few, found by their resource), not by an anti-join that
@@ -270,11 +293,6 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
             .group_by(*moments)
         ]
         if in_window is not None:
-            touched = select(events.c.resource).where(
-                events.c.id > after_id,
-                events.c.occurred_at >= start,
-                events.c.occurred_at < end,
-            )
             parts.append(
                 select(*moments, literal(-1).label("sign"), func.count())
                 .where(owned, locks.c.resource.in_(touched))
@@ -285,7 +303,7 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 deltas, 0, slots + 1, expiring_from, stale_from, sign * count, slots
             )
         if in_window is None:
-            return _summed(deltas, slots)
+            return _with_places_now(conn, window, within, deltas, place_deltas)
 
         w = in_window.c
         changes = (
@@ -294,6 +312,7 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 w.action,
                 w.expires_at,
                 w.occurred_at,
+                case((w.resource.in_(place_held), 1), else_=0).label("placed"),
                 func.lead(w.occurred_at)
                 .over(partition_by=w.resource, order_by=w.id)
                 .label("until_at"),
@@ -308,6 +327,7 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 window.first_moment(c.until_at).label("hi"),
                 window.first_moment(c.expires_at, within).label("expiring_from"),
                 window.first_moment(c.expires_at).label("stale_from"),
+                c.placed,
             )
             .where(c.action.in_(HOLDING))
             .subquery()
@@ -318,10 +338,18 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 held.c.hi,
                 held.c.expiring_from,
                 held.c.stale_from,
+                held.c.placed,
                 func.count(),
-            ).group_by(held.c.lo, held.c.hi, held.c.expiring_from, held.c.stale_from)
+            ).group_by(
+                held.c.lo,
+                held.c.hi,
+                held.c.expiring_from,
+                held.c.stale_from,
+                held.c.placed,
+            )
         ):
-            _holder(deltas, row[0], row[1], row[2], row[3], row[4], slots)
+            into = place_deltas if row[4] else deltas
+            _holder(into, row[0], row[1], row[2], row[3], row[5], slots)
 
         # Before each resource's first change: what its first event says. One
         # pass of window functions over the window's events (a self-join of
@@ -336,6 +364,7 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
             func.min(case((w.action.in_(HOLDING + FREEING), w.occurred_at)))
             .over(partition_by=w.resource)
             .label("first_change_at"),
+            case((w.resource.in_(place_held), 1), else_=0).label("placed"),
         ).subquery()
         before = (
             select(
@@ -345,17 +374,104 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                     else_="free",
                 ).label("state"),
                 window.first_moment(firsts.c.first_change_at).label("hi"),
+                firsts.c.placed,
             )
             .where(firsts.c.n == 1)
             .subquery()
         )
-        for state, hi, count in conn.execute(
-            select(before.c.state, before.c.hi, func.count())
+        for state, hi, placed, count in conn.execute(
+            select(before.c.state, before.c.hi, before.c.placed, func.count())
             .where(or_(before.c.state == "held", before.c.state == "stale"))
-            .group_by(before.c.state, before.c.hi)
+            .group_by(before.c.state, before.c.hi, before.c.placed)
         ):
-            _add(deltas[state], 0, hi, count, slots)
-    return _summed(deltas, slots)
+            _add((place_deltas if placed else deltas)[state], 0, hi, count, slots)
+        return _with_places_now(conn, window, within, deltas, place_deltas)
+
+
+def _placed_states(conn, window, within, deltas, place_held, touched) -> None:
+    """The states of the resources in ``place_held`` that no event of the
+    window touched (``touched``, or None: no event), from their places: their
+    set did not change in the window, so at each moment such a resource is in
+    the state of its place that ends first after that moment (the rule of
+    ``LockService.counts``): with its places ordered by expiry, place ``i``
+    decides from the expiry of place ``i - 1`` to its own, held then expiring,
+    never stale (a place that ran out is nobody's grant). One grouped read of
+    those few resources' places."""
+    slots = window.slots
+    start = instant(window.start)
+    earlier = (
+        func.lag(places.c.expires_at)
+        .over(
+            partition_by=places.c.resource, order_by=(places.c.expires_at, places.c.id)
+        )
+        .label("earlier")
+    )
+    chain = select(places.c.expires_at, earlier).where(
+        places.c.resource.in_(place_held), places.c.expires_at > start
+    )
+    if touched is not None:
+        chain = chain.where(places.c.resource.not_in(touched))
+    chain = chain.subquery()
+    moments = (
+        # The first place left after the window's start decides from its start.
+        case(
+            (chain.c.earlier.is_(None), 0),
+            else_=window.first_moment(chain.c.earlier),
+        ).label("lo"),
+        window.first_moment(chain.c.expires_at, within).label("expiring_from"),
+        window.first_moment(chain.c.expires_at).label("stale_from"),
+    )
+    for lo, expiring_from, stale_from, count in conn.execute(
+        select(*moments, func.count()).group_by(*moments)
+    ):
+        _holder(deltas, lo, stale_from, expiring_from, stale_from, count, slots)
+
+
+def _with_places_now(conn, window, within, deltas, place_deltas):
+    """The counts at every moment: the exclusive grants' and the places' summed.
+    At the window's end (now) a resource held by places is counted exactly as
+    ``LockService.counts`` counts it, from its live places, whatever its events
+    in the window suggested (they tell one grant after another, not which of
+    several places were still live)."""
+    slots = window.slots
+    counted = _summed(deltas, slots)
+    by_places = _summed(place_deltas, slots)
+    end = instant(window.end)
+    first_ends = (
+        select(func.min(places.c.expires_at).label("ends"))
+        .where(
+            places.c.resource.in_(
+                select(locks.c.resource).where(
+                    locks.c.owner.is_(None), locks.c.places_until > end
+                )
+            ),
+            places.c.expires_at > end,
+            places.c.acquired_at <= end,
+        )
+        .group_by(places.c.resource)
+        .subquery()
+    )
+    ends = first_ends.c.ends
+    by_places[-1] = dict(
+        zip(
+            STATES,
+            conn.execute(
+                select(
+                    *(
+                        func.count(
+                            case((state_condition(state, ends, window.end, within), 1))
+                        )
+                        for state in LockState
+                    )
+                )
+            ).one(),
+            strict=True,
+        )
+    )
+    return [
+        {state: mine[state] + theirs[state] for state in STATES}
+        for mine, theirs in zip(counted, by_places, strict=True)
+    ]
 
 
 def _summed(deltas: dict[str, list[int]], slots: int) -> list[dict[str, int]]:
