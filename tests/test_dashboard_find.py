@@ -8,6 +8,7 @@ from sqlalchemy.engine import Engine
 
 from app.extensions import db
 from app.locks.errors import InvalidInput
+from app.locks.state import LockState
 from tests.dashboard_helpers import soup
 
 # On every database: the sorts, keyset cursors and case-folding are SQL.
@@ -246,6 +247,23 @@ def test_sort_by_waiters_and_the_contended_filter(numbered):
     assert numbered.count_locks(contended=True, prefix="jobs") == 1
     assert numbered.count_locks(state="stale") == 1
     assert numbered.count_locks(owner_contains="W") == 12
+
+
+def test_counts_and_contended_are_the_counts_and_the_contended_count(numbered):
+    """The overview's counters in one statement: the numbers of the two reads it
+    replaced, a semaphore's places (one entry) and their waiter among them."""
+    numbered.acquire("sem:1", "w", limit=2, ttl=100)
+    numbered.acquire("sem:1", "v", limit=2, ttl=100)
+    numbered.queue.join("sem:1", "other", None, 60)
+    for filters in ({}, {"prefix": "job"}, {"prefix": "sem"}, {"owner_contains": "V"}):
+        counts, contended = numbered.counts_and_contended(**filters)
+        assert counts == numbered.counts(**filters), filters
+        assert contended == numbered.count_locks(contended=True, **filters), filters
+    assert numbered.counts_and_contended()[1] == 3
+    assert numbered.counts_and_contended(owner_contains="V") == (
+        {LockState.HELD: 1, LockState.EXPIRING: 0, LockState.STALE: 0},
+        1,
+    )
 
 
 def test_numbered_pages_read_the_same_order_by_offset(numbered):

@@ -281,3 +281,63 @@ def test_places_round_trips_stay_as_documented(app, backend):
             ),
         }
     assert measured == PLACES_EXPECTED[backend]
+
+
+# An overview request (a viewer's page, no search): its statements, how many of
+# them read the database's clock, and how many evaluate the place-held
+# resources (a window over every live place). The page is judged at one
+# instant, read once, and the place-held resources are read by the counts
+# (with the contended count) and by the listing, never more.
+OVERVIEW_EXPECTED = {
+    # the viewer, the clock, the counts with the contended count, the newest
+    # event, the lines' version, the listing, the freezes
+    "postgresql": {"statements": 7, "clock reads": 1, "place-held reads": 2},
+    "mariadb": {"statements": 7, "clock reads": 1, "place-held reads": 2},
+    # SQLite's clock is the host's: no statement reads it; two BEGINs (in
+    # process, no round trip).
+    "sqlite": {"statements": 8, "clock reads": 0, "place-held reads": 2},
+}
+
+
+def test_an_overview_reads_the_clock_once_and_the_place_held_twice(app, backend):
+    from tests.dashboard_helpers import log_in, make_user
+
+    with app.app_context():
+        service = lock_service()
+        service.acquire("rt:alone", "w-1", **TOKEN)
+        service.acquire("rt:sem", "w-1", limit=2, **TOKEN)
+        service.acquire("rt:sem", "w-2", limit=2, **TOKEN)
+        service.acquire("rt:rw", "w-3", mode="shared", **TOKEN)
+        # The statement the service reads the database's clock with (none on
+        # SQLite).
+        read_now = getattr(service._transactional, "_read_now", None)
+        clock_sql = (
+            None
+            if read_now is None
+            else str(read_now.compile(dialect=db.engine.dialect))
+        )
+        make_user(app, "rt-viewer", "viewer")
+        client = app.test_client()
+        assert log_in(client, "rt-viewer").status_code == 303
+        sent: list[str] = []
+        # SQLite's autocommit engine is the engine with other options: it
+        # shares the engine's pool and listeners (listening to both would
+        # count each statement twice).
+        engines = [db.engine]
+        if autocommit(db.engine).pool is not db.engine.pool:
+            engines.append(autocommit(db.engine))
+        for each in engines:
+            event.listen(
+                each,
+                "before_cursor_execute",
+                lambda _conn, _cursor, statement, *_rest: sent.append(statement),
+            )
+    page = client.get("/")
+    assert page.status_code == 200
+    assert "rt:sem" in page.get_data(as_text=True)
+    measured = {
+        "statements": len(sent),
+        "clock reads": sum(statement == clock_sql for statement in sent),
+        "place-held reads": sum("live_places" in statement for statement in sent),
+    }
+    assert measured == OVERVIEW_EXPECTED[backend]

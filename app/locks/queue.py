@@ -625,9 +625,10 @@ class WaitQueue:
             for r in rows
         ]
 
-    def version(self) -> tuple[int, int | None]:
-        """(live waiters, newest place in line): changes whenever the lines do."""
-        now = self._clock.now()
+    def version(self, at: datetime | None = None) -> tuple[int, int | None]:
+        """(live waiters, newest place in line): changes whenever the lines do;
+        ``at``: the instant the page asking judges everything at."""
+        now = at if at is not None else self._clock.now()
         query = select(func.count(), func.max(waiters.c.id)).where(
             waiters.c.deadline > now
         )

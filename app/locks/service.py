@@ -1071,12 +1071,15 @@ class LockService:
 
         return self.run_transaction(work)
 
-    def list_freezes(self, *, scope: tuple[str, ...] | None = None) -> list[Freeze]:
-        """The freezes in force now, by prefix; ``scope``: the asking token's
-        prefixes, and only the freezes that cover one of its resources (a freeze
-        inside the scope, or one over all of a scope prefix, which its acquires
-        would be refused with anyway)."""
-        now = self.now()
+    def list_freezes(
+        self, *, scope: tuple[str, ...] | None = None, at: datetime | None = None
+    ) -> list[Freeze]:
+        """The freezes in force now (``at``: the instant a page judges
+        everything at, read once for it), by prefix; ``scope``: the asking
+        token's prefixes, and only the freezes that cover one of its resources
+        (a freeze inside the scope, or one over all of a scope prefix, which
+        its acquires would be refused with anyway)."""
+        now = self._read_at(at)
         query = (
             select(freezes)
             .where(freezes.c.ends_at.is_(None) | (freezes.c.ends_at > now))
@@ -1151,6 +1154,12 @@ class LockService:
             return now
         with self._autocommit_engine.connect() as conn:
             return self._transactional.read_now(conn)
+
+    def _read_at(self, at: datetime | None) -> datetime:
+        """``at``, the instant a page's reads are all judged at (one reading of
+        the clock per page: on PostgreSQL and MariaDB each is a round trip),
+        or the clock's reading now when a caller gives none."""
+        return at if at is not None else self.now()
 
     def get(self, resource: str, *, include_stale: bool = False) -> Lock:
         """The lock on ``resource``; :raise LockNotFound: absent (or stale, unless
@@ -1311,6 +1320,7 @@ class LockService:
         contended: bool = False,
         offset: int | None = None,
         entries: str = ENTRIES_EXCLUSIVE,
+        at: datetime | None = None,
     ) -> Page[Lock]:
         """Locks a page at a time, ordered by ``sort`` (a key of ``SORT_KEYS``,
         ``-`` first for descending; ties by resource, then fence) with a keyset
@@ -1318,7 +1328,8 @@ class LockService:
         ``scope``: the asking token's prefixes, outside which nothing is listed;
         ``owner_contains``: owners containing this text, ignoring case (any
         holder's, for a resource held by places); ``contended``: only locks
-        with a live waiter; ``entries``: what one entry is (``_sources``)."""
+        with a live waiter; ``entries``: what one entry is (``_sources``);
+        ``at``: the instant to judge the locks at (``_read_at``)."""
         errors = []
         descending = sort.startswith("-")
         sort_key = sort.removeprefix("-")
@@ -1334,7 +1345,7 @@ class LockService:
             isinstance(offset, bool) or not isinstance(offset, int) or offset < 0
         ):
             errors.append(("offset", "must be a whole number, 0 or more"))
-        now = self.now()
+        now = self._read_at(at)
         position = None
         if cursor is not None:
             try:
@@ -1632,18 +1643,36 @@ class LockService:
             query = query.where(listing.is_contended(at, resource))
         return query
 
-    def _grouped_counts(self, entries: str, group, prefix, owner_contains) -> list:
+    def _grouped_counts(
+        self,
+        entries: str,
+        group,
+        prefix,
+        owner_contains,
+        at: datetime | None = None,
+        contended: bool = False,
+    ) -> list:
         """(name, held, expiring, stale) over ``entries`` (``_sources``) per
         ``group`` (a function of a source's columns), the sources' counts of
-        one name summed; ``group`` None: one row named ``""``, every entry."""
-        now = self.now()
+        one name summed; ``group`` None: one row named ``""``, every entry;
+        ``contended``: and how many of them have a live waiter, last, counted
+        in the same pass (each source, the place-held window above all, is
+        evaluated once for both)."""
+        now = self._read_at(at)
+        waited = []
         parts = []
         for source in self._sources(entries):
             column = literal("") if group is None else group(source)
+            if contended:
+                waited_for = listing.is_contended(
+                    literal(now, UTCDateTime()), source.c.resource
+                )
+                waited = [func.count(case((waited_for, 1))).label("contended")]
             query = self._filtered(
                 select(
                     column.label("name"),
                     *self._state_counts(now, source.c.expires_at),
+                    *waited,
                 ),
                 source,
                 now,
@@ -1654,15 +1683,18 @@ class LockService:
         with self._autocommit_engine.connect() as conn:
             rows = conn.execute(union_all(*parts), {listing.LISTED_AT: now}).all()
         summed: dict[Any, list[int]] = {}
-        for row in rows:
-            total = summed.setdefault(row.name, [0, 0, 0])
-            total[0] += row.held
-            total[1] += row.expiring
-            total[2] += row.stale
+        for name, *numbers in rows:
+            total = summed.setdefault(name, [0] * len(numbers))
+            for n, number in enumerate(numbers):
+                total[n] += number
         return [(name, *numbers) for name, numbers in summed.items()]
 
     def owner_counts(
-        self, *, prefix: str | None = None, owner_contains: str | None = None
+        self,
+        *,
+        prefix: str | None = None,
+        owner_contains: str | None = None,
+        at: datetime | None = None,
     ) -> list[OwnerCounts]:
         """Each owner of a grant with how many it holds in each state (each
         place or shared grant counts for its own owner), most stale first (what
@@ -1670,13 +1702,17 @@ class LockService:
         containing it, as ``list_locks`` matches them."""
         self._validate_filters(prefix, None, owner_contains)
         rows = self._grouped_counts(
-            ENTRIES_GRANTS, lambda source: source.c.owner, prefix, owner_contains
+            ENTRIES_GRANTS, lambda source: source.c.owner, prefix, owner_contains, at
         )
         groups = [OwnerCounts(*row) for row in rows]
         return sorted(groups, key=lambda g: (-g.stale, -g.total, g.name))
 
     def prefix_counts(
-        self, *, prefix: str | None = None, owner_contains: str | None = None
+        self,
+        *,
+        prefix: str | None = None,
+        owner_contains: str | None = None,
+        at: datetime | None = None,
     ) -> list[OwnerCounts]:
         """The locks under ``prefix`` (one per resource) grouped by their next
         prefix (up to the next ``:``, ``listing.next_prefix``), with how many
@@ -1688,6 +1724,7 @@ class LockService:
             lambda source: listing.next_prefix(prefix or "", source.c.resource),
             prefix,
             owner_contains,
+            at,
         )
         groups = [OwnerCounts(name or "", *numbers) for name, *numbers in rows]
         return sorted(groups, key=lambda g: (-g.stale, -g.total, not g.name, g.name))
@@ -1724,16 +1761,36 @@ class LockService:
         return PlacesCounts(row.used, int(row.limit), row.shared)
 
     def counts(
-        self, *, prefix: str | None = None, owner_contains: str | None = None
+        self,
+        *,
+        prefix: str | None = None,
+        owner_contains: str | None = None,
+        at: datetime | None = None,
     ) -> dict[LockState, int]:
         """How many locks are in each state right now, one per resource (a
         resource held by places in the state of its grant that ends first);
         ``prefix`` and ``owner_contains`` narrow them as ``list_locks`` does."""
         self._validate_filters(prefix, None, owner_contains)
         ((_, *found),) = self._grouped_counts(
-            ENTRIES_RESOURCES, None, prefix, owner_contains
+            ENTRIES_RESOURCES, None, prefix, owner_contains, at
         )
         return dict(zip(LockState, found, strict=True))
+
+    def counts_and_contended(
+        self,
+        *,
+        prefix: str | None = None,
+        owner_contains: str | None = None,
+        at: datetime | None = None,
+    ) -> tuple[dict[LockState, int], int]:
+        """``counts`` and, of the same locks, how many have a live waiter (what
+        ``count_locks(contended=True)`` counts), in one statement: a page
+        showing both reads every lock and the place-held resources once."""
+        self._validate_filters(prefix, None, owner_contains)
+        ((_, *found, contended),) = self._grouped_counts(
+            ENTRIES_RESOURCES, None, prefix, owner_contains, at, contended=True
+        )
+        return dict(zip(LockState, found, strict=True)), contended
 
 
 @dataclass(frozen=True, slots=True)
