@@ -183,25 +183,28 @@ def test_a_statements_row_shape_is_found_once_and_converts_only_its_instants(
                 " 'x' AS owner, 7 AS fence WHERE :x = :x"
             )
             rows = [connection.one(DriverSQL(sql), {"x": 1}) for _ in range(3)]
-        elif backend == "sqlite":
+        else:  # a transaction's statement (MariaDB reads its rows column by
+            # column: the same answers, no shape)
             connection = DriverConnection(db.engine)
-            sql = (
-                "SELECT '2026-05-01 12:00:00.123456' AS expires_at,"
-                " NULL AS ends_at, '2026-05-01 12:00:00.123456' AS owner, 7 AS fence"
-            )
+            if backend == "sqlite":
+                begin, sql = (
+                    "BEGIN",
+                    (
+                        "SELECT '2026-05-01 12:00:00.123456' AS expires_at, NULL AS"
+                        " ends_at, '2026-05-01 12:00:00.123456' AS owner, 7 AS fence"
+                    ),
+                )
+            else:
+                begin, sql = (
+                    "",
+                    FixedSQL.written(
+                        "SELECT UTC_TIMESTAMP(6) AS now, NULL AS ends_at, 'x' AS owner,"
+                        " 7 AS fence"
+                    ),
+                )
             rows = []
             for _ in range(3):
-                with connection.transaction("BEGIN") as conn:
-                    rows.append(conn.one(sql, {}))
-        else:  # MariaDB reads its rows column by column: the same answers
-            connection = DriverConnection(db.engine)
-            sql = FixedSQL.written(
-                "SELECT UTC_TIMESTAMP(6) AS now, NULL AS ends_at, 'x' AS owner,"
-                " 7 AS fence"
-            )
-            rows = []
-            for _ in range(3):
-                with connection.transaction("") as conn:
+                with connection.transaction(begin) as conn:
                     rows.append(conn.one(sql, {}))
     first = rows[0]
     instant = first.expires_at if backend == "sqlite" else first.now
