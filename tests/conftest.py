@@ -1,7 +1,8 @@
 """Fixtures: a fresh app per test from the factory, on SQLite by default.
 
 A test (or module, via ``pytestmark = pytest.mark.usefixtures("backend")``) that
-uses the ``backend`` fixture runs once per database: SQLite, PostgreSQL, MariaDB.
+uses the ``backend`` fixture runs once per database: SQLite, PostgreSQL, MariaDB,
+or only on those its ``@pytest.mark.backends("postgresql", ...)`` names.
 """
 
 from __future__ import annotations
@@ -41,7 +42,37 @@ def pytest_addoption(parser):
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
         chosen = metafunc.config.getoption("--backends").split(",")
-        metafunc.parametrize("backend", [b for b in BACKENDS if b in chosen])
+        metafunc.parametrize(
+            "backend", [b for b in backends_of(metafunc.definition) if b in chosen]
+        )
+
+
+def pytest_collection_modifyitems(config, items):
+    """A case whose databases are none of the chosen ones is deselected, not
+    skipped for an empty parameter set."""
+    chosen = config.getoption("--backends").split(",")
+    kept, dropped = [], []
+    for item in items:
+        applies = "backend" not in getattr(item, "fixturenames", ()) or any(
+            b in chosen for b in backends_of(item)
+        )
+        (kept if applies else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def backends_of(item) -> tuple[str, ...]:
+    """The databases a test applies to: every one, or those its closest
+    ``@pytest.mark.backends(...)`` names (a case that does not apply to a
+    database is not collected there, rather than passing without checking)."""
+    marker = item.get_closest_marker("backends")
+    if marker is None:
+        return BACKENDS
+    unknown = set(marker.args) - set(BACKENDS)
+    if unknown or not marker.args:
+        raise pytest.UsageError(f"{item.nodeid}: backends{marker.args}: unknown")
+    return tuple(b for b in BACKENDS if b in marker.args)
 
 
 _databases: dict[str, Any] = {}

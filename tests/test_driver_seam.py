@@ -22,19 +22,22 @@ from app.locks.statements import (
 pytestmark = pytest.mark.usefixtures("backend")
 
 
+# The dialects whose hot path is one autocommit statement on the seam; SQLite's
+# is always a transaction on it (below).
+AUTOCOMMIT = ("postgresql", "mariadb")
+# The dialects whose hot path is one transaction on the seam (their statements
+# declare a ``driver_transaction``); PostgreSQL's is one autocommit statement.
+TRANSACTIONAL = ("sqlite", "mariadb")
+
+
 @pytest.fixture
 def driver(app, backend):
-    if backend == "sqlite":
-        # SQLite's hot path is a transaction on the seam (below), never one
-        # autocommit statement.
-        return None
     with app.app_context():
         return DriverConnection(autocommit(db.engine))
 
 
+@pytest.mark.backends(*AUTOCOMMIT)
 def test_a_row_comes_back_by_name_with_utc_instants(driver, backend):
-    if driver is None:
-        return
     now_sql = "SELECT 7 AS fence, %s AS now" % (
         "clock_timestamp()" if backend == "postgresql" else "UTC_TIMESTAMP(6)"
     )
@@ -45,10 +48,9 @@ def test_a_row_comes_back_by_name_with_utc_instants(driver, backend):
     assert driver.one(DriverSQL("SELECT 1 AS one WHERE 1 = :no"), {"no": 2}) is None
 
 
+@pytest.mark.backends(*AUTOCOMMIT)
 def test_a_duplicate_insert_is_an_integrity_error(driver):
     """What the service retries (a concurrent first insert won)."""
-    if driver is None:
-        return
     insert = DriverSQL(
         "INSERT INTO distributed_locks (resource, owner, fence, acquired_at,"
         " expires_at) VALUES (:r, NULL, 1, :t, :t)"
@@ -61,10 +63,9 @@ def test_a_duplicate_insert_is_an_integrity_error(driver):
         driver.one(insert, {"r": "seam:1", "t": when})
 
 
+@pytest.mark.backends(*AUTOCOMMIT)
 def test_an_unreachable_server_is_an_operational_error(driver):
     """What the API answers with a 503, not a 500."""
-    if driver is None:
-        return
     url = make_url(str(driver.engine.url)).set(host="127.0.0.1", port=1)
     dead = DriverConnection(create_engine(url, isolation_level="AUTOCOMMIT"))
     with pytest.raises(OperationalError):
@@ -76,23 +77,16 @@ def test_an_unreachable_server_is_an_operational_error(driver):
 
 @pytest.fixture
 def transactional(app, backend):
-    """The statements and connection of the dialects whose hot path is one
-    transaction on the seam; None for PostgreSQL (one autocommit statement)."""
-    statements = statements_for(_dialect(app))
-    if getattr(statements, "driver_transaction", None) is None:
-        return None
+    """The statements and connection of a dialect whose hot path is one
+    transaction on the seam."""
+    statements = statements_for(backend)
+    assert statements.driver_transaction is not None
     with app.app_context():
         return statements, DriverConnection(db.engine)
 
 
-def _dialect(app) -> str:
-    with app.app_context():
-        return db.engine.dialect.name
-
-
+@pytest.mark.backends(*TRANSACTIONAL)
 def test_a_transaction_binds_and_reads_back_aware_utc_instants(transactional):
-    if transactional is None:
-        return
     statements, connection = transactional
     acquired = datetime(2026, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
     values = {
@@ -112,9 +106,8 @@ def test_a_transaction_binds_and_reads_back_aware_utc_instants(transactional):
     assert row.expires_at.tzinfo is UTC
 
 
+@pytest.mark.backends(*TRANSACTIONAL)
 def test_a_transaction_refuses_a_naive_instant_and_writes_nothing(transactional):
-    if transactional is None:
-        return
     statements, connection = transactional
     naive = datetime(2026, 5, 1, 12, 0)  # noqa: DTZ001 - the point of the test
     values = {
@@ -133,9 +126,8 @@ def test_a_transaction_refuses_a_naive_instant_and_writes_nothing(transactional)
         assert statements.lock_row(conn, "seam:3", naive.replace(tzinfo=UTC)) is None
 
 
+@pytest.mark.backends(*TRANSACTIONAL)
 def test_a_duplicate_insert_in_a_transaction_is_an_integrity_error(transactional):
-    if transactional is None:
-        return
     statements, connection = transactional
     when = datetime(2026, 5, 1, tzinfo=UTC)
     values = {
@@ -164,6 +156,14 @@ def test_every_dialects_statements_declare_what_the_service_asks(dialect):
         statements.driver_transaction, str
     )
     assert isinstance(statements.transactional, TransactionalStatements)
+
+
+def test_the_seams_cases_run_on_every_dialect_that_has_that_path(backend):
+    """The tests above run where each path is: a dialect that gains or loses a
+    transaction on the seam moves in or out of them, never passes them unseen."""
+    statements = statements_for(backend)
+    assert (statements.driver_transaction is not None) == (backend in TRANSACTIONAL)
+    assert (backend in AUTOCOMMIT) == (backend != "sqlite")
 
 
 # -- row shapes: found once per statement text -------------------------------------

@@ -366,13 +366,16 @@ def listener_rows(server) -> list[int]:
         return list(conn.scalars(text("SELECT pid FROM lock_event_listeners")))
 
 
+@pytest.mark.backends("sqlite", "mariadb")
+def test_other_databases_streams_have_no_listeners_table(app, backend):
+    """Elsewhere the stream's poll is what wakes it; every test above shows it."""
+    assert "lock_event_listeners" not in _tables(app)
+
+
+@pytest.mark.backends("postgresql")
 def test_postgresql_streams_wake_on_notify_not_on_their_poll(
     make_app, backend, monkeypatch
 ):
-    if backend != "postgresql":
-        # Elsewhere the stream's poll is what wakes it; every test above shows it.
-        assert "lock_event_listeners" not in _tables(make_app())
-        return
     monkeypatch.setattr(follow, "NOTIFY_SAFETY_INTERVAL", 60.0)
     app = make_app()
     # Past what the settings allow: only a NOTIFY wakes the stream before its
@@ -411,12 +414,10 @@ def _notifications_until_marker(conn) -> list[str]:
     raise AssertionError("the marker never came")
 
 
+@pytest.mark.backends("postgresql")
 def test_postgresql_writers_notify_only_while_a_listener_is_registered(
     app, backend, database_url
 ):
-    if backend != "postgresql":
-        assert "lock_event_listeners" not in _tables(app)
-        return
     import psycopg
 
     url = database_url.replace("postgresql+psycopg://", "postgresql://")
