@@ -103,3 +103,65 @@ def test_a_session_bound_exclusive_grant_released_by_its_session_end(
     assert (ended.held_for, ended.ended_by) == (timedelta(seconds=22), "released")
     released = next(e for e in page.items if e.action is Action.RELEASED)
     assert found.ended[released.id] == ended
+
+
+def test_a_late_end_records_when_its_expired_sessions_grants_ran_out(
+    api, viewer, clock, fake_app
+):
+    """Ended after it expired, the session's row is gone: the grants still
+    bound to it ran out at its expiry (moved by its heartbeat), and the
+    history says so, not "time unknown"."""
+    session = start(api, ttl=15)
+    assert bind(api, session, "job:late").status_code == 200
+    assert bind(api, session, "sem:late", limit=3).status_code == 200
+    clock.advance(10)
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    clock.advance(40)  # 50 s: the session ran out at 25 s
+    assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
+    for resource in ("job:late", "sem:late"):
+        page, found = page_of(fake_app, resource)
+        grant = next(e for e in page.items if e.action is Action.ACQUIRED)
+        ran_out = found.started[grant.id]
+        assert (ran_out.held_for, ran_out.ended_by) == (
+            timedelta(seconds=25),
+            "expired",
+        ), resource
+        [recorded] = [e for e in page.items if e.id == ran_out.end_id]
+        assert recorded.action is Action.RELEASED
+        assert recorded.occurred_at == grant.occurred_at + timedelta(seconds=25)
+        assert recorded.actor is None
+        assert recorded.details == {"session": session["id"], "session_expired": True}
+        [title] = bar_titles(viewer, resource, "w-7")
+        assert "09:00:25" in title
+        assert title.endswith("(expired)")
+    # The grants stay stale (a late end revives and releases nothing).
+    with fake_app.app_context():
+        assert lock_service().get("job:late", include_stale=True).owner == "w-7"
+
+
+def test_a_purged_sessions_grants_still_on_record_ran_out_at_its_expiry(
+    api, clock, fake_app
+):
+    session = start(api, ttl=15)
+    assert bind(api, session, "job:purged").status_code == 200
+    assert bind(api, session, "sem:purged", limit=3).status_code == 200
+    clock.advance(10)
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    with fake_app.app_context():
+        clock.advance(86400 * 8)
+        assert lock_service().purge_stale(timedelta(days=7)) == ["job:purged"]
+        assert lock_service().sessions.live() == 0
+    for resource in ("job:purged", "sem:purged"):
+        page, found = page_of(fake_app, resource)
+        grant = next(e for e in page.items if e.action is Action.ACQUIRED)
+        ran_out = found.started[grant.id]
+        assert (ran_out.held_for, ran_out.ended_by) == (
+            timedelta(seconds=25),
+            "expired",
+        ), resource
+        assert ran_out.end_id is not None
+    # A second purge finds nothing more to record.
+    with fake_app.app_context():
+        assert lock_service().purge_stale(timedelta(days=7)) == []
+    page, _ = page_of(fake_app, "job:purged")
+    assert [e.action for e in page.items].count(Action.RELEASED) == 1

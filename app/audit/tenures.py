@@ -34,7 +34,10 @@ in SQL), the timeline only those that show holders at once.
 A grant bound to a session (its event's ``details`` name the session) is
 renewed by the session's heartbeat, which writes no event: it does not run
 out at the expiry its events recorded but at its session's (``tenure``, given
-the sessions' expiries), and only an event naming it ends it earlier.
+the sessions' expiries), and only an event naming it ends it earlier. When an
+expired session's row is deleted (a late end, a purge), a ``released`` event
+at its expiry records that each grant still bound to it ran out then
+(``records_a_session_expiry``): the tenure is ``expired`` at that instant.
 
 Pure: no Flask, no database (``ends_condition`` builds an expression only).
 """
@@ -48,7 +51,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, or_
 
 from app.locks.results import Event
-from app.locks.state import Action
+from app.locks.state import SESSION_EXPIRED, Action
 
 GRANTS = (Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED)
 EXTENSIONS = (Action.RENEWED, Action.REACQUIRED)
@@ -58,7 +61,8 @@ BOUNDARIES = (*ENDINGS, *GRANTS)
 HOLDING = (*GRANTS, *EXTENSIONS)
 EXPIRED = "expired"
 # A session-bound grant whose session's row is gone ran out, but when is
-# recorded nowhere (its heartbeats write no event).
+# recorded nowhere (its heartbeats write no event; it was taken over, or its
+# session's row deleted before its expiry was recorded on deletion).
 EXPIRED_UNKNOWN = "expired_unknown"
 HELD = "held"
 UNRECORDED = "unrecorded"
@@ -158,6 +162,15 @@ def bound_session(event: Event) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def records_a_session_expiry(event: Event) -> bool:
+    """``event`` is the ``released`` event written as an expired session's row
+    was deleted, for a grant still bound to it: the grant ran out at the
+    session's expiry (the event's time); nobody released it."""
+    return event.action is Action.RELEASED and bool(
+        (event.details or {}).get(SESSION_EXPIRED)
+    )
+
+
 def ends_condition(later, fence, owner, token, expires_at) -> ColumnElement[bool]:
     """``ends`` in SQL: whether the event ``later`` (a table or alias of
     ``lock_events``, later on the resource) ends the tenure of ``fence``,
@@ -221,6 +234,8 @@ def tenure(
         if now is None:
             raise ValueError("an open tenure is judged at a given now")
         held_until, ended_by = now, HELD
+    elif records_a_session_expiry(boundary):
+        held_until, ended_by = boundary.occurred_at, EXPIRED
     else:
         held_until, ended_by = boundary.occurred_at, boundary.action.value
     if (

@@ -1132,6 +1132,9 @@ class LockService:
         if older_than < MIN_PURGE_AGE:
             raise InvalidInput([("older_than", "must be at least one minute")])
         cutoff = self.now() - older_than
+        # Sessions first: deleting one records when its grants still bound
+        # ran out, which it finds on their rows (purged below).
+        self.sessions.purge_expired(cutoff, PURGE_BATCH)
         purged: list[str] = []
         while True:
             batch = self.run_transaction(
@@ -1141,8 +1144,6 @@ class LockService:
             )
             purged += [row.resource for row in batch if row.owner is not None]
             if len(batch) < PURGE_BATCH:
-                # Sessions that ended as long ago go too (their grants are stale).
-                self.sessions.purge_expired(cutoff, PURGE_BATCH)
                 return purged
 
     # -- reads --------------------------------------------------------------

@@ -56,6 +56,12 @@ def held_by_another(row, owner: str, token: str | None, now: datetime) -> bool:
     )
 
 
+# The key of a ``released`` event's details that says it records a session's
+# expiry, written as the expired session's row was deleted (its grants ran out
+# then; the event's time is the session's expiry, not the deletion's).
+SESSION_EXPIRED = "session_expired"
+
+
 class Action(StrEnum):
     """What an audit event records."""
 

@@ -20,6 +20,7 @@ driver's autocommit connection); elsewhere one short transaction.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -38,7 +39,7 @@ from app.database import UTCDateTime
 from app.locks.driver import DriverSQL
 from app.locks.errors import InvalidInput
 from app.locks.models import EXCLUSIVE, NO_TOKEN, LockHolder, LockSession
-from app.locks.state import Action, holds
+from app.locks.state import SESSION_EXPIRED, Action, holds
 from app.locks.statements.common import (
     LockRow,
     Outcome,
@@ -122,6 +123,91 @@ def places_of(session_id, token, expires_at):
         holders.c.session_id == session_id,
         holders.c.token == token,
         holders.c.expires_at == expires_at,
+    )
+
+
+def _still_bound(row, session: SessionRow) -> bool:
+    """``row`` (an exclusive row) is bound to ``session``: ``bound_to``."""
+    return (
+        row.session_id == session.id
+        and row.owner == session.owner
+        and row.token == session.token
+        and row.expires_at == session.expires_at
+    )
+
+
+def _still_placed(row, session: SessionRow) -> bool:
+    """``row`` (a place) is bound to ``session``: ``places_of``."""
+    return (
+        row.session_id == session.id
+        and row.token == session.token
+        and row.expires_at == session.expires_at
+    )
+
+
+def _ending(
+    grant: LockRow,
+    action: Action,
+    at: datetime,
+    modes,
+    *,
+    actor: str | None,
+    reason: str | None,
+    details: str | None = None,
+) -> dict:
+    """The event of ``grant``'s end at ``at``."""
+    return {
+        "resource": grant.resource,
+        "action": action.value,
+        "owner": grant.owner,
+        "previous_owner": grant.owner,
+        "token": token_or_none(grant.token),
+        "fence": grant.fence,
+        "acquired_at": grant.acquired_at,
+        "expires_at": at,
+        "actor": actor,
+        "reason": reason,
+        "occurred_at": at,
+        "mode": modes.get(grant.resource, EXCLUSIVE),
+        "details": details,
+    }
+
+
+def _log_expiries(conn, ran_out: dict[str, SessionRow], rows, places) -> None:
+    """Record that the grants among ``rows`` (exclusive) and ``places`` still
+    bound to one of the expired sessions ``ran_out`` (by id) ran out at its
+    expiry, as their sessions' rows are deleted: a ``released`` event at that
+    instant, its details naming the session and that it expired
+    (``SESSION_EXPIRED``). The rows stay as they are (stale, until a grant or
+    a purge takes them). Without it, once the session's row is gone, nothing
+    would say when its heartbeats stopped renewing them."""
+    bound = [
+        (row, EXCLUSIVE, ran_out[row.session_id])
+        for row in rows
+        if row.session_id in ran_out and _still_bound(row, ran_out[row.session_id])
+    ] + [
+        (row, row.mode, ran_out[row.session_id])
+        for row in places
+        if row.session_id in ran_out and _still_placed(row, ran_out[row.session_id])
+    ]
+    if not bound:
+        return
+    conn.execute(
+        insert(events),
+        [
+            _ending(
+                LockRow.of(row),
+                Action.RELEASED,
+                session.expires_at,
+                {row.resource: mode},
+                actor=None,
+                reason=None,
+                details=json.dumps(
+                    {"session": session.id, SESSION_EXPIRED: True}, sort_keys=True
+                ),
+            )
+            for row, mode, session in bound
+        ],
     )
 
 
@@ -331,17 +417,12 @@ class SessionStatements:
         ).all()
         now = self.t.clock_after_lock(conn, now).now
         conn.execute(delete(sessions).where(sessions.c.id == session.id))
+        exclusive = [row for row in rows if _still_bound(row, session)]
         if session.expires_at <= now:
-            # Its grants went stale with it; a late end revives and logs nothing.
+            # Its grants went stale with it; a late end revives none of them,
+            # and records when they ran out (its row, which said so, is gone).
+            _log_expiries(conn, {session.id: session}, exclusive, places)
             return Ended(session, [], now, expired=True)
-        exclusive = [
-            row
-            for row in rows
-            if row.session_id == session.id
-            and row.owner == session.owner
-            and row.token == session.token
-            and row.expires_at == session.expires_at
-        ]
         released: list[LockRow] = []
         waiters_of = {row.resource: row.waiters for row in rows}
         if exclusive:
@@ -373,20 +454,7 @@ class SessionStatements:
             conn.execute(
                 insert(events),
                 [
-                    {
-                        "resource": grant.resource,
-                        "action": action.value,
-                        "owner": grant.owner,
-                        "previous_owner": grant.owner,
-                        "token": token_or_none(grant.token),
-                        "fence": grant.fence,
-                        "acquired_at": grant.acquired_at,
-                        "expires_at": now,
-                        "actor": actor,
-                        "reason": reason,
-                        "occurred_at": now,
-                        "mode": modes.get(grant.resource, EXCLUSIVE),
-                    }
+                    _ending(grant, action, now, modes, actor=actor, reason=reason)
                     for grant in released
                 ],
             )
@@ -394,20 +462,48 @@ class SessionStatements:
 
     def purge_expired_batch(self, conn, cutoff: datetime, batch: int) -> int:
         """Delete up to ``batch`` sessions expired at or before ``cutoff`` (their
-        grants went stale with them); returns how many."""
-        ids = conn.scalars(
-            select(sessions.c.id)
+        grants went stale with them, and each still bound is recorded as run
+        out at its session's expiry); returns how many."""
+        found = conn.execute(
+            select(sessions)
             .where(sessions.c.expires_at <= cutoff)
             .order_by(sessions.c.expires_at)
             .limit(batch)
             .with_for_update()
         ).all()
-        if ids:
-            conn.execute(
-                delete(sessions).where(
-                    sessions.c.id.in_(ids), sessions.c.expires_at <= cutoff
+        if not found:
+            return 0
+        ran_out = {row.id: _session(row) for row in found}
+        ids = list(ran_out)
+        # The lock order: the sessions' rows (above), the resources' rows in
+        # resource order, then their places.
+        place_resources = select(holders.c.resource).where(
+            holders.c.session_id.in_(ids)
+        )
+        rows = conn.execute(
+            select(locks)
+            .where(
+                or_(
+                    locks.c.session_id.in_(ids),
+                    locks.c.resource.in_(place_resources),
                 )
             )
+            .order_by(locks.c.resource)
+            .with_for_update()
+        ).all()
+        places = conn.execute(
+            select(holders)
+            .where(holders.c.session_id.in_(ids))
+            .order_by(holders.c.resource)
+            .with_for_update()
+        ).all()
+        _log_expiries(
+            conn,
+            ran_out,
+            [r for r in rows if r.session_id in ran_out],
+            places,
+        )
+        conn.execute(delete(sessions).where(sessions.c.id.in_(ids)))
         return len(ids)
 
     # -- the session-bound acquire -------------------------------------------
