@@ -5,7 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
+from app.audit import service as audit_service
 from app.audit.service import (
     EventFilter,
     iter_events,
@@ -13,6 +16,7 @@ from app.audit.service import (
     prune_events,
     tenures,
 )
+from app.extensions import db
 from app.locks.errors import InvalidInput
 from app.locks.pagination import encode_cursor
 from app.locks.state import Action
@@ -171,6 +175,124 @@ def test_owner_and_actor_filters_are_exact_about_trailing_spaces(service):
     assert list_events(EventFilter(owner="w-1")).items == []
     assert list_events(EventFilter(actor="tok")).items == []
     assert len(list_events(EventFilter(owner="w-1 ", actor="tok ")).items) == 1
+
+
+# -- how SQLite reads a prefix or a time window ----------------------------------
+
+START = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def spread(service, clock):
+    """Events of several prefixes (and a name differing only in case) over
+    ten minutes, renewals among them."""
+    for minute in range(10):
+        for n in range(4):
+            resource = f"job:{minute % 3}{n}"
+            service.acquire(resource, f"w-{n}", ttl=600)
+            service.renew(resource, f"w-{n}", ttl=600)
+        service.acquire(f"Job:{minute}", "w-9", ttl=30)
+        service.acquire(f"jobs:{minute}", "w-9", ttl=30)
+        clock.advance(60)
+    return service
+
+
+SPREAD_FILTERS = [
+    EventFilter(prefix="job:1"),
+    EventFilter(prefix="job:"),
+    EventFilter(prefix="jo", actions=("renewed",), except_actions=True),
+    EventFilter(since=START + timedelta(minutes=3)),
+    EventFilter(since=START + timedelta(minutes=2), until=START + timedelta(minutes=5)),
+    EventFilter(until=START + timedelta(minutes=4), owner="w-9"),
+    EventFilter(
+        prefix="job:2",
+        since=START + timedelta(minutes=1),
+        until=START + timedelta(minutes=9),
+    ),
+    EventFilter(since=START + timedelta(hours=1)),
+]
+
+
+@pytest.mark.parametrize("filters", SPREAD_FILTERS)
+def test_a_range_read_or_an_id_walk_pages_the_same_events(spread, filters, monkeypatch):
+    every = [e for e in iter_events(EventFilter()) if _matches(filters, e)]
+    for narrow_below in (1, 10**9):  # always walk the ids; always read the range
+        monkeypatch.setattr(audit_service, "NARROW_RANGE", narrow_below)
+        assert all_pages(filters, limit=7) == [e.id for e in every]
+        assert [e.id for e in iter_events(filters)] == [e.id for e in every]
+
+
+def _matches(filters: EventFilter, event) -> bool:
+    return (
+        event.resource.startswith(filters.prefix or "")
+        and (filters.owner is None or event.owner == filters.owner)
+        and (filters.action is None or event.action.value == filters.action)
+        and (
+            not filters.actions
+            or (event.action.value in filters.actions) != filters.except_actions
+        )
+        and (filters.since is None or event.occurred_at >= filters.since)
+        and (filters.until is None or event.occurred_at < filters.until)
+    )
+
+
+def page_plan(backend, filters: EventFilter) -> tuple[list[str], str]:
+    """The statements ``list_events`` sends, and the plan of its page's."""
+    statements = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        statements.append((statement, parameters))
+
+    event.listen(Engine, "before_cursor_execute", capture)
+    try:
+        list_events(filters, limit=5)
+    finally:
+        event.remove(Engine, "before_cursor_execute", capture)
+    [(statement, parameters)] = [s for s in statements if "lock_events.details" in s[0]]
+    explain = "EXPLAIN QUERY PLAN " if backend == "sqlite" else "EXPLAIN "
+    with db.engine.connect() as conn:
+        raw = conn.connection.cursor()
+        raw.execute(explain + statement, parameters)
+        return [s for s, _ in statements], "\n".join(
+            str(line) for line in raw.fetchall()
+        )
+
+
+NARROW_AND_WIDE = [
+    (EventFilter(prefix="job:1"), "ix_lock_events_resource_id"),
+    (
+        EventFilter(since=START, until=START + timedelta(minutes=1)),
+        "ix_lock_events_occurred_at",
+    ),
+]
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize(("filters", "index"), NARROW_AND_WIDE)
+def test_sqlite_reads_a_narrow_range_and_walks_the_ids_past_a_wide_one(
+    backend, spread, filters, index, monkeypatch
+):
+    _, narrow = page_plan(backend, filters)
+    monkeypatch.setattr(audit_service, "NARROW_RANGE", 1)
+    _, wide = page_plan(backend, filters)
+    assert index in narrow, narrow
+    assert "TEMP B-TREE" in narrow, narrow
+    # Newest first along the ids (the rowid): nothing to sort.
+    assert index not in wide, wide
+    assert "TEMP B-TREE" not in wide, wide
+
+
+@pytest.mark.backends("postgresql", "mariadb")
+@pytest.mark.parametrize(("filters", "index"), NARROW_AND_WIDE)
+def test_other_planners_get_one_statement_however_wide_the_range(
+    backend, spread, filters, index, monkeypatch
+):
+    # They estimate a range from statistics: nothing is counted first.
+    narrow_statements, _ = page_plan(backend, filters)
+    monkeypatch.setattr(audit_service, "NARROW_RANGE", 1)
+    wide_statements, _ = page_plan(backend, filters)
+    assert len(narrow_statements) == 1
+    assert narrow_statements == wide_statements
 
 
 # -- tenures --------------------------------------------------------------------

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    Connection,
     Select,
     and_,
     bindparam,
@@ -20,6 +21,8 @@ from sqlalchemy import (
     select,
     union_all,
 )
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from app.audit.tenures import (
     ENDINGS,
@@ -102,13 +105,20 @@ class EventFilter:
         if errors:
             raise InvalidInput(errors)
 
-    def apply(self, query: Select) -> Select:
+    def apply(self, query: Select, *, read_by: str | None = None) -> Select:
+        """``query`` narrowed to the matching events. ``read_by``: the index
+        (``BY_PREFIX``, ``BY_TIME``) whose range of the prefix or the time
+        window SQLite may read; it reads no other by those (``_newest_first``
+        chooses). Elsewhere the same rows and the planner's own choice."""
         if self.resource is not None:
             query = query.where(events.c.resource == self.resource)
         if self.prefix:
-            query = query.where(starts_with(events.c.resource, self.prefix))
+            query = query.where(
+                starts_with(events.c.resource, self.prefix, ranged=read_by == BY_PREFIX)
+            )
         if self.scope is not None:
-            query = query.where(within(events.c.resource, self.scope))
+            # Row by row: a token's broad scope would read and sort its range.
+            query = query.where(within(events.c.resource, self.scope, ranged=False))
         if self.owner is not None:
             query = query.where(events.c.owner == self.owner)
         if self.action is not None:
@@ -124,11 +134,121 @@ class EventFilter:
             query = query.where(events.c.actor == self.actor)
         if self.mode is not None:
             query = query.where(events.c.mode == self.mode)
+        occurred_at = (
+            events.c.occurred_at
+            if read_by == BY_TIME
+            else _Unindexed(events.c.occurred_at)
+        )
         if self.since is not None:
-            query = query.where(events.c.occurred_at >= self.since)
+            query = query.where(occurred_at >= self.since)
         if self.until is not None:
-            query = query.where(events.c.occurred_at < self.until)
+            query = query.where(occurred_at < self.until)
         return query
+
+
+# The indexes whose ranges the prefix and the time window are (``read_by``).
+BY_PREFIX = "ix_lock_events_resource_id"
+BY_TIME = "ix_lock_events_occurred_at"
+# SQLite keeps no histograms, so it cannot tell a rare prefix or a short
+# window from a common one: offered either range it reads the whole range and
+# sorts it by id (100,000 events under "job:"), offered none it walks the ids
+# newest first past every other event (all 1,000,000 for a rare prefix). A
+# range of fewer events than this is read and sorted in a few milliseconds;
+# past it its events are common enough that the walk meets a page of them soon.
+NARROW_RANGE = 5000
+
+
+class _Unindexed(FunctionElement[Any]):
+    """SQLite: ``+column``, the same value that no index serves (so the
+    planner walks the ids rather than reading and sorting a wide range);
+    elsewhere the column itself."""
+
+    inherit_cache = True
+    name = "lockkeeper_unindexed"
+
+    def __init__(self, column) -> None:
+        super().__init__(column)
+        self.type = column.type
+
+
+@compiles(_Unindexed)
+def _the_column(element, compiler, **kw):
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(_Unindexed, "sqlite")
+def _no_index(element, compiler, **kw):
+    return "+" + compiler.process(element.clauses, **kw)
+
+
+def _newest_first(conn: Connection, filters: EventFilter) -> Select:
+    """The events matching ``filters``, newest first.
+
+    On SQLite the planner is offered the index range of the prefix or of the
+    time window only when it holds fewer than ``NARROW_RANGE`` events (the
+    smaller of the two). Otherwise it walks the ids newest first (or the
+    owner's, the actor's...); from the top when fewer than ``NARROW_RANGE``
+    events came after the window, else (an old, wide window) from the window's
+    newest id down to its oldest, found in one pass over its index, not past
+    every newer event. One statement counts all three, each up to
+    ``NARROW_RANGE``, on its index alone."""
+    if conn.dialect.name != "sqlite":
+        return filters.apply(select(events)).order_by(events.c.id.desc())
+    window = _window(filters)
+    counted = {}
+    if filters.prefix:
+        counted[BY_PREFIX] = starts_with(events.c.resource, filters.prefix)
+    if window is not None:
+        counted[BY_TIME] = window
+    if filters.until is not None:
+        counted[_AFTER_WINDOW] = events.c.occurred_at >= filters.until
+    sizes = {}
+    if counted:
+        found = conn.execute(_at_most_narrow(counted)).one()
+        sizes = dict(zip(counted, found, strict=True))
+    narrow = [
+        index
+        for index in (BY_PREFIX, BY_TIME)
+        if sizes.get(index, NARROW_RANGE) < NARROW_RANGE
+    ]
+    read_by = min(narrow, key=sizes.__getitem__, default=None)
+    query = filters.apply(select(events), read_by=read_by)
+    if read_by != BY_TIME and sizes.get(_AFTER_WINDOW, 0) >= NARROW_RANGE:
+        first, last = conn.execute(
+            select(func.min(events.c.id), func.max(events.c.id)).where(window)
+        ).one()
+        # None (every event pruned since it was counted) matches nothing.
+        query = query.where(events.c.id.between(first, last))
+    return query.order_by(events.c.id.desc())
+
+
+# Counted with the ranges: the events after the window (``_newest_first``).
+_AFTER_WINDOW = "after the window"
+
+
+def _window(filters: EventFilter) -> Any:
+    """``filters``' time window, as its index reads it; None without one."""
+    bounds = []
+    if filters.since is not None:
+        bounds.append(events.c.occurred_at >= filters.since)
+    if filters.until is not None:
+        bounds.append(events.c.occurred_at < filters.until)
+    return and_(*bounds) if bounds else None
+
+
+def _at_most_narrow(ranges: dict[str, Any]) -> Select:
+    """How many events match each of ``ranges``, counting up to
+    ``NARROW_RANGE``."""
+    return select(
+        *(
+            select(func.count())
+            .select_from(
+                select(events.c.id).where(where).limit(NARROW_RANGE).subquery()
+            )
+            .scalar_subquery()
+            for where in ranges.values()
+        )
+    )
 
 
 def _cursor_id(position: dict[str, Any]) -> int:
@@ -150,14 +270,16 @@ def list_events(
     limit_error = page_limit_error(limit)
     if limit_error:
         raise InvalidInput([("limit", limit_error)])
-    query = filters.apply(select(events)).order_by(events.c.id.desc())
+    before = None
     if cursor is not None:
         try:
             before = read_cursor(cursor, _cursor_id)
         except ValueError as exc:
             raise InvalidInput([("cursor", str(exc))]) from None
-        query = query.where(events.c.id < before)
     with db.engine.connect() as conn:
+        query = _newest_first(conn, filters)
+        if before is not None:
+            query = query.where(events.c.id < before)
         rows, next_cursor = fetch_page(conn, query, limit, lambda row: {"id": row.id})
     return Page([Event.from_row(row) for row in rows], next_cursor)
 
@@ -204,8 +326,8 @@ def iter_events(
     """Every matching event, newest first, with flat memory (for exports)."""
     filters = filters or EventFilter()
     filters.validate()
-    query = filters.apply(select(events)).order_by(events.c.id.desc())
     with db.engine.connect() as conn:
+        query = _newest_first(conn, filters)
         result = conn.execution_options(yield_per=batch).execute(query)
         for row in result:
             yield Event.from_row(row)

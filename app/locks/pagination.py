@@ -100,19 +100,23 @@ def fetch_page(
 # -- filters every listing offers ---------------------------------------------
 
 
-def starts_with(column, prefix: str):
+def starts_with(column, prefix: str, *, ranged: bool = True):
     """``column`` begins with ``prefix``, exactly.
 
     LIKE lets an index narrow the range; the substr comparison keeps the match
     case-exact, as resources are, where LIKE is not (SQLite). SQLite's LIKE
     ignores ASCII case, so it never narrows a (case-exact) index: there the
     names from ``prefix`` up to the next prefix (``_PrefixRange``) do.
+    ``ranged=False`` leaves that range out, so SQLite reads no index by the
+    name (the audit's newest-first page walks the ids past a common prefix).
     """
-    return and_(
+    matches = and_(
         column.startswith(prefix, autoescape=True),
         func.substr(column, 1, len(prefix)) == prefix,
-        _PrefixRange(column, *prefix_range_bounds(prefix)),
     )
+    if not ranged:
+        return matches
+    return and_(matches, _PrefixRange(column, *prefix_range_bounds(prefix)))
 
 
 def prefix_range_bounds(prefix: str) -> tuple[Any, ...]:
@@ -137,6 +141,10 @@ class _PrefixRange(FunctionElement[bool]):
     type = Boolean()
     inherit_cache = True
     name = "lockkeeper_prefix_range"
+    # A comparison, not a boolean value: without this SQLAlchemy writes
+    # "(...) = 1" on databases without a native boolean (SQLite), which no
+    # index can serve.
+    _is_implicitly_boolean = True
 
 
 @compiles(_PrefixRange)
@@ -151,6 +159,9 @@ def _binary_range(element, compiler, **kw):
     return f"({column} >= {low}{below})"
 
 
-def within(column, prefixes: tuple[str, ...]):
-    """``column`` begins with one of ``prefixes`` (none: nothing matches)."""
-    return or_(false(), *(starts_with(column, prefix) for prefix in prefixes))
+def within(column, prefixes: tuple[str, ...], *, ranged: bool = True):
+    """``column`` begins with one of ``prefixes`` (none: nothing matches);
+    ``ranged`` as ``starts_with``."""
+    return or_(
+        false(), *(starts_with(column, prefix, ranged=ranged) for prefix in prefixes)
+    )
