@@ -498,9 +498,9 @@ def test_every_range_is_redrawn_once_a_minute(fake_app, monkeypatch):
     calls = []
     real_build = charts.build
 
-    def counted(now, within, shown=charts.DEFAULT_SPAN):
+    def counted(now, within, shown=charts.DEFAULT_SPAN, budget=None):
         calls.append((shown.name, now))
-        return real_build(now, within, shown)
+        return real_build(now, within, shown, budget)
 
     monkeypatch.setattr(charts, "build", counted)
     with fake_app.app_context():
@@ -790,3 +790,61 @@ def test_a_past_moment_counts_untouched_places_by_the_one_that_ends_first(stored
     assert at_minute(sampled, 11) == (1, 1, 0)  # a reader: 1 min left
     assert at_minute(sampled, 10) == (1, 0, 0)  # the readers ran out: free
     assert at_minute(sampled, 0) == (1, 0, 0)
+
+
+def test_a_request_counts_a_bounded_number_of_events_and_says_what_it_has_not(
+    backend, operator, fake_app, clock, monkeypatch
+):
+    """With nothing stored (a fresh deploy), a request counts only the newest
+    events within its budget: the older part of the range is drawn as not
+    counted yet, and the page says so (counting the whole range in the request
+    took 16-30 s at a million events, past a worker's timeout). The rest is
+    counted in the background and stored; the next drawing is the whole range,
+    equal to counting it afresh."""
+    monkeypatch.setattr(rollup, "EVENTS_PER_DRAWING", 10)
+    clock.current = NOW + timedelta(seconds=30)
+    with fake_app.app_context():
+        for n in range(60):  # one grant a minute (its event and row), 2 min long
+            db.session.add(event("acquired", 59.5 - n, f"job:{n}", ttl_minutes=2))
+            db.session.add(row(f"job:{n}", "w", 59.5 - n, 57.5 - n))
+            db.session.flush()
+        db.session.commit()
+    # The background count is started by the request and run here, after it.
+    started = []
+    count_the_rest = charts._count_the_rest
+    monkeypatch.setattr(charts, "_count_the_rest", lambda *args: started.append(args))
+    first = soup(operator.get("/activity"))
+    with fake_app.app_context():
+        filled = [
+            db.session.scalar(select(func.count()).select_from(ActivitySample)),
+            db.session.scalar(
+                select(func.count())
+                .select_from(ActivityEvents)
+                .where(ActivityEvents.action == EVERY_ACTION)
+            ),
+        ]
+        assert len(started) == 1
+        count_the_rest(*started[0])
+        for thread in charts.counting_in_background(fake_app):
+            thread.join(timeout=60)
+        assert not charts.counting_in_background(fake_app)
+        whole = direct(clock.now(), 15, charts.DEFAULT_SPAN)
+
+    counting = first.select_one("#activity-counting")
+    assert counting is not None
+    assert "being counted in the background" in counting.get_text()
+    hatched = first.select("rect.uncounted")
+    assert len(hatched) == 2  # the states' and the events' plots
+    # The newest 10 events are a minute each: counted from about 10 min ago.
+    bars = first.select("rect.event-bar title")
+    assert 9 <= len(bars) <= 12
+    assert all("1 event at" in bar.get_text() for bar in bars)
+    # The request stored the closed moments and buckets it counted, not 60.
+    assert all(8 <= n <= 12 for n in filled), filled
+
+    again = soup(operator.get("/activity"))
+    assert again.select_one("#activity-counting") is None
+    assert not again.select("rect.uncounted")
+    assert len(again.select("rect.event-bar")) == 60
+    with fake_app.app_context():
+        assert drawn(clock.now(), 15, charts.DEFAULT_SPAN) == whole

@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from app.audit import activity
 from app.audit.models import EVERY_ACTION, ActivityEvents, ActivitySample
 from app.extensions import db
+from app.locks.models import LockEvent
 from app.locks.transactions import is_conflict
 
 CLOSED_AFTER = activity.ID_MARGIN
@@ -37,6 +38,15 @@ KEPT_FOR = timedelta(days=7, hours=2)
 # too, so the open bucket of a week costs a minute's events, not two hours'.
 MINUTE = timedelta(minutes=1)
 BY_MINUTE_UP_TO = timedelta(hours=3)
+# A drawing in a request counts at most about this many events (plus the
+# newest minute's, whatever they are): with nothing stored (a fresh deploy, a
+# new ``expiring_within``) a day is a million events here, 16-30 s of counting,
+# past a worker's timeout. The newest moments within this many events are
+# counted; older missing ones are answered None (not yet counted) and counted
+# by a drawing without a budget (``app.dashboard.charts`` runs one in the
+# background). 10-30 µs per event here (two window passes over them, and the
+# held rows of the resources they touched): 50-150 ms.
+EVENTS_PER_DRAWING = 5_000
 
 stored_samples = ActivitySample.__table__
 stored_events = ActivityEvents.__table__
@@ -80,13 +90,41 @@ def _from(window: activity.Window, first: int) -> activity.Window:
     return activity.Window(start=start, step=window.step, end=window.end)
 
 
+def _within_budget(moments: list[datetime], first: int, budget: int | None) -> int:
+    """The index of the earliest moment from ``first`` on after which at most
+    ``budget`` events happened (None: no budget), at most the newest bucket's
+    start, so the newest bucket and now are always counted. One read of at
+    most ``budget + 1`` entries of the events' ``occurred_at`` index."""
+    if budget is None or first >= len(moments) - 2:
+        return first
+    occurred_at = LockEvent.__table__.c.occurred_at
+    with db.engine.connect() as conn:
+        edge = conn.scalar(
+            select(occurred_at)
+            .where(occurred_at >= moments[first])
+            .order_by(occurred_at.desc())
+            .offset(budget)
+            .limit(1)
+        )
+    if edge is None:
+        return first
+    later = (i for i in range(first, len(moments)) if moments[i] > edge)
+    return min(next(later, len(moments)), len(moments) - 2)
+
+
 def _by_minute(missing: activity.Window) -> bool:
     return missing.step > MINUTE and missing.end - missing.start <= BY_MINUTE_UP_TO
 
 
-def states(window: activity.Window, within: float) -> list[dict[str, int]]:
+def states(
+    window: activity.Window,
+    within: float,
+    budget: int | None = None,
+) -> list[dict[str, int] | None]:
     """Locks held / expiring / stale at each moment of ``window`` (which ends
-    now: the untouched locks' rows are their state all along)."""
+    now: the untouched locks' rows are their state all along); None for a
+    moment neither stored nor counted: counting from it would read more than
+    ``budget`` events."""
     moments = window.moments
     key = _within_ms(within)
     on_grid = [m for m in moments if m <= window.last_on_grid]
@@ -106,10 +144,14 @@ def states(window: activity.Window, within: float) -> list[dict[str, int]]:
             )
         }
     first = next(i for i, m in enumerate(moments) if m not in stored)
+    first = _within_budget(moments, first, budget)
     missing = _from(window, first)
     if _by_minute(missing):
         minutes = activity.Window(start=missing.start, step=MINUTE, end=missing.end)
-        by_minute = dict(zip(minutes.moments, states(minutes, within), strict=True))
+        by_minute = dict(
+            # The budget again per minute: a week's open bucket is 2 h long.
+            zip(minutes.moments, states(minutes, within, budget), strict=True)
+        )
         counted = {m: by_minute[m] for m in missing.moments}
     else:
         counted = dict(
@@ -121,17 +163,20 @@ def states(window: activity.Window, within: float) -> list[dict[str, int]]:
         [
             {"within_ms": key, "at": at, **counts}
             for at, counts in counted.items()
-            if at in on_grid and at <= closed and at not in stored
+            if at in on_grid and at <= closed and at not in stored and counts
         ],
         stored_samples.c.at,
         window.end,
     )
-    return [stored.get(m) or counted[m] for m in moments]
+    return [stored.get(m) or counted.get(m) for m in moments]
 
 
-def events(window: activity.Window) -> list[dict[str, int]]:
+def events(
+    window: activity.Window, budget: int | None = None
+) -> list[dict[str, int] | None]:
     """Events per action in each bucket of ``window`` (oldest first), the
-    bucket's total under ``EVERY_ACTION``."""
+    bucket's total under ``EVERY_ACTION``; None for a bucket neither stored nor
+    counted: counting from it would read more than ``budget`` events."""
     moments = window.moments
     step = int(window.step.total_seconds())
     starts = moments[:-1]
@@ -154,19 +199,27 @@ def events(window: activity.Window) -> list[dict[str, int]]:
     )
     counted: dict[datetime, dict[str, int]] = {}
     if first < len(starts):
+        first = _within_budget(moments, first, budget)
         missing = _from(window, first)
         if _by_minute(missing):
             minutes = activity.Window(start=missing.start, step=MINUTE, end=missing.end)
-            per_minute = zip(minutes.moments, events(minutes), strict=False)
+            # The budget again per minute: a week's open bucket is 2 h long.
+            per_minute = zip(minutes.moments, events(minutes, budget), strict=False)
             bounds = missing.moments
+            uncounted = set()
             for at, per_action in per_minute:
                 # The bucket of ``missing`` this minute falls in.
                 bucket = max(m for m in bounds[:-1] if m <= at)
+                if per_action is None:
+                    uncounted.add(bucket)
+                    continue
                 total = counted.setdefault(bucket, {})
                 for action, n in per_action.items():
                     total[action] = total.get(action, 0) + n
             for bucket in bounds[:-1]:
                 counted.setdefault(bucket, {EVERY_ACTION: 0})
+            for bucket in uncounted:
+                del counted[bucket]
         else:
             for at, per_action in zip(
                 missing.moments, activity.per_bucket(missing), strict=False
@@ -187,4 +240,4 @@ def events(window: activity.Window) -> list[dict[str, int]]:
         stored_events.c.starts_at,
         window.end,
     )
-    return [stored[at] if at in counted_starts else counted[at] for at in starts]
+    return [stored[at] if at in counted_starts else counted.get(at) for at in starts]

@@ -7,10 +7,16 @@ module only turns the counts into SVG geometry, a pure function like
 
 The moments are whole steps from the epoch (so a past bucket is the same bucket
 in every drawing), the last one ``now``: the open bucket, drawn narrower.
+
+A request counts at most ``rollup.EVENTS_PER_DRAWING`` events: with nothing
+stored (a fresh deploy, a new ``expiring_within``) the older part of a range
+is drawn as not counted yet, and counted in a background thread of the process
+(one per range and ``expiring_within``), stored for the next drawing.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,6 +26,8 @@ from flask import current_app
 from app.audit import activity as counts_of
 from app.audit import refusals, rollup
 from app.dashboard.timeline import tick_step
+
+log = logging.getLogger(__name__)
 
 WINDOW = timedelta(hours=1)
 STEP = timedelta(minutes=1)
@@ -73,6 +81,7 @@ class Sample:
     held: int = 0
     expiring: int = 0
     stale: int = 0
+    counted: bool = True  # False: not counted yet (drawn as a gap, zeros here)
 
 
 @dataclass(slots=True)
@@ -92,6 +101,8 @@ class Chart:
     x_ticks: list[tuple[float, str]] = field(default_factory=list)
     lines: dict[str, str] = field(default_factory=dict)  # state -> polyline points
     bars: list[tuple[float, float, float, float, str]] = field(default_factory=list)
+    # The plot's left part that is not counted yet (its right edge), if any.
+    uncounted_until: float | None = None
 
 
 @dataclass(slots=True)
@@ -105,6 +116,9 @@ class Activity:
     refused: list[tuple[datetime, dict[str, int]]]  # refusals per outcome, bucket
     refusals: Chart
     span: Span = DEFAULT_SPAN
+    # The states and events before this moment are not counted yet (a drawing
+    # in a request reads a bounded number of events; the rest is being counted).
+    counted_from: datetime | None = None
 
     @property
     def now(self) -> Sample:
@@ -124,21 +138,33 @@ def window(now: datetime, span: Span = DEFAULT_SPAN) -> counts_of.Window:
 
 
 def samples(
-    now: datetime, expiring_within: float, span: Span = DEFAULT_SPAN
+    now: datetime,
+    expiring_within: float,
+    span: Span = DEFAULT_SPAN,
+    budget: int | None = None,
 ) -> list[Sample]:
     """How many locks were held / expiring / stale at each bucket boundary of
-    the span up to ``now``, as the database counts them."""
+    the span up to ``now``, as the database counts them (``counted`` False
+    where counting would read more than ``budget`` events)."""
     moments = window(now, span)
-    counted = rollup.states(moments, expiring_within)
-    return [Sample(at, **c) for at, c in zip(moments.moments, counted, strict=True)]
-
-
-def per_minute(now: datetime, span: Span = DEFAULT_SPAN) -> list[tuple[datetime, int]]:
-    """Events in each bucket of the span ending at ``now``, oldest first."""
-    moments = window(now, span)
-    per_action = rollup.events(moments)
+    counted = rollup.states(moments, expiring_within, budget)
     return [
-        (at, counts[rollup.EVERY_ACTION])
+        Sample(at, **c) if c is not None else Sample(at, counted=False)
+        for at, c in zip(moments.moments, counted, strict=True)
+    ]
+
+
+def per_minute(
+    now: datetime,
+    span: Span = DEFAULT_SPAN,
+    budget: int | None = None,
+) -> list[tuple[datetime, int | None]]:
+    """Events in each bucket of the span ending at ``now``, oldest first (None
+    where counting would read more than ``budget`` events)."""
+    moments = window(now, span)
+    per_action = rollup.events(moments, budget)
+    return [
+        (at, None if counts is None else counts[rollup.EVERY_ACTION])
         for at, counts in zip(moments.moments, per_action, strict=False)
     ]
 
@@ -223,11 +249,34 @@ def _peak(chart: Chart, series: list[tuple[datetime, int]]) -> None:
     chart.clipped = chart.peak > chart.y_max
 
 
+def _after_last(missing) -> int:
+    """The index after the last true one (0 if none)."""
+    return 1 + max((i for i, flag in enumerate(missing) if flag), default=-1)
+
+
 def build(
-    now: datetime, expiring_within: float, shown: Span = DEFAULT_SPAN
+    now: datetime,
+    expiring_within: float,
+    shown: Span = DEFAULT_SPAN,
+    budget: int | None = None,
 ) -> Activity:
-    sampled = samples(now, expiring_within, shown)
-    minutes = per_minute(now, shown)
+    sampled = samples(now, expiring_within, shown, budget)
+    counted_minutes = per_minute(now, shown, budget)
+    # Drawn as counted from the first moment after which every sample and
+    # every bucket is counted; before it, a gap said to be not counted yet.
+    first_counted = max(
+        _after_last(not s.counted for s in sampled),
+        _after_last(n is None for _, n in counted_minutes),  # bucket i starts at i
+    )
+    counted_from = sampled[first_counted].at if first_counted else None
+    sampled = [
+        s if i >= first_counted else Sample(s.at, counted=False)
+        for i, s in enumerate(sampled)
+    ]
+    minutes = [
+        (at, n if i >= first_counted and n is not None else 0)
+        for i, (at, n) in enumerate(counted_minutes)
+    ]
     start = sampled[0].at  # on the grid: up to a step before now - window
     span = (now - start).total_seconds()
 
@@ -249,7 +298,7 @@ def build(
 
     for state in STATES:
         points = []
-        for sample in sampled:
+        for sample in sampled[first_counted:]:
             x = states.plot_left + width * (sample.at - start).total_seconds() / span
             points.append((x, y_of(states, getattr(sample, state))))
         states.lines[state] = _polyline(points)
@@ -257,6 +306,10 @@ def build(
     when = "%H:%MZ" if shown.window <= WINDOW else "%Y-%m-%d %H:%MZ"
     counts = _frame(start, now, _scale([count for _, count in minutes]), shown.window)
     _peak(counts, minutes)
+    if counted_from is not None:
+        states.uncounted_until = counts.uncounted_until = round(
+            states.plot_left + width * (counted_from - start).total_seconds() / span, 1
+        )
     ends = [sample.at for sample in sampled[1:]]
     for (moment, count), ends_at in zip(minutes, ends, strict=True):
         if not count:
@@ -302,6 +355,7 @@ def build(
         refused=refused_per_bucket,
         refusals=refusal_chart,
         span=shown,
+        counted_from=counted_from,
     )
 
 
@@ -351,9 +405,12 @@ def cached(
             pass
         if flight.result is not None:
             return flight.result
-        return build(now, expiring_within, shown)  # it failed: draw for this request
+        # It failed: draw for this request.
+        return build(now, expiring_within, shown, rollup.EVENTS_PER_DRAWING)
     try:
-        flight.result = build(now, expiring_within, shown)
+        flight.result = build(now, expiring_within, shown, rollup.EVENTS_PER_DRAWING)
+        if flight.result.counted_from is not None:
+            _count_the_rest(now, expiring_within, shown)
         return flight.result
     finally:
         if flight.result is None:
@@ -361,3 +418,46 @@ def cached(
                 if store.get(key) is flight:
                     del store[key]
         flight.drawing.release()
+
+
+def _count_the_rest(now: datetime, expiring_within: float, shown: Span) -> None:
+    """Count and store in a background thread what a drawing left uncounted
+    (its budget of events spent), at most one thread per range and
+    ``expiring_within`` in this process; the range is drawn afresh once it is
+    done. A failure is logged: the next drawing starts another."""
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    fills = app.extensions.setdefault("lockkeeper.activity_fills", {})
+    key = (shown.name, expiring_within)
+    with _cache_lock:
+        running = fills.get(key)
+        if running is not None and running.is_alive():
+            return
+        thread = threading.Thread(
+            target=_count_in_background,
+            args=(app, now, expiring_within, shown),
+            name=f"activity-fill-{shown.name}",
+            daemon=True,
+        )
+        fills[key] = thread
+        thread.start()
+
+
+def _count_in_background(app, now: datetime, expiring_within: float, shown: Span):
+    with app.app_context():
+        try:
+            samples(now, expiring_within, shown)  # no budget
+            per_minute(now, shown)
+        except Exception:
+            log.exception("counting the %s charts in the background failed", shown.name)
+            return
+        store = app.extensions.get("lockkeeper.activity", {})
+        with _cache_lock:
+            for key in [k for k in store if k[0] == shown.name]:
+                del store[key]  # drawn afresh from what is now stored
+
+
+def counting_in_background(app) -> list[threading.Thread]:
+    """The background counts still running in ``app`` (to wait for them)."""
+    fills = app.extensions.get("lockkeeper.activity_fills", {})
+    with _cache_lock:
+        return [thread for thread in fills.values() if thread.is_alive()]

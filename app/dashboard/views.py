@@ -374,6 +374,7 @@ def activity():
         [sorted(counts.items()) for _, counts in drawn.refused],
         [c.peak_at for c in (drawn.states, drawn.events, drawn.refusals)],
         [bar[4] for bar in drawn.events.bars],
+        drawn.counted_from,
         live,
     )
     unchanged = _unchanged(version)
