@@ -8,6 +8,7 @@ from sqlalchemy.engine import Engine
 
 from app.extensions import db
 from app.locks.errors import InvalidInput
+from app.locks.service import ENTRIES_RESOURCES
 from app.locks.state import LockState
 from tests.dashboard_helpers import soup
 
@@ -277,6 +278,34 @@ def test_numbered_pages_read_the_same_order_by_offset(numbered):
     with pytest.raises(InvalidInput) as error:
         numbered.list_locks(offset=-1)
     assert error.value.errors[0][0] == "offset"
+
+
+@pytest.mark.parametrize("sort", ["urgent", "-urgent"])
+@pytest.mark.parametrize("state", [None, "stale", "held"])
+def test_every_offset_reads_its_slice_of_the_urgent_order(numbered, state, sort):
+    """A page whose live locks fill it reads no stale one (``_stale_fetch``):
+    every slice, at each side of the live/stale boundary, is still the same
+    slice of the whole order, a semaphore's places among the live."""
+    numbered.acquire("sem:1", "v", limit=2, ttl=50)
+    numbered.acquire("sem:1", "u", limit=2, ttl=60)
+    whole = [
+        (lock.resource, lock.fence)
+        for lock in numbered.list_locks(
+            sort=sort, state=state, limit=100, offset=0, entries=ENTRIES_RESOURCES
+        ).items
+    ]
+    assert len(whole) == numbered.count_locks(state=state) > 0
+    for limit in (1, 2, 5):
+        for offset in range(len(whole) + 1):
+            page = numbered.list_locks(
+                sort=sort,
+                state=state,
+                limit=limit,
+                offset=offset,
+                entries=ENTRIES_RESOURCES,
+            )
+            shown = [(lock.resource, lock.fence) for lock in page.items]
+            assert shown == whole[offset : offset + limit], (limit, offset)
 
 
 @pytest.mark.parametrize("sort", ["urgent", "waiters", "natural"])

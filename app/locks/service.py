@@ -1494,6 +1494,9 @@ class LockService:
                 source.c.resource.label("sort_2"),
             ).where(condition)
             query = self._filtered(query, source, now, **filters)
+            fetch: Any = page.fetch
+            if rank == URGENT_STALE and page.position is None and not page.descending:
+                fetch = self._stale_fetch(source, at, now, filters, page)
             if page.position is not None:
                 at_rank, *rest = page.position["values"]
                 if (rank < at_rank) != page.descending and rank != at_rank:
@@ -1501,8 +1504,42 @@ class LockService:
                 if rank == at_rank:
                     query = query.where(page.after(within_rank, source, rest))
             order = page.ordered(within_rank, source)
-            branches.append(select(query.order_by(*order).limit(page.fetch).subquery()))
+            branches.append(select(query.order_by(*order).limit(fetch).subquery()))
         return branches
+
+    def _stale_fetch(
+        self,
+        source,
+        at,
+        now: datetime,
+        filters: dict[str, Any],
+        page: PageAsked,
+    ):
+        """How many stale entries of ``source`` a page from the first (by
+        offset, urgent first) reads: none when its live entries alone (the
+        ranks before the stale one) fill the ``page.fetch`` rows, else
+        ``page.fetch``. A deep page (``?page=40``) then skips its offset's
+        worth of stale locks it would only drop. The limit is a scalar
+        subquery, read once before the range (a PostgreSQL init plan; SQLite
+        evaluates LIMIT first), over at most ``page.fetch`` entries of the
+        expiry index. MariaDB takes only a number there: it reads the stale
+        rank as before. Only for a list narrowed by nothing but the state: a
+        name, owner or contended filter would make the count probe the live
+        range row by row for its few matches (more than the stale rows it
+        saves)."""
+        narrowed = ("prefix", "owner", "owner_contains", "scope", "contended")
+        if self.dialect not in ("sqlite", "postgresql") or any(
+            filters[name] for name in narrowed
+        ):
+            return page.fetch
+        live = self._filtered(
+            select(source.c.resource).where(source.c.expires_at > at),
+            source,
+            now,
+            **filters,
+        ).limit(page.fetch)
+        counted = select(func.count()).select_from(live.subquery("live_first"))
+        return case((counted.scalar_subquery() >= page.fetch, 0), else_=page.fetch)
 
     def _waiters_branches(
         self,
