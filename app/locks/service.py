@@ -1523,14 +1523,11 @@ class LockService:
         subquery, read once before the range (a PostgreSQL init plan; SQLite
         evaluates LIMIT first), over at most ``page.fetch`` entries of the
         expiry index. MariaDB takes only a number there: it reads the stale
-        rank as before. Only for a list narrowed by nothing but the state: a
-        name, owner or contended filter would make the count probe the live
-        range row by row for its few matches (more than the stale rows it
-        saves)."""
-        narrowed = ("prefix", "owner", "owner_contains", "scope", "contended")
-        if self.dialect not in ("sqlite", "postgresql") or any(
-            filters[name] for name in narrowed
-        ):
+        rank as before. Only for an unfiltered list: a name, owner or
+        contended filter would make the count probe the live range row by row
+        for its few matches (more than the stale rows it saves), and a state
+        leaves one of the two ranges empty, found at no cost without it."""
+        if self.dialect not in ("sqlite", "postgresql") or any(filters.values()):
             return page.fetch
         live = self._filtered(
             select(source.c.resource).where(source.c.expires_at > at),
