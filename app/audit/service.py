@@ -18,6 +18,7 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
+    or_,
     select,
     union_all,
 )
@@ -34,6 +35,8 @@ from app.audit.tenures import (
     bound_session,
     ends,
     ends_condition,
+    names_previous_holder,
+    previous_token_sql,
     records_an_end,
     tenure,
 )
@@ -482,7 +485,7 @@ def _of_ended_tenure(event: Event, boundary: Event) -> bool:
         return False
     if boundary.action in ENDINGS:
         return event.fence == boundary.fence
-    return event.owner == boundary.previous_owner
+    return names_previous_holder(boundary, event.owner, event.token)
 
 
 def _probe_statement(probes) -> Select:
@@ -521,7 +524,15 @@ _other = events.alias("other")
 _holding = _other.c.action.in_([a.value for a in HOLDING])
 _granting = _other.c.action.in_([a.value for a in GRANTS])
 _of_fence = _other.c.fence == _anchor.c.fence
-_of_previous_owner = _other.c.owner == _anchor.c.previous_owner
+# The previous holder's events: its owner's, and of a take-over that recorded
+# the token it took, that token's only (one owner may hold places under two).
+_of_previous_owner = and_(
+    _other.c.owner == _anchor.c.previous_owner,
+    or_(
+        previous_token_sql(_anchor).is_(None),
+        func.coalesce(_other.c.token, "") == previous_token_sql(_anchor),
+    ),
+)
 
 # Per page grant the newest event of its fence (its expiry is where it runs
 # out); per recorded end the newest event, and the newest grant, of the

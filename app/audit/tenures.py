@@ -48,10 +48,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, or_
+from sqlalchemy import ColumnElement, String, and_, func, or_
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from app.locks.results import Event
-from app.locks.state import SESSION_EXPIRED, Action
+from app.locks.state import PREVIOUS_TOKEN, SESSION_EXPIRED, Action
 
 GRANTS = (Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED)
 EXTENSIONS = (Action.RENEWED, Action.REACQUIRED)
@@ -100,18 +102,33 @@ def records_an_end(event: Event) -> bool:
     return event.action in GRANTS and event.previous_owner is not None
 
 
-def records_the_end_of(event: Event, owner: str | None) -> bool:
-    """``event`` recorded the end of ``owner``'s tenure it ended: an ending
-    (it names the fence), or a grant naming ``owner`` as the previous owner.
-    A grant that ended a tenure otherwise (its own holder's, as a promotion;
-    one that had run out) recorded no end of it."""
+def records_the_end_of(event: Event, owner: str | None, token: str | None) -> bool:
+    """``event`` recorded the end of the tenure of (``owner``, ``token``) it
+    ended: an ending (it names the fence), or a grant naming that holder as
+    the one it replaced (``names_previous_holder``). A grant that ended a
+    tenure otherwise (its own holder's, as a promotion; one that had run out)
+    recorded no end of it."""
     if event.action in ENDINGS:
         return True
-    return (
-        event.action in GRANTS
-        and event.previous_owner is not None
-        and event.previous_owner == owner
-    )
+    return event.action in GRANTS and names_previous_holder(event, owner, token)
+
+
+def previous_token(event: Event) -> str | None:
+    """The token of the grant a take-over took ("" for none), recorded in its
+    ``details``; None when its event does not say (one written before
+    migration 0025, or not a take-over)."""
+    found = (event.details or {}).get(PREVIOUS_TOKEN)
+    return found if isinstance(found, str) else None
+
+
+def names_previous_holder(event: Event, owner: str | None, token: str | None) -> bool:
+    """``event`` (a grant) names (``owner``, ``token``) as the holder whose
+    grant it replaced: its previous owner, and for a take-over that recorded
+    it the token too (an older take-over names the owner alone)."""
+    if owner is None or event.previous_owner != owner:
+        return False
+    taken = previous_token(event) if event.action is Action.TOOK_OVER else None
+    return taken is None or taken == (token or "")
 
 
 def ends(first: Event, last: Event, event: Event) -> bool:
@@ -125,9 +142,11 @@ def ends(first: Event, last: Event, event: Event) -> bool:
     a new grant clears expired places, and one holder's expired row was
     purged before a grant found none).
 
-    The previous owner an event names carries no token, and one owner may
-    hold several places under several tokens: a take-over naming it ends
-    the tenure that ran out, never another of that owner's by its name.
+    A take-over names the holder it took, its previous owner and (in its
+    ``details``, since migration 0025) that owner's token: it ends that
+    holder's tenure, which had run out, never another of that owner's (one
+    owner may hold several places under several tokens). An older take-over,
+    which names the owner alone, ends only a tenure that had run out.
 
     ``ends_condition`` is this rule in SQL: change both together."""
     if replaces(first, last, event):
@@ -142,7 +161,8 @@ def ends(first: Event, last: Event, event: Event) -> bool:
 
 def replaces(first: Event, last: Event, event: Event) -> bool:
     """``ends`` by what ``event`` names: an ending of the tenure's fence, a
-    grant by its holder, a claim naming its owner as the previous owner."""
+    grant by its holder, a claim naming its owner as the previous owner, a
+    take-over naming its holder (owner and token) as the one it took."""
     if event.action in ENDINGS:
         return event.fence == last.fence
     if event.action not in GRANTS:
@@ -152,7 +172,9 @@ def replaces(first: Event, last: Event, event: Event) -> bool:
         return False
     if event.owner == owner and event.token == first.token:
         return True
-    return event.action is not Action.TOOK_OVER and event.previous_owner == owner
+    if event.action is Action.TOOK_OVER and previous_token(event) is None:
+        return False
+    return names_previous_holder(event, owner, first.token)
 
 
 def bound_session(event: Event) -> str | None:
@@ -187,6 +209,11 @@ def ends_condition(later, fence, owner, token, expires_at) -> ColumnElement[bool
             later.c.action != Action.TOOK_OVER.value,
             later.c.previous_owner == owner,
         ),
+        and_(
+            later.c.action == Action.TOOK_OVER.value,
+            later.c.previous_owner == owner,
+            previous_token_sql(later) == func.coalesce(token, ""),
+        ),
     ]
     if expires_at is not None:
         grant_ends.append(later.c.occurred_at >= expires_at)
@@ -194,6 +221,40 @@ def ends_condition(later, fence, owner, token, expires_at) -> ColumnElement[bool
         and_(later.c.action.in_([a.value for a in ENDINGS]), later.c.fence == fence),
         and_(later.c.action.in_([a.value for a in GRANTS]), or_(*grant_ends)),
     )
+
+
+class PreviousTokenOf(FunctionElement):
+    """``previous_token`` in SQL: the text of that key of an event's
+    ``details`` (JSON text), NULL when absent. Its key is a constant, written
+    into the statement."""
+
+    type = String()
+    inherit_cache = True
+
+
+@compiles(PreviousTokenOf)
+def _previous_token_sqlite(element, compiler, **kw) -> str:
+    details = compiler.process(element.clauses, **kw)
+    return f"json_extract({details}, '$.{PREVIOUS_TOKEN}')"
+
+
+@compiles(PreviousTokenOf, "postgresql")
+def _previous_token_postgresql(element, compiler, **kw) -> str:
+    details = compiler.process(element.clauses, **kw)
+    return f"(CAST({details} AS jsonb) ->> '{PREVIOUS_TOKEN}')"
+
+
+@compiles(PreviousTokenOf, "mysql")
+@compiles(PreviousTokenOf, "mariadb")
+def _previous_token_mariadb(element, compiler, **kw) -> str:
+    details = compiler.process(element.clauses, **kw)
+    return f"JSON_VALUE({details}, '$.{PREVIOUS_TOKEN}')"
+
+
+def previous_token_sql(event) -> ColumnElement[str]:
+    """``previous_token`` of the event ``event`` (a table or alias of
+    ``lock_events``) in SQL."""
+    return PreviousTokenOf(event.c.details)
 
 
 def continues(last: Event, event: Event) -> bool:
@@ -241,7 +302,12 @@ def tenure(
     if (
         session is not None
         and expires is None
-        and not (boundary is not None and replaces(first, last, boundary))
+        and not (
+            boundary is not None
+            # A take-over names the grant it took, which had run out before.
+            and boundary.action is not Action.TOOK_OVER
+            and replaces(first, last, boundary)
+        )
     ):
         vouched = last.expires_at or held_until
         held_until, ended_by = min(vouched, held_until), EXPIRED_UNKNOWN
@@ -255,7 +321,7 @@ def tenure(
         ended_by=ended_by,
         grant_id=grant.id if grant is not None else None,
         end_id=boundary.id
-        if boundary is not None and records_the_end_of(boundary, owner)
+        if boundary is not None and records_the_end_of(boundary, owner, first.token)
         else None,
         forced=grant is not None and grant.action is Action.FORCE_CLAIMED,
         token=first.token,

@@ -60,6 +60,9 @@ def held_by_another(row, owner: str, token: str | None, now: datetime) -> bool:
 # expiry, written as the expired session's row was deleted (its grants ran out
 # then; the event's time is the session's expiry, not the deletion's).
 SESSION_EXPIRED = "session_expired"
+# The key of a take-over's details naming the token of the grant it took (its
+# owner is the event's ``previous_owner``); "" for a holder with no token.
+PREVIOUS_TOKEN = "previous_token"
 
 
 class Action(StrEnum):

@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from app.database import UTCDateTime
 from app.locks.errors import SessionBound
 from app.locks.models import EXCLUSIVE, NO_TOKEN, SHARED, LockSession
-from app.locks.state import Action, holds
+from app.locks.state import PREVIOUS_TOKEN, Action, holds
 from app.locks.statements.common import (
     LockRow,
     Outcome,
@@ -76,6 +76,15 @@ def with_session(details: str | None, session_id: str | None) -> str | None:
         return details
     found = json.loads(details) if details is not None else {}
     return json.dumps({**found, "session": session_id}, sort_keys=True)
+
+
+def took_over_from(details: str | None, token: str | None) -> str:
+    """A take-over's ``details`` naming the token of the grant it took
+    (``PREVIOUS_TOKEN``; "" for none, as ``lock_holders`` records it): its
+    owner alone (``previous_owner``) does not tell one owner's grants under
+    two tokens apart."""
+    found = json.loads(details) if details is not None else {}
+    return json.dumps({**found, PREVIOUS_TOKEN: token or NO_TOKEN}, sort_keys=True)
 
 
 def place_token(token: str | None) -> str:
@@ -351,11 +360,13 @@ class PlacesStatements:
         capacity = limit if mode == EXCLUSIVE else None
         if capacity is not None and len(live) >= capacity:
             return Outcome(False, None, first_ending(), now)
-        previous_owner = None
+        previous_owner = previous_token = None
         if row.owner is not None:
-            previous_owner = row.owner  # an expired exclusive grant taken over
+            # an expired exclusive grant taken over
+            previous_owner, previous_token = row.owner, row.token
         elif capacity is not None and expired and len(live) + len(expired) >= capacity:
-            previous_owner = expired[0].owner  # the expired place taken over
+            # the expired place taken over
+            previous_owner, previous_token = expired[0].owner, expired[0].token
         action = Action.TOOK_OVER if previous_owner is not None else Action.ACQUIRED
         counting = bool(ask.max_locks) and token is not None
         refused = self._new_tenure_refusal(conn, resource, token, now, counting)
@@ -405,9 +416,12 @@ class PlacesStatements:
             mode=mode,
             holders=len(live) + 1,
         )
+        details = with_session(None, session_id)
+        if action is Action.TOOK_OVER:
+            details = took_over_from(details, previous_token)
         return self._logged_place(
             conn, granted, action, previous_owner, token, ask, now, waiter,
-            details=with_session(None, session_id),
+            details=details,
         )  # fmt: skip
 
     def _promote(self, conn, row, mine, ask, now, ttl, waiter, session_id):

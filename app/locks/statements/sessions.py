@@ -51,7 +51,7 @@ from app.locks.statements.common import (
     token_ended,
     token_or_none,
 )
-from app.locks.statements.places import with_session
+from app.locks.statements.places import took_over_from, with_session
 from app.locks.statements.transaction import TransactionalStatements
 from app.locks.values import Ask
 
@@ -598,6 +598,9 @@ class SessionStatements:
             waiters=row.waiters if row is not None else 0,
             **values,
         )
+        details = with_session(None, session.id)
+        if action is Action.TOOK_OVER:
+            details = took_over_from(details, row.token)
         t._log(
             conn,
             action,
@@ -607,7 +610,7 @@ class SessionStatements:
             ask.actor,
             None,
             now,
-            details=with_session(None, session.id),
+            details=details,
         )
         if waiter is not None:
             t._dequeue(conn, waiter)

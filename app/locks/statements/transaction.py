@@ -56,7 +56,7 @@ from app.locks.statements.common import (
     token_or_none,
     waiters,
 )
-from app.locks.statements.places import PlacesStatements
+from app.locks.statements.places import PlacesStatements, took_over_from
 from app.locks.values import Ask
 
 _SERVER_NOW = {
@@ -372,6 +372,8 @@ class TransactionalStatements(PlacesStatements):
             **values,
         )
         previous_owner = row.owner if row is not None else None
+        if action is Action.TOOK_OVER and previous_owner is not None:
+            details = took_over_from(details, row.token)
         self._log(
             conn, action, granted, previous_owner, token, actor, reason, now,
             details=details,
