@@ -66,7 +66,9 @@ class DistributedLock(db.Model):
     session_id: Mapped[str | None] = mapped_column(String(SESSION_ID_LENGTH))
 
     __table_args__ = (
-        Index("ix_distributed_locks_owner", "owner"),
+        # By owner and the free rows (owner NULL) counted per state from the
+        # index alone (migration 0026).
+        Index("ix_distributed_locks_owner_expires_at", "owner", "expires_at"),
         Index("ix_distributed_locks_session_id", "session_id"),
         Index("ix_distributed_locks_token_expires_at", "token", "expires_at"),
         # The overview's urgent and remaining-time orders (migration 0015).

@@ -1,0 +1,42 @@
+"""Widen the owner index to (owner, expires_at): counts read it alone.
+
+The overview's By owner and By host groupings count each owner's grants per
+state (by ``expires_at``), and its per-state counts subtract the free rows
+(``owner`` NULL, ``expires_at`` their release time) from ranges of
+``ix_distributed_locks_expires_at_resource``. With ``expires_at`` in the owner
+index both read that index only: SQLite no longer looks up every lock's row
+for its expiry (By owner 315 ms -> 55 ms at 100,000 locks), and the free rows
+are a range of it. Every read the single-column index served (an owner's
+grants, ``owner IS NULL``) is a prefix of this one.
+
+Cost on the lock hot path: PostgreSQL writes every index of a row a renewal
+updates (``expires_at`` is indexed, so those updates are never HOT), so a
+wider entry in an index it writes anyway; SQLite updates only the indexes of
+changed columns, so a renewal (same owner, new expiry) now writes this index
+too. The A/B is in the commit that added this migration.
+
+Revision ID: 0026
+Revises: 0025
+Create Date: 2026-12-03
+"""
+
+from alembic import op
+
+revision = "0026"
+down_revision = "0025"
+branch_labels = None
+depends_on = None
+
+TABLE = "distributed_locks"
+
+
+def upgrade() -> None:
+    op.create_index(
+        "ix_distributed_locks_owner_expires_at", TABLE, ["owner", "expires_at"]
+    )
+    op.drop_index("ix_distributed_locks_owner", table_name=TABLE)
+
+
+def downgrade() -> None:
+    op.create_index("ix_distributed_locks_owner", TABLE, ["owner"])
+    op.drop_index("ix_distributed_locks_owner_expires_at", table_name=TABLE)
