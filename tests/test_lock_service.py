@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -331,6 +332,32 @@ def test_list_filters_by_state_prefix_and_owner(service, clock):
         LockState.EXPIRING: 1,
         LockState.STALE: 1,
     }
+
+
+def test_counts_leave_out_free_rows_whatever_their_release_time(service, clock):
+    """The counts of every lock are ranges of expiries over every row less the
+    free rows in them (a released row keeps its release time as expiry): a row
+    released before, just after or long after the instant counted is in no
+    state, as in the list of that instant."""
+    service.acquire("old:1", "w", ttl=100)
+    service.release("old:1", "w")  # free, its expiry before the instant
+    service.acquire("stale:1", "w", ttl=1)
+    clock.advance(2)
+    for name, ttl in [("job:1", 100), ("job:2", 5), ("gone:1", 100), ("gone:2", 100)]:
+        service.acquire(name, "w", ttl=ttl)
+    instant = service.now()
+    clock.advance(3)
+    service.release("gone:1", "w")  # its expiry within the expiring range
+    clock.advance(50)
+    service.release("gone:2", "w")  # its expiry within the held range
+    counts = service.counts(at=instant)
+    listed = Counter(lock.state for lock in service.list_locks(at=instant).items)
+    assert counts == {
+        LockState.HELD: 1,
+        LockState.EXPIRING: 1,
+        LockState.STALE: 1,
+    }
+    assert counts == {state: listed[state] for state in LockState}
 
 
 def test_prefix_search_treats_underscore_and_percent_literally(service):

@@ -1696,7 +1696,11 @@ class LockService:
         now = self._read_at(at)
         waited = []
         parts = []
+        everywhere = group is None and not prefix and not owner_contains
         for source in self._sources(entries):
+            if everywhere and source is listing.EXCLUSIVE_SOURCE:
+                parts.append(self._exclusive_totals(now, contended))
+                continue
             column = literal("") if group is None else group(source)
             if contended:
                 waited_for = listing.is_contended(
@@ -1723,6 +1727,41 @@ class LockService:
             for n, number in enumerate(numbers):
                 total[n] += number
         return [(name, *numbers) for name, numbers in summed.items()]
+
+    def _exclusive_totals(self, now: datetime, contended: bool):
+        """The row of ``_grouped_counts`` for every exclusive grant, counted
+        without judging each one. A grant is a row with an owner: the rows of a
+        range less the free rows in it (``owner`` NULL, their release time as
+        expiry), each an index-only count (the range in
+        ``ix_distributed_locks_expires_at_resource``, the free rows in
+        ``ix_distributed_locks_owner_expires_at``). Held and expiring are
+        ranges of expiries; stale is every grant less the live ones, as a count
+        of a whole table tests nothing per row and the stale range is the
+        largest. docs/benchmarks-audit.md has the A/B and the plans.
+        ``contended``: the grants with a live waiter, found from the few
+        waited-for resources."""
+
+        def owned(*conditions):
+            every = select(func.count()).select_from(locks).where(*conditions)
+            free = every.where(locks.c.owner.is_(None))
+            return every.scalar_subquery() - free.scalar_subquery()
+
+        live = locks.c.expires_at > now
+        columns = [  # in the order of LockState, as _state_counts
+            owned(self._state_condition(LockState.HELD, now)).label("held"),
+            owned(self._state_condition(LockState.EXPIRING, now)).label("expiring"),
+            (owned() - owned(live)).label("stale"),
+        ]
+        if contended:
+            waited_for = listing.is_contended(literal(now, UTCDateTime()))
+            columns.append(
+                select(func.count())
+                .select_from(locks)
+                .where(locks.c.owner.is_not(None), waited_for)
+                .scalar_subquery()
+                .label("contended")
+            )
+        return select(literal("").label("name"), *columns)
 
     def owner_counts(
         self,
