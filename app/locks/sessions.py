@@ -218,7 +218,9 @@ class SessionService:
         """End the session: every grant bound to it released (one event each, in
         the same transaction) and the session gone; returns it as it was, with
         the grants released. ``token`` None: an operator ends it (a reason is
-        required; the events are ``force_released``).
+        required; the events are ``force_released``). A session that had
+        expired releases nothing: its grants still bound end as of its expiry
+        (``released`` events at that instant, ``SessionStatements.end``).
 
         :raise UnknownSession: no such session (of ``token``).
         """

@@ -173,24 +173,30 @@ def _ending(
     }
 
 
-def _log_expiries(conn, ran_out: dict[str, SessionRow], rows, places) -> None:
-    """Record that the grants among ``rows`` (exclusive) and ``places`` still
-    bound to one of the expired sessions ``ran_out`` (by id) ran out at its
-    expiry, as their sessions' rows are deleted: a ``released`` event at that
-    instant, its details naming the session and that it expired
-    (``SESSION_EXPIRED``). The rows stay as they are (stale, until a grant or
-    a purge takes them). Without it, once the session's row is gone, nothing
-    would say when its heartbeats stopped renewing them."""
-    bound = [
-        (row, EXCLUSIVE, ran_out[row.session_id])
+def _log_expiries(
+    conn, ran_out: dict[str, SessionRow], rows, places, *, remove: bool
+) -> None:
+    """End the grants among ``rows`` (exclusive, locked) and ``places``
+    (locked) still bound to one of the expired sessions ``ran_out`` (by id) as
+    of its expiry, as their sessions' rows are deleted: a ``released`` event
+    at that instant each, its details naming the session and that it expired
+    (``SESSION_EXPIRED``), and with ``remove`` the grant gone (the row free
+    with its expiry kept, the place deleted; a purge deletes them next).
+    Without the event, once the session's row is gone, nothing would say when
+    its heartbeats stopped renewing them; without the grant gone, a row still
+    stale would contradict it (a later force-release would end the same
+    tenure a second time)."""
+    exclusive = [
+        row
         for row in rows
         if row.session_id in ran_out and _still_bound(row, ran_out[row.session_id])
-    ] + [
-        (row, row.mode, ran_out[row.session_id])
+    ]
+    placed = [
+        row
         for row in places
         if row.session_id in ran_out and _still_placed(row, ran_out[row.session_id])
     ]
-    if not bound:
+    if not exclusive and not placed:
         return
     conn.execute(
         insert(events),
@@ -198,16 +204,43 @@ def _log_expiries(conn, ran_out: dict[str, SessionRow], rows, places) -> None:
             _ending(
                 LockRow.of(row),
                 Action.RELEASED,
-                session.expires_at,
+                ran_out[row.session_id].expires_at,
                 {row.resource: mode},
                 actor=None,
                 reason=None,
                 details=json.dumps(
-                    {"session": session.id, SESSION_EXPIRED: True}, sort_keys=True
+                    {"session": row.session_id, SESSION_EXPIRED: True},
+                    sort_keys=True,
                 ),
             )
-            for row, mode, session in bound
+            for row, mode in [
+                *((row, EXCLUSIVE) for row in exclusive),
+                *((row, row.mode) for row in placed),
+            ]
         ],
+    )
+    if not remove:
+        return
+    if exclusive:
+        conn.execute(clear_exclusive_grant([row.id for row in exclusive]))
+    _remove_places(conn, placed)
+
+
+def _remove_places(conn, places) -> None:
+    """Delete the place rows ``places`` (locked, their resources' rows first)
+    and bring their resources' ``places_until`` down to the places left."""
+    if not places:
+        return
+    conn.execute(delete(holders).where(holders.c.id.in_([row.id for row in places])))
+    latest = (
+        select(func.max(holders.c.expires_at))
+        .where(holders.c.resource == locks.c.resource)
+        .scalar_subquery()
+    )
+    conn.execute(
+        update(locks)
+        .where(locks.c.resource.in_({row.resource for row in places}))
+        .values(places_until=latest)
     )
 
 
@@ -420,8 +453,8 @@ class SessionStatements:
         exclusive = [row for row in rows if _still_bound(row, session)]
         if session.expires_at <= now:
             # Its grants went stale with it; a late end revives none of them,
-            # and records when they ran out (its row, which said so, is gone).
-            _log_expiries(conn, {session.id: session}, exclusive, places)
+            # and ends them as of its expiry (its row, which said when, is gone).
+            _log_expiries(conn, {session.id: session}, exclusive, places, remove=True)
             return Ended(session, [], now, expired=True)
         released: list[LockRow] = []
         waiters_of = {row.resource: row.waiters for row in rows}
@@ -430,19 +463,7 @@ class SessionStatements:
             for row in exclusive:
                 released.append(LockRow.of(row, expires_at=now))
         if places:
-            conn.execute(
-                delete(holders).where(holders.c.id.in_([row.id for row in places]))
-            )
-            latest = (
-                select(func.max(holders.c.expires_at))
-                .where(holders.c.resource == locks.c.resource)
-                .scalar_subquery()
-            )
-            conn.execute(
-                update(locks)
-                .where(locks.c.resource.in_({row.resource for row in places}))
-                .values(places_until=latest)
-            )
+            _remove_places(conn, places)
             for row in places:
                 released.append(
                     LockRow.of(
@@ -502,6 +523,8 @@ class SessionStatements:
             ran_out,
             [r for r in rows if r.session_id in ran_out],
             places,
+            # Their rows are purged next, as stale (``LockService.purge_stale``).
+            remove=False,
         )
         conn.execute(delete(sessions).where(sessions.c.id.in_(ids)))
         return len(ids)
