@@ -12,6 +12,8 @@ import pytest
 from sqlalchemy import func, select
 
 from app.audit.service import EventFilter, list_events, tenures
+from app.audit.tenures import ENDINGS, GRANTS
+from app.locks.errors import LockChanged
 from app.locks.models import DistributedLock as LockRow
 from app.locks.models import LockHolder
 from app.locks.service import lock_service
@@ -173,3 +175,32 @@ def test_a_purged_sessions_grants_still_on_record_ran_out_at_its_expiry(
         assert lock_service().purge_stale(timedelta(days=7)) == []
     page, _ = page_of(fake_app, "job:purged")
     assert [e.action for e in page.items].count(Action.RELEASED) == 1
+
+
+def test_a_purge_removes_a_sessions_place_beside_a_live_one(api, clock, fake_app):
+    """A session's expired place on a resource whose row a purge keeps
+    (another place lives past the cutoff) goes with its session's row: its
+    end is recorded once, and a later force-release finds nothing to end."""
+    other = api.with_token("other")
+    session = start(api, ttl=15)
+    bound = bind(api, session, "sem:left", limit=3)
+    assert bound.status_code == 200, bound.get_data(as_text=True)
+    fence = bound.get_json()["lock"]["fence"]
+    live = other.post(
+        "/api/v1/locks/sem:left", json={"owner": "x", "ttl": 600, "limit": 3}
+    )
+    assert live.status_code == 200
+    with fake_app.app_context():
+        clock.advance(120)
+        lock_service().purge_stale(timedelta(minutes=1))
+        places = select(func.count()).where(LockHolder.fence == fence)
+        assert count(fake_app, places) == 0
+        with pytest.raises(LockChanged):
+            lock_service().force_release_place(
+                "sem:left", fence, actor="alice", reason="left behind"
+            )
+    page, found = page_of(fake_app, "sem:left")
+    ends = [e for e in page.items if e.fence == fence and e.action in ENDINGS]
+    assert [e.action for e in ends] == [Action.RELEASED]
+    grant = next(e for e in page.items if e.fence == fence and e.action in GRANTS)
+    assert found.started[grant.id].ended_by == "expired"

@@ -174,7 +174,13 @@ def _ending(
 
 
 def _log_expiries(
-    conn, ran_out: dict[str, SessionRow], rows, places, *, remove: bool
+    conn,
+    ran_out: dict[str, SessionRow],
+    rows,
+    places,
+    *,
+    remove: bool,
+    remove_places: bool | None = None,
 ) -> None:
     """End the grants among ``rows`` (exclusive, locked) and ``places``
     (locked) still bound to one of the expired sessions ``ran_out`` (by id) as
@@ -185,7 +191,10 @@ def _log_expiries(
     Without the event, once the session's row is gone, nothing would say when
     its heartbeats stopped renewing them; without the grant gone, a row still
     stale would contradict it (a later force-release would end the same
-    tenure a second time)."""
+    tenure a second time). ``remove_places``: the places only (None: as
+    ``remove``)."""
+    if remove_places is None:
+        remove_places = remove
     exclusive = [
         row
         for row in rows
@@ -219,11 +228,10 @@ def _log_expiries(
             ]
         ],
     )
-    if not remove:
-        return
-    if exclusive:
+    if remove_places:
+        _remove_places(conn, placed)
+    if remove and exclusive:
         conn.execute(clear_exclusive_grant([row.id for row in exclusive]))
-    _remove_places(conn, placed)
 
 
 def _remove_places(conn, places) -> None:
@@ -523,8 +531,13 @@ class SessionStatements:
             ran_out,
             [r for r in rows if r.session_id in ran_out],
             places,
-            # Their rows are purged next, as stale (``LockService.purge_stale``).
+            # The exclusive rows are purged next, as stale
+            # (``LockService.purge_stale``), and reported. A place goes now:
+            # its resource's row stays while another place lives past the
+            # cutoff, and a place left behind would be ended a second time
+            # by a later force-release.
             remove=False,
+            remove_places=True,
         )
         conn.execute(delete(sessions).where(sessions.c.id.in_(ids)))
         return len(ids)
