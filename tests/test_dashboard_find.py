@@ -130,6 +130,46 @@ def test_grouped_by_host_counts_each_hosts_locks(operator, spread):
     assert "group" not in link
 
 
+def test_a_grouped_view_shows_one_page_of_groups_and_reads_no_lock_list(
+    operator, service
+):
+    # 27 owners: two pages of 25 groups, most locks first among equals.
+    for n in range(27):
+        for m in range(n + 1):
+            service.acquire(f"job:{n}-{m}", f"worker-{n:02d}", ttl=60)
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    def listings(url):
+        statements.clear()
+        event.listen(Engine, "before_cursor_execute", record)
+        try:
+            page = soup(operator.get(url))
+        finally:
+            event.remove(Engine, "before_cursor_execute", record)
+        return page, [s for s in statements if "ORDER BY" in s and "LIMIT" in s]
+
+    assert listings("/")[1]  # the lock list's page of rows
+    first, read = listings("/?group=owner")
+    names = [a["title"] for a in first.select("#groups-table tbody td.owner a")]
+    assert names == [f"worker-{n:02d}" for n in range(26, 1, -1)]
+    # The lock list is neither shown nor read.
+    assert first.select_one("#locks-table") is None
+    assert read == []
+    pager = first.select_one("nav.page-numbers")
+    assert pager["aria-label"] == "Pages of groups"
+    second_url = pager.select_one("a[rel=next]")["href"]
+    assert "group=owner" in second_url
+    assert "page=2" in second_url
+    second = soup(operator.get(second_url))
+    names = [a["title"] for a in second.select("#groups-table tbody td.owner a")]
+    assert names == ["worker-01", "worker-00"]
+    # Counts stay those of every lock, not of the page's groups.
+    assert second.select_one("#count-held .count").get_text() == str(27 * 28 // 2)
+
+
 def test_owner_search_on_the_page_is_a_substring(operator, spread):
     page = soup(operator.get("/?owner=db2"))
     owners = sorted(td.get_text(strip=True) for td in page.select("#live td.owner"))
