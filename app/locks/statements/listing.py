@@ -82,7 +82,9 @@ def next_prefix(under: str, resource=locks.c.resource, separator: str = ":"):
     ``job:4100`` under ``""``, ``job:eu:`` for ``job:eu:7`` under ``job:``.
     Every name starting with such a prefix has it as its own, so a group of
     them is exactly what a prefix search for it lists."""
-    rest = func.substr(resource, len(under) + 1)
+    # Under no prefix the rest is the whole name: a substr of it from 1 would
+    # copy every name once more (a third of a By prefix view's time).
+    rest = func.substr(resource, len(under) + 1) if under else resource
     at = _Position(rest, literal(separator, String()))
     return case((at > 0, func.substr(resource, 1, len(under) + at)), else_=null())
 
