@@ -88,6 +88,14 @@ def on_starting(server) -> None:
         os.remove(path)
 
 
+def post_worker_init(worker) -> None:
+    """The app is loaded in this worker: keep its objects out of the
+    collector's full passes (``app.ops.heap``)."""
+    from app.ops.heap import freeze_loaded_app
+
+    freeze_loaded_app()
+
+
 def child_exit(server, worker) -> None:
     """Let the metrics of a dead worker stop counting as live (gauges)."""
     from prometheus_client import multiprocess
