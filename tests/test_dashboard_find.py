@@ -307,6 +307,34 @@ def test_counts_and_contended_are_the_counts_and_the_contended_count(numbered):
     )
 
 
+def test_a_grouped_views_counts_come_with_its_groups_as_read_apart(numbered, clock):
+    """One statement for a grouped page: the groups of ``owner_counts`` and
+    ``prefix_counts`` and the counts of ``counts_and_contended``, exclusive
+    grants, a released one, a semaphore's places (one resource, a grant per
+    owner) and shared grants, waiters, every state, under each search."""
+    numbered.acquire("sem:1", "w", limit=3, ttl=100)
+    numbered.acquire("sem:1", "v", limit=3, ttl=5)
+    numbered.queue.join("sem:1", "other", None, 60)
+    numbered.acquire("rw:cfg", "v", mode="shared", ttl=100)
+    numbered.acquire("rw:cfg", "x:1:a", mode="shared", ttl=100)
+    numbered.acquire("job:gone", "v", ttl=100)
+    numbered.release("job:gone", "v")
+    numbered.acquire("job:soon", "v", ttl=20)
+    clock.advance(8)  # job:soon expiring, v's place of sem:1 gone
+    at = numbered.now()
+    searches = ({}, {"prefix": "job"}, {"prefix": "job:"}, {"owner_contains": "V"})
+    for filters in searches:
+        counts = numbered.counts_and_contended(**filters, at=at)
+        assert counts[0][LockState.EXPIRING] or filters, "an expiring lock counted"
+        for group, apart in (
+            ("owner", numbered.owner_counts(**filters, at=at)),
+            ("prefix", numbered.prefix_counts(**filters, at=at)),
+        ):
+            together = numbered.grouped_with_counts(group, **filters, at=at)
+            assert together == (apart, *counts), (group, filters)
+    assert numbered.grouped_with_counts("owner", at=at)[2] == 3
+
+
 def test_numbered_pages_read_the_same_order_by_offset(numbered):
     whole = [lock.resource for lock in all_pages(numbered, sort="urgent")]
     pages = [

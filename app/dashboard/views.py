@@ -171,7 +171,14 @@ def overview():
     # the contended count come in one statement (one pass over every lock and
     # the place-held resources instead of two).
     at = service.now()
-    everywhere, contended_everywhere = service.counts_and_contended(at=at)
+    # A grouped view reads its groups and its counts in one statement (the
+    # counts are the groups' sums there, ``grouped_with_counts``).
+    grouping = group in GROUPS and not paging_errors
+    every_group = None
+    if grouping and not searched:
+        every_group, everywhere, contended_everywhere = grouped(service, group, at=at)
+    else:
+        everywhere, contended_everywhere = service.counts_and_contended(at=at)
     counts = everywhere
     version = None
     if not searched:
@@ -201,17 +208,20 @@ def overview():
         if group is not None and group not in GROUPS:
             raise InvalidInput([("group", "must be owner, host or prefix")])
         contended_count = contended_everywhere
-        if searched:
+        if grouping and searched:
+            every_group, counts, contended_count = grouped(
+                service, group, prefix=prefix, owner=owner, at=at
+            )
+        elif searched:
             counts, contended_count = service.counts_and_contended(
                 prefix=prefix, owner_contains=owner, at=at
             )
-        if group:
+        if every_group is not None:
             # A grouped view lists groups, not locks: one page of them (a
             # view of 500 owners rendered whole was most of its time, and
             # 160 KB a poll).
-            groups = grouped(service, group, prefix=prefix, owner=owner, at=at)
-            pages = max(1, math.ceil(len(groups) / size))
-            groups = groups[(number - 1) * size : number * size]
+            pages = max(1, math.ceil(len(every_group) / size))
+            groups = every_group[(number - 1) * size : number * size]
         else:
             # Numbered pages, unless a cursor (an older link) asks for keyset pages.
             shown = {"all": sum(counts.values()), "contended": contended_count}
@@ -335,13 +345,20 @@ def host_of(owner: str) -> str:
 
 
 def grouped(
-    service, group: str, *, prefix: str | None, owner: str | None, at
-) -> list[OwnerCounts]:
-    """The locks matching the search counted per ``group``, most stale first."""
-    if group == "prefix":
-        return service.prefix_counts(prefix=prefix, owner_contains=owner, at=at)
-    return group_counts(
-        service.owner_counts(prefix=prefix, owner_contains=owner, at=at), group
+    service, group: str, *, prefix: str | None = None, owner: str | None = None, at
+) -> tuple[list[OwnerCounts], dict[LockState, int], int]:
+    """The locks matching the search counted per ``group``, most stale first,
+    with their counts per state and how many are contended."""
+    found, counts, contended = service.grouped_with_counts(
+        "prefix" if group == "prefix" else "owner",
+        prefix=prefix,
+        owner_contains=owner,
+        at=at,
+    )
+    return (
+        (found if group == "prefix" else group_counts(found, group)),
+        counts,
+        contended,
     )
 
 
