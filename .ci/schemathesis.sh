@@ -65,6 +65,11 @@ if [[ -n "${SCHEMATHESIS_SEED:-}" ]]; then
 fi
 
 # Run from the throwaway folder: schemathesis keeps a cache in ./.schemathesis.
+# One worker: with two threads, hypothesis describing schemathesis' filter
+# lambdas calls ast.parse from both at once, and CPython 3.11's AST builder
+# keeps one recursion counter per interpreter (python/cpython#106905), so a run
+# failed with "SystemError: AST constructor recursion depth mismatch". The
+# phases take seconds; a second worker saved none worth a red run.
 status=0
 (cd "$workdir" && timeout --kill-after=10 "$ceiling" schemathesis run "$base/api/v1/openapi.json" \
   --url "$base" \
@@ -72,7 +77,7 @@ status=0
   --checks not_a_server_error,response_schema_conformance,status_code_conformance,content_type_conformance,response_headers_conformance \
   --phases examples,coverage,fuzzing \
   --max-examples "$max_examples" \
-  --workers 2 \
+  --workers 1 \
   --generation-database none \
   --request-timeout 10 \
   --no-color \
