@@ -261,6 +261,41 @@ def test_the_natural_order_is_read_from_its_index_not_sorted(numbered, backend):
     assert all("length(" in line for line in presorted), plan
 
 
+def test_by_prefix_reads_its_groups_from_the_prefix_index_on_sqlite(numbered, backend):
+    """By prefix under no prefix reads the held locks' groups in the order of
+    ``ix_distributed_locks_prefix_expires_at`` (migration 0027) on SQLite,
+    which has no hash aggregate and sorted every lock's prefix instead (70 ->
+    33 ms at 100,000 locks): ``listing.next_prefix`` and the index's expression
+    must stay the same for its planner to use it. PostgreSQL hashes the groups
+    and MariaDB has no index on expressions: neither has the index."""
+    statements = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        statements.append((statement, parameters))
+
+    event.listen(Engine, "before_cursor_execute", capture)
+    try:
+        groups, _, _ = numbered.grouped_with_counts("prefix")
+    finally:
+        event.remove(Engine, "before_cursor_execute", capture)
+    assert {group.name for group in groups} >= {"job:"}
+    [(statement, parameters)] = [s for s in statements if "GROUP BY" in s[0]]
+    with db.engine.connect() as conn:
+        if backend != "sqlite":
+            indexes = inspect(conn).get_indexes("distributed_locks")
+            assert "ix_distributed_locks_prefix_expires_at" not in {
+                index["name"] for index in indexes
+            }
+            return
+        raw = conn.connection.cursor()
+        raw.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+        plan = [row[-1] for row in raw.fetchall()]
+    exclusive_part = next(line for line in plan if "distributed_locks" in line)
+    assert exclusive_part == (
+        "SCAN distributed_locks USING INDEX ix_distributed_locks_prefix_expires_at"
+    ), plan
+
+
 def test_urgent_order_puts_contended_then_least_time_left_then_stale(numbered):
     paged = [lock.resource for lock in all_pages(numbered, sort="urgent")]
     assert paged[:2] == ["job:9", "jobs"]  # waited for, by expiry
