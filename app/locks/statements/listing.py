@@ -84,9 +84,10 @@ def next_prefix(under: str, resource=locks.c.resource, separator: str = ":"):
     them is exactly what a prefix search for it lists."""
     # Under no prefix the rest is the whole name: a substr of it from 1 would
     # copy every name once more (a third of a By prefix view's time). Its
-    # expression is then, literally, the one of ``ix_distributed_locks_prefix``
-    # (migration 0027): a planner matches an index's expression, not values
-    # bound to it, so the constants are written out.
+    # expression is then, literally, the one of
+    # ``ix_distributed_locks_prefix_expires_at`` (migration 0027): a planner
+    # matches an index's expression, not values bound to it, so the constants
+    # are written out.
     if not under:
         at = _Position(resource, literal_column(f"'{separator}'", String()))
         one, none_before = literal_column("1"), literal_column("0")
