@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 
 from app.audit import activity, rollup
 from app.audit.models import EVERY_ACTION, ActivityEvents, ActivitySample
@@ -848,49 +848,3 @@ def test_a_request_counts_a_bounded_number_of_events_and_says_what_it_has_not(
     assert len(again.select("rect.event-bar")) == 60
     with fake_app.app_context():
         assert drawn(clock.now(), 15, charts.DEFAULT_SPAN) == whole
-
-
-def test_the_background_count_starts_once_the_page_is_sent(
-    backend, operator, fake_app, clock, monkeypatch
-):
-    """The count of what a first drawing left uncounted starts when the page's
-    response is closed (sent), not while the page still renders: it competed
-    with the rendering for the interpreter. A response never closed leaves it
-    to the next drawing that would count the same, which starts it."""
-    monkeypatch.setattr(rollup, "EVENTS_PER_DRAWING", 10)
-    clock.current = NOW + timedelta(seconds=30)
-    with fake_app.app_context():
-        for n in range(60):
-            db.session.add(event("acquired", 59.5 - n, f"job:{n}", ttl_minutes=2))
-            db.session.add(row(f"job:{n}", "w", 59.5 - n, 57.5 - n))
-            db.session.flush()
-        db.session.commit()
-    fills = fake_app.extensions.setdefault("lockkeeper.activity_fills", {})
-
-    sent = operator.get("/activity")
-    assert "being counted in the background" in sent.get_data(as_text=True)
-    (count,) = fills.values()
-    assert count.ident is None  # the response is still open
-    sent.close()
-    assert count.ident is not None
-    count.join(timeout=60)
-    assert not count.is_alive()
-    assert soup(operator.get("/activity")).select_one("#activity-counting") is None
-
-    # Nothing stored again, and this time the response is never closed.
-    with fake_app.app_context():
-        db.session.execute(delete(ActivitySample))
-        db.session.execute(delete(ActivityEvents))
-        db.session.commit()
-    fake_app.extensions["lockkeeper.activity"].clear()
-    fills.clear()
-    never_closed = operator.get("/activity")
-    assert "being counted" in never_closed.get_data(as_text=True)
-    (waiting,) = fills.values()
-    assert waiting.ident is None
-    clock.current += timedelta(minutes=1)  # the next minute's drawing
-    operator.get("/activity").get_data()
-    assert list(fills.values()) == [waiting]  # no second thread
-    assert waiting.ident is not None
-    waiting.join(timeout=60)
-    assert soup(operator.get("/activity")).select_one("#activity-counting") is None

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from flask import Response, after_this_request, current_app, has_request_context
+from flask import current_app
 
 from app.audit import activity as counts_of
 from app.audit import refusals, rollup
@@ -424,20 +424,12 @@ def _count_the_rest(now: datetime, expiring_within: float, shown: Span) -> None:
     """Count and store in a background thread what a drawing left uncounted
     (its budget of events spent), at most one thread per range and
     ``expiring_within`` in this process; the range is drawn afresh once it is
-    done. A failure is logged: the next drawing starts another.
-
-    In a request the thread starts once the response is sent (closed): started
-    at once, it competed with the page's rendering for the interpreter, 10-30
-    ms of a first drawing at 100,000 locks. A thread whose response was never
-    closed is started by the next drawing that would count the same."""
+    done. A failure is logged: the next drawing starts another."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     fills = app.extensions.setdefault("lockkeeper.activity_fills", {})
     key = (shown.name, expiring_within)
     with _cache_lock:
         running = fills.get(key)
-        if running is not None and running.ident is None:
-            running.start()  # its page was never sent
-            return
         if running is not None and running.is_alive():
             return
         thread = threading.Thread(
@@ -447,20 +439,7 @@ def _count_the_rest(now: datetime, expiring_within: float, shown: Span) -> None:
             daemon=True,
         )
         fills[key] = thread
-        if not has_request_context():
-            thread.start()
-            return
-
-    @after_this_request
-    def start_once_sent(response: Response) -> Response:
-        response.call_on_close(lambda: _start(thread))
-        return response
-
-
-def _start(thread: threading.Thread) -> None:
-    with _cache_lock:
-        if thread.ident is None:
-            thread.start()
+        thread.start()
 
 
 def _count_in_background(app, now: datetime, expiring_within: float, shown: Span):
