@@ -295,10 +295,19 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
             window.first_moment(expires, within).label("expiring_from"),
             window.first_moment(expires).label("stale_from"),
         )
+        # The rows expiring within the window, as ``counted``: every row of the
+        # range (``(expires_at, resource)``) less its free rows (``(owner,
+        # expires_at)``), each grouped from its index alone; a filter on the
+        # owner read every row of the range from the table (a day's expiries:
+        # thousands of heap pages).
+        in_range = (expires > low, expires <= high)
         parts = [
             select(*moments, literal(1).label("sign"), func.count())
-            .where(owned, expires > low, expires <= high)
-            .group_by(*moments)
+            .where(*in_range)
+            .group_by(*moments),
+            select(*moments, literal(-1).label("sign"), func.count())
+            .where(locks.c.owner.is_(None), *in_range)
+            .group_by(*moments),
         ]
         if in_window is not None:
             parts.append(
