@@ -841,9 +841,13 @@ def test_a_request_counts_a_bounded_number_of_events_and_says_what_it_has_not(
     assert all("1 event at" in bar.get_text() for bar in bars)
     # The request stored the closed moments and buckets it counted, not 60.
     assert all(8 <= n <= 12 for n in filled), filled
+    # While the rest is counted, the charts poll every few seconds, then once a
+    # minute again.
+    assert "every 5s" in first.select_one(".poller")["hx-trigger"]
 
     again = soup(operator.get("/activity"))
     assert again.select_one("#activity-counting") is None
+    assert "every 60s" in again.select_one(".poller")["hx-trigger"]
     assert not again.select("rect.uncounted")
     assert len(again.select("rect.event-bar")) == 60
     with fake_app.app_context():

@@ -426,3 +426,56 @@ def test_axe_finds_no_serious_violation_on_any_page(
     page.get_by_role("heading", name="Log in").wait_for()
     check("/login")
     assert not found, found
+
+
+def test_charts_left_partly_uncounted_fill_in_within_seconds(
+    page: Page, site: Site, problems: BrowserProblems, monkeypatch
+):
+    """A first drawing with nothing stored counts only its budget of events and
+    leaves the older part of the range to a background count: the page says so,
+    polls every few seconds meanwhile, and shows the whole range once it is
+    stored, without a reload and well before the minute's poll."""
+    from datetime import UTC, datetime, timedelta
+
+    from app.audit import rollup
+    from app.dashboard import charts
+    from app.extensions import db
+    from app.locks.models import LockEvent
+
+    now = datetime.now(UTC)
+    with site.server.app.app_context():
+        for minutes in range(2, 40, 2):  # one grant every other minute
+            at = now - timedelta(minutes=minutes)
+            db.session.add(
+                LockEvent(
+                    resource=f"job:{minutes}",
+                    action="acquired",
+                    owner="w",
+                    fence=1,
+                    acquired_at=at,
+                    expires_at=at + timedelta(minutes=1),
+                    occurred_at=at,
+                )
+            )
+            db.session.flush()
+        db.session.commit()
+    monkeypatch.setattr(rollup, "EVENTS_PER_DRAWING", 3)
+    # The background count waits until the page has shown that it counts.
+    shown_counting = threading.Event()
+    count_in_background = charts._count_in_background
+
+    def after_the_page_saw_it(*args):
+        shown_counting.wait(timeout=30)
+        count_in_background(*args)
+
+    monkeypatch.setattr(charts, "_count_in_background", after_the_page_saw_it)
+    log_in(page, site.url)
+    counting = page.locator("#activity-counting")
+    expect(counting).to_be_visible()
+    expect(page.locator("#activity rect.uncounted")).to_have_count(2)
+    shown_counting.set()
+    # One counting poll (5 s) and the background count, far from the 60 s poll.
+    expect(counting).to_be_hidden(timeout=POLL_WAIT_MS)
+    expect(page.locator("#activity rect.uncounted")).to_have_count(0)
+    expect(page.locator("#activity rect.event-bar")).to_have_count(19)
+    assert "every 60s" in page.locator("#activity .poller").get_attribute("hx-trigger")
