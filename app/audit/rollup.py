@@ -44,13 +44,15 @@ BY_MINUTE_UP_TO = timedelta(hours=3)
 # past a worker's timeout. The newest moments within this many events are
 # counted; older missing ones are answered None (not yet counted) and counted
 # by a drawing without a budget (``app.dashboard.charts`` runs one in the
-# background). 10-30 µs per event (two window passes over them, and the held
-# rows of the resources they touched) on top of 30-70 ms that do not depend on
-# it (the places, the counts of every held row): at 5,000 the first drawing of
-# an hour or a week took 103-134 ms at 100,000 locks, at 2,000 70-100 ms
-# (``bench/audit_bench.py``, "nothing stored"). The once-a-minute poll has no
-# budget to meet: it misses the newest bucket only, which is always counted.
-EVENTS_PER_DRAWING = 2_000
+# background, and the page polls every few seconds until it is stored). Each
+# event costs 15-25 µs (two window passes over them, and the held rows of the
+# resources they touched) on top of 50-60 ms that do not depend on it (the
+# counts of every held row, the rows expiring within the window, the places):
+# the first drawing of an hour or a day took 102-120 ms median at 2,000 events
+# and 100,000 locks on PostgreSQL, 58-86 ms at 500 (``bench/audit_bench.py``,
+# "nothing stored", alternated). The once-a-minute poll has no budget to meet:
+# it misses the newest bucket only, which is always counted.
+EVENTS_PER_DRAWING = 500
 
 stored_samples = ActivitySample.__table__
 stored_events = ActivityEvents.__table__
