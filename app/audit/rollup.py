@@ -58,13 +58,16 @@ stored_samples = ActivitySample.__table__
 stored_events = ActivityEvents.__table__
 
 
-def insert_ignoring(table, rows: list[dict]):
-    """An insert of ``rows`` that leaves a row whose key is already stored."""
+def insert_ignoring(table):
+    """An insert, executed with a list of rows, that leaves a row whose key is
+    already stored. The rows are parameters, not part of the statement: it is
+    compiled once, not once per number of rows (SQLAlchemy batches the list
+    into multi-row statements itself)."""
     dialect = db.engine.dialect.name
     if dialect in ("mysql", "mariadb"):
-        return mysql.insert(table).values(rows).prefix_with("IGNORE")
+        return mysql.insert(table).prefix_with("IGNORE")
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return insert(table).values(rows).on_conflict_do_nothing()
+    return insert(table).on_conflict_do_nothing()
 
 
 def _store(table, rows: list[dict], older, newest: datetime) -> None:
@@ -77,7 +80,7 @@ def _store(table, rows: list[dict], older, newest: datetime) -> None:
     try:
         with db.engine.connect().execution_options(sqlite_immediate=True) as conn:
             with conn.begin():
-                conn.execute(insert_ignoring(table, rows))
+                conn.execute(insert_ignoring(table), rows)
                 conn.execute(delete(table).where(older < newest - KEPT_FOR))
     except DBAPIError as error:
         if not is_conflict(error):
