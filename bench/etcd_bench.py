@@ -48,6 +48,7 @@ from bench.servers import (
 )
 
 BOUND_LOCKS = 100
+START_ATTEMPTS = 3
 SESSIONS = 4
 
 
@@ -59,18 +60,34 @@ class Etcd:
         executable = shutil.which("etcd")
         if executable is None:
             raise ToolMissing("etcd is not installed: apt-get install -y etcd-server")
+        root.mkdir(parents=True, exist_ok=True)
+        self._log_path = root / "etcd.log"
+        # A port picked free can be taken by another process (a parallel test's
+        # server) before etcd binds it; etcd then exits at once, and a start on
+        # fresh ports is all it takes.
+        # Each attempt in a data directory of its own: a member that exited may
+        # have written the old peer URL into its first one.
+        for attempt in range(START_ATTEMPTS):
+            if self._start(executable, root / f"data-{attempt}"):
+                return
+        raise RuntimeError(
+            f"etcd did not start in {START_ATTEMPTS} attempts; the end of "
+            f"{self._log_path}:\n{self._log_tail()}"
+        )
+
+    def _start(self, executable: str, data_dir: Path) -> bool:
+        """Start etcd on fresh ports; ``False`` when it exited before it served."""
         self.port, peer_port = free_port(), free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         peer = f"http://127.0.0.1:{peer_port}"
-        root.mkdir(parents=True, exist_ok=True)
-        self._log = open(root / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(self._log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [
                 executable,
                 "--name",
                 "bench",
                 "--data-dir",
-                str(root / "data"),
+                str(data_dir),
                 "--listen-client-urls",
                 self.base_url,
                 "--advertise-client-urls",
@@ -88,17 +105,30 @@ class Etcd:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 30
+        # Generous: etcd syncs its first log entries to a disk that the test
+        # suite's databases keep busy.
+        deadline = time.monotonic() + 90
         while True:
             try:
                 if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
-                    return
+                    return True
             except httpx.TransportError:
                 pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            if self.process.poll() is not None:
                 self.stop()
-                raise RuntimeError(f"etcd did not start: see {root}/etcd.log")
+                return False
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"etcd did not answer /health in 90 s; the end of "
+                    f"{self._log_path}:\n{self._log_tail()}"
+                )
             time.sleep(0.1)
+
+    def _log_tail(self, lines: int = 15) -> str:
+        return "\n".join(
+            self._log_path.read_text(errors="replace").splitlines()[-lines:]
+        )
 
     def grant_lease(self, ttl: int = 600) -> str:
         response = httpx.post(
