@@ -814,6 +814,8 @@ def test_a_request_counts_a_bounded_number_of_events_and_says_what_it_has_not(
     count_the_rest = charts._count_the_rest
     monkeypatch.setattr(charts, "_count_the_rest", lambda *args: started.append(args))
     first = soup(operator.get("/activity"))
+    # The same drawing on a paused page, where nothing polls.
+    paused = soup(operator.get("/activity?live=0"))
     with fake_app.app_context():
         filled = [
             db.session.scalar(select(func.count()).select_from(ActivitySample)),
@@ -833,6 +835,10 @@ def test_a_request_counts_a_bounded_number_of_events_and_says_what_it_has_not(
     counting = first.select_one("#activity-counting")
     assert counting is not None
     assert "being counted in the background" in counting.get_text()
+    assert "shows within seconds" in counting.get_text()
+    counting_paused = paused.select_one("#activity-counting").get_text()
+    assert "shows once the page is resumed or reloaded" in counting_paused
+    assert "within seconds" not in counting_paused
     hatched = first.select("rect.uncounted")
     assert len(hatched) == 2  # the states' and the events' plots
     # The newest 10 events are a minute each: counted from about 10 min ago.
@@ -845,7 +851,7 @@ def test_a_request_counts_a_bounded_number_of_events_and_says_what_it_has_not(
     # minute again.
     assert "every 5s" in first.select_one(".poller")["hx-trigger"]
 
-    again = soup(operator.get("/activity"))
+    again = soup(operator.get("/activity?live=1"))  # the pause is remembered
     assert again.select_one("#activity-counting") is None
     assert "every 60s" in again.select_one(".poller")["hx-trigger"]
     assert not again.select("rect.uncounted")
