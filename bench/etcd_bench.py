@@ -39,10 +39,10 @@ from bench.http_api import (
     wrk_sample,
 )
 from bench.measure import Comparison, alternate, compare
+from bench.ports import free_port
 from bench.servers import (
     Server,
     ToolMissing,
-    free_port,
     process_cpu_seconds,
     server_configs,
 )

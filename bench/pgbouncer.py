@@ -18,17 +18,13 @@ from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
 
+from bench.ports import free_port
+
 
 def find_pgbouncer() -> str | None:
     return shutil.which("pgbouncer") or (
         "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PgBouncer:
@@ -38,7 +34,7 @@ class PgBouncer:
             raise FileNotFoundError("pgbouncer missing (apt-get install pgbouncer)")
         server = make_url(server_url)
         self.root = Path(tempfile.mkdtemp(prefix="lk-pgbouncer-"))
-        self.port = _free_port()
+        self.port = free_port()
         user = server.username or "postgres"
         (self.root / "users.txt").write_text(f'"{user}" ""\n')
         config = self.root / "pgbouncer.ini"

@@ -7,13 +7,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.ports import free_port
 
 LUA_SCRIPT = Path(__file__).parent / "cycle.lua"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -41,12 +42,6 @@ def process_cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)

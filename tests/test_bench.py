@@ -8,6 +8,7 @@ schema, and the baseline WSGI app must answer like the API.
 from __future__ import annotations
 
 import shutil
+import socket
 
 import httpx
 import pytest
@@ -225,3 +226,17 @@ def test_the_instruction_count_runs_its_cycles_on_a_trees_own_migration(
         assert counted == 2 * (instructions.WARMUP + 3)
         with pytest.raises(LockNotFound):  # released
             lock_service().get("bench:1")
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_takes_a_listener():
+    """Ports for the suite's servers come from below the range the kernel
+    gives outgoing connections (a database client cannot take one between
+    the pick and the bind), and are free: a server binds them."""
+    from bench.ports import LOWEST_PORT, _ephemeral_start, free_port
+
+    ports = {free_port() for _ in range(20)}
+    assert all(LOWEST_PORT <= port < _ephemeral_start() for port in ports)
+    assert len(ports) > 1  # picked at random, not one port over and over
+    for port in ports:
+        with socket.create_server(("127.0.0.1", port)):
+            pass

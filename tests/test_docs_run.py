@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from sqlalchemy.engine import make_url
 from app.cli.main import build_cli
 from app.paths import PROJECT_ROOT
 from bench.pgbouncer import find_pgbouncer
+from bench.ports import free_port
 from tests.databases import SERVER_URLS, unavailable
 
 DOCS = (PROJECT_ROOT / "docs" / "deploy.md", PROJECT_ROOT / "README.md")
@@ -44,12 +44,6 @@ def blocks(language: str, *paths: Path) -> list[str]:
 def the_block(language: str, marker: str) -> str:
     (block,) = [b for b in blocks(language, DOCS[0]) if marker in b]
     return block
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_no_ini_block_has_an_inline_comment():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from sqlalchemy import create_engine, inspect, text
 from app import create_app
 from app.config import ConfigError, normalize_database_url
 from app.paths import INSTANCE_DIR, STATIC_DIR, TEMPLATES_DIR
+from bench.ports import free_port
 
 
 def test_top_level_folders_exist_and_are_wired_absolutely(app):
@@ -111,16 +111,10 @@ def test_first_start_on_empty_sqlite_creates_schema_key_and_bootstrap(tmp_path, 
     assert "created operator" not in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_four_gunicorn_workers_on_an_empty_database_start_once(tmp_path):
     """One schema, one secret key, one admin and one token, printed once."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "LOCKKEEPER_INSTANCE_PATH": str(tmp_path)}
     env.pop("LOCKKEEPER_DATABASE_URL", None)
     server = subprocess.Popen(

@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 from app import create_app
 from app.extensions import db
-from tests.test_login_limits import _free_port
+from bench.ports import free_port
 
 
 def mode(path: Path) -> int:
@@ -98,7 +98,7 @@ def test_files_an_older_version_left_readable_are_tightened(tmp_path, monkeypatc
 @pytest.mark.slow
 def test_gunicorn_workers_on_a_fresh_instance_create_private_files(tmp_path):
     instance = tmp_path / "instance"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "LOCKKEEPER_INSTANCE_PATH": str(instance)}
     for name in ("LOCKKEEPER_DATABASE_URL", "LOCKKEEPER_SECRET_KEY"):
         env.pop(name, None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from sqlalchemy import select, update
 from app.auth import login
 from app.auth.models import LoginAddressWindow, User
 from app.extensions import db
+from bench.ports import free_port
 from tests.dashboard_helpers import PASSWORD, log_in, make_user
 from tests.live_server import serve
 
@@ -270,16 +270,10 @@ def test_forwarded_for_is_the_client_only_behind_a_configured_proxy(
     assert statuses == ([401, 401] if separate else [401, 429])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def gunicorn(database_url: str, instance: str, **settings):
     """One gunicorn server (its own process) on ``database_url``."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "LOCKKEEPER_DATABASE_URL": database_url,

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,12 +17,7 @@ import urllib.request
 
 from app.ops.logs import JsonFormatter
 from app.paths import PROJECT_ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from bench.ports import free_port
 
 
 def get(url: str, **headers) -> int:

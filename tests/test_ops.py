@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from app.locks.errors import LockExpired, LockNotFound, NotOwner
 from app.locks.service import lock_service
 from app.ops.request_log import LOGGER_NAME, render_line
 from app.paths import PROJECT_ROOT
+from bench.ports import free_port
 
 # -- helpers ----------------------------------------------------------------
 
@@ -46,12 +46,6 @@ def parse(text: str) -> dict[tuple[str, tuple], float]:
 
 def value(samples, name: str, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- /healthz ---------------------------------------------------------------

@@ -21,6 +21,7 @@ from sqlalchemy import func, select, text
 from app.extensions import db
 from app.locks.models import LockEvent
 from app.locks.service import lock_service
+from bench.ports import free_port
 from tests.conftest import ApiClient
 from tests.dashboard_helpers import poller_version
 from tests.live_server import serve
@@ -331,12 +332,6 @@ def test_stopping_the_queue_ends_its_threads_and_its_connection(
 
 
 # -- several processes ------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Gunicorn:

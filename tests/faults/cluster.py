@@ -12,20 +12,15 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
+from bench.ports import free_port
+
 
 class ClusterError(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def postgres_bin() -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.faults.cluster import free_port
+from bench.ports import free_port
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 VENV_BIN = Path(sys.executable).parent

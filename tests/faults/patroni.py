@@ -29,7 +29,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from tests.faults.cluster import ClusterError, free_port, postgres_bin
+from bench.ports import free_port
+from tests.faults.cluster import ClusterError, postgres_bin
 
 SCOPE = "lockkeeper-faults"
 
