@@ -177,6 +177,31 @@ def test_a_purged_sessions_grants_still_on_record_ran_out_at_its_expiry(
     assert [e.action for e in page.items].count(Action.RELEASED) == 1
 
 
+def test_a_purged_sessions_rows_go_in_the_transaction_that_records_their_end(
+    api, clock, fake_app
+):
+    """Deleting an expired session records its grants' ends and deletes
+    their rows at once: a stale row left for the stale purge's next
+    transaction could be taken over in between, ending the same tenure a
+    second time (``released`` at the session's expiry, then ``taken_over``)."""
+    session = start(api, ttl=15)
+    assert bind(api, session, "job:between").status_code == 200
+    with fake_app.app_context():
+        clock.advance(86400 * 8)
+        service = lock_service()
+        cutoff = service.now() - timedelta(days=7)
+        # The session's transaction alone, as if the purge stopped after it.
+        assert service.sessions.purge_expired(cutoff, 100) == ["job:between"]
+        owner = select(LockRow.owner).where(LockRow.resource == "job:between")
+        assert count(fake_app, owner) is None
+        assert service.acquire("job:between", "next", ttl=60, token="t").acquired
+    page, found = page_of(fake_app, "job:between")
+    ends = [e.action for e in page.items if e.action in ENDINGS]
+    assert ends == [Action.RELEASED]
+    grant = next(e for e in page.items if e.owner == "w-7" and e.action in GRANTS)
+    assert found.started[grant.id].ended_by == "expired"
+
+
 def test_a_purge_removes_a_sessions_place_beside_a_live_one(api, clock, fake_app):
     """A session's expired place on a resource whose row a purge keeps
     (another place lives past the cutoff) goes with its session's row: its

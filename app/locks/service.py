@@ -1133,9 +1133,8 @@ class LockService:
             raise InvalidInput([("older_than", "must be at least one minute")])
         cutoff = self.now() - older_than
         # Sessions first: deleting one records when its grants still bound
-        # ran out, which it finds on their rows (purged below).
-        self.sessions.purge_expired(cutoff, PURGE_BATCH)
-        purged: list[str] = []
+        # ran out, which it finds on their rows (purged with it).
+        purged = self.sessions.purge_expired(cutoff, PURGE_BATCH)
         while True:
             batch = self.run_transaction(
                 lambda conn: self._transactional.purge_stale_batch(

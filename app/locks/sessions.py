@@ -175,14 +175,16 @@ class SessionService:
             raise UnknownSession(session_id)
         return self._session(row, now, grants if row.expires_at > now else ())
 
-    def purge_expired(self, cutoff: datetime, batch: int) -> int:
-        """Delete the sessions that expired at or before ``cutoff``."""
-        purged = 0
+    def purge_expired(self, cutoff: datetime, batch: int) -> list[str]:
+        """Delete the sessions that expired at or before ``cutoff``, with the
+        rows of their grants that a purge at ``cutoff`` deletes; returns the
+        resources whose held (stale) rows went with them."""
+        purged: list[str] = []
         while True:
-            count = self.locks.run_transaction(
+            count, resources = self.locks.run_transaction(
                 lambda conn: self.statements.purge_expired_batch(conn, cutoff, batch)
             )
-            purged += count
+            purged += resources
             if count < batch:
                 return purged
 

@@ -489,10 +489,14 @@ class SessionStatements:
             )
         return Ended(session, released, now)
 
-    def purge_expired_batch(self, conn, cutoff: datetime, batch: int) -> int:
+    def purge_expired_batch(
+        self, conn, cutoff: datetime, batch: int
+    ) -> tuple[int, list[str]]:
         """Delete up to ``batch`` sessions expired at or before ``cutoff`` (their
         grants went stale with them, and each still bound is recorded as run
-        out at its session's expiry); returns how many."""
+        out at its session's expiry), with the rows of their exclusive grants
+        that a purge at ``cutoff`` deletes; returns how many sessions, and the
+        resources whose rows went with them."""
         found = conn.execute(
             select(sessions)
             .where(sessions.c.expires_at <= cutoff)
@@ -501,7 +505,7 @@ class SessionStatements:
             .with_for_update()
         ).all()
         if not found:
-            return 0
+            return 0, []
         ran_out = {row.id: _session(row) for row in found}
         ids = list(ran_out)
         # The lock order: the sessions' rows (above), the resources' rows in
@@ -510,7 +514,7 @@ class SessionStatements:
             holders.c.session_id.in_(ids)
         )
         rows = conn.execute(
-            select(locks)
+            select(locks, self.t.purgeable(cutoff).label("purgeable"))
             .where(
                 or_(
                     locks.c.session_id.in_(ids),
@@ -531,16 +535,20 @@ class SessionStatements:
             ran_out,
             [r for r in rows if r.session_id in ran_out],
             places,
-            # The exclusive rows are purged next, as stale
-            # (``LockService.purge_stale``), and reported. A place goes now:
-            # its resource's row stays while another place lives past the
-            # cutoff, and a place left behind would be ended a second time
-            # by a later force-release.
+            # The exclusive rows are deleted below, as the stale purge would
+            # (it reports them). A place goes now: its resource's row stays
+            # while another place lives past the cutoff, and a place left
+            # behind would be ended a second time by a later force-release.
             remove=False,
             remove_places=True,
         )
+        # In this transaction, not the stale purge's next one: a row left
+        # stale after its end was recorded could be taken over or
+        # force-released meanwhile, ending the same tenure a second time.
+        purged = [r for r in rows if r.session_id in ran_out and r.purgeable]
+        self.t.delete_purged(conn, purged)
         conn.execute(delete(sessions).where(sessions.c.id.in_(ids)))
-        return len(ids)
+        return len(ids), [r.resource for r in purged if r.owner is not None]
 
     # -- the session-bound acquire -------------------------------------------
 

@@ -756,27 +756,36 @@ class TransactionalStatements(PlacesStatements):
         """
         candidates = conn.execute(
             select(locks.c.id, locks.c.resource, locks.c.owner)
-            .where(
-                locks.c.expires_at <= cutoff,
-                # A row held by places stays: without it the next exclusive
-                # grant would insert a row that knows none of them.
-                or_(locks.c.places_until.is_(None), locks.c.places_until <= cutoff),
-            )
+            .where(self.purgeable(cutoff))
             .order_by(locks.c.expires_at)
             .limit(batch)
             .with_for_update()
         ).all()
-        if candidates:
-            conn.execute(
-                delete(locks).where(locks.c.id.in_([c.id for c in candidates]))
-            )
-            # Their places all ended by the cutoff too.
+        self.delete_purged(conn, candidates)
+        return candidates
+
+    @staticmethod
+    def purgeable(cutoff: datetime):
+        """The rows a purge at ``cutoff`` deletes: expired (or released) by
+        then. A row held by places stays until they have all ended: without
+        it the next exclusive grant would insert a row that knows none of
+        them."""
+        return and_(
+            locks.c.expires_at <= cutoff,
+            or_(locks.c.places_until.is_(None), locks.c.places_until <= cutoff),
+        )
+
+    @staticmethod
+    def delete_purged(conn, rows) -> None:
+        """Delete ``rows`` (locked, ``purgeable``) and their places, which all
+        ended by the cutoff too."""
+        if rows:
+            conn.execute(delete(locks).where(locks.c.id.in_([r.id for r in rows])))
             conn.execute(
                 delete(holders).where(
-                    holders.c.resource.in_([c.resource for c in candidates])
+                    holders.c.resource.in_([r.resource for r in rows])
                 )
             )
-        return candidates
 
 
 _INSERT_LOCK_SQL = """INSERT INTO distributed_locks
