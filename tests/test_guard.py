@@ -27,19 +27,11 @@ from app.locks.values import Ask
 from tests.clock import FakeClock
 from tests.row_waits import RowHolder, run_blocked
 
-SERVERS = ("postgresql", "mariadb")
 RESOURCE = "guard:job"
-
-
-def pytest_generate_tests(metafunc):
-    if "server" in metafunc.fixturenames:
-        chosen = metafunc.config.getoption("--backends").split(",")
-        metafunc.parametrize("server", [s for s in SERVERS if s in chosen])
-
-
-@pytest.fixture
-def database_url(server, databases, tmp_path) -> str:
-    return databases(server).fresh(tmp_path)
+pytestmark = [
+    pytest.mark.backends("postgresql", "mariadb"),
+    pytest.mark.usefixtures("backend"),
+]
 
 
 @pytest.fixture
@@ -177,14 +169,14 @@ def test_a_fence_never_granted_on_the_resource_is_never_held(guarded_app):
 
 
 def test_outside_a_transaction_mariadb_refuses_and_postgresql_holds_nothing(
-    guarded_app, server
+    guarded_app, backend
 ):
     """PostgreSQL cannot tell an autocommit statement from a transaction's first
     (the client's helpers refuse autocommit there); MariaDB's procedure can."""
     lock = lock_service().acquire(RESOURCE, "w-1", ttl=30).lock
     autocommit = {"isolation_level": "AUTOCOMMIT"}
     with db.engine.connect().execution_options(**autocommit) as conn:
-        if server == "mariadb":
+        if backend == "mariadb":
             state, message = refusal(conn, RESOURCE, lock.fence)
             assert state == "LK004"
             assert message.startswith("lockkeeper_guard: no transaction:")
@@ -341,7 +333,7 @@ def test_the_waiting_lines_hand_over_follows_the_guarded_commit(guarded_app):
     assert granted.lock.fence > lock.fence
 
 
-def test_a_refused_acquire_waits_for_the_guard_on_mariadb_only(guarded_app, server):
+def test_a_refused_acquire_waits_for_the_guard_on_mariadb_only(guarded_app, backend):
     """PostgreSQL's acquire locks only a row it may take (free, expired, its
     own): another holder's valid grant is refused at once. MariaDB's locking
     read takes the row first, so the refusal waits for the guarded commit."""
@@ -349,7 +341,7 @@ def test_a_refused_acquire_waits_for_the_guard_on_mariadb_only(guarded_app, serv
     lock = service.acquire(RESOURCE, "w-1", ttl=30).lock
     with db.engine.connect() as conn:
         guard(conn, RESOURCE, lock.fence)
-        if server == "postgresql":
+        if backend == "postgresql":
             assert not service.acquire(RESOURCE, "w-2", ttl=30).acquired
             conn.rollback()
             return

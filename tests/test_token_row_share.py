@@ -22,30 +22,11 @@ from app.locks.service import lock_service
 from tests.conftest import ApiClient
 from tests.row_waits import DEADLINE, lock_waits
 
-SERVERS = ("postgresql", "mariadb")
 locks = DistributedLock.__table__
-
-
-def only(*servers: str):
-    """Run the test on these of ``SERVERS`` alone."""
-
-    def mark(test):
-        test.servers = servers
-        return test
-
-    return mark
-
-
-def pytest_generate_tests(metafunc):
-    if "server" in metafunc.fixturenames:
-        chosen = metafunc.config.getoption("--backends").split(",")
-        servers = getattr(metafunc.function, "servers", SERVERS)
-        metafunc.parametrize("server", [s for s in servers if s in chosen])
-
-
-@pytest.fixture
-def database_url(server, databases, tmp_path) -> str:
-    return databases(server).fresh(tmp_path)
+pytestmark = [
+    pytest.mark.backends("postgresql", "mariadb"),
+    pytest.mark.usefixtures("backend"),
+]
 
 
 def _margin() -> int:
@@ -99,8 +80,8 @@ class PausedGrant:
             self.pool.shutdown()
 
 
-@only("mariadb")
-def test_a_far_tokens_grants_do_not_wait_for_each_other(app, server):
+@pytest.mark.backends("mariadb")
+def test_a_far_tokens_grants_do_not_wait_for_each_other(app, backend):
     """Default quota (10000): a grant of the token holding its row inside its
     transaction does not hold back another new grant of the same token."""
     ApiClient(app, "shared", max_locks=10000)
@@ -118,8 +99,8 @@ def test_a_far_tokens_grants_do_not_wait_for_each_other(app, server):
         assert first.acquired
 
 
-@only("mariadb")
-def test_a_grant_near_the_quota_waits_for_the_token_grant_in_flight(app, server):
+@pytest.mark.backends("mariadb")
+def test_a_grant_near_the_quota_waits_for_the_token_grant_in_flight(app, backend):
     """Under --max-locks 2 (within max_connections of the quota) a new grant
     takes the token's row alone: it waits for the grant in flight, then counts
     it."""
@@ -142,7 +123,7 @@ def test_a_grant_near_the_quota_waits_for_the_token_grant_in_flight(app, server)
             service.acquire("near:c", "w", token="near", max_locks=2)
 
 
-def test_a_shared_grant_counts_again_after_its_lock(app, server):
+def test_a_shared_grant_counts_again_after_its_lock(app, backend):
     """The first look finds the token far from its quota, so the grant waits for
     its row shared; by the time it holds it the token has filled its quota (an
     exclusive holder committed a quota's worth of locks). The grant counts again
