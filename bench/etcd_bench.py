@@ -49,6 +49,9 @@ from bench.servers import (
 
 BOUND_LOCKS = 100
 START_ATTEMPTS = 3
+# Generous: etcd syncs its first log entries to a disk that the test suite's
+# databases keep busy.
+START_SECONDS = 90
 SESSIONS = 4
 
 
@@ -62,11 +65,10 @@ class Etcd:
             raise ToolMissing("etcd is not installed: apt-get install -y etcd-server")
         root.mkdir(parents=True, exist_ok=True)
         self._log_path = root / "etcd.log"
-        # A port picked free can be taken by another process (a parallel test's
-        # server) before etcd binds it; etcd then exits at once, and a start on
-        # fresh ports is all it takes.
-        # Each attempt in a data directory of its own: a member that exited may
-        # have written the old peer URL into its first one.
+        # A port picked free can still be taken by another harness before etcd
+        # binds it; etcd then exits at once, and a start on fresh ports is all
+        # it takes: each in a data directory of its own, as a member that
+        # exited may have written its old peer URL into the first one.
         for attempt in range(START_ATTEMPTS):
             if self._start(executable, root / f"data-{attempt}"):
                 return
@@ -105,9 +107,7 @@ class Etcd:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        # Generous: etcd syncs its first log entries to a disk that the test
-        # suite's databases keep busy.
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + START_SECONDS
         while True:
             try:
                 if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
@@ -120,7 +120,7 @@ class Etcd:
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(
-                    f"etcd did not answer /health in 90 s; the end of "
+                    f"etcd did not answer /health in {START_SECONDS} s; the end of "
                     f"{self._log_path}:\n{self._log_tail()}"
                 )
             time.sleep(0.1)
