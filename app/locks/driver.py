@@ -5,7 +5,7 @@ changes. Sent through SQLAlchemy's ``Connection.execute`` each one paid for an
 execution context, a result object with its column metadata and type processors,
 and the connection's isolation-level set/reset on every checkout: about as much
 CPU as the rest of the request. Here a pooled connection of the autocommit engine
-(``app.database.autocommit``: always in autocommit, so nothing to reset on checkin)
+(``app.locks.engine.autocommit``: always in autocommit, so nothing to reset on checkin)
 runs the statement on a plain cursor and the one row comes back as a named tuple
 with its instants in UTC.
 
@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from app.database import server_gone
+from app.locks.engine import server_gone
 
 _NAMED_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
 
@@ -186,7 +186,7 @@ class DriverConnection:
         except (self._dbapi_error, DBAPIError) as exc:
             # A statement's error comes wrapped (DBAPIError), COMMIT's bare.
             orig = exc.orig if isinstance(exc, DBAPIError) else exc
-            disconnect = self.dialect.is_disconnect(
+            disconnect = server_gone(orig) or self.dialect.is_disconnect(
                 orig, fairy.dbapi_connection, transaction and transaction.cursor
             )
             if disconnect:
@@ -322,6 +322,17 @@ class DriverTransaction:
         return self._connection._row_type(names)._make(
             value(name, item) for name, item in zip(names, raw, strict=True)
         )
+
+    def all(self, sql: Any, params: dict[str, Any]) -> list[Any]:
+        """Every row (attributes by column name)."""
+        cursor = self.execute(sql, params)
+        raws = cursor.fetchall()
+        names = tuple(column[0] for column in cursor.description)
+        make, value = self._connection._row_type(names)._make, self._value
+        return [
+            make(value(name, item) for name, item in zip(names, raw, strict=True))
+            for raw in raws
+        ]
 
 
 class SQLiteTransaction(DriverTransaction):

@@ -161,19 +161,32 @@ class ServiceBusy(LockError):
 
 
 class WaitersFull(LockError):
-    """This server worker already has as many acquires waiting as it may."""
+    """This server worker already has as many acquires waiting as it may
+    (``LOCKKEEPER_MAX_WAITERS``), or the token as many as its share of them
+    (``token`` given: ``LOCKKEEPER_MAX_WAITERS_PER_TOKEN``); ``setting`` names
+    the cap. A request turned away has no place in line unless it asked for
+    one to be kept (``place``: then the id of its kept place, which its retry
+    presents; see ``app.locks.queue``): without one, while its client polls, the
+    waiters in line go first, so past a cap waits lose their order."""
 
     def __init__(self, limit: int, *, token: str | None = None):
         self.limit = limit
         self.token = token
+        self.place: int | None = None
         if token is not None:
-            message = (
-                f"the API token {token!r} already has {limit} acquires waiting on "
-                "this server, its share; poll instead"
-            )
+            self.setting = "LOCKKEEPER_MAX_WAITERS_PER_TOKEN"
+            whose = f"the API token {token!r} already has"
+            share = ", its share"
         else:
-            message = f"this server already has {limit} acquires waiting; poll instead"
-        super().__init__(message)
+            self.setting = "LOCKKEEPER_MAX_WAITERS"
+            whose = "this server worker already has"
+            share = ""
+        super().__init__(
+            f"{whose} {limit} acquires waiting{share} ({self.setting}); retry "
+            "presenting `place` (kept for 2 s when the acquire sent one), "
+            "else while polling this acquire has no place in line and the "
+            "waiters in line go first"
+        )
 
 
 class TokenEnded(LockError):
@@ -199,4 +212,42 @@ class SessionBound(LockError):
             "is renewed by "
             "the session's heartbeat (PATCH /api/v1/sessions/{id}); renew the "
             "session instead"
+        )
+
+
+class UnknownSession(LockError):
+    """No session of this id belongs to the asking token (or it has ended)."""
+
+    def __init__(self, session_id: str):
+        self.session_id = session_id
+        super().__init__(f"no session {session_id!r} of this API token")
+
+
+class SessionExpired(LockError):
+    """The session ran out before this call: its grants are already stale, and a
+    late heartbeat does not revive them."""
+
+    def __init__(self, session_id: str):
+        self.session_id = session_id
+        super().__init__(
+            f"the session {session_id!r} has expired; its locks are stale: "
+            "start a new session and acquire them again"
+        )
+
+
+class SessionQuotaReached(LockError):
+    """The API token already has as many live sessions as it may
+    (``LOCKKEEPER_MAX_SESSIONS_PER_TOKEN``); ``retry_after``: seconds until the
+    soonest of them expires."""
+
+    setting = "LOCKKEEPER_MAX_SESSIONS_PER_TOKEN"
+
+    def __init__(self, token: str, limit: int, retry_after: float):
+        self.token = token
+        self.limit = limit
+        self.retry_after = retry_after
+        super().__init__(
+            f"the API token {token!r} already has {limit} live sessions, its share "
+            f"({self.setting}): end one, or reuse one (a session holds any number "
+            "of locks)"
         )

@@ -1,4 +1,9 @@
-"""The lock table and its audit log."""
+"""The lock core's tables, on the declarative base every table of the app shares.
+
+``Base`` is plain SQLAlchemy: the Flask app hands it to Flask-SQLAlchemy
+(``SQLAlchemy(model_class=Base)`` in ``app.extensions``), whose ``db.Model`` then
+shares its metadata and registry, so one ``MetaData`` holds every table for
+Alembic and the tests while the lock core imports no Flask."""
 
 from __future__ import annotations
 
@@ -14,15 +19,19 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from app.database import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
-from app.extensions import db
+from app.locks.columns import MYSQL_TABLE_ARGS, BigIntId, UTCDateTime, name_column
+
+
+class Base(DeclarativeBase):
+    pass
+
 
 # Fences come from one database-wide sequence (a counter row on SQLite, which has
 # no sequences): a value taken later is always larger, so a resource's fence keeps
 # increasing even after its row is released or purged and inserted anew.
-fence_sequence = Sequence("lock_fence_seq", start=1, metadata=db.metadata)
+fence_sequence = Sequence("lock_fence_seq", start=1, metadata=Base.metadata)
 
 # ``DistributedLock.token`` of a grant bound to no token (an operator's claim):
 # no token name is empty, so no worker matches it.
@@ -32,10 +41,11 @@ NO_TOKEN = ""
 # coexist with each other.
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
+MODES = (EXCLUSIVE, SHARED)
 SESSION_ID_LENGTH = 64
 
 
-class DistributedLock(db.Model):
+class DistributedLock(Base):
     """One row per resource. A released row stays as a free row (``owner`` NULL,
     ``expires_at`` = when it was released) until purged: the next grant then
     updates a row it has locked, and draws its fence under that lock. Deleting
@@ -64,6 +74,10 @@ class DistributedLock(db.Model):
     # The session the exclusive grant on this row is bound to (its expiry moves
     # with the session's heartbeat).
     session_id: Mapped[str | None] = mapped_column(String(SESSION_ID_LENGTH))
+    # On a Galera node the guard adds one for each guarded transaction of the
+    # exclusive grant: a write, which certification orders against a take-over
+    # from another node (migration 0035). Nothing reads it.
+    guard_writes: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
     __table_args__ = (
         # By owner and the free rows (owner NULL) counted per state from the
@@ -77,7 +91,7 @@ class DistributedLock(db.Model):
     )
 
 
-class LockEvent(db.Model):
+class LockEvent(Base):
     """One ownership change, written in the same transaction as the change."""
 
     __tablename__ = "lock_events"
@@ -110,7 +124,7 @@ class LockEvent(db.Model):
     )
 
 
-class LockFreeze(db.Model):
+class LockFreeze(Base):
     """While it lasts, no new grant of a resource starting with ``prefix``: no
     first acquire, take-over, or claim without force. Renewals and releases of
     grants already made go on. A timed freeze ends at ``ends_at`` by the deciding
@@ -129,7 +143,7 @@ class LockFreeze(db.Model):
     __table_args__ = (MYSQL_TABLE_ARGS,)
 
 
-class FenceCounter(db.Model):
+class FenceCounter(Base):
     """SQLite's stand-in for ``lock_fence_seq``: a single row, bumped per grant."""
 
     __tablename__ = "lock_fence_counter"
@@ -140,7 +154,7 @@ class FenceCounter(db.Model):
     __table_args__ = (MYSQL_TABLE_ARGS,)
 
 
-class LockWaiter(db.Model):
+class LockWaiter(Base):
     """One acquire waiting in line for ``resource`` (see ``app.locks.queue``).
 
     ``id`` is the arrival order; ``deadline`` (on the deciding clock) is when the
@@ -164,7 +178,7 @@ class LockWaiter(db.Model):
     )
 
 
-class LockHolder(db.Model):
+class LockHolder(Base):
     """One place of a semaphore (``holder_limit`` above 1) or one shared grant:
     a holder of its own, with its own (token, owner), fence, times and session.
     The resource's ``distributed_locks`` row is the row every change of its places
@@ -182,6 +196,8 @@ class LockHolder(db.Model):
     acquired_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     session_id: Mapped[str | None] = mapped_column(String(SESSION_ID_LENGTH))
+    # The guard's writes on Galera, as ``DistributedLock.guard_writes``.
+    guard_writes: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
     __table_args__ = (
         UniqueConstraint(
@@ -195,7 +211,7 @@ class LockHolder(db.Model):
     )
 
 
-class LockSession(db.Model):
+class LockSession(Base):
     """A worker's session: one heartbeat renews every grant bound to it (their
     ``expires_at`` moves with the session's), and ending it releases them all.
     A session belongs to the API token that made it; ``id`` is opaque."""

@@ -25,6 +25,14 @@ A waiting request leaves the queue when it is granted (same statement), when its
 wait runs out, or when its client has gone; a request lost with its app instance
 stops counting at ``deadline`` (judged by the deciding clock in every statement).
 
+A kept place: a request turned away by a full waiting room (``WaitersFull``) that
+asked for it (``place`` given) keeps a row in line for ``PLACE_KEPT_FOR``
+seconds, named by the refusal. Its client's retry presents it and takes it back
+(``join`` with ``place``): into the room if there is one, else attempting once
+from it and kept again. A turned-away request so never rejoins at the back,
+and nobody who came after it is granted first; a kept place that is not taken
+back holds the line up for at most ``PLACE_KEPT_FOR`` once it is first.
+
 Background threads (the listener, the SQLite doorbell) belong to the app's
 ``WaitQueue``: ``WaitQueue.stop()`` closes the listener's connection and joins
 them, and runs when the app's engine is disposed, when the queue is garbage
@@ -34,31 +42,43 @@ about to be dropped is first freed with ``stop_background(url)``.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
 import os
-import secrets
 import select as select_module
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import BigInteger, bindparam, delete, func, insert, select, text
+from sqlalchemy import (
+    BigInteger,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from app.database import UTCDateTime
+from app.locks.columns import UTCDateTime
 from app.locks.errors import TokenEnded, WaitersFull
 from app.locks.models import DistributedLock, LockWaiter
 from app.locks.results import AcquireResult
+from app.locks.wakeups import (
+    CHANNEL,
+    PROCESS_WAKEUPS,
+    HostDoorbell,
+    NotificationListener,
+    ring_host,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -70,16 +90,6 @@ log = logging.getLogger(__name__)
 waiters = LockWaiter.__table__
 locks = DistributedLock.__table__
 
-CHANNEL = "lockkeeper_waiters"
-# Inserts into lock_events while a stream follows the log (migration 0010); the
-# listener rings ``EVENTS_WAKEUP``, a key no resource name can be.
-EVENTS_CHANNEL = "lockkeeper_events"
-EVENTS_WAKEUP = "\0events"
-# The listener's connection shows under this name in pg_stat_activity.
-LISTENER_APPLICATION_NAME = "lockkeeper-listen"
-# How long stopping waits for a background thread (a listener in the middle of
-# connecting ends at its connect timeout).
-STOP_TIMEOUT = 10.0
 # A row outlives its request by this much, so it never lapses while the request
 # still waits (the two clocks are read at slightly different moments).
 DEADLINE_SLACK = timedelta(seconds=1)
@@ -88,17 +98,10 @@ CLIENT_CHECK_INTERVAL = 0.25
 # PostgreSQL: a waiter whose holder is valid re-checks this often even without a
 # notification (a notification lost while the listener reconnects).
 NOTIFY_SAFETY_INTERVAL = 1.0
-# The listener only reads, so a server that vanished without closing the TCP
-# connection (a failed-over host, a dropped route) is noticed only by keepalive
-# probes: after about idle + interval x count seconds it reconnects.
-LISTENER_KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-}
 # Past the holder's expires_at by this much, so the attempt finds it expired.
 EXPIRY_MARGIN = 0.002
+# How long a turned-away request's place is kept for its retry (see above).
+PLACE_KEPT_FOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,229 +114,6 @@ class Waiter:
     token: str | None
     enqueued_at: datetime
     deadline: datetime
-
-
-# -- waking waiting requests in this process ------------------------------------
-
-
-class Subscription:
-    """One waiting request's doorbell: ``event`` is set to make it look again."""
-
-    __slots__ = ("event", "waiter_id")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.waiter_id: int | None = None  # its place in line, once it has one
-
-
-class Wakeups:
-    """The waiting requests of this process, by resource: ``wake(resource)`` rings
-    each one's doorbell, ``wake(resource, head)`` only the head's (the others
-    would only be refused). Fed by releases in this process, by the PostgreSQL
-    listener, and on SQLite by the other processes of the host (``HostDoorbell``).
-    One per process: every app of the process shares it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_resource: dict[str, set[Subscription]] = {}
-
-    @contextmanager
-    def subscribe(self, resource: str):
-        subscription = Subscription()
-        with self._lock:
-            self._by_resource.setdefault(resource, set()).add(subscription)
-        try:
-            yield subscription
-        finally:
-            with self._lock:
-                found = self._by_resource.get(resource)
-                if found is not None:
-                    found.discard(subscription)
-                    if not found:
-                        del self._by_resource[resource]
-
-    def wake(self, resource: str, head: int | None = None) -> None:
-        with self._lock:
-            found = list(self._by_resource.get(resource, ()))
-        for subscription in found:
-            if head is None or subscription.waiter_id in (None, head):
-                subscription.event.set()
-
-    def wake_all(self) -> None:
-        with self._lock:
-            found = [s for subs in self._by_resource.values() for s in subs]
-        for subscription in found:
-            subscription.event.set()
-
-    def waiting(self) -> int:
-        with self._lock:
-            return sum(len(found) for found in self._by_resource.values())
-
-
-PROCESS_WAKEUPS = Wakeups()
-
-
-def wake_message(payload: str, wakeups: Wakeups) -> None:
-    """``resource`` or ``resource\nhead-id``, as a release announces it."""
-    resource, _, head = payload.partition("\n")
-    wakeups.wake(resource, int(head) if head.isdigit() else None)
-
-
-class HostDoorbell:
-    """SQLite: the processes of one host ring each other's waiters.
-
-    Every app that has waited binds a Unix datagram socket (Linux abstract
-    namespace, so no path length limit and nothing left on disk) and leaves a
-    marker file of the same name in a folder next to the database file; a release
-    that leaves waiters sends the resource to every socket marked there. The
-    marker of a process that died is removed by the first sender that finds no
-    one listening. Without a doorbell the waiters still find their turn by polling.
-    """
-
-    def __init__(self, folder: Path, wakeups: Wakeups):
-        folder.mkdir(mode=0o700, exist_ok=True)
-        self.folder = folder
-        self.name = f"{os.getpid()}-{secrets.token_hex(4)}"
-        self._address = _doorbell_address(folder, self.name)
-        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._socket.bind(self._address)
-        (folder / self.name).touch(mode=0o600)
-        self.wakeups = wakeups
-        self._stopped = threading.Event()
-        self.thread = threading.Thread(
-            target=self._run, name="lockkeeper-doorbell", daemon=True
-        )
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                payload = self._socket.recv(1024)
-            except OSError:
-                return
-            if self._stopped.is_set():
-                return
-            wake_message(payload.decode("utf-8", "replace"), self.wakeups)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Take the marker down, end the thread, close the socket."""
-        self._stopped.set()
-        with contextlib.suppress(OSError):
-            (self.folder / self.name).unlink()
-        # Closing a socket does not wake a thread blocked in recv(): a datagram does.
-        with (
-            contextlib.suppress(OSError),
-            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as poke,
-        ):
-            poke.settimeout(1.0)
-            poke.sendto(b"", self._address)
-        if threading.current_thread() is not self.thread:
-            self.thread.join(timeout)
-        if not self.thread.is_alive():
-            self._socket.close()
-
-
-def _doorbell_address(folder: Path, name: str) -> str:
-    digest = hashlib.blake2b(str(folder).encode(), digest_size=8).hexdigest()
-    return f"\0lockkeeper:{digest}:{name}"
-
-
-def ring_host(folder: Path, payload: str) -> None:
-    """Send ``payload`` to every waiting process of the host (see HostDoorbell)."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    data = payload.encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-        sender.setblocking(False)
-        for name in names:
-            try:
-                sender.sendto(data, _doorbell_address(folder, name))
-            except ConnectionRefusedError:
-                with contextlib.suppress(OSError):
-                    (folder / name).unlink()  # its process is gone
-            except OSError:
-                pass  # a full queue: that process is awake anyway
-
-
-class NotificationListener:
-    """One dedicated PostgreSQL connection that LISTENs for releases.
-
-    It is not taken from the pool (it stays in LISTEN for good) and must reach
-    PostgreSQL directly or through a session-pooling entry: NOTIFY does not pass a
-    transaction-pooling PgBouncer. While it is down, ``healthy`` is false and the
-    waiters poll; after a reconnect every waiter looks once (a release may have
-    been missed). ``stop()`` closes the connection and joins the thread: a pipe
-    wakes the thread out of its wait on the socket.
-    """
-
-    def __init__(self, conninfo: str, wakeups: Wakeups):
-        self.conninfo = conninfo
-        self.wakeups = wakeups
-        self.healthy = False
-        self.backend_pid: int | None = None
-        self._stopped = threading.Event()
-        self._wake_read, self._wake_write = os.pipe()
-        self.thread = threading.Thread(
-            target=self._run, name="lockkeeper-listen", daemon=True
-        )
-        self.thread.start()
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        self._stopped.set()
-        with contextlib.suppress(OSError):
-            os.write(self._wake_write, b"x")
-        if threading.current_thread() is self.thread:
-            return
-        self.thread.join(timeout)
-        if not self.thread.is_alive():
-            for fd in (self._wake_read, self._wake_write):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-
-    def _run(self) -> None:
-        backoff = 0.1
-        while not self._stopped.is_set():
-            try:
-                self._listen()
-                backoff = 0.1
-            except Exception as exc:  # noqa: BLE001 - reconnect on any failure
-                if not self._stopped.is_set():
-                    log.warning("waiter listener lost its connection: %s", exc)
-            self.healthy = False
-            self.backend_pid = None
-            self.wakeups.wake_all()
-            self._stopped.wait(backoff)
-            backoff = min(backoff * 2, 5.0)
-
-    def _listen(self) -> None:
-        import psycopg
-
-        with psycopg.connect(
-            self.conninfo,
-            autocommit=True,
-            application_name=LISTENER_APPLICATION_NAME,
-            **LISTENER_KEEPALIVES,
-        ) as conn:
-            conn.execute(f"LISTEN {CHANNEL}")
-            conn.execute(f"LISTEN {EVENTS_CHANNEL}")
-            self.backend_pid = conn.info.backend_pid
-            self.healthy = True
-            self.wakeups.wake_all()
-            while not self._stopped.is_set():
-                readable, _, _ = select_module.select(
-                    [conn.fileno(), self._wake_read], [], [], 5.0
-                )
-                if self._stopped.is_set():
-                    return  # leaving the block closes the connection
-                if conn.fileno() in readable:
-                    # A closed connection reads as readable too: this raises then.
-                    for notify in conn.notifies(timeout=0):
-                        if notify.channel == EVENTS_CHANNEL:
-                            self.wakeups.wake(EVENTS_WAKEUP)
-                        else:
-                            wake_message(notify.payload, self.wakeups)
 
 
 # -- the client's socket ----------------------------------------------------------
@@ -548,12 +328,25 @@ class WaitQueue:
 
     # -- rows --------------------------------------------------------------
 
-    def join(self, resource: str, owner: str, token: str | None, wait: float) -> int:
+    def join(
+        self,
+        resource: str,
+        owner: str,
+        token: str | None,
+        wait: float,
+        place: int | None = None,
+        *,
+        slack: timedelta = DEADLINE_SLACK,
+    ) -> int:
         """Add a waiter at the end of ``resource``'s line; returns its place (id).
+        ``place``: a place kept for this (resource, owner, token), taken back
+        with the new deadline if it is still live; else (lapsed, another's, 0)
+        the waiter joins at the end.
 
         The same transaction drops the resource's rows whose deadline has passed
         (left by requests of app instances that died)."""
         now = self._clock.now()
+        deadline = now + timedelta(seconds=wait) + slack
 
         def work(conn):
             conn.execute(
@@ -561,13 +354,28 @@ class WaitQueue:
                     waiters.c.resource == resource, waiters.c.deadline <= now
                 )
             )
+            if place:
+                kept = conn.execute(
+                    update(waiters)
+                    .where(
+                        waiters.c.id == place,
+                        waiters.c.resource == resource,
+                        waiters.c.owner == owner,
+                        waiters.c.token == token
+                        if token is not None
+                        else waiters.c.token.is_(None),
+                    )
+                    .values(deadline=deadline)
+                )
+                if kept.rowcount == 1:
+                    return place
             result = conn.execute(
                 insert(waiters).values(
                     resource=resource,
                     owner=owner,
                     token=token,
                     enqueued_at=now,
-                    deadline=now + timedelta(seconds=wait) + DEADLINE_SLACK,
+                    deadline=deadline,
                 )
             )
             return result.inserted_primary_key[0]
@@ -674,22 +482,30 @@ class WaitQueue:
         seconds: float,
         still_wanted: Callable[[], bool],
         token_live: Callable[[], bool],
+        place: int | None = None,
     ) -> AcquireResult:
         """Wait in line up to ``seconds``; ``attempt(waiter_id)`` is the service's
         acquire for one place in line. ``token_live()`` is asked before every
         attempt and at every look at the client (``CLIENT_CHECK_INTERVAL``): a
-        token that ended leaves the line at once.
+        token that ended leaves the line at once. ``place``: the request asks
+        for a kept place if it is turned away (0), or presents one (see the
+        module's doc): it waits from that place.
 
         :raise WaitersFull: this worker already has ``max_waiters`` requests
-            waiting.
+            waiting (with ``place`` given: from the place it kept, unless that
+            was granted at once).
         :raise TokenEnded: the token was revoked or expired while in line.
         """
         wait = seconds
         if self._slots is None or not self._slots.acquire(blocking=False):
-            raise WaitersFull(self.max_waiters)
+            self.metrics.wait_refused("worker_full")
+            refusal = WaitersFull(self.max_waiters)
+            return self._turned_away(refusal, attempt, resource, owner, token, place)
         if not self._take_token_share(token):
             self._slots.release()
-            raise WaitersFull(self.max_waiters_per_token, token=token)
+            self.metrics.wait_refused("token_share")
+            refusal = WaitersFull(self.max_waiters_per_token, token=token)
+            return self._turned_away(refusal, attempt, resource, owner, token, place)
         started = time.monotonic()
         metrics = self.metrics
         metrics.wait_started()
@@ -698,7 +514,9 @@ class WaitQueue:
             listener = self._listener_for_waiting()
             self._ring_for_waiting()
             with self.wakeups.subscribe(resource) as woken:
-                waiter_id = woken.waiter_id = self.join(resource, owner, token, wait)
+                waiter_id = woken.waiter_id = self.join(
+                    resource, owner, token, wait, place
+                )
                 result = None
                 try:
                     result = self._wait_in_line(
@@ -722,6 +540,39 @@ class WaitQueue:
             metrics.wait_ended(outcome, time.monotonic() - started)
             self._give_token_share(token)
             self._slots.release()
+
+    def _turned_away(
+        self,
+        refusal: WaitersFull,
+        attempt: Callable[[int | None], AcquireResult],
+        resource: str,
+        owner: str,
+        token: str | None,
+        place: int | None,
+    ) -> AcquireResult:
+        """A request the room turned away: with ``place`` None, ``refusal``; else
+        its place kept (or taken back) for ``PLACE_KEPT_FOR`` seconds, one look
+        from it (granted when it is first and the lock is free), and
+        ``refusal`` naming it."""
+        if place is None:
+            raise refusal
+        kept = self.join(
+            resource, owner, token, PLACE_KEPT_FOR, place, slack=timedelta(0)
+        )
+        try:
+            if self._notifies:
+                result = attempt(kept)
+            else:
+                result = self._look_then_attempt(
+                    attempt, resource, kept, AcquireResult(False, None)
+                )
+        except BaseException:
+            self.leave(kept, resource)
+            raise
+        if result.acquired:
+            return result  # the grant took the place out of line
+        refusal.place = kept
+        raise refusal
 
     def _take_token_share(self, token: str | None) -> bool:
         """One more place for ``token``, unless it holds its share already."""

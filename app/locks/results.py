@@ -39,8 +39,18 @@ class Lock:
         return self.limit > 1 or self.mode == "shared"
 
     @classmethod
-    def from_row(cls, row, now: datetime, expiring_within: float) -> Lock:
+    def from_row(
+        cls, row, now: datetime, expiring_within: float, ttl: float | None = None
+    ) -> Lock:
+        """``ttl``: the ttl the grant was last granted or renewed for; else the
+        row's ``granted_ttl`` column (``statements.listing.granted_ttl``), where
+        a read selects it; else the span from its acquire to its expiry, exact
+        until its first renewal (a grant just made, the answer of a command)."""
         remaining = (row.expires_at - now).total_seconds()
+        if ttl is None:
+            ttl = getattr(row, "granted_ttl", None)
+        if ttl is None:
+            ttl = (row.expires_at - row.acquired_at).total_seconds()
         return cls(
             resource=row.resource,
             owner=row.owner,
@@ -49,7 +59,7 @@ class Lock:
             acquired_at=row.acquired_at,
             expires_at=row.expires_at,
             ttl_remaining=max(remaining, 0.0),
-            state=classify(remaining, expiring_within),
+            state=classify(remaining, expiring_within, ttl),
             waiters=getattr(row, "waiters", None) or 0,
             limit=getattr(row, "holder_limit", None) or 1,
             mode=getattr(row, "mode", None) or "exclusive",
@@ -138,6 +148,18 @@ class Event:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Holders:
+    """The live grants of a resource: ``holders`` (the one that ends first
+    first), its ``limit`` and ``mode`` and how many wait (``waiters``)."""
+
+    resource: str
+    limit: int
+    mode: str
+    holders: list[Lock]
+    waiters: int
+
+
 T = TypeVar("T")
 
 
@@ -145,3 +167,27 @@ T = TypeVar("T")
 class Page(Generic[T]):  # noqa: UP046 - Python 3.11 has no PEP 695 syntax
     items: list[T]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SetResult:
+    """A set's acquire: ``acquired`` with every member's grant (``locks``, in
+    the order asked), or refused whole: ``refused`` names the member that
+    refused and ``lock`` its grant in the way (None: free, but others wait in
+    line first; ``waiters`` how many)."""
+
+    acquired: bool
+    locks: list[Lock]
+    refused: str | None = None
+    lock: Lock | None = None
+    waiters: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SetRelease:
+    """A set's release: the grants it ended (``released``, in the order
+    asked) and the members the caller no longer held (``not_held``: expired,
+    released, or another's by now)."""
+
+    released: list[Lock]
+    not_held: list[str]

@@ -1,59 +1,29 @@
 """Sessions: one heartbeat renews every grant bound to it, one end releases them.
 
 ``SessionService`` is reached as ``LockService.sessions``; the API, the dashboard
-and the CLI call it, never the statements (``app.locks.statements.sessions``). A
-session belongs to the API token that made it: another token's session is
-unknown to it (404), as it would be if it did not exist.
+and the CLI call it, never the statements (``app.locks.statements.sessions``).
+A grant bound to a session is acquired by ``app.locks.commands``. A session
+belongs to the API token that made it: another token's session is unknown to it
+(404), as it would be if it did not exist.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
 
-from app.locks import rules, validation
-from app.locks.errors import InvalidInput, LockError, SessionBound
-from app.locks.models import SESSION_ID_LENGTH
-from app.locks.results import AcquireResult, Lock
+from app.locks import rules
+from app.locks.core import LockCore, check_session_id
+from app.locks.errors import SessionExpired, SessionQuotaReached, UnknownSession
+from app.locks.instrumentation import held_for
+from app.locks.results import Lock
 from app.locks.state import Action
-from app.locks.statements.sessions import (
-    SessionEnded,
-    SessionNotFound,
-    SessionRow,
-    SessionStatements,
-)
-from app.locks.values import Ask
-
-if TYPE_CHECKING:
-    from app.locks.service import LockService
+from app.locks.statements.sessions import SessionRow, SessionsFull
 
 # secrets.token_urlsafe(24): 32 characters of [A-Za-z0-9_-].
 SESSION_ID_BYTES = 24
-SESSION_ID_CHARACTERS = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
-)
-
-
-class UnknownSession(LockError):
-    """No session of this id belongs to the asking token (or it has ended)."""
-
-    def __init__(self, session_id: str):
-        self.session_id = session_id
-        super().__init__(f"no session {session_id!r} of this API token")
-
-
-class SessionExpired(LockError):
-    """The session ran out before this call: its grants are already stale, and a
-    late heartbeat does not revive them."""
-
-    def __init__(self, session_id: str):
-        self.session_id = session_id
-        super().__init__(
-            f"the session {session_id!r} has expired; its locks are stale: "
-            "start a new session and acquire them again"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,25 +47,34 @@ class Session:
         return self.ttl_remaining <= 0
 
 
-def session_id_error(session_id: Any) -> str | None:
-    if (
-        not isinstance(session_id, str)
-        or not session_id
-        or len(session_id) > SESSION_ID_LENGTH
-        or not set(session_id) <= SESSION_ID_CHARACTERS
-    ):
-        return "is not a session id"
-    return None
+@dataclass(frozen=True, slots=True)
+class ListedSession:
+    """A session in the operator's list, with how many grants are bound to it."""
+
+    session: Session
+    bound: int
+    overdue_seconds: float  # since it expired (0 while it lives)
+
+    @property
+    def overdue_ttls(self) -> float:
+        """How many of its ttls its heartbeat is late by, past its expiry."""
+        return self.overdue_seconds / self.session.ttl if self.session.ttl else 0.0
 
 
 class SessionService:
-    def __init__(self, locks: LockService) -> None:
-        self.locks = locks
-        self.statements = SessionStatements(locks._transactional)
-        self._pg = locks.dialect == "postgresql"
+    """Handed the core and ``notify_released(resource, waiters)`` (the waiting
+    line's: an ended session's grants wake their waiters)."""
+
+    def __init__(
+        self, core: LockCore, notify_released: Callable[[str, int], None]
+    ) -> None:
+        self.core = core
+        self.statements = core.session_statements
+        self._notify_released = notify_released
+        self._pg = core.dialect == "postgresql"
 
     def _session(self, row: SessionRow, now: datetime, grants=()) -> Session:
-        expiring = self.locks.settings.expiring_within
+        expiring = self.core.settings.expiring_within
         return Session(
             id=row.id,
             owner=row.owner,
@@ -105,31 +84,40 @@ class SessionService:
             expires_at=row.expires_at,
             ttl_remaining=max((row.expires_at - now).total_seconds(), 0.0),
             locks=[
-                replace(Lock.from_row(grant, now, expiring), session=row.id)
+                replace(Lock.from_row(grant, now, expiring, row.ttl), session=row.id)
                 for grant in grants
             ],
         )
-
-    @staticmethod
-    def _check_id(session_id: Any) -> None:
-        error = session_id_error(session_id)
-        if error:
-            raise InvalidInput([("session", error)])
 
     # -- the worker's operations -----------------------------------------------
 
     def create(self, owner: str, ttl: float | None, *, token: str) -> Session:
         """A new session of (``token``, ``owner``) that expires ``ttl`` seconds
-        from now unless renewed."""
-        self.locks.validate(owner=owner, ttl=ttl)
-        ttl = self.locks._ttl(ttl)
+        from now unless renewed.
+
+        :raise SessionQuotaReached: ``token`` already has
+            ``LOCKKEEPER_MAX_SESSIONS_PER_TOKEN`` live sessions."""
+        self.core.validate(owner=owner, ttl=ttl)
+        ttl = self.core.ttl(ttl)
         session_id = secrets.token_urlsafe(SESSION_ID_BYTES)
-        row = self.locks.run_transaction(
+        limit = self.core.settings.max_sessions_per_token
+        row = self.core.run(
             lambda conn: self.statements.create(
-                conn, session_id, owner, token, ttl, self.locks._now()
+                conn,
+                session_id,
+                owner,
+                token,
+                ttl,
+                self.core.given_now(),
+                max_sessions=limit,
             )
         )
-        self.locks.metrics.session("created")
+        if isinstance(row, SessionsFull):
+            self.core.metrics.session("refused_quota")
+            raise SessionQuotaReached(
+                token, row.limit, (row.soonest - row.now).total_seconds()
+            )
+        self.core.metrics.session("created")
         return self._session(row, row.created_at)
 
     def heartbeat(self, session_id: str, *, token: str) -> Session:
@@ -138,39 +126,41 @@ class SessionService:
         :raise UnknownSession: no such session of ``token``.
         :raise SessionExpired: it ran out before this heartbeat.
         """
-        self._check_id(session_id)
+        check_session_id(session_id)
         if self._pg:
-            beat = self.locks.run_transaction(
+            beat = self.core.run(
                 lambda driver: self.statements.heartbeat_statement(
-                    driver, session_id, token, self.locks._now()
+                    driver, session_id, token, self.core.given_now()
                 ),
                 autocommit=True,
             )
         else:
-            beat = self.locks.run_transaction(
+            beat = self.core.run(
                 lambda conn: self.statements.heartbeat(
-                    conn, session_id, token, self.locks._now()
+                    conn, session_id, token, self.core.given_now()
                 )
             )
         if beat.session is None:
-            self.locks.metrics.session("heartbeat_unknown")
+            self.core.metrics.session("heartbeat_unknown")
             raise UnknownSession(session_id)
         if not beat.done:
-            self.locks.metrics.session("heartbeat_expired")
+            self.core.metrics.session("heartbeat_expired")
             raise SessionExpired(session_id)
         # Counted in lockkeeper_sessions_total{outcome="heartbeat"}, and not
         # logged: an audit event per heartbeat would write a row per heartbeat
         # per worker (every few seconds each, forever), burying the grants and
         # releases the log is for. The grants' expiries say the same thing.
-        self.locks.metrics.session("heartbeat")
+        self.core.metrics.session("heartbeat")
         return self._session(beat.session, beat.now)
 
     def get(self, session_id: str, *, token: str | None) -> Session:
         """The session with its live grants; ``token`` None: any token's (an
         operator's read)."""
-        self._check_id(session_id)
-        with self.locks._autocommit_engine.connect() as conn:
-            row, grants, now = self.statements.read(conn, session_id, self.locks._now())
+        check_session_id(session_id)
+        with self.core.reads.connect() as conn:
+            row, grants, now = self.statements.read(
+                conn, session_id, self.core.given_now()
+            )
         if row is None or (token is not None and row.token != token):
             raise UnknownSession(session_id)
         return self._session(row, now, grants if row.expires_at > now else ())
@@ -181,33 +171,47 @@ class SessionService:
         resources whose held (stale) rows went with them."""
         purged: list[str] = []
         while True:
-            count, resources = self.locks.run_transaction(
+            count, resources = self.core.run(
                 lambda conn: self.statements.purge_expired_batch(conn, cutoff, batch)
             )
             purged += resources
             if count < batch:
                 return purged
 
+    def listing(self, limit: int = 200) -> tuple[list[ListedSession], datetime]:
+        """The sessions, the longest overdue first, with their bound grants
+        counted (the dashboard's page of sessions), and the clock."""
+        with self.core.reads.connect() as conn:
+            rows, now = self.statements.listing(conn, limit, self.core.given_now())
+        return [
+            ListedSession(
+                session=self._session(row, now),
+                bound=bound,
+                overdue_seconds=max((now - row.expires_at).total_seconds(), 0.0),
+            )
+            for row, bound in rows
+        ], now
+
     def live(self) -> int:
         """How many sessions have not expired (metrics)."""
-        with self.locks._autocommit_engine.connect() as conn:
-            return self.statements.live_count(conn, self.locks._now())
+        with self.core.reads.connect() as conn:
+            return self.statements.live_count(conn, self.core.given_now())
 
     def bound_session(self, resource: str) -> str | None:
         """The id of the session the exclusive grant on ``resource`` is bound
         to, if any (a renewal's refusal path)."""
-        with self.locks._autocommit_engine.connect() as conn:
+        with self.core.reads.connect() as conn:
             row = self.statements.session_of(conn, resource)
         return row.id if row is not None else None
 
     def of_lock(self, resource: str) -> Session | None:
         """The session the grant on ``resource`` is bound to, if any (for the
         dashboard's lock page: its owner, last heartbeat and expiry)."""
-        with self.locks._autocommit_engine.connect() as conn:
+        with self.core.reads.connect() as conn:
             row = self.statements.session_of(conn, resource)
         if row is None:
             return None
-        return self._session(row, self.locks.now())
+        return self._session(row, self.core.now())
 
     def end(
         self,
@@ -226,18 +230,18 @@ class SessionService:
 
         :raise UnknownSession: no such session (of ``token``).
         """
-        self._check_id(session_id)
-        self.locks.validate(actor=actor, reason=reason)
+        check_session_id(session_id)
+        self.core.validate(actor=actor, reason=reason)
         operator = token is None
         if operator:
             rules.require_reason(reason, "to end a session")
         action = Action.FORCE_RELEASED if operator else Action.RELEASED
-        ended = self.locks.run_transaction(
+        ended = self.core.run(
             lambda conn: self.statements.end(
                 conn,
                 session_id,
                 token,
-                self.locks._now(),
+                self.core.given_now(),
                 actor=actor,
                 reason=reason,
                 action=action,
@@ -247,57 +251,21 @@ class SessionService:
             raise UnknownSession(session_id)
         for grant in ended.released:
             if operator:
-                self.locks.metrics.operator_action(action)
+                self.core.metrics.operator_action(action)
             else:
-                self.locks.metrics.release("released")
-            self.locks.queue.notify_released(grant.resource, grant.waiters)
-        self.locks.metrics.session("ended")
+                self.core.metrics.release(
+                    "released", grant.resource, held_for(grant, ended.now)
+                )
+            self._notify_released(grant.resource, grant.waiters)
+        self.core.metrics.session("ended")
         return self._session(ended.session, ended.now, ended.released)
-
-    # -- the session-bound acquire (from ``LockService.acquire``) -------------
-
-    def attempt(self, ask: Ask, session_id: str, waiter: int | None) -> AcquireResult:
-        locks = self.locks
-
-        def work(conn):
-            try:
-                return self.statements.acquire(
-                    conn, ask, session_id, locks._now(), waiter
-                )
-            except SessionNotFound:
-                raise UnknownSession(session_id) from None
-            except SessionEnded:
-                raise SessionExpired(session_id) from None
-
-        def decide(outcome) -> AcquireResult:
-            if outcome.done:
-                if waiter is not None and getattr(outcome.row, "waiters", 0):
-                    # The next in line may be granted too (a shared head, a
-                    # semaphore's free place): wake it now.
-                    locks.queue.notify_released(ask.resource, outcome.row.waiters)
-                lock = replace(
-                    locks._lock(outcome.row, outcome.now), session=session_id
-                )
-                return AcquireResult(True, lock, outcome.action)
-            return locks._refusal(ask, outcome)
-
-        return locks.run_transaction(work, decide=decide)
-
-
-def refuse_both_ttl_and_session(ttl: Any, session: Any) -> None:
-    if ttl is not None and session is not None:
-        raise InvalidInput(
-            [("session", "give either a ttl or a session (its ttl is the session's)")]
-        )
 
 
 __all__ = [
+    "ListedSession",
     "Session",
-    "SessionBound",
     "SessionExpired",
+    "SessionQuotaReached",
     "SessionService",
     "UnknownSession",
-    "refuse_both_ttl_and_session",
-    "session_id_error",
-    "validation",
 ]

@@ -23,3 +23,13 @@ class Ask:
     # and this grant's mode ("exclusive" or "shared").
     limit: int = 1
     mode: str = "exclusive"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One resource of a set acquired as one (``app.locks.sets``), with its
+    own ``limit`` and ``mode``, as a single acquire takes them."""
+
+    resource: str
+    limit: int = 1
+    mode: str = "exclusive"

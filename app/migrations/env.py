@@ -1,7 +1,19 @@
-"""Alembic environment, run by Flask-Migrate inside an app context."""
+"""Alembic environment, run by Flask-Migrate inside an app context.
+
+Migrations run under traffic (a rolling upgrade): each in its own transaction,
+so one that cannot take its lock rolls back alone and the ones before it stay
+done; and every lock a migration waits for is bounded (``lock_timeout`` on
+PostgreSQL, ``lock_wait_timeout`` and ``innodb_lock_wait_timeout`` on MariaDB),
+so a migration never queues the lock traffic behind it for longer than that.
+``app.ops.upgrade`` retries a migration that timed out and names what held it.
+"""
 
 from alembic import context
 from flask import current_app
+from sqlalchemy import inspect, text
+
+from app.ops.schema import COMPATIBILITY_TABLE, oldest_code
+from app.ops.upgrade import LOCK_TIMEOUT_ATTRIBUTE, bound_lock_waits
 
 config = context.config
 database = current_app.extensions["migrate"].db
@@ -9,20 +21,55 @@ database = current_app.extensions["migrate"].db
 
 def run_migrations_offline() -> None:
     context.configure(
-        url=database.engine.url, target_metadata=database.metadata, literal_binds=True
+        url=database.engine.url,
+        target_metadata=database.metadata,
+        literal_binds=True,
+        transaction_per_migration=True,
     )
     with context.begin_transaction():
         context.run_migrations()
 
 
+def record_compatibility(ctx, step, heads, run_args) -> None:
+    """Write the oldest code an applied revision admits (``oldest_code``) into
+    the database, in the migration's transaction; forget it on a downgrade."""
+    conn = ctx.connection
+    if not inspect(conn).has_table(COMPATIBILITY_TABLE):
+        return  # before 0028
+    revision = step.up_revision_id
+    conn.execute(
+        text(f"DELETE FROM {COMPATIBILITY_TABLE} WHERE revision = :revision"),
+        {"revision": revision},
+    )
+    if step.is_upgrade:
+        conn.execute(
+            text(
+                f"INSERT INTO {COMPATIBILITY_TABLE} (revision, oldest_code)"
+                " VALUES (:revision, :oldest)"
+            ),
+            {"revision": revision, "oldest": oldest_code(revision)},
+        )
+
+
 def run_migrations_online() -> None:
     configure_args = current_app.extensions["migrate"].configure_args
     with database.engine.connect() as connection:
-        context.configure(
-            connection=connection, target_metadata=database.metadata, **configure_args
-        )
-        with context.begin_transaction():
-            context.run_migrations()
+        # SQLite: each migration's transaction takes the write lock as it
+        # begins, so it queues on busy_timeout behind a running server's writes
+        # (a deferred one upgrading to a writer fails at once, "database is
+        # locked"). Ignored elsewhere.
+        connection.execution_options(sqlite_immediate=True)
+        timeout = config.attributes.get(LOCK_TIMEOUT_ATTRIBUTE)
+        with bound_lock_waits(connection, timeout):
+            context.configure(
+                connection=connection,
+                target_metadata=database.metadata,
+                transaction_per_migration=True,
+                on_version_apply=record_compatibility,
+                **configure_args,
+            )
+            with context.begin_transaction():
+                context.run_migrations()
 
 
 if context.is_offline_mode():

@@ -14,6 +14,10 @@ revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
 branch_labels = ${repr(branch_labels)}
 depends_on = ${repr(depends_on)}
+# The oldest code (its head revision) that may run on this schema: the previous
+# revision's oldest_code when this migration is additive (the running release
+# keeps working on it), this revision itself when it is not.
+oldest_code = ${repr(up_revision)}
 
 
 def upgrade():

@@ -26,14 +26,41 @@ Both take ``now`` = None to read the database's clock once the row lock is held
 (see ``TransactionalStatements``, and for PostgreSQL migration 0007), or a datetime
 (SQLite's host clock, read after ``BEGIN IMMEDIATE``; tests' fake clock).
 
+The lock order: every operation, on every database, takes the rows it locks
+in this order, and a row it may need later it takes in order or not at all:
+
+1. the session's row (``lock_sessions``): a session-bound acquire FOR SHARE, a
+   heartbeat or an end FOR UPDATE; a purge takes its sessions in expiry order;
+2. the resource's row (``distributed_locks``), several in resource order (a
+   session's heartbeat and end, a stale release or purge). A resource with no
+   row yet gets it with its first grant, after the token's row: that insert is
+   the last lock its transaction may wait for (what follows only inserts new
+   rows or deletes the grant's own waiter);
+3. the API token's row (``api_tokens``), by a new tenure only, once its
+   resource's row is held (FOR SHARE; FOR UPDATE near the token's quota);
+   a new session's create takes it FOR UPDATE holding nothing else (its
+   share of sessions), then only inserts its session's row;
+4. the resource's places (``lock_holders``), written only while the
+   resource's row is held;
+5. the waiting line (``lock_waiters``): a grant deletes its own waiter.
+
+The audit log is only inserted into, the fence comes from a sequence (SQLite:
+its counter row, behind ``BEGIN IMMEDIATE``, which makes one writer at a time
+anyway), and a freeze's row is locked by nothing else. The guard
+(``lockkeeper_guard``) holds the resource's row FOR SHARE, and only for a fence
+a plain read finds live (migration 0030). Revoking a token locks its row alone.
+``tests/test_deadlock_race.py`` races operations that meet on one resource and
+reads the servers' deadlock counters.
+
 The holder of a lock is the pair (token, owner): see ``holds``. An acquire that
 would start a new tenure (a first acquire, the grant of a free row, a take-over;
-not a re-acquire) first locks its API token's row, in the same function
-(PostgreSQL, migrations 0009 and 0011) or transaction: it is refused when the token was
-revoked or has expired by the deciding clock (``token_ended``), and when the
-token's quota of live locks is full. Under a quota that lock is exclusive, so one
-token's new grants count one after another and the quota is exact under parallel
-requests; without one it is shared. The count is part of the same statement
+not a re-acquire) locks its API token's row once the resource's row is held, in
+the same function (PostgreSQL, migrations 0009, 0011 and 0029) or transaction:
+it is refused when the token was revoked or has expired by the deciding clock
+(``token_ended``), and when the token's quota of live locks is full. Near its
+quota that lock is exclusive, so one token's new grants count one after another
+and the quota is exact under parallel requests; far from it, or without one, it
+is shared. The count is part of the same statement
 (PostgreSQL), of the clock read that follows the token's row lock (MariaDB) or of
 the locking read (SQLite, one writer at a time), never a round trip of its own on
 re-acquire or renew.

@@ -20,7 +20,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import column, table
 from sqlalchemy.types import Integer, String
 
-from app.database import UTCDateTime
+from app.locks.columns import UTCDateTime
 from app.locks.models import (
     EXCLUSIVE,
     NO_TOKEN,
@@ -207,6 +207,9 @@ class LockRow:
     holder_limit: int = 1
     mode: str = EXCLUSIVE
     holders: int = 1
+    # The ttl it was last granted or renewed for, where a read selected it
+    # (``listing.granted_ttl``).
+    granted_ttl: float | None = None
 
     @classmethod
     def of(cls, row, **changes) -> LockRow:
@@ -220,7 +223,7 @@ class LockRow:
 
 
 # LockRow's fields a row may lack (or carry NULL in), taken as their defaults.
-_ROW_DEFAULTS = frozenset({"waiters", "holder_limit", "mode", "holders"})
+_ROW_DEFAULTS = frozenset({"waiters", "holder_limit", "mode", "holders", "granted_ttl"})
 
 
 class SessionEnded(Exception):

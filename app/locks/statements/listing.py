@@ -24,9 +24,10 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import Integer, String
 
-from app.database import UTCDateTime
+from app.locks.columns import UTCDateTime
 from app.locks.models import EXCLUSIVE, LockSession
-from app.locks.statements.common import holders, locks, waiters
+from app.locks.state import Action, seconds_between
+from app.locks.statements.common import events, holders, locks, waiters
 
 sessions = LockSession.__table__
 
@@ -298,6 +299,76 @@ def bound_session(session_id, owner, token, expires_at):
             sessions.c.expires_at == expires_at,
         )
         .scalar_subquery()
+    )
+
+
+# The actions whose event sets a grant's expiry to its ttl from the event's time.
+GRANTING_ACTIONS = tuple(
+    action.value
+    for action in (
+        Action.ACQUIRED,
+        Action.REACQUIRED,
+        Action.TOOK_OVER,
+        Action.RENEWED,
+        Action.CLAIMED,
+        Action.FORCE_CLAIMED,
+    )
+)
+
+
+def _latest_granting_event(grant, column):
+    """``column`` of the latest event that granted or renewed ``grant`` (columns
+    ``resource``, ``fence``): a probe of ``ix_lock_events_resource_id``, its
+    resource's events newest first, to the first of its fence."""
+    return (
+        select(column)
+        .where(
+            events.c.resource == grant.resource,
+            events.c.fence == grant.fence,
+            events.c.action.in_(GRANTING_ACTIONS),
+        )
+        .order_by(events.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+# The label of the ``granted_ttl`` a read selects beside its rows (read by
+# ``Lock.from_row``).
+GRANTED_TTL = "granted_ttl"
+
+
+def granted_ttl(grant):
+    """The ttl in seconds ``grant`` (columns ``resource``, ``fence``,
+    ``session_id``, ``acquired_at``, ``expires_at``) was last granted or renewed
+    for, read from what is stored rather than stored again (no schema change,
+    and no change to the database's lock functions): its session's ttl while
+    bound to one (a heartbeat moves its expiry and writes no event); else the
+    span from its latest granting event (acquire, renewal, claim: written in the
+    grant's own transaction, with the expiry it set) to that expiry; else, with
+    no such event left (pruned from the audit), from when it was acquired to its
+    expiry, which is exact until its first renewal. A probe per grant: read for
+    the rows of a page, and for the few rows an expiry range leaves
+    (``state.state_condition``)."""
+    bound = (
+        select(sessions.c.ttl)
+        .where(sessions.c.id == grant.session_id)
+        .scalar_subquery()
+    )
+    latest = _latest_granting_event(
+        grant, seconds_between(events.c.occurred_at, events.c.expires_at)
+    )
+    return func.coalesce(
+        bound, latest, seconds_between(grant.acquired_at, grant.expires_at)
+    )
+
+
+def last_granted(grant):
+    """When ``grant`` (as for ``granted_ttl``) was last granted or renewed: its
+    latest granting event's time, or when it was acquired (no event left). A
+    session's heartbeats are not among them: they write no event."""
+    return func.coalesce(
+        _latest_granting_event(grant, events.c.occurred_at), grant.acquired_at
     )
 
 

@@ -6,11 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from app.locks.driver import FixedSQL
-from app.locks.statements.transaction import (
-    DRIVER_WRITES,
-    DriverWrites,
-    TransactionalStatements,
-)
+from app.locks.statements.driver_writes import DRIVER_WRITES, DriverWrites
+from app.locks.statements.transaction import TransactionalStatements
 
 
 class MariaDBStatements(DriverWrites, TransactionalStatements):

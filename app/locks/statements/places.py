@@ -3,45 +3,56 @@ shared grants, rows of ``lock_holders`` (see ``LockHolder``).
 
 Every change of a resource's places is one transaction on every dialect, in the
 style of ``TransactionalStatements``: lock the resource's ``distributed_locks``
-row first (inserted, free, when missing: a racing insert loses with an
-``IntegrityError`` and the service tries again), read the clock after that lock,
-then decide and write the places, the row's ``places_until`` (the latest expiry
+row first, then (a new tenure) the token's, as the lock order of
+``app.locks.statements`` says; read the clock after the row's lock, then decide
+and write the places, the row's ``places_until`` (the latest expiry
 of its live places: while it is in the future the exclusive path refuses the
 row) and the audit event together. The row lock orders every grant, renewal and
 release of the resource's places one after another, and against the exclusive
 path, which locks the same row: N+1 contenders for N places never all commit.
+A resource with no row yet gets it with its first grant, after the token's row
+(a racing first grant's insert loses with an ``IntegrityError`` and the
+service tries again): a refused acquire writes nothing.
 
 On PostgreSQL a grant with no session (``peek_place`` then ``acquire_place``),
 ``renew_place`` and ``release_place`` are one statement each instead, the
-functions ``lockkeeper_acquire_place`` (migration 0021),
-``lockkeeper_renew_place`` and ``lockkeeper_release_place`` (0022): they give
-the same answers, so a rule changed here changes there too.
+functions ``lockkeeper_acquire_place``, ``lockkeeper_renew_place`` and
+``lockkeeper_release_place`` (``sql/postgresql/``): they give the same answers,
+so a rule changed here changes there too.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import BigInteger, bindparam, delete, insert, select, update
 
-from app.database import UTCDateTime
+from app.locks.columns import UTCDateTime
 from app.locks.errors import SessionBound
 from app.locks.models import EXCLUSIVE, NO_TOKEN, SHARED, LockSession
-from app.locks.state import PREVIOUS_TOKEN, Action, holds
+from app.locks.state import Action, holds
 from app.locks.statements.common import (
     LockRow,
     Outcome,
     SessionEnded,
     clear_exclusive_grant,
+    events,
     holders,
     live_locks,
     locks,
+    queue_columns,
     token_ended,
     waiters,
+)
+from app.locks.statements.details import (
+    ended_bound_grant,
+    mode_change,
+    session_expiry_event,
+    took_over_from,
+    with_session,
 )
 
 _NOW = bindparam("now", type_=UTCDateTime())
@@ -59,32 +70,6 @@ class AllRemoved:
     gone: list[int]
     now: datetime
     waiters: int
-
-
-def mode_change(from_mode: str, **more: Any) -> str:
-    """An event's ``details`` when a holder's grant changed mode (a promotion
-    or a demotion): the mode it had, so the audit tells it from a re-acquire."""
-    return json.dumps({"from_mode": from_mode, **more}, sort_keys=True)
-
-
-def with_session(details: str | None, session_id: str | None) -> str | None:
-    """A grant event's ``details`` naming the session it is bound to (None:
-    unbound, ``details`` unchanged): its expiry moves with the session's
-    heartbeat, which writes no event, so the history reads the grant's end
-    from its session rather than from the expiry the event recorded."""
-    if session_id is None:
-        return details
-    found = json.loads(details) if details is not None else {}
-    return json.dumps({**found, "session": session_id}, sort_keys=True)
-
-
-def took_over_from(details: str | None, token: str | None) -> str:
-    """A take-over's ``details`` naming the token of the grant it took
-    (``PREVIOUS_TOKEN``; "" for none, as ``lock_holders`` records it): its
-    owner alone (``previous_owner``) does not tell one owner's grants under
-    two tokens apart."""
-    found = json.loads(details) if details is not None else {}
-    return json.dumps({**found, PREVIOUS_TOKEN: token or NO_TOKEN}, sort_keys=True)
 
 
 def place_token(token: str | None) -> str:
@@ -111,18 +96,46 @@ class PlacesStatements:
     def _place_count_statement(self):
         return select(live_locks(_NOW).label("live"))
 
-    def _locked_resource(self, conn, resource, now, waiter, holder_limit):
-        """The resource's row, locked; inserted free when missing."""
-        row = self.lock_row(conn, resource, now, waiter)
-        if row is not None:
+    def _unwritten_row(self, conn, resource, now, waiter, holder_limit) -> Any:
+        """A resource with no row yet, as a free row of ``holder_limit`` with
+        its line (``waiters``, ``ahead``): nothing is written until a grant
+        (``_written_row``), so a refused acquire writes nothing."""
+        waiting, ahead = queue_columns(
+            resource, _NOW, bindparam("waiter", type_=BigInteger())
+        )
+        line = conn.execute(
+            select(waiting, ahead), {"now": now, "waiter": waiter}
+        ).one()
+        return SimpleNamespace(
+            id=None,
+            resource=resource,
+            owner=None,
+            token=None,
+            fence=0,
+            acquired_at=now,
+            expires_at=now,
+            session_id=None,
+            holder_limit=holder_limit,
+            places_until=None,
+            waiters=line.waiters,
+            ahead=line.ahead,
+        )
+
+    def _written_row(self, conn, row, now) -> Any:
+        """``row`` as a row of the table, locked: inserted free (after the
+        token's row: the lock order) when it was not there yet (the insert
+        holds it). A concurrent
+        first grant's insert that came first raises ``IntegrityError``; the
+        service tries again and finds its row."""
+        if row.id is not None:
             return row
-        at = now if now is not None else self._server_now().cast(UTCDateTime())
-        self._insert_free_row(conn, resource, at, holder_limit)
-        return self.lock_row(conn, resource, now, waiter)
+        inserted = self._insert_free_row(conn, row.resource, now, row.holder_limit)
+        return SimpleNamespace(**{**vars(row), "id": inserted})
 
     @staticmethod
-    def _insert_free_row(conn, resource, at, holder_limit) -> None:
-        conn.execute(
+    def _insert_free_row(conn, resource, at, holder_limit) -> int:
+        """Insert ``resource``'s row, free; returns its id."""
+        return conn.execute(
             insert(locks).values(
                 resource=resource,
                 owner=None,
@@ -132,7 +145,7 @@ class PlacesStatements:
                 expires_at=at,
                 holder_limit=holder_limit,
             )
-        )
+        ).inserted_primary_key[0]
 
     def _places_of(self, conn, resource) -> list[Any]:
         """Every place row of ``resource``, the one that ends first first."""
@@ -195,14 +208,7 @@ class PlacesStatements:
             )
         ).one_or_none()
         if row is None:
-            # Inserted free first, in a statement of its own: contenders that
-            # all find no row then never lock the gap where it goes (MariaDB's
-            # gap locks deadlocked such inserts round after round).
-            try:
-                # ``conn`` autocommits: the row is committed at once.
-                self._insert_free_row(conn, ask.resource, at, ask.limit)
-            except IntegrityError:
-                pass  # a contender's insert came first: the row is there
+            # Nothing to look at: a grant writes the row (a refusal, nothing).
             return None
         if ask.mode != EXCLUSIVE or ask.limit == 1:
             return None
@@ -240,8 +246,10 @@ class PlacesStatements:
         """
         resource, owner, token = ask.resource, ask.owner, ask.token
         limit, mode, ttl = ask.limit, ask.mode, ask.ttl
-        row = self._locked_resource(conn, resource, now, waiter, limit)
+        row = self.lock_row(conn, resource, now, waiter)
         now = self.clock_after_lock(conn, now).now
+        if row is None:
+            row = self._unwritten_row(conn, resource, now, waiter, limit)
         session_id = None
         if session is not None:
             if session.expires_at <= now:
@@ -316,12 +324,15 @@ class PlacesStatements:
                     else shown(others[0])
                 )
                 return Outcome(False, None, blocker, now)
-            return self._promote(conn, row, mine, ask, now, ttl, waiter, session_id)
+            return self._promote(
+                conn, row, mine, ask, now, ttl, waiter, session_id, expired
+            )
         if exclusive_mine:
             if mode == SHARED:
                 # Exclusive → shared: always, keeping the fence.
                 expires_at = self._expiry(now, ttl, session)
                 conn.execute(clear_exclusive_grant([row.id], now))
+                self._log_cleared(conn, expired, now)
                 conn.execute(delete(holders).where(holders.c.resource == resource))
                 self._insert_place(
                     conn, resource, owner, mine_token, SHARED, row.fence, now,
@@ -361,12 +372,13 @@ class PlacesStatements:
         if capacity is not None and len(live) >= capacity:
             return Outcome(False, None, first_ending(), now)
         previous_owner = previous_token = None
+        taken = None
         if row.owner is not None:
-            # an expired exclusive grant taken over
-            previous_owner, previous_token = row.owner, row.token
+            taken = row  # an expired exclusive grant taken over
         elif capacity is not None and expired and len(live) + len(expired) >= capacity:
-            # the expired place taken over
-            previous_owner, previous_token = expired[0].owner, expired[0].token
+            taken = expired[0]  # the expired place taken over
+        if taken is not None:
+            previous_owner, previous_token = taken.owner, taken.token
         action = Action.TOOK_OVER if previous_owner is not None else Action.ACQUIRED
         counting = bool(ask.max_locks) and token is not None
         refused = self._new_tenure_refusal(conn, resource, token, now, counting)
@@ -379,7 +391,11 @@ class PlacesStatements:
             )
             if count >= ask.max_locks:
                 return Outcome(False, None, None, now, over_quota=True)
+        row = self._written_row(conn, row, now)
         if expired:
+            # An exclusive grant on the row names the row's previous owner only.
+            named = None if mode == EXCLUSIVE and limit == 1 else taken
+            self._log_cleared(conn, expired, now, named)
             conn.execute(
                 delete(holders).where(holders.c.id.in_([p.id for p in expired]))
             )
@@ -417,14 +433,30 @@ class PlacesStatements:
             holders=len(live) + 1,
         )
         details = with_session(None, session_id)
-        if action is Action.TOOK_OVER:
+        if taken is not None:
             details = took_over_from(details, previous_token)
+            details = ended_bound_grant(details, taken.session_id, taken.expires_at)
         return self._logged_place(
             conn, granted, action, previous_owner, token, ask, now, waiter,
             details=details,
         )  # fmt: skip
 
-    def _promote(self, conn, row, mine, ask, now, ttl, waiter, session_id):
+    @staticmethod
+    def _log_cleared(conn, places, now, named=None) -> None:
+        """Record that the expired places among ``places`` bound to a session,
+        which the caller's grant deletes (but ``named``, the one its own event
+        names), ran out at their session's expiry (``session_expiry_event``),
+        before the grant's event: once their session's row is gone nothing
+        else would say when."""
+        cleared = [
+            session_expiry_event(p, p.mode)
+            for p in places
+            if p.expires_at <= now and p.session_id is not None and p is not named
+        ]
+        if cleared:
+            conn.execute(insert(events), cleared)
+
+    def _promote(self, conn, row, mine, ask, now, ttl, waiter, session_id, expired):
         """Shared → exclusive for the sole holder: a new exclusive tenure with
         a new fence, so refused as a new grant is (a revoked or expired token,
         a freeze). Logged ``acquired``; its details name the shared grant it
@@ -433,6 +465,7 @@ class PlacesStatements:
         refused = self._new_tenure_refusal(conn, resource, token, now, False)
         if refused is not None:
             return refused
+        self._log_cleared(conn, expired, now)
         conn.execute(delete(holders).where(holders.c.resource == resource))
         fence = self._next_fence(conn)
         outcome = self._grant(
@@ -622,6 +655,7 @@ class PlacesStatements:
         self._log(
             conn, Action.FORCE_RELEASED, ended, target.owner, target.token, actor,
             reason, now, mode=target.mode,
+            details=ended_bound_grant(None, target.session_id, target.expires_at),
         )  # fmt: skip
         return Outcome(True, Action.FORCE_RELEASED, ended, now), None
 
@@ -670,6 +704,7 @@ class PlacesStatements:
             self._log(
                 conn, Action.FORCE_RELEASED, ended, place.owner, place.token, actor,
                 reason, now, mode=place.mode,
+                details=ended_bound_grant(None, place.session_id, place.expires_at),
             )  # fmt: skip
             released.append(ended)
         left.extend(
@@ -718,6 +753,7 @@ class PlacesStatements:
             if p.expires_at > now and not (p.owner == owner and p.token == wanted)
         ]
         ending = [p.id for p in places if p not in staying]
+        self._log_cleared(conn, places, now)
         if ending:
             conn.execute(delete(holders).where(holders.c.id.in_(ending)))
         previous_owner = row.owner
@@ -742,8 +778,11 @@ class PlacesStatements:
             mode=mode,
             holders=len(staying) + 1,
         )
+        details = None
+        if previous_owner is not None:
+            details = ended_bound_grant(None, row.session_id, row.expires_at)
         self._log(
             conn, Action.CLAIMED, granted, previous_owner, token, actor, reason, now,
-            mode=mode,
+            mode=mode, details=details,
         )  # fmt: skip
         return Outcome(True, Action.CLAIMED, granted, now)

@@ -12,8 +12,8 @@ from app.locks.statements.common import FreezeRow, Outcome
 from app.locks.statements.transaction import TransactionalStatements
 from app.locks.values import Ask
 
-# The statements live in the database as functions (migrations 0007 to 0022,
-# where their SQL and its reasoning are): PostgreSQL plans each once per
+# The statements live in the database as functions, each as it is now in
+# ``sql/postgresql/<name>.sql`` (``routines.py``): PostgreSQL plans each once per
 # connection, with or without a pooler that cannot carry prepared statements.
 # ``now`` NULL: the server's clock, read after the row lock; a datetime: a
 # test's fake clock.

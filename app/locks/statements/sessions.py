@@ -8,19 +8,23 @@ stale" stays one comparison of the grant's own ``expires_at``. A row whose
 release through the lock statements, which do not clear the column) no longer
 has the session's expiry, so nothing here takes it for a bound grant.
 
-Lock order, every dialect: the session's row first, then the resources' rows in
-resource order, then their ``lock_holders`` rows. A session-bound acquire takes
+Lock order (``app.locks.statements``), every dialect: the session's row first,
+then the resources' rows in resource order, then their ``lock_holders`` rows
+(and, a new tenure, the token's row before those). A session-bound acquire takes
 the session's row ``FOR SHARE`` (parallel acquires in one session go on side by
 side; a heartbeat or an end waits for them, and they for it), then the resource's
-row; the clock is read after both, so a grant never outlives its session.
+row; the clock is read after both, so a grant never outlives its session. A
+create under a share of sessions locks its token's row alone, then inserts.
 
-The heartbeat is one statement on PostgreSQL (a function, migration 0013, on the
-driver's autocommit connection); elsewhere one short transaction.
+The heartbeat is one statement on PostgreSQL (a function,
+``sql/postgresql/lockkeeper_heartbeat.sql``, on the driver's autocommit
+connection); elsewhere one short transaction. It reads the clock once the
+session's row and its resources' rows are held, as an acquire does once its
+rows are.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -35,15 +39,16 @@ from sqlalchemy import (
     update,
 )
 
-from app.database import UTCDateTime
+from app.locks.columns import UTCDateTime
 from app.locks.driver import DriverSQL
 from app.locks.errors import InvalidInput
 from app.locks.models import EXCLUSIVE, NO_TOKEN, LockHolder, LockSession
-from app.locks.state import SESSION_EXPIRED, Action, holds
+from app.locks.state import Action, holds
 from app.locks.statements.common import (
     LockRow,
     Outcome,
     SessionEnded,
+    api_tokens,
     clear_exclusive_grant,
     events,
     locks,
@@ -51,16 +56,22 @@ from app.locks.statements.common import (
     token_ended,
     token_or_none,
 )
-from app.locks.statements.places import took_over_from, with_session
+from app.locks.statements.details import (
+    ended_bound_grant,
+    session_expiry_event,
+    took_over_from,
+    with_session,
+)
 from app.locks.statements.transaction import TransactionalStatements
 from app.locks.values import Ask
 
 sessions = LockSession.__table__
 holders = LockHolder.__table__
 
-# PostgreSQL: the heartbeat is one call of a function (migration 0013, where its
-# SQL and why it is a function are): lock the session's row, read the clock after
-# that lock, move the session's expiry and with it every grant still bound to it.
+# PostgreSQL: the heartbeat is one call of a function (its SQL in
+# ``sql/postgresql/lockkeeper_heartbeat.sql``, why it is a function in migration
+# 0013): lock the session's row, read the clock after that lock, move the
+# session's expiry and with it every grant still bound to it.
 # A refused heartbeat changes nothing; no row at all: unknown or another token's.
 _PG_HEARTBEAT = DriverSQL("SELECT * FROM lockkeeper_heartbeat(:id, :token, :now)")
 
@@ -96,6 +107,16 @@ class Ended:
     released: list[LockRow]
     now: datetime
     expired: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsFull:
+    """A create refused: the token already has ``limit`` live sessions, the
+    soonest of which expires at ``soonest``, by the deciding clock ``now``."""
+
+    limit: int
+    soonest: datetime
+    now: datetime
 
 
 class SessionNotFound(Exception):
@@ -207,25 +228,12 @@ def _log_expiries(
     ]
     if not exclusive and not placed:
         return
+    # Still bound: each one's expiry is its session's.
     conn.execute(
         insert(events),
         [
-            _ending(
-                LockRow.of(row),
-                Action.RELEASED,
-                ran_out[row.session_id].expires_at,
-                {row.resource: mode},
-                actor=None,
-                reason=None,
-                details=json.dumps(
-                    {"session": row.session_id, SESSION_EXPIRED: True},
-                    sort_keys=True,
-                ),
-            )
-            for row, mode in [
-                *((row, EXCLUSIVE) for row in exclusive),
-                *((row, row.mode) for row in placed),
-            ]
+            *(session_expiry_event(row, EXCLUSIVE) for row in exclusive),
+            *(session_expiry_event(row, row.mode) for row in placed),
         ],
     )
     if remove_places:
@@ -265,8 +273,41 @@ class SessionStatements:
             .with_for_update(read=share)
             for share in (False, True)
         }
+        self._token_row = (
+            select(api_tokens.c.name)
+            .where(api_tokens.c.name == bindparam("token"))
+            .with_for_update()
+        )
+        of_token = and_(
+            sessions.c.token == bindparam("token"),
+            sessions.c.expires_at > bindparam("now", type_=UTCDateTime()),
+        )
+        self._live_of_token = select(
+            func.count().label("count"),
+            func.min(sessions.c.expires_at).label("soonest"),
+        ).where(of_token)
 
     # -- reads ---------------------------------------------------------------
+
+    def _lock_resources(self, conn, exclusive, placed, *columns) -> list:
+        """The rows (with ``columns``) of the resources that ``exclusive`` (a
+        condition on ``distributed_locks``) or ``placed`` (one on
+        ``lock_holders``) find, locked in resource order (the lock order).
+        Which resources is read first, without locks: a locking read whose
+        condition reads ``lock_holders`` would lock the rows it reads there
+        too, before the resources' rows (MariaDB turns such a subquery into a
+        join, all of whose rows FOR UPDATE locks). The caller holds the
+        session's row, so no grant binds itself to the session meanwhile."""
+        resources = set(conn.scalars(select(locks.c.resource).where(exclusive)))
+        resources.update(conn.scalars(select(holders.c.resource).where(placed)))
+        if not resources:
+            return []
+        return conn.execute(
+            select(locks, *columns)
+            .where(locks.c.resource.in_(sorted(resources)))
+            .order_by(locks.c.resource)
+            .with_for_update()
+        ).all()
 
     def lock_session(
         self, conn, session_id: str, *, share: bool = False
@@ -299,6 +340,39 @@ class SessionStatements:
         ).all()
         grants = sorted([*exclusive, *places], key=lambda row: row.resource)
         return session, grants, now
+
+    def listing(
+        self, conn, limit: int, now: datetime | None
+    ) -> tuple[list[tuple[SessionRow, int]], datetime]:
+        """The sessions, the longest overdue first (the earliest expiry), each
+        with how many grants are still bound to it (live, or stale once it
+        expired and before it is purged), and the clock; unlocked."""
+        bound = (
+            select(func.count())
+            .select_from(locks)
+            .where(
+                bound_to(
+                    sessions.c.id,
+                    sessions.c.owner,
+                    sessions.c.token,
+                    sessions.c.expires_at,
+                )
+            )
+            .scalar_subquery()
+        )
+        placed = (
+            select(func.count())
+            .select_from(holders)
+            .where(places_of(sessions.c.id, sessions.c.token, sessions.c.expires_at))
+            .scalar_subquery()
+        )
+        rows = conn.execute(
+            select(sessions, bound.label("bound"), placed.label("placed"))
+            .order_by(sessions.c.expires_at, sessions.c.id)
+            .limit(limit)
+        ).all()
+        now = now if now is not None else self.t.read_now(conn)
+        return [(_session(row), row.bound + row.placed) for row in rows], now
 
     def live_count(self, conn, now: datetime | None) -> int:
         at = now if now is not None else self.t._server_now().cast(UTCDateTime())
@@ -338,8 +412,25 @@ class SessionStatements:
 
     # -- writes --------------------------------------------------------------
 
-    def create(self, conn, session_id, owner, token, ttl, now) -> SessionRow:
+    def create(
+        self, conn, session_id, owner, token, ttl, now, *, max_sessions: int = 0
+    ) -> SessionRow | SessionsFull:
+        """Insert the session, or with ``max_sessions`` (0: no limit) refuse it
+        when ``token`` already has that many live ones by the deciding clock.
+
+        The count is exact under parallel creates: the token's row is locked
+        for update first (nothing else is locked before it), so one new session
+        of a token is decided at a time, and each counts after the ones before
+        it committed (READ COMMITTED; SQLite: one writer)."""
+        if max_sessions:
+            conn.execute(self._token_row, {"token": token})
         now = self.t.clock_after_lock(conn, now).now
+        if max_sessions:
+            live = conn.execute(
+                self._live_of_token, {"token": token, "now": now, "limit": max_sessions}
+            ).one()
+            if live.count >= max_sessions:
+                return SessionsFull(max_sessions, live.soonest, now)
         session = SessionRow(
             session_id, owner, token, ttl, now, now + timedelta(seconds=ttl)
         )
@@ -369,29 +460,36 @@ class SessionStatements:
     def heartbeat(self, conn, session_id, token, now) -> Heartbeat:
         """Elsewhere: the same steps in one transaction."""
         session = self.lock_session(conn, session_id)
-        now = self.t.clock_after_lock(conn, now).now
         if session is None or session.token != token:
-            return Heartbeat(None, False, 0, now)
+            return Heartbeat(None, False, 0, self.t.clock_after_lock(conn, now).now)
+        was = session.expires_at
+        # The resources' rows in resource order, before their places (the
+        # lock order): the updates below would take them in whatever order
+        # their plans meet them. SQLite's one writer needs no row locks.
+        bound = bound_to(session.id, session.owner, session.token, was)
+        if self.dialect_name != "sqlite":
+            self._lock_resources(conn, bound, places_of(session.id, session.token, was))
+        # The clock once those rows are held (migration 0031): a grant of the
+        # session taken over while this waited for its row (its session run
+        # out by the taker's clock) makes this clock later still, and the
+        # heartbeat is refused rather than renewing a session whose grant went.
+        now = self.t.clock_after_lock(conn, now).now
         if session.expires_at <= now:
             return Heartbeat(session, False, 0, now)
-        was = session.expires_at
         expires_at = now + timedelta(seconds=session.ttl)
         conn.execute(
             update(sessions)
             .where(sessions.c.id == session.id)
             .values(expires_at=expires_at)
         )
-        grants = conn.execute(
-            update(locks)
-            .where(bound_to(session.id, session.owner, session.token, was))
-            .values(expires_at=expires_at)
-        ).rowcount
-        # The resources' rows before their places (the lock order).
         on_places = (
             select(holders.c.resource)
             .where(places_of(session.id, session.token, was))
             .scalar_subquery()
         )
+        grants = conn.execute(
+            update(locks).where(bound).values(expires_at=expires_at)
+        ).rowcount
         conn.execute(
             update(locks)
             .where(
@@ -435,21 +533,18 @@ class SessionStatements:
         if session is None or (token is not None and session.token != token):
             now = self.t.clock_after_lock(conn, now).now
             return Ended(None, [], now)
-        place_resources = select(holders.c.resource).where(
-            places_of(session.id, session.token, session.expires_at)
-        )
         # The resources' rows first (in resource order), then their places.
         waiting, _ = queue_columns(
             locks.c.resource,
             now if now is not None else self.t._server_now().cast(UTCDateTime()),
         )
         bound = bound_to(session.id, session.owner, session.token, session.expires_at)
-        rows = conn.execute(
-            select(locks, waiting)
-            .where(or_(bound, locks.c.resource.in_(place_resources)))
-            .order_by(locks.c.resource)
-            .with_for_update()
-        ).all()
+        rows = self._lock_resources(
+            conn,
+            bound,
+            places_of(session.id, session.token, session.expires_at),
+            waiting,
+        )
         places = conn.execute(
             select(holders)
             .where(places_of(session.id, session.token, session.expires_at))
@@ -510,20 +605,12 @@ class SessionStatements:
         ids = list(ran_out)
         # The lock order: the sessions' rows (above), the resources' rows in
         # resource order, then their places.
-        place_resources = select(holders.c.resource).where(
-            holders.c.session_id.in_(ids)
+        rows = self._lock_resources(
+            conn,
+            locks.c.session_id.in_(ids),
+            holders.c.session_id.in_(ids),
+            self.t.purgeable(cutoff).label("purgeable"),
         )
-        rows = conn.execute(
-            select(locks, self.t.purgeable(cutoff).label("purgeable"))
-            .where(
-                or_(
-                    locks.c.session_id.in_(ids),
-                    locks.c.resource.in_(place_resources),
-                )
-            )
-            .order_by(locks.c.resource)
-            .with_for_update()
-        ).all()
         places = conn.execute(
             select(holders)
             .where(holders.c.session_id.in_(ids))
@@ -635,7 +722,14 @@ class SessionStatements:
         if row is None:
             conn.execute(insert(locks).values(resource=resource, **values))
         else:
-            conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
+            # The resource is free of places (``places_held`` above): the grant
+            # sets its kind, as an unbound exclusive grant does, not the limit
+            # of a semaphore whose places all ran out.
+            conn.execute(
+                update(locks)
+                .where(locks.c.id == row.id)
+                .values(**values, holder_limit=1, places_until=None)
+            )
         values.pop("session_id")
         granted = LockRow(
             resource=resource,
@@ -645,6 +739,7 @@ class SessionStatements:
         details = with_session(None, session.id)
         if action is Action.TOOK_OVER:
             details = took_over_from(details, row.token)
+            details = ended_bound_grant(details, row.session_id, row.expires_at)
         t._log(
             conn,
             action,

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.locks.statements.transaction import (
-    DRIVER_WRITES,
-    DriverWrites,
-    TransactionalStatements,
-)
+from app.locks.statements.driver_writes import DRIVER_WRITES, DriverWrites
+from app.locks.statements.transaction import TransactionalStatements
 
 # Waiters of :resource live at :now, :waiter's own row excluded (``waiters``) and
 # those ahead of it (``ahead``): see ``queue_columns``.

@@ -1,6 +1,7 @@
 """Everything but PostgreSQL's hot path: a short transaction around a locking read
-(``TransactionalStatements``), and the hot path's writes as SQL written once for
-the drivers of SQLite and MariaDB (``DriverWrites``)."""
+(``TransactionalStatements``). The hot path's writes as SQL written once for the
+drivers of SQLite and MariaDB are in ``driver_writes``; the operator's sweeps of
+stale locks in ``stale``."""
 
 from __future__ import annotations
 
@@ -20,13 +21,12 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
-    or_,
     select,
     update,
 )
 from sqlalchemy.types import Integer
 
-from app.database import UTCDateTime
+from app.locks.columns import UTCDateTime
 from app.locks.models import (
     EXCLUSIVE,
     NO_TOKEN,
@@ -34,13 +34,11 @@ from app.locks.models import (
     fence_sequence,
 )
 from app.locks.state import Action, holds
-from app.locks.statements import listing
 from app.locks.statements.common import (
     ClaimView,
     Clock,
     LockRow,
     Outcome,
-    StaleBatch,
     api_tokens,
     clear_exclusive_grant,
     covering,
@@ -56,7 +54,13 @@ from app.locks.statements.common import (
     token_or_none,
     waiters,
 )
-from app.locks.statements.places import PlacesStatements, took_over_from
+from app.locks.statements.details import (
+    ended_bound_grant,
+    session_expiry_event,
+    took_over_from,
+)
+from app.locks.statements.places import PlacesStatements
+from app.locks.statements.stale import StaleStatements
 from app.locks.values import Ask
 
 _SERVER_NOW = {
@@ -77,7 +81,7 @@ _INSERT_EVENT = insert(events)
 lock_sessions = LockSession.__table__
 
 
-class TransactionalStatements(PlacesStatements):
+class TransactionalStatements(StaleStatements, PlacesStatements):
     """Locking read, then the clock, decision, write, event: one transaction per call.
 
     The clock is read in a statement AFTER the locking read has returned, so the
@@ -356,6 +360,8 @@ class TransactionalStatements(PlacesStatements):
         reason=None,
         details=None,
     ) -> Outcome:
+        if action is not Action.REACQUIRED:
+            fence = _above_replaced(fence, row)
         values = {
             "owner": owner,
             "token": token,
@@ -363,6 +369,12 @@ class TransactionalStatements(PlacesStatements):
             "acquired_at": now,
             "expires_at": now + timedelta(seconds=ttl),
         }
+        if (
+            action is not Action.REACQUIRED
+            and row is not None
+            and row.places_until is not None
+        ):
+            self._clear_places(conn, resource, now)
         self._write_grant(
             conn, row, resource, values, new_tenure=action is not Action.REACQUIRED
         )
@@ -374,6 +386,9 @@ class TransactionalStatements(PlacesStatements):
         previous_owner = row.owner if row is not None else None
         if action is Action.TOOK_OVER and previous_owner is not None:
             details = took_over_from(details, row.token)
+        if action is not Action.REACQUIRED and previous_owner is not None:
+            # A take-over or a claim replaced another tenure's grant.
+            details = ended_bound_grant(details, row.session_id, row.expires_at)
         self._log(
             conn, action, granted, previous_owner, token, actor, reason, now,
             details=details,
@@ -429,6 +444,29 @@ class TransactionalStatements(PlacesStatements):
             )
         else:
             conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
+
+    def _clear_places(self, conn, resource, now) -> None:
+        """A new exclusive tenure on a row that places held, all run out (a
+        live one sends the acquire down the places path, and a claim is
+        refused or takes a place) deletes them. Those bound to a session ran
+        out at their session's expiry: a ``released`` event each
+        (``session_expiry_event``) before the grant's, as the places path
+        writes for the places it clears; once the session's row is gone
+        nothing else would say when."""
+        for place in self._places_to_clear(conn, resource):
+            if place.session_id is not None and place.expires_at <= now:
+                self._insert_event(conn, session_expiry_event(place, place.mode))
+        self._delete_places(conn, resource)
+
+    def _places_to_clear(self, conn, resource) -> list[Any]:
+        return conn.execute(
+            select(holders)
+            .where(holders.c.resource == resource)
+            .order_by(holders.c.expires_at, holders.c.id)
+        ).all()
+
+    def _delete_places(self, conn, resource) -> None:
+        conn.execute(delete(holders).where(holders.c.resource == resource))
 
     def _write_expiry(self, conn, row, expires_at) -> None:
         conn.execute(
@@ -689,184 +727,21 @@ class TransactionalStatements(PlacesStatements):
         (and ``details``, what the releasing worker reported)."""
         self._write_free(conn, row, now)
         ended = LockRow.of(row, expires_at=now)
+        if action is Action.FORCE_RELEASED:
+            details = ended_bound_grant(details, row.session_id, row.expires_at)
         self._log(
             conn, action, ended, row.owner, token, actor, reason, now, details=details
         )
         return Outcome(True, action, ended, now)
 
-    def release_stale_batch(
-        self, conn, prefix, owner, actor, reason, now, batch: int, owner_contains=None
-    ) -> StaleBatch:
-        """Force-release up to ``batch`` stale locks matching ``prefix``/``owner``
-        (and owners containing ``owner_contains``, as the overview searches):
-        lock the candidates (in resource order, so concurrent batches do not
-        deadlock), read the clock, free those still stale by it."""
-        query = (
-            select(locks)
-            .where(
-                locks.c.owner.is_not(None),
-                locks.c.expires_at <= (now if now is not None else self._server_now()),
-            )
-            .order_by(locks.c.resource)
-            .limit(batch)
-            .with_for_update()
-        )
-        if prefix:
-            query = query.where(
-                locks.c.resource.startswith(prefix, autoescape=True),
-                func.substr(locks.c.resource, 1, len(prefix)) == prefix,
-            )
-        if owner is not None:
-            query = query.where(locks.c.owner == owner)
-        if owner_contains:
-            query = query.where(listing.owner_contains(owner_contains))
-        candidates = conn.execute(query).all()
-        now = self.clock_after_lock(conn, now).now
-        stale = [row for row in candidates if row.expires_at <= now]
-        if stale:
-            conn.execute(clear_exclusive_grant([row.id for row in stale], now))
-            conn.execute(
-                _INSERT_EVENT,
-                [
-                    {
-                        "resource": row.resource,
-                        "action": Action.FORCE_RELEASED.value,
-                        "owner": row.owner,
-                        "previous_owner": row.owner,
-                        "token": token_or_none(row.token),
-                        "fence": row.fence,
-                        "acquired_at": row.acquired_at,
-                        "expires_at": now,
-                        "actor": actor,
-                        "reason": reason,
-                        "occurred_at": now,
-                        "mode": EXCLUSIVE,
-                    }
-                    for row in stale
-                ],
-            )
-        released = [LockRow.of(row, expires_at=now) for row in stale]
-        return StaleBatch(len(candidates), released, now)
 
-    def purge_stale_batch(self, conn, cutoff: datetime, batch: int) -> list[Row]:
-        """Delete up to ``batch`` rows that expired (or were released) at or before
-        ``cutoff``; returns their (resource, owner), owner None for free rows.
-
-        The rows are locked first, so a row re-acquired meanwhile is not taken.
-        """
-        candidates = conn.execute(
-            select(locks.c.id, locks.c.resource, locks.c.owner)
-            .where(self.purgeable(cutoff))
-            .order_by(locks.c.expires_at)
-            .limit(batch)
-            .with_for_update()
-        ).all()
-        self.delete_purged(conn, candidates)
-        return candidates
-
-    @staticmethod
-    def purgeable(cutoff: datetime):
-        """The rows a purge at ``cutoff`` deletes: expired (or released) by
-        then. A row held by places stays until they have all ended: without
-        it the next exclusive grant would insert a row that knows none of
-        them."""
-        return and_(
-            locks.c.expires_at <= cutoff,
-            or_(locks.c.places_until.is_(None), locks.c.places_until <= cutoff),
-        )
-
-    @staticmethod
-    def delete_purged(conn, rows) -> None:
-        """Delete ``rows`` (locked, ``purgeable``) and their places, which all
-        ended by the cutoff too."""
-        if rows:
-            conn.execute(delete(locks).where(locks.c.id.in_([r.id for r in rows])))
-            conn.execute(
-                delete(holders).where(
-                    holders.c.resource.in_([r.resource for r in rows])
-                )
-            )
-
-
-_INSERT_LOCK_SQL = """INSERT INTO distributed_locks
-    (resource, owner, token, fence, acquired_at, expires_at)
-VALUES (:resource, :owner, :token, :fence, :acquired_at, :expires_at)"""
-_UPDATE_LOCK_SQL = """UPDATE distributed_locks
-SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
-    expires_at = :expires_at
-WHERE id = :id"""
-# A new tenure (not a re-acquire): see ``TransactionalStatements._write_grant``.
-_NEW_TENURE_SQL = """UPDATE distributed_locks
-SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
-    expires_at = :expires_at, holder_limit = 1, places_until = NULL,
-    session_id = NULL
-WHERE id = :id"""
-_SET_EXPIRY_SQL = "UPDATE distributed_locks SET expires_at = :expires_at WHERE id = :id"
-_FREE_SQL = (
-    "UPDATE distributed_locks SET owner = NULL, token = NULL, "
-    "expires_at = :expires_at WHERE id = :id"
-)
-_FREE_BOUND_SQL = (
-    "UPDATE distributed_locks SET owner = NULL, token = NULL, session_id = NULL, "
-    "expires_at = :expires_at WHERE id = :id"
-)
-_DEQUEUE_SQL = "DELETE FROM lock_waiters WHERE id = :id"
-_INSERT_EVENT_SQL = """INSERT INTO lock_events
-    (resource, action, owner, previous_owner, token, fence, acquired_at,
-     expires_at, actor, reason, occurred_at, mode, details)
-VALUES (:resource, :action, :owner, :previous_owner, :token, :fence, :acquired_at,
-        :expires_at, :actor, :reason, :occurred_at, :mode, :details)"""
-# The hot path's writes: SQL that both SQLite and MariaDB take (``DriverWrites``).
-DRIVER_WRITES = {
-    "insert_lock": _INSERT_LOCK_SQL,
-    "update_lock": _UPDATE_LOCK_SQL,
-    "new_tenure": _NEW_TENURE_SQL,
-    "set_expiry": _SET_EXPIRY_SQL,
-    "free": _FREE_SQL,
-    "free_bound": _FREE_BOUND_SQL,
-    "dequeue": _DEQUEUE_SQL,
-    "insert_event": _INSERT_EVENT_SQL,
-}
-
-
-class DriverWrites:
-    """The hot path's writes as SQL written once, which SQLite and MariaDB both
-    take; ``_writes`` holds it in the form the dialect's ``DriverTransaction``
-    runs (``:name`` text for sqlite3, ``FixedSQL`` for PyMySQL)."""
-
-    _writes: dict[str, Any]
-
-    def _write_grant(self, conn, row, resource, values, *, new_tenure=True) -> None:
-        if row is None:
-            conn.execute(self._writes["insert_lock"], {"resource": resource, **values})
-        else:
-            # A new tenure resets what places and sessions left on the row; a row
-            # they never touched (the exclusive lock's usual case) needs only the
-            # plain update, which SQLite runs measurably faster.
-            name = "new_tenure" if new_tenure and _leaves_traces(row) else "update_lock"
-            conn.execute(self._writes[name], {"id": row.id, **values})
-
-    def _write_expiry(self, conn, row, expires_at) -> None:
-        conn.execute(
-            self._writes["set_expiry"], {"id": row.id, "expires_at": expires_at}
-        )
-
-    def _write_free(self, conn, row, now) -> None:
-        name = "free" if row.session_id is None else "free_bound"
-        conn.execute(self._writes[name], {"id": row.id, "expires_at": now})
-
-    def _dequeue(self, conn, waiter) -> None:
-        conn.execute(self._writes["dequeue"], {"id": waiter})
-
-    def _insert_event(self, conn, params) -> None:
-        conn.execute(self._writes["insert_event"], params)
-
-
-def _leaves_traces(row) -> bool:
-    """Whether ``row`` carries a semaphore's limit, places or a session that a
-    new exclusive tenure must clear."""
-    return (
-        row.holder_limit != 1
-        or row.places_until is not None
-        or row.session_id is not None
-    )
+def _above_replaced(fence: int, row) -> int:
+    """A new tenure's fence: the sequence's draw, raised above the fence of the
+    grant it replaces when the draw is not. On one server the draw always is.
+    On a multi-writer Galera cluster each node draws from its own cache of the
+    sequence, so a node can draw below a grant another node committed just
+    before; the row is what orders them, since certification aborts a write of
+    it from a node that had not seen the other's (error 1213, retried)."""
+    if row is None or row.fence is None:
+        return fence
+    return max(fence, row.fence + 1)

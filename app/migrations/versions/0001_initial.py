@@ -14,6 +14,7 @@ revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
+oldest_code = "0001"
 
 
 def upgrade():
@@ -25,8 +26,14 @@ def upgrade():
             sa.Column("value", sa.BigInteger(), nullable=False),
         )
         op.bulk_insert(counter, [{"id": 1, "value": 0}])
-    else:
+    elif bind.dialect.name == "postgresql":
         op.execute(sa.schema.CreateSequence(sa.Sequence("lock_fence_seq", start=1)))
+    else:
+        # MariaDB: INCREMENT BY 0 steps by the server's auto_increment_increment
+        # (1 on one server), the only form with a cache a Galera cluster accepts
+        # (each node draws at its own offset). Revision 0034 brings sequences
+        # created before to it.
+        op.execute("CREATE SEQUENCE lock_fence_seq START WITH 1 INCREMENT BY 0")
 
     op.create_table(
         "distributed_locks",

@@ -18,6 +18,7 @@ revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
+oldest_code = "0001"
 
 
 def upgrade():

@@ -26,6 +26,7 @@ revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
+oldest_code = "0003"
 
 
 def upgrade():

@@ -18,6 +18,7 @@ revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
+oldest_code = "0004"
 
 
 def upgrade():

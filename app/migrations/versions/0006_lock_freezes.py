@@ -14,6 +14,7 @@ revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
+oldest_code = "0004"
 
 
 def upgrade():

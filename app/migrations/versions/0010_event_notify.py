@@ -16,29 +16,19 @@ Create Date: 2026-12-01
 
 from alembic import op
 
+from app.migrations.replaceable import install
+
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None
+oldest_code = "0009"
 
 LISTENERS_TABLE = """
 CREATE TABLE lock_event_listeners (
     pid integer PRIMARY KEY,
     since timestamptz NOT NULL DEFAULT clock_timestamp()
 )
-"""
-# One notification per inserting statement, and PostgreSQL folds identical ones
-# of a transaction into one: a payload would make every event its own.
-NOTIFY_FUNCTION = """
-CREATE OR REPLACE FUNCTION lock_events_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM lock_event_listeners) THEN
-        PERFORM pg_notify('lockkeeper_events', '');
-    END IF;
-    RETURN NULL;
-END
-$$
 """
 TRIGGER = """
 CREATE TRIGGER lock_events_notify AFTER INSERT ON lock_events
@@ -50,7 +40,7 @@ def upgrade():
     if op.get_bind().dialect.name != "postgresql":
         return
     op.execute(LISTENERS_TABLE)
-    op.execute(NOTIFY_FUNCTION)
+    install("0010", "lock_events_notify")
     op.execute(TRIGGER)
 
 

@@ -32,6 +32,7 @@ revision = "0012"
 down_revision = "0011"
 branch_labels = None
 depends_on = None
+oldest_code = "0009"
 
 SESSION_ID_LENGTH = 64
 

@@ -14,46 +14,22 @@ Revises: 0013
 Create Date: 2026-12-01
 """
 
-import importlib
-
-from alembic import op
+from app.migrations.replaceable import install, routine_dialect
 
 revision = "0014"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
-
-_functions = importlib.import_module(
-    "app.migrations.versions.0007_postgresql_lock_functions"
-)
-
-RENEW = _functions._OWNER_FUNCTION.format(
-    operation="renew",
-    parameters="p_resource varchar, p_owner varchar, p_token varchar, "
-    "p_ttl double precision, p_actor varchar, p_now timestamptz",
-    action="renewed",
-    change="""
-    UPDATE distributed_locks AS l
-    SET expires_at = clock.now + make_interval(secs => p_ttl)
-    FROM target, clock
-    WHERE l.id = target.id AND l.owner = p_owner
-      AND (l.token IS NULL OR l.token = p_token) AND l.expires_at > clock.now
-      AND (l.session_id IS NULL OR NOT EXISTS (
-            SELECT 1 FROM lock_sessions AS s
-            WHERE s.id = l.session_id AND s.expires_at = l.expires_at
-              AND s.owner = l.owner AND s.token = l.token))
-    RETURNING l.resource, l.owner, l.token, l.fence, l.acquired_at, l.expires_at
-""",
-)
+oldest_code = "0009"
 
 
 def upgrade():
-    if op.get_bind().dialect.name != "postgresql":
+    if routine_dialect() != "postgresql":
         return
-    op.execute(RENEW)
+    install("0014", "lockkeeper_renew")
 
 
 def downgrade():
-    if op.get_bind().dialect.name != "postgresql":
+    if routine_dialect() != "postgresql":
         return
-    op.execute(_functions.RENEW)
+    install("0007", "lockkeeper_renew")

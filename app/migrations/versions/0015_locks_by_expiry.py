@@ -16,6 +16,7 @@ revision = "0015"
 down_revision = "0014"
 branch_labels = None
 depends_on = None
+oldest_code = "0009"
 
 
 def upgrade() -> None:

@@ -17,6 +17,7 @@ revision = "0019"
 down_revision = "0018"
 branch_labels = None
 depends_on = None
+oldest_code = "0016"
 
 
 def upgrade() -> None:

@@ -22,6 +22,7 @@ revision = "0020"
 down_revision = "0019"
 branch_labels = None
 depends_on = None
+oldest_code = "0016"
 
 
 def upgrade() -> None:

@@ -20,18 +20,22 @@ never HOT), so this is one more index entry per lock statement there; SQLite
 updates only the indexes of changed columns, and a name never changes. The A/B
 is in the commit that added this migration.
 
+Under traffic: PostgreSQL builds it concurrently (``app.migrations.online``).
+
 Revision ID: 0023
 Revises: 0022
 Create Date: 2026-12-03
 """
 
-import sqlalchemy as sa
 from alembic import op
+
+from app.migrations.online import create_index, drop_index
 
 revision = "0023"
 down_revision = "0022"
 branch_labels = None
 depends_on = None
+oldest_code = "0016"
 
 INDEX = "ix_distributed_locks_natural"
 HEAD = "rtrim(resource, '0123456789')"
@@ -44,18 +48,14 @@ def _served() -> bool:
 def upgrade() -> None:
     if not _served():
         return
-    op.create_index(
+    create_index(
         INDEX,
         "distributed_locks",
-        [
-            sa.text(HEAD),
-            sa.text(f"(length(resource) - length({HEAD}))"),
-            sa.text("resource"),
-        ],
+        [HEAD, f"(length(resource) - length({HEAD}))", "resource"],
     )
 
 
 def downgrade() -> None:
     if not _served():
         return
-    op.drop_index(INDEX, table_name="distributed_locks")
+    drop_index(INDEX, "distributed_locks")

@@ -15,52 +15,22 @@ Revises: 0023
 Create Date: 2026-12-03
 """
 
-import importlib
-
-from alembic import op
+from app.migrations.replaceable import install, routine_dialect
 
 revision = "0024"
 down_revision = "0023"
 branch_labels = None
 depends_on = None
-
-_PREVIOUS = importlib.import_module(
-    "app.migrations.versions.0021_place_acquire_function"
-)
-
-# Where 0021 refuses a bound place; the same refusal for the exclusive grant
-# the caller holds (a demotion, or an exclusive re-acquire) follows it.
-_AFTER = """\
-        IF bound_session IS NOT NULL THEN
-            EXIT decision;
-        END IF;
-    END IF;
-"""
-_EXCLUSIVE_BOUND = """\
-    IF mine.id IS NULL AND exclusive_mine AND r.session_id IS NOT NULL THEN
-        SELECT s.id INTO bound_session FROM lock_sessions AS s
-        WHERE s.id = r.session_id AND s.expires_at = r.expires_at
-          AND s.token = r.token AND s.owner = r.owner;
-        IF bound_session IS NOT NULL THEN
-            EXIT decision;
-        END IF;
-    END IF;
-"""
-
-
-def _acquire_place() -> str:
-    if _PREVIOUS.ACQUIRE_PLACE.count(_AFTER) != 1:
-        raise RuntimeError("0021's lockkeeper_acquire_place is not the one expected")
-    return _PREVIOUS.ACQUIRE_PLACE.replace(_AFTER, _AFTER + _EXCLUSIVE_BOUND)
+oldest_code = "0016"
 
 
 def upgrade():
-    if op.get_bind().dialect.name != "postgresql":
+    if routine_dialect() != "postgresql":
         return
-    op.execute(_acquire_place())
+    install("0024", "lockkeeper_acquire_place")
 
 
 def downgrade():
-    if op.get_bind().dialect.name != "postgresql":
+    if routine_dialect() != "postgresql":
         return
-    op.execute(_PREVIOUS.ACQUIRE_PLACE)
+    install("0021", "lockkeeper_acquire_place")

@@ -15,28 +15,33 @@ wider entry in an index it writes anyway; SQLite updates only the indexes of
 changed columns, so a renewal (same owner, new expiry) now writes this index
 too. The A/B is in the commit that added this migration.
 
+Under traffic: each step is an online index change (``app.migrations.online``):
+the first form of this migration built and dropped in one transaction and
+deadlocked against the lock traffic of a rolling upgrade.
+
 Revision ID: 0026
 Revises: 0025
 Create Date: 2026-12-03
 """
 
-from alembic import op
+from app.migrations.online import create_index, drop_index
 
 revision = "0026"
 down_revision = "0025"
 branch_labels = None
 depends_on = None
+oldest_code = "0016"
 
 TABLE = "distributed_locks"
 
 
 def upgrade() -> None:
-    op.create_index(
+    create_index(
         "ix_distributed_locks_owner_expires_at", TABLE, ["owner", "expires_at"]
     )
-    op.drop_index("ix_distributed_locks_owner", table_name=TABLE)
+    drop_index("ix_distributed_locks_owner", TABLE)
 
 
 def downgrade() -> None:
-    op.create_index("ix_distributed_locks_owner", TABLE, ["owner"])
-    op.drop_index("ix_distributed_locks_owner_expires_at", table_name=TABLE)
+    create_index("ix_distributed_locks_owner", TABLE, ["owner"])
+    drop_index("ix_distributed_locks_owner_expires_at", TABLE)

@@ -34,6 +34,7 @@ revision = "0027"
 down_revision = "0026"
 branch_labels = None
 depends_on = None
+oldest_code = "0016"
 
 INDEX = "ix_distributed_locks_prefix_expires_at"
 FIRST_PREFIX = (
