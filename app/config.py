@@ -35,6 +35,15 @@ DEFAULTS: dict[str, Any] = {
     # Event streams (GET /api/v1/events?follow=true) one server worker holds open
     # at once, each on a thread of its own; past it a stream is answered 503.
     "LOCKKEEPER_MAX_STREAMS": 8,
+    # How many of those one API token may hold at once, so one token (even a
+    # read-only one) cannot take every stream and 503 everyone else's watch().
+    "LOCKKEEPER_MAX_STREAMS_PER_TOKEN": 4,
+    # Live sessions (POST /api/v1/sessions) one API token may have at once, in
+    # the whole database; past it a new one is answered 429. A session holds any
+    # number of locks, so a worker needs one; 0: no limit.
+    "LOCKKEEPER_MAX_SESSIONS_PER_TOKEN": 100,
+    # How many resources one set (POST /api/v1/sets) may name; past it a 400.
+    "LOCKKEEPER_MAX_SET_SIZE": 16,
     # A stream sends a comment at least this often, so proxies keep it open.
     "LOCKKEEPER_STREAM_KEEPALIVE": 15.0,
     # How often a stream looks for new events (PostgreSQL: also woken by NOTIFY).
@@ -62,7 +71,14 @@ DEFAULTS: dict[str, Any] = {
     # not prepare statements (a later transaction may run on another server
     # connection, where the prepared statement does not exist).
     "LOCKKEEPER_PGBOUNCER": False,
+    # Resource prefixes whose hold times and lost locks /metrics counts apart
+    # (comma-separated, at most 50); every other resource is "other".
+    "LOCKKEEPER_METRICS_PREFIXES": "",
     "MAX_CONTENT_LENGTH": 64 * 1024,
+    # The dashboard's cookie is Secure: "auto" when the request came over https
+    # (the proxy's X-Forwarded-Proto, with LOCKKEEPER_PROXY_COUNT), or always
+    # ("true") or never ("false").
+    "LOCKKEEPER_SESSION_COOKIE_SECURE": "auto",
     "SESSION_COOKIE_HTTPONLY": True,
     "SESSION_COOKIE_SAMESITE": "Lax",
     # A dashboard tab polls for hours; a time-limited CSRF token would fail its first
@@ -85,6 +101,10 @@ def _boolean(raw: str) -> bool:
     raise ValueError(raw)
 
 
+def _boolean_or_auto(raw: str) -> bool | str:
+    return "auto" if raw.strip().lower() == "auto" else _boolean(raw)
+
+
 # Environment variables read as numbers or switches; the others are strings.
 _PARSED = {
     "LOCKKEEPER_DEFAULT_TTL": float,
@@ -96,6 +116,9 @@ _PARSED = {
     "LOCKKEEPER_MAX_WAITERS_PER_TOKEN": int,
     "LOCKKEEPER_WAIT_POLL_INTERVAL": float,
     "LOCKKEEPER_MAX_STREAMS": int,
+    "LOCKKEEPER_MAX_STREAMS_PER_TOKEN": int,
+    "LOCKKEEPER_MAX_SESSIONS_PER_TOKEN": int,
+    "LOCKKEEPER_MAX_SET_SIZE": int,
     "LOCKKEEPER_STREAM_KEEPALIVE": float,
     "LOCKKEEPER_STREAM_POLL_INTERVAL": float,
     "LOCKKEEPER_STREAM_MAX_SECONDS": float,
@@ -112,6 +135,7 @@ _PARSED = {
     # Off: no admin and token are created (and printed) on a first start.
     "LOCKKEEPER_BOOTSTRAP": _boolean,
     "LOCKKEEPER_AUTO_MIGRATE": _boolean,
+    "LOCKKEEPER_SESSION_COOKIE_SECURE": _boolean_or_auto,
 }
 _ENV_KEYS = (
     "LOCKKEEPER_DATABASE_URL",
@@ -119,6 +143,7 @@ _ENV_KEYS = (
     # PostgreSQL's LISTEN connection for waiting acquires, when the database URL
     # goes through a transaction-pooling PgBouncer (default: the database URL).
     "LOCKKEEPER_LISTEN_DATABASE_URL",
+    "LOCKKEEPER_METRICS_PREFIXES",
     *_PARSED,
 )
 
@@ -128,6 +153,26 @@ _DRIVERS = {
     "mysql": "mysql+pymysql",
     "mariadb": "mariadb+pymysql",
 }
+
+
+# Prefix families of the metrics (LOCKKEEPER_METRICS_PREFIXES): a bounded list.
+MAX_PREFIX_FAMILIES = 50
+OTHER_FAMILY = "other"
+
+
+def prefix_families(raw: str) -> tuple[str, ...]:
+    """``LOCKKEEPER_METRICS_PREFIXES`` read: comma-separated prefixes, bounded.
+
+    :raise ValueError: too many, too long, or one given twice.
+    """
+    families = tuple(p.strip() for p in raw.split(",") if p.strip())
+    if len(families) > MAX_PREFIX_FAMILIES:
+        raise ValueError(f"at most {MAX_PREFIX_FAMILIES} prefixes")
+    if len(set(families)) != len(families):
+        raise ValueError("a prefix is listed twice")
+    if OTHER_FAMILY in families or any(len(p) > 64 for p in families):
+        raise ValueError(f"prefixes are 1 to 64 characters, and not {OTHER_FAMILY!r}")
+    return families
 
 
 class ConfigError(ValueError):
@@ -150,7 +195,11 @@ def database_source(app: Flask) -> str:
     return app.extensions.get("lockkeeper.database_source", DEFAULT_DATABASE)
 
 
-def load_config(app: Flask, test_config: Mapping[str, Any] | None) -> None:
+def load_config(
+    app: Flask, test_config: Mapping[str, Any] | None, *, serving: bool = True
+) -> None:
+    """``serving``: the app is built to serve (not for a command of the CLI),
+    so a missing secret key is created in the instance folder."""
     app.config.from_mapping(DEFAULTS)
     source = DEFAULT_DATABASE
     instance_file = Path(app.instance_path) / "config.py"
@@ -180,9 +229,18 @@ def load_config(app: Flask, test_config: Mapping[str, Any] | None) -> None:
     app.config["SQLALCHEMY_DATABASE_URI"] = app.config["LOCKKEEPER_DATABASE_URL"]
     _validate(app.config)
     if not app.config.get("SECRET_KEY"):
-        app.config["SECRET_KEY"] = app.config.get(
-            "LOCKKEEPER_SECRET_KEY"
-        ) or load_or_create_secret_key(instance)
+        key = app.config.get("LOCKKEEPER_SECRET_KEY")
+        if not key and serving:
+            key = load_or_create_secret_key(instance)
+        elif not key:
+            key = existing_secret_key(instance)
+            if key is None:
+                # No command signs anything that outlives it: a key of this
+                # process alone, never written (`lockkeeper --help` leaves no
+                # file); a server's start writes the instance's (keep_secret_key).
+                key = secrets.token_hex(32)
+                app.extensions[_PROCESS_KEY] = key
+        app.config["SECRET_KEY"] = key
 
 
 def _validate(config: Mapping[str, Any]) -> None:
@@ -214,6 +272,14 @@ def _validate(config: Mapping[str, Any]) -> None:
         raise ConfigError("LOCKKEEPER_WAIT_POLL_INTERVAL must be in (0, 5] seconds")
     if int(config["LOCKKEEPER_MAX_STREAMS"]) < 0:
         raise ConfigError("LOCKKEEPER_MAX_STREAMS must be zero or more")
+    if int(config["LOCKKEEPER_MAX_STREAMS_PER_TOKEN"]) < 0:
+        raise ConfigError("LOCKKEEPER_MAX_STREAMS_PER_TOKEN must be zero or more")
+    if int(config["LOCKKEEPER_MAX_SESSIONS_PER_TOKEN"]) < 0:
+        raise ConfigError(
+            "LOCKKEEPER_MAX_SESSIONS_PER_TOKEN must be 0 (no limit) or more"
+        )
+    if not 1 <= int(config["LOCKKEEPER_MAX_SET_SIZE"]) <= 1000:
+        raise ConfigError("LOCKKEEPER_MAX_SET_SIZE must be from 1 to 1000")
     keepalive = config["LOCKKEEPER_STREAM_KEEPALIVE"]
     if not (math.isfinite(keepalive) and 0 < keepalive <= 15):
         raise ConfigError("LOCKKEEPER_STREAM_KEEPALIVE must be in (0, 15] seconds")
@@ -231,9 +297,31 @@ def _validate(config: Mapping[str, Any]) -> None:
         value = float(config[key])
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{key} must be a positive number, not {value!r}")
+    try:
+        prefix_families(config["LOCKKEEPER_METRICS_PREFIXES"])
+    except ValueError as exc:
+        raise ConfigError(f"LOCKKEEPER_METRICS_PREFIXES: {exc}") from exc
     for key in ("LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS", "LOCKKEEPER_PROXY_COUNT"):
         if int(config[key]) < 0:
             raise ConfigError(f"{key} must be zero or more")
+
+
+_PROCESS_KEY = "lockkeeper.process_secret_key"
+
+
+def existing_secret_key(instance: Path) -> str | None:
+    """The instance's secret key if it has one; nothing is created."""
+    try:
+        return (instance / "secret_key").read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def keep_secret_key(app: Flask) -> None:
+    """A server started from a command (`lockkeeper run`) signs with the
+    instance's key, created now if need be, not the command's own."""
+    if app.config.get("SECRET_KEY") == app.extensions.pop(_PROCESS_KEY, None):
+        app.config["SECRET_KEY"] = load_or_create_secret_key(Path(app.instance_path))
 
 
 def load_or_create_secret_key(instance: Path) -> str:

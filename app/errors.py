@@ -96,33 +96,40 @@ def internal_error(exc: Exception):
 
 def register_database_error_handlers(app: Flask) -> None:
     """A database that does not answer is a 503 (retry later), never a 500. So is
-    one that answers as a standby or while shutting down (a failover under way)."""
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+    one that answers as a standby or while shutting down (a failover under way).
+    ``OperationalError`` is ``app.ops.health``'s: it may also be a schema object
+    that is missing (MariaDB's procedure or column, SQLite's table), and the
+    schema check tells the two apart, falling back on the answers here."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError
 
-    from app.database import server_gone
     from app.locks.errors import ServiceBusy
 
-    def _unavailable(exc: Exception):
-        from app.extensions import db
+    app.register_error_handler(InterfaceError, database_unavailable)
+    app.register_error_handler(DBAPIError, database_error)
+    app.register_error_handler(ServiceBusy, database_unavailable)
 
-        db.session.rollback()
-        app.logger.warning("database unavailable: %s", type(exc).__name__)
-        if wants_problem():
-            response = problem(
-                503, "Service Unavailable", "the lock database is not answering"
-            )
-        else:
-            response = app.make_response(("The lock database is not answering.", 503))
-        response.headers["Retry-After"] = "1"
-        return response
 
-    def _database_error(exc: DBAPIError):
-        # e.g. read_only_sql_transaction is an InternalError: a lost primary, not a bug.
-        if exc.connection_invalidated or server_gone(exc):
-            return _unavailable(exc)
-        return internal_error(exc)
+def database_unavailable(exc: Exception):
+    from app.extensions import db
 
-    app.register_error_handler(OperationalError, _unavailable)
-    app.register_error_handler(InterfaceError, _unavailable)
-    app.register_error_handler(DBAPIError, _database_error)
-    app.register_error_handler(ServiceBusy, _unavailable)
+    db.session.rollback()
+    current_app.logger.warning("database unavailable: %s", type(exc).__name__)
+    if wants_problem():
+        response = problem(
+            503, "Service Unavailable", "the lock database is not answering"
+        )
+    else:
+        response = current_app.make_response(
+            ("The lock database is not answering.", 503)
+        )
+    response.headers["Retry-After"] = "1"
+    return response
+
+
+def database_error(exc: Exception):
+    from app.database import server_gone
+
+    # e.g. read_only_sql_transaction is an InternalError: a lost primary, not a bug.
+    if getattr(exc, "connection_invalidated", False) or server_gone(exc):
+        return database_unavailable(exc)
+    return internal_error(exc)

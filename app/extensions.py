@@ -1,20 +1,23 @@
 """Extensions created without an app and bound in ``create_app`` (no import cycles)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from flask import current_app
 from flask_compress import Compress
 from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf import CSRFProtect
-from sqlalchemy.orm import DeclarativeBase
 
+from app.locks.models import Base
 from app.paths import MIGRATIONS_DIR
 
+if TYPE_CHECKING:
+    from app.locks.service import LockService
 
-class Base(DeclarativeBase):
-    pass
-
-
+# The lock core's declarative base: ``db.Model`` shares its metadata and registry.
 db = SQLAlchemy(model_class=Base)
 migrate = Migrate(directory=str(MIGRATIONS_DIR), render_as_batch=True)
 csrf = CSRFProtect()
@@ -34,6 +37,11 @@ COMPRESS_MIMETYPES = [
     "text/csv",
     "application/jsonl",
 ]
+
+
+def lock_service() -> LockService:
+    """The current app's lock service (built once per app in ``create_app``)."""
+    return current_app.extensions["lockkeeper.locks"]
 
 
 def init_app(app) -> None:

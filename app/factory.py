@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-from alembic import command
 from flask import Flask
 from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import config, errors, extensions
-from app.extensions import db, migrate
+from app.extensions import db
 from app.ops import logs
 from app.paths import (
     INSTANCE_DIR,
@@ -72,7 +71,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         template_folder=str(TEMPLATES_DIR),
         static_folder=str(STATIC_DIR),
     )
-    config.load_config(app, test_config)
+    config.load_config(app, test_config, serving=not building_for_a_command())
     logs.init_app(app)
     secure_files(app)
     extensions.init_app(app)
@@ -94,15 +93,25 @@ def building_for_a_command() -> bool:
 
 def start_serving(app: Flask) -> None:
     """What a server does once before it answers: a private SQLite file, its
-    schema, the first-start bootstrap, and a line in the log saying whether the
-    database is ready. (``lockkeeper run`` comes here after building the app as
-    a command, which created no file.)"""
+    schema, the first-start bootstrap, a line in the log saying whether the
+    database is ready, a refusal on a Galera node with settings it cannot be
+    safe with (``app.ops.galera``), and a fence sequence found below the fences
+    held (a restore without the jump) moved past them. (``lockkeeper run`` comes here
+    after building the app as a command, which created no file.)"""
+    from app.auth.login import dummy_hash
     from app.database import secure_files as secure
+    from app.ops.fences import repair_at_start
+    from app.ops.galera import refuse_unsafe_galera
     from app.ops.health import log_schema_state
 
+    dummy_hash()  # before the first login, whose miss must cost what a hit does
     secure(app, create=True)
+    config.keep_secret_key(app)
     prepare_database(app)
-    log_schema_state(app)
+    state = log_schema_state(app)
+    if state is not None and state.ready:
+        refuse_unsafe_galera(app)
+        repair_at_start(app)
 
 
 def secure_files(app: Flask) -> None:
@@ -119,7 +128,8 @@ def register_sessions(app: Flask) -> None:
 
 def register_services(app: Flask) -> None:
     from app.audit import refusals
-    from app.locks.service import LockService, LockSettings, clock_for
+    from app.locks.core import clock_for
+    from app.locks.service import LockService, LockSettings
     from app.ops import metrics, request_log
 
     with app.app_context():
@@ -141,7 +151,8 @@ def register_blueprints(app: Flask) -> None:
     from app.dashboard.audit import bp as audit
     from app.ops import health, security
 
-    for blueprint in (health.bp, api, auth, dashboard, audit):
+    health.init_app(app)
+    for blueprint in (api, auth, dashboard, audit):
         app.register_blueprint(blueprint)
     security.init_app(app)
     assets.init_app(app)
@@ -169,8 +180,9 @@ def startup_lock(instance_path: str):
 
 def upgrade_schema(app: Flask) -> None:
     """Bring the schema to the newest migration, as ``lockkeeper db upgrade`` does."""
-    with app.app_context():
-        command.upgrade(migrate.get_config(), "head")
+    from app.ops.upgrade import upgrade
+
+    upgrade(app)
 
 
 def prepare_database(app: Flask) -> None:

@@ -431,7 +431,7 @@ def explain(app) -> None:
 def time_listings(app, runs: int, results: dict) -> None:
     """The service's list orders side by side in one run, the lexical order
     (an index range) the baseline: ratios say what an order costs."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     calls = {
         "resource (lexical, baseline)": {"sort": "resource"},

@@ -18,11 +18,13 @@ WORKERS = 16
 TTL = 10.0
 
 
-def _threads(base_url: str, token: str, seconds: float) -> Sample:
+def _threads(
+    base_url: str, token: str, seconds: float, transport: object = None
+) -> Sample:
     from lockkeeper_client import LockClient
 
     cycles = [0] * WORKERS
-    with LockClient(base_url, token) as client:
+    with LockClient(base_url, token, transport=transport) as client:
         end = time.monotonic() + seconds
 
         def cycle(index: int) -> None:
@@ -42,13 +44,15 @@ def _threads(base_url: str, token: str, seconds: float) -> Sample:
     return Sample(sum(cycles) / elapsed, {"cycles": sum(cycles)})
 
 
-def _tasks(base_url: str, token: str, seconds: float) -> Sample:
+def _tasks(
+    base_url: str, token: str, seconds: float, transport: object = None
+) -> Sample:
     from lockkeeper_client import AsyncLockClient
 
     cycles = [0] * WORKERS
 
     async def run() -> float:
-        async with AsyncLockClient(base_url, token) as client:
+        async with AsyncLockClient(base_url, token, transport=transport) as client:
             end = time.monotonic() + seconds
 
             async def cycle(index: int) -> None:
@@ -91,3 +95,64 @@ def bench_client_faces(
             "cycle": "acquire + release, a resource per worker",
         },
     )
+
+
+def bench_embedded_faces(
+    backend: str,
+    base_url: str,
+    token: str,
+    database_url: str,
+    seconds: float,
+    rounds: int,
+) -> list[Comparison]:
+    """The same 16 threads of one ``LockClient`` over HTTP (the gunicorn server
+    of the run) and in process (``EmbeddedTransport`` on the same database, the
+    same token), and the asyncio face's 16 tasks in process against those
+    threads: ``embedded_vs_http_{backend}`` and
+    ``embedded_async_vs_threads_{backend}``. One process each side: the
+    embedded figures share one GIL, as one worker process does."""
+    from app.locks.embedded import AsyncEmbeddedTransport, EmbeddedTransport
+
+    def embedded_threads() -> Sample:
+        return _threads(base_url, token, seconds, EmbeddedTransport(database_url))
+
+    def embedded_tasks() -> Sample:
+        return _tasks(base_url, token, seconds, AsyncEmbeddedTransport(database_url))
+
+    samples = alternate(
+        {
+            "http": lambda: _threads(base_url, token, seconds),
+            "embedded": embedded_threads,
+            "embedded_tasks": embedded_tasks,
+        },
+        rounds=rounds,
+    )
+    http = median_rate(samples["http"])
+    embedded = median_rate(samples["embedded"])
+    tasks = median_rate(samples["embedded_tasks"])
+    detail = {
+        "workers": WORKERS,
+        "seconds": seconds,
+        "rounds": rounds,
+        "cycle": "acquire + release, a resource per worker",
+    }
+    return [
+        Comparison(
+            name=f"embedded_vs_http_{backend}",
+            value=embedded,
+            baseline=http,
+            ratio=embedded / http if http else float("nan"),
+            unit="cycles/s",
+            baseline_name=f"{WORKERS} threads, LockClient over HTTP",
+            detail=detail,
+        ),
+        Comparison(
+            name=f"embedded_async_vs_threads_{backend}",
+            value=tasks,
+            baseline=embedded,
+            ratio=tasks / embedded if embedded else float("nan"),
+            unit="cycles/s",
+            baseline_name=f"{WORKERS} threads, LockClient in process",
+            detail=detail,
+        ),
+    ]

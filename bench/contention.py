@@ -15,6 +15,10 @@ From the queue run:
 - ``contention_worst_wait_vs_fifo_bound``: the worst wait of any client divided by
   (clients - 1) x the median time from one grant to the next: a fair line serves
   everyone within about (clients - 1) grants, so 1.0 is the ideal.
+- ``worst_grants_to_others_while_waiting`` (in the detail): the same as a count,
+  which load does not stretch: a fair line serves everyone within clients - 1
+  grants to others; ``attempts_turned_away_by_a_full_room`` counts the 503s
+  (a turned-away request has no place in line while its client polls).
 - ``handoff_vs_round_trip``: the median time from a release's reply to the next
   holder's grant reply, divided by the median round trip of an uncontended
   acquire.
@@ -22,6 +26,7 @@ From the queue run:
 
 from __future__ import annotations
 
+import bisect
 import multiprocessing
 import statistics
 import threading
@@ -47,12 +52,15 @@ def _client_loop(base_url, token, mode, index, start, end, out, lock) -> None:
         base_url, token, max_server_wait=30.0 if mode == "queue" else 0.0
     )
     attempts = 0
+    turned_away = 0  # attempts that found the server's waiting room full
     acquire = client.acquire
 
     def counted_acquire(*args, **kwargs):
-        nonlocal attempts
+        nonlocal attempts, turned_away
         attempts += 1
-        return acquire(*args, **kwargs)
+        result = acquire(*args, **kwargs)
+        turned_away += result.waiting_room_full
+        return result
 
     client.acquire = counted_acquire  # type: ignore[method-assign]
     owner = f"client-{index}"
@@ -93,7 +101,7 @@ def _client_loop(base_url, token, mode, index, start, end, out, lock) -> None:
     finally:
         client.close()
     with lock:
-        out.append((waits, unfinished, attempts, granted_at, released_at))
+        out.append((waits, unfinished, attempts, granted_at, released_at, turned_away))
 
 
 def _process(base_url, token, mode, first, count, barrier, seconds, results) -> None:
@@ -144,6 +152,14 @@ def run_contention(base_url: str, token: str, mode: str, seconds: float) -> Samp
     grants = sorted(t for client in clients for t in client[3])
     releases = sorted(t for client in clients for t in client[4])
     gaps = [b - a for a, b in zip(grants, grants[1:], strict=False)]
+    # Counts, not times: how many grants went to others while each wait went
+    # on (a fair line: at most clients - 1), which load does not stretch.
+    overtaken = [
+        bisect.bisect_left(grants, granted)
+        - bisect.bisect_right(grants, granted - wait)
+        for client in clients
+        for wait, granted in zip(client[0], client[3], strict=True)
+    ]
     # The i-th release ends the i-th grant; the next grant is the hand-over.
     handoffs = [g - r for r, g in zip(releases, grants[1:], strict=False)]
     return Sample(
@@ -158,6 +174,11 @@ def run_contention(base_url: str, token: str, mode: str, seconds: float) -> Samp
                 round(statistics.median(handoffs), 5) if handoffs else None
             ),
             "clients_never_granted": sum(1 for n in grants_per_client if n == 0),
+            "worst_grants_to_others_while_waiting": max(overtaken, default=0),
+            "waits_past_twice_the_fifo_count": sum(
+                1 for n in overtaken if n > 2 * (CLIENTS - 1)
+            ),
+            "attempts_turned_away_by_a_full_room": sum(c[5] for c in clients),
             "fewest_grants_of_a_client": min(grants_per_client, default=0),
         },
     )
@@ -191,6 +212,7 @@ def bench_contention(backend, database, workdir, token, plan, log):
         lockkeeper_env(database.url, workdir / f"instance-{backend}"),
         workdir / f"gunicorn-contention-{backend}.log",
     )
+    extra_comparisons: list[Comparison] = []
     try:
         from bench.client_faces import bench_client_faces
 
@@ -205,6 +227,21 @@ def bench_contention(backend, database, workdir, token, plan, log):
             f"async_client_vs_threads {backend}: {faces.value:.0f} vs "
             f"{faces.baseline:.0f} cycles/s (x{faces.ratio:.2f})"
         )
+        from bench.client_faces import bench_embedded_faces
+
+        for embedded in bench_embedded_faces(
+            backend,
+            server.base_url,
+            token,
+            database.url,
+            seconds=min(plan.contention_seconds, 2.0),
+            rounds=2,
+        ):
+            log(
+                f"{embedded.name}: {embedded.value:.0f} vs "
+                f"{embedded.baseline:.0f} cycles/s (x{embedded.ratio:.2f})"
+            )
+            extra_comparisons.append(embedded)
         round_trip = acquire_round_trip(server.base_url, token)
         samples = alternate(
             {
@@ -242,6 +279,7 @@ def bench_contention(backend, database, workdir, token, plan, log):
     handoff = float("nan") if handoff is None else handoff
     return [
         faces,
+        *extra_comparisons,
         Comparison(
             name=f"contention_grants_queue_vs_polling_{backend}",
             value=queue.rate,

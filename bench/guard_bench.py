@@ -72,7 +72,7 @@ def bench_guard(databases, workdir: Path, rounds: int, seconds: float, log):
 def _bench_guard(backend, url, workdir, rounds, seconds, log) -> Comparison:
     from lockkeeper_client import guard
 
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     app = _app(url, workdir / f"instance-{backend}")
     with app.app_context():

@@ -38,7 +38,11 @@ def _cycles(cycles: int, url: str, instance: str, migrate: bool) -> None:
     """The measured child: the app on ``url``, warmed up, then ``cycles``
     acquire+release cycles in a thread of their own."""
     from app import create_app
-    from app.locks.service import lock_service
+
+    try:
+        from app.extensions import lock_service
+    except ImportError:  # a tree from before the lock core stood alone
+        from app.locks.service import lock_service
 
     app = create_app(
         {

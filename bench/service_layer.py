@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing
 import threading
 import time
+import uuid
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +24,7 @@ WARMUP_CYCLES = 20
 
 def _service_cycle(url: str, instance: Path):
     from app import create_app
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     app = create_app(
         {
@@ -54,7 +55,7 @@ def _token_cycle(url: str, instance: Path):
     from flask import current_app
 
     from app.auth.service import AuthError, create_token
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     with contextlib.suppress(AuthError):  # another worker made it first
         create_token(BENCH_TOKEN)
@@ -78,7 +79,7 @@ def _semaphore_cycle(url: str, instance: Path):
     """The service cycle on a semaphore of 4 (the places path: a plain read,
     then one transaction; the release tries the exclusive statement first)."""
     _service_cycle(url, instance)
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     service = lock_service()
 
@@ -87,6 +88,33 @@ def _semaphore_cycle(url: str, instance: Path):
             resource, owner, ttl=30, limit=SEMAPHORE_LIMIT
         ).acquired
         service.release(resource, owner)
+        return granted
+
+    return cycle
+
+
+def _embedded_cycle(url: str, instance: Path):
+    """The worker client in the embedded mode: ``LockClient`` on the in-process
+    transport (``app.locks.embedded``), acting as the shared API token, each
+    worker process on its own engine: what a worker pays for a lock with no
+    server (the client's request and answer built and read in process, the
+    token check, the core)."""
+    _service_cycle(url, instance)  # the app, to make the token
+    from lockkeeper_client import LockClient
+
+    from app.auth.service import create_token
+    from app.extensions import db
+    from app.locks.embedded import EmbeddedTransport
+
+    secret = create_token(f"bench-embedded-{uuid.uuid4().hex[:8]}")
+    database = db.engine.url.render_as_string(hide_password=False)
+    client = LockClient(
+        "http://embedded", secret, transport=EmbeddedTransport(database)
+    )
+
+    def cycle(resource: str, owner: str) -> bool:
+        granted = client.acquire(resource, owner, ttl=30).acquired
+        client.release(resource, owner)
         return granted
 
     return cycle
@@ -109,6 +137,7 @@ _CYCLES = {
     "driver": _driver_cycle,
     "token": _token_cycle,
     "semaphore": _semaphore_cycle,
+    "embedded": _embedded_cycle,
 }
 
 
@@ -174,7 +203,7 @@ def bench_service_layer(
         instance = workdir / f"instance-{backend}"
         for workers in worker_counts:
             # PostgreSQL also runs a semaphore's cycle beside the exclusive one.
-            kinds = ("service", "driver", "token") + (
+            kinds = ("service", "driver", "token", "embedded") + (
                 ("semaphore",) if backend == "postgresql" else ()
             )
             sides = {
@@ -213,6 +242,20 @@ def bench_service_layer(
                 f"{result.baseline:.0f} cycles/s -> {result.ratio:.2f}x"
             )
             comparisons.append(result)
+            embedded = compare(
+                f"embedded_vs_driver_{backend}{suffix}",
+                samples,
+                "embedded",
+                "driver",
+                "cycles/s",
+                workers=workers,
+                backend=backend,
+            )
+            log(
+                f"{embedded.name}: the client in process {embedded.value:.0f} vs "
+                f"driver {embedded.baseline:.0f} cycles/s -> {embedded.ratio:.2f}x"
+            )
+            comparisons.append(embedded)
             if "semaphore" in samples:
                 places = compare(
                     f"semaphore_vs_exclusive_{backend}{suffix}",

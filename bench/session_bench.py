@@ -20,6 +20,10 @@ from bench.measure import Comparison
 
 LOCKS = 100
 INTERVAL = 0.5  # seconds between renewals (heartbeats), both sides
+# The ttl of the session and of each lock: what is counted is one heartbeat or
+# renewal per INTERVAL, whatever the ttl; a long one keeps a loaded machine
+# (100 renewals queued on one test server) from losing a lock mid-count.
+HELD_FOR = 60 * INTERVAL
 
 
 class Counting:
@@ -73,7 +77,7 @@ def _bench(backend: str, url: str, workdir: Path, intervals: int, log) -> Compar
     seconds = intervals * INTERVAL
     try:
         with LockClient(base, token, timeout=30) as client:
-            with client.session(ttl=10 * INTERVAL, heartbeat_every=INTERVAL) as s:
+            with client.session(ttl=HELD_FOR, heartbeat_every=INTERVAL) as s:
                 with contextlib.ExitStack() as stack:
                     for n in range(LOCKS):
                         stack.enter_context(s.lock(f"bench-session:{n}"))
@@ -85,7 +89,7 @@ def _bench(backend: str, url: str, workdir: Path, intervals: int, log) -> Compar
                 for n in range(LOCKS):
                     stack.enter_context(
                         client.lock(
-                            f"bench-renew:{n}", ttl=10 * INTERVAL, renew_every=INTERVAL
+                            f"bench-renew:{n}", ttl=HELD_FOR, renew_every=INTERVAL
                         )
                     )
                 counting.take("PATCH", "locks")

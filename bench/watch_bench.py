@@ -36,7 +36,7 @@ def _bench_watch(backend: str, url: str, workdir: Path, events: int, log):
 
     from app import create_app
     from app.auth.service import create_token
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     app = create_app(
         {

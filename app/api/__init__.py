@@ -4,7 +4,7 @@
 attach to it.
 """
 
-from app.api import events, locks, openapi, sessions
+from app.api import events, locks, openapi, sessions, sets
 from app.api.blueprint import bp
 
-__all__ = ["bp", "events", "locks", "openapi", "sessions"]
+__all__ = ["bp", "events", "locks", "openapi", "sessions", "sets"]

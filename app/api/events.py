@@ -13,17 +13,34 @@ from app.api.blueprint import bp
 from app.api.schemas import event_to_json
 from app.api.shapes import query
 from app.audit.follow import FollowWakeup, follow_step, start_position
-from app.audit.service import EventFilter, list_events
+from app.audit.service import EventFilter, cursor_event_id, list_events
 from app.errors import problem
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.errors import InvalidInput
 from app.locks.pagination import read_cursor
 from app.locks.queue import client_still_there
-from app.locks.service import lock_service
+from app.locks.validation import MAX_BIGINT, client_integer
 
 STREAMS = "lockkeeper.api.streams"
+STOPPING = "lockkeeper.api.streams-stopping"
 EVENT_STREAM = "text/event-stream"
-MAX_EVENT_ID = 2**63 - 1
+# What a stream ended by a shutdown tells its client: reconnect after this long
+# (the SSE ``retry:`` field, in milliseconds), to another instance or this one
+# started again.
+RECONNECT_AFTER_MS = 1000
+
+
+def _stopping(app) -> threading.Event:
+    return app.extensions.setdefault(STOPPING, threading.Event())
+
+
+def stop_streams(app) -> None:
+    """The server is shutting down gracefully: every open stream of ``app`` ends
+    within ``CLIENT_CHECK_INTERVAL`` with a reconnect hint, and new ones are
+    refused (503), so the shutdown does not wait its ``graceful_timeout`` for
+    them (``app.ops.gunicorn_conf`` calls this on SIGTERM, SIGINT and SIGQUIT).
+    """
+    _stopping(app).set()
 
 
 def _page(filters: EventFilter):
@@ -56,16 +73,29 @@ def all_events():
 
 class Streams:
     """This worker's open streams: at most ``LOCKKEEPER_MAX_STREAMS``, each holding
-    a server thread for its whole life (see docs/deploy.md, "Event streams")."""
+    a server thread for its whole life (see docs/deploy.md, "Event streams"), and
+    at most ``LOCKKEEPER_MAX_STREAMS_PER_TOKEN`` of them per API token (0: no
+    share)."""
 
-    def __init__(self, limit: int, metrics):
+    def __init__(self, limit: int, metrics, per_token: int = 0):
         self.limit = limit
+        self.per_token = per_token
         self._slots = threading.BoundedSemaphore(limit) if limit else None
         self._metrics = metrics
+        self._by_token: dict[str, int] = {}
+        self._by_token_lock = threading.Lock()
 
-    def open(self) -> Callable[[], None] | None:
-        """A place for one more stream (its release, to call once), or None."""
+    def open(self, token: str | None = None) -> Callable[[], None] | str | None:
+        """A place for one more stream of ``token`` (its release, to call once),
+        or the setting that refused it: ``LOCKKEEPER_MAX_STREAMS_PER_TOKEN``
+        (the token holds its share), else None (the worker is full)."""
+        with self._by_token_lock:
+            held = self._by_token.get(token or "", 0)
+            if self.per_token and held >= self.per_token:
+                return "LOCKKEEPER_MAX_STREAMS_PER_TOKEN"
+            self._by_token[token or ""] = held + 1
         if self._slots is None or not self._slots.acquire(blocking=False):
+            self._give_back(token)
             return None
         self._metrics.stream_opened()
         released = threading.Lock()
@@ -74,8 +104,15 @@ class Streams:
             if released.acquire(blocking=False):
                 self._metrics.stream_closed()
                 self._slots.release()
+                self._give_back(token)
 
         return release
+
+    def _give_back(self, token: str | None) -> None:
+        with self._by_token_lock:
+            left = self._by_token.pop(token or "", 1) - 1
+            if left > 0:
+                self._by_token[token or ""] = left
 
 
 def _streams() -> Streams:
@@ -85,7 +122,11 @@ def _streams() -> Streams:
 
         found = current_app.extensions.setdefault(
             STREAMS,
-            Streams(current_app.config["LOCKKEEPER_MAX_STREAMS"], app_metrics()),
+            Streams(
+                current_app.config["LOCKKEEPER_MAX_STREAMS"],
+                app_metrics(),
+                current_app.config["LOCKKEEPER_MAX_STREAMS_PER_TOKEN"],
+            ),
         )
     return found
 
@@ -95,15 +136,17 @@ def _start_after(cursor: str | None) -> int | None:
     ``cursor`` (an event id or a cursor this service handed out), else None."""
     last = request.headers.get("Last-Event-ID")
     if last is not None:
-        if not last.isdigit() or int(last) > MAX_EVENT_ID:
+        after = client_integer(last, minimum=0, maximum=MAX_BIGINT)
+        if after is None:
             raise InvalidInput([("Last-Event-ID", "must be an event id")])
-        return int(last)
+        return after
     if cursor is None:
         return None
-    if cursor.isdigit() and int(cursor) <= MAX_EVENT_ID:
-        return int(cursor)
+    after = client_integer(cursor, minimum=0, maximum=MAX_BIGINT)
+    if after is not None:
+        return after
     try:
-        return read_cursor(cursor, lambda position: int(position["id"]))
+        return read_cursor(cursor, cursor_event_id)
     except ValueError as exc:
         raise InvalidInput([("cursor", str(exc))]) from None
 
@@ -114,13 +157,33 @@ def _follow(filters: EventFilter, cursor: str | None) -> Response:
     # Taken before the stream counts as open: once the open-streams gauge shows
     # it, every later event reaches it.
     position = start_position(after)
-    release = _streams().open()
+    stopping = _stopping(current_app)
+    if stopping.is_set():
+        response = problem(
+            503, "Server stopping", "this server is shutting down; reconnect"
+        )
+        response.headers["Retry-After"] = "1"
+        return response
+    release = _streams().open(g.token.name)
+    if isinstance(release, str):
+        # 503 as the waiting room's share: a watcher retries it, since its own
+        # dropped stream may not have ended here yet.
+        response = problem(
+            503,
+            "Too many event streams for this token",
+            f"this API token already has {_streams().per_token} event streams open"
+            f" on this server ({release}); close one, or poll /api/v1/events",
+            setting=release,
+        )
+        response.headers["Retry-After"] = "5"
+        return response
     if release is None:
         response = problem(
             503,
             "Too many event streams",
-            f"this server already has {_streams().limit} event streams open;"
-            " retry later, or poll /api/v1/events",
+            f"this server already has {_streams().limit} event streams open"
+            " (LOCKKEEPER_MAX_STREAMS); retry later, or poll /api/v1/events",
+            setting="LOCKKEEPER_MAX_STREAMS",
         )
         response.headers["Retry-After"] = "5"
         return response
@@ -136,6 +199,7 @@ def _follow(filters: EventFilter, cursor: str | None) -> Response:
         still_there=client_still_there(request.environ),
         release=release,
         lifetime=config["LOCKKEEPER_STREAM_MAX_SECONDS"],
+        stopping=stopping,
     )
     response = Response(stream_with_context(messages), mimetype=EVENT_STREAM)
     # Whatever ends the response (the client gone, the server stopping) frees
@@ -155,7 +219,13 @@ def _messages(
     still_there: Callable[[], bool],
     release: Callable[[], None],
     lifetime: float,
+    stopping: threading.Event,
 ) -> Iterator[str]:
+    client_there = still_there
+
+    def still_there() -> bool:
+        return not stopping.is_set() and client_there()
+
     if lifetime:
         # The stream ends then (the client reconnects with Last-Event-ID).
         ends = time.monotonic() + lifetime
@@ -169,6 +239,9 @@ def _messages(
             yield from _follow_loop(
                 filters, position, wakeup, keepalive, still_there, poll
             )
+        if stopping.is_set():
+            # Ended by a shutdown: the client reconnects (Last-Event-ID) soon.
+            yield f"retry: {RECONNECT_AFTER_MS}\n\n"
     finally:
         release()
 

@@ -22,9 +22,10 @@ from app.api.schemas import (
 from app.api.shapes import body, query, seconds
 from app.auth.service import verify_token
 from app.errors import problem
+from app.extensions import lock_service
 from app.locks.errors import InvalidInput
+from app.locks.filters import ENTRIES_GRANTS
 from app.locks.queue import client_still_there
-from app.locks.service import ENTRIES_GRANTS, lock_service
 
 
 @bp.post("/locks/<resource>")
@@ -45,6 +46,7 @@ def acquire_lock(resource: str):
         session=fields.get("session"),
         limit=fields.get("limit", 1),
         mode=fields.get("mode", "exclusive"),
+        place=fields.get("place"),
     )
     if result.acquired:
         return jsonify(acquired=True, lock=lock_to_json(result.lock))

@@ -15,38 +15,17 @@ from flask import Request
 
 from app.audit.export import event_record
 from app.locks import validation
-from app.locks.results import Event, Freeze, Lock
-from app.timestamps import rfc3339
+from app.locks.results import Event
+from app.locks.wire import freeze_to_json, lock_to_json  # noqa: F401 - the API's names
 
 if TYPE_CHECKING:
-    from app.locks.service import Holders
+    from app.locks.results import Holders
 
 LOCKS_PATH = "/api/v1/locks/"
 SLASH_MESSAGE = validation.RESOURCE_CHARACTERS + " (no '/')"
 
 
 # -- responses ------------------------------------------------------------------
-
-
-def lock_to_json(lock: Lock) -> dict[str, Any]:
-    found = {
-        "resource": lock.resource,
-        "owner": lock.owner,
-        "token": lock.token,
-        "fence": lock.fence,
-        "acquired_at": rfc3339(lock.acquired_at),
-        "expires_at": rfc3339(lock.expires_at),
-        "ttl_remaining": round(lock.ttl_remaining, 3),
-        "state": lock.state.value,
-        "waiters": lock.waiters,
-        "limit": lock.limit,
-        "mode": lock.mode,
-        "holders": lock.holders,
-    }
-    if lock.session is not None:
-        # Only a bound grant names its session (absent otherwise).
-        found["session"] = lock.session
-    return found
 
 
 def holders_to_json(found: Holders) -> dict[str, Any]:
@@ -56,16 +35,6 @@ def holders_to_json(found: Holders) -> dict[str, Any]:
         "mode": found.mode,
         "holders": [lock_to_json(lock) for lock in found.holders],
         "waiters": found.waiters,
-    }
-
-
-def freeze_to_json(freeze: Freeze) -> dict[str, Any]:
-    return {
-        "prefix": freeze.prefix,
-        "reason": freeze.reason,
-        "actor": freeze.actor,
-        "frozen_at": rfc3339(freeze.frozen_at),
-        "ends_at": rfc3339(freeze.ends_at) if freeze.ends_at is not None else None,
     }
 
 

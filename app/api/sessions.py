@@ -6,30 +6,12 @@ answered 404, as an unknown one is.
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Response, g, jsonify
 
 from app.api.blueprint import bp
-from app.api.schemas import lock_to_json
 from app.api.shapes import body, seconds
-from app.locks.service import lock_service
-from app.locks.sessions import Session
-from app.timestamps import rfc3339
-
-
-def session_to_json(session: Session) -> dict[str, Any]:
-    return {
-        "id": session.id,
-        "owner": session.owner,
-        "token": session.token,
-        "ttl": session.ttl,
-        "created_at": rfc3339(session.created_at),
-        "expires_at": rfc3339(session.expires_at),
-        "last_heartbeat": rfc3339(session.last_heartbeat),
-        "ttl_remaining": round(session.ttl_remaining, 3),
-        "locks": [lock_to_json(lock) for lock in session.locks],
-    }
+from app.extensions import lock_service
+from app.locks.wire import session_to_json
 
 
 @bp.post("/sessions")

@@ -9,8 +9,8 @@ that instance first: query values arrive as text, so a parameter documented as
 an integer is converted when it is one, and a ``date-time`` one is parsed.
 
 The document served is the YAML file with the limits this server is configured
-with (``LOCKKEEPER_MAX_TTL``, ``LOCKKEEPER_MAX_WAIT``), so what it promises is
-what the server checks.
+with (``LOCKKEEPER_MAX_TTL``, ``LOCKKEEPER_MAX_WAIT``, ``LOCKKEEPER_MAX_SET_SIZE``),
+so what it promises is what the server checks.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ JSON_MIMETYPE = "application/json"
 BODY = "body"
 QUERY = "query"
 PATH = "path"
-_DIGITS = re.compile(r"-?[0-9]+")
 NO_BODY = object()  # JSON null is a body
 
 # The rules a pattern or ``not`` states, in words, by the schema that states them.
@@ -66,6 +65,8 @@ def served_document(base: Mapping[str, Any], config: Mapping[str, Any]) -> dict:
     schemas["Ttl"]["maximum"] = _json_number(config["LOCKKEEPER_MAX_TTL"])
     wait = schemas["AcquireRequest"]["properties"]["wait"]
     wait["maximum"] = _json_number(config["LOCKKEEPER_MAX_WAIT"])
+    schemas["SetMembers"]["maxItems"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
+    schemas["SetResources"]["maxItems"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
     return document
 
 
@@ -178,11 +179,11 @@ class Shapes:
             query[name] = raw
             if parameter is None:
                 continue
-            if parameter.kind == "integer" and _DIGITS.fullmatch(raw):
-                try:
-                    query[name] = typed[name] = int(raw)
-                except ValueError:  # more digits than Python converts
-                    pass
+            number = (
+                validation.client_integer(raw) if parameter.kind == "integer" else None
+            )
+            if number is not None:  # else left as text, which the schema refuses
+                query[name] = typed[name] = number
             elif parameter.kind == "date-time":
                 try:
                     typed[name] = parse_rfc3339(raw)
@@ -253,6 +254,12 @@ def _message(schema: dict, name: str, kind: Any, schema_path: list) -> str:
         return f"must be at most {kind.limit} characters"
     if name in {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}:
         return _range_message(holder)
+    if name == "maxItems":
+        bound = holder["maxItems"]
+        setting = holder.get("x-setting")
+        return f"must hold at most {bound} items" + (f" ({setting})" if setting else "")
+    if name == "minItems":
+        return f"must hold at least {holder['minItems']} item(s)"
     if name == "enum":
         return "must be one of " + ", ".join(map(str, holder["enum"]))
     named = schema_path[2] if schema_path[:2] == ["components", "schemas"] else None

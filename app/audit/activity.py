@@ -5,7 +5,8 @@ most a few hundred rows, whatever the number of locks and events:
 
 - How many locks were held / expiring / stale at each sample moment of a window
   (``states``)? Each resource is, between two of its changes, in one *interval*
-  with a holder and an expiry ``E``: held while more than ``within`` seconds are
+  with a holder and an expiry ``E``: held while more than ``within`` seconds (or
+  half the ttl it was granted or renewed for, if less: ``state.classify``) are
   left, expiring until ``E``, stale after. The database turns every interval into
   the indexes of the first sample moments it covers (``[from, to)``, ``E - within``
   and ``E``) and counts intervals per combination; adding +1 where a state starts
@@ -15,7 +16,10 @@ most a few hundred rows, whatever the number of locks and events:
   force-release frees the resource; before a resource's first event of the
   window, that event tells what it was (a renewal or release: validly held; a
   take-over or a claim with a previous owner: stale; a first acquire: free). A
-  resource without events in the window kept its current row all along.
+  resource without events in the window kept its current row all along. A
+  resource held by places (a semaphore's, shared readers) has several holders
+  at once: it is counted once, in the state of its grant that ends first, each
+  grant read from its own fence's events or its place's row.
 - How many events happened in each bucket of the window (``per_bucket``)?
 
 Never a row per lock or per event into Python (that was 20,000 locks classified
@@ -29,8 +33,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Integer,
+    and_,
     case,
+    cast,
     func,
     literal,
     literal_column,
@@ -45,7 +52,8 @@ from app.audit.tenures import ENDINGS, EXTENSIONS, GRANTS
 from app.database import UTCDateTime
 from app.extensions import db
 from app.locks.models import DistributedLock, LockEvent, LockHolder
-from app.locks.state import Action, LockState, state_condition
+from app.locks.state import EXPIRING_SHARE, Action, LockState, state_condition
+from app.locks.statements.listing import granted_ttl
 
 events = LockEvent.__table__
 locks = DistributedLock.__table__
@@ -56,6 +64,8 @@ HOLDING = [a.value for a in (*GRANTS, *EXTENSIONS)]
 FREEING = [a.value for a in ENDINGS]
 # Before one of these, the resource was validly held (expiry unknown).
 VALID_BEFORE = [a.value for a in (*EXTENSIONS, *ENDINGS, Action.FORCE_CLAIMED)]
+# Before one of these, the grant of its fence was held (expiry unknown).
+FENCE_HELD_BEFORE = [a.value for a in (*EXTENSIONS, *ENDINGS)]
 # Ids grow with inserts and ``occurred_at`` with the clock; they can disagree by
 # about one transaction's length. An event this much older than the window has a
 # smaller id than every event of the window.
@@ -106,6 +116,70 @@ def _steps_sqlite(element, compiler, **kw):
 def _steps_mysql(element, compiler, **kw):
     earlier, later, micros = _parts(element, compiler, **kw)
     return f"(TIMESTAMPDIFF(MICROSECOND, {earlier}, {later}) DIV {micros})"
+
+
+class micros_between(FunctionElement):  # noqa: N801 (a SQL function's name)
+    """``later - earlier`` in whole microseconds (instants), an integer in each
+    database's own date arithmetic (SQLite's keeps milliseconds)."""
+
+    type = BigInteger()
+    inherit_cache = True
+    name = "micros_between"
+
+
+@compiles(micros_between, "postgresql")
+def _micros_postgresql(element, compiler, **kw):
+    earlier, later = (compiler.process(c, **kw) for c in element.clauses)
+    return f"CAST(round(extract(epoch FROM ({later} - {earlier})) * 1000000) AS BIGINT)"
+
+
+@compiles(micros_between, "sqlite")
+def _micros_sqlite(element, compiler, **kw):
+    earlier, later = (compiler.process(c, **kw) for c in element.clauses)
+    return (
+        f"(CAST(round((julianday({later}) - julianday({earlier})) * 86400000.0) "
+        "AS INTEGER) * 1000)"
+    )
+
+
+@compiles(micros_between, "mysql")
+@compiles(micros_between, "mariadb")
+def _micros_mysql(element, compiler, **kw):
+    earlier, later = (compiler.process(c, **kw) for c in element.clauses)
+    return f"TIMESTAMPDIFF(MICROSECOND, {earlier}, {later})"
+
+
+class int_div(FunctionElement):  # noqa: N801 (a SQL function's name)
+    """``floor(a / b)`` of two non-negative integers, as an integer."""
+
+    type = BigInteger()
+    inherit_cache = True
+    name = "int_div"
+
+
+@compiles(int_div)
+def _int_div(element, compiler, **kw):
+    a, b = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(({a}) / ({b}))"
+
+
+@compiles(int_div, "mysql")
+@compiles(int_div, "mariadb")
+def _int_div_mysql(element, compiler, **kw):
+    a, b = (compiler.process(c, **kw) for c in element.clauses)
+    return f"(({a}) DIV ({b}))"
+
+
+MICROSECOND = timedelta(microseconds=1)
+# ``EXPIRING_SHARE`` as a whole divisor of a ttl in microseconds (exact
+# integer arithmetic in every database).
+SHARE_DIVISOR = round(1 / EXPIRING_SHARE)
+assert SHARE_DIVISOR * EXPIRING_SHARE == 1
+
+
+def ttl_micros(seconds: ColumnElement) -> ColumnElement:
+    """A ttl in seconds (``listing.granted_ttl``, a number) as whole microseconds."""
+    return cast(func.round(seconds * 1000000), BigInteger)
 
 
 def instant(value: datetime) -> ColumnElement:
@@ -176,6 +250,46 @@ class Window:
             whens.append((at <= instant(self.end + shifted), self.whole + 1))
         return case(*whens, else_=self.slots + 1)
 
+    def first_moment_after(self, offset: Any) -> ColumnElement:
+        """The index of the first sample moment ``m`` with ``m - start >=
+        offset`` (an integer SQL expression, microseconds): 0 before the
+        window, ``slots + 1`` after it (or for NULL); ``first_moment`` for an
+        instant computed in microseconds."""
+        step = self.step // MICROSECOND
+        # Integers written into the statement, as ``micros``: a parameter
+        # may be typed numeric, and the division would not be whole.
+        whens = [
+            (offset.is_(None), self.slots + 1),
+            (offset <= 0, 0),
+            # ceil(offset / step) for a positive offset
+            (
+                offset <= self.whole * step,
+                int_div(offset + literal_column(str(step - 1)), micros(self.step)),
+            ),
+        ]
+        if self.end != self.last_on_grid:
+            whens.append(
+                ((offset <= (self.end - self.start) // MICROSECOND), self.whole + 1)
+            )
+        return case(*whens, else_=self.slots + 1)
+
+    def first_expiring(self, expires_at: Any, ttl: Any, within: float) -> ColumnElement:
+        """The index of the first sample moment at which a grant that expires
+        at ``expires_at``, last granted or renewed for ``ttl`` microseconds (an
+        integer SQL expression), is expiring as ``state.classify`` judges it:
+        ``within`` seconds or less left, and no more than ``EXPIRING_SHARE`` of
+        its ttl. ``first_moment(expires_at, within)`` for a ttl of at least
+        twice ``within``."""
+        within_micros = literal_column(str(round(within * 1_000_000)))
+        share = int_div(ttl, literal_column(str(SHARE_DIVISOR)))
+        shift = case(
+            (and_(ttl.is_not(None), share < within_micros), share),
+            else_=within_micros,
+        )
+        return self.first_moment_after(
+            micros_between(instant(self.start), expires_at) - shift
+        )
+
 
 def _add(deltas: list[int], lo: int, hi: int, count: int, slots: int) -> None:
     lo, hi = max(lo, 0), min(hi, slots + 1)
@@ -228,6 +342,7 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 select(
                     events.c.id,
                     events.c.resource,
+                    events.c.fence,
                     events.c.action,
                     events.c.previous_owner,
                     events.c.expires_at,
@@ -250,7 +365,9 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
         # Resources held by places during the window: their row has no owner
         # and its ``places_until`` (the latest expiry of its places) is after
         # the window's start. A few rows; their states come from their places
-        # (``_placed_states``), their events are counted apart (``place_deltas``).
+        # (``_placed_states``), or from their events per holder when the
+        # window's events touched them (``_placed_holders``); counted apart
+        # (``place_deltas``).
         place_held = select(locks.c.resource).where(
             locks.c.owner.is_(None), locks.c.places_until > start
         )
@@ -291,30 +408,66 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
         ).one()
         _holder(deltas, 0, slots + 1, 0, 0, before, slots)
         _holder(deltas, 0, slots + 1, slots + 1, slots + 1, after, slots)
-        moments = (
-            window.first_moment(expires, within).label("expiring_from"),
-            window.first_moment(expires).label("stale_from"),
+        stale_moment = window.first_moment(expires).label("stale_from")
+        by_window = (window.first_moment(expires, within).label("expiring_from"),)
+        by_ttl = (
+            window.first_expiring(
+                expires, ttl_micros(granted_ttl(locks.c)), within
+            ).label("expiring_from"),
         )
+        # Expiring is judged against each grant's own ttl (``classify``), a
+        # probe of its events to read (``listing.granted_ttl``), for the rows
+        # that need it only. A row no event of the window touched was last
+        # granted or renewed before the window, so its ttl is longer than from
+        # the window's start to its expiry: a row expiring more than twice
+        # ``within`` after the start has a ttl over twice ``within``, and is
+        # expiring ``within`` before its expiry, as the window alone says. Not
+        # so for a grant bound to a session (its heartbeats write no event;
+        # a few rows, found by their index) nor for the rows the window's
+        # events touched (subtracted below with the same rule as added).
+        near = instant(
+            min(
+                window.start + max(2 * shift, timedelta(0)),
+                window.end + max(shift, timedelta(0)),
+            )
+        )
+        bound = locks.c.session_id.is_not(None)
+
+        def grouped(sign: int, moments, *where: ColumnElement) -> Any:
+            """Rows matching ``where`` counted per moment pair, signed; a
+            derived table, so no database groups by a probe's expression."""
+            per_row = select(*moments, stale_moment).where(*where).subquery()
+            c = per_row.c
+            return select(
+                c.expiring_from, c.stale_from, literal(sign).label("sign"), func.count()
+            ).group_by(c.expiring_from, c.stale_from)
+
         # The rows expiring within the window, as ``counted``: every row of the
         # range (``(expires_at, resource)``) less its free rows (``(owner,
-        # expires_at)``), each grouped from its index alone; a filter on the
-        # owner read every row of the range from the table (a day's expiries:
-        # thousands of heap pages).
-        in_range = (expires > low, expires <= high)
+        # expires_at)``), each grouped from its index alone past ``near``; a
+        # filter on the owner read every row of the range from the table (a
+        # day's expiries: thousands of heap pages).
+        near_range = (expires > low, expires <= near)
+        far_range = (expires > near, expires <= high)
+        free = locks.c.owner.is_(None)
         parts = [
-            select(*moments, literal(1).label("sign"), func.count())
-            .where(*in_range)
-            .group_by(*moments),
-            select(*moments, literal(-1).label("sign"), func.count())
-            .where(locks.c.owner.is_(None), *in_range)
-            .group_by(*moments),
+            grouped(1, by_ttl, *near_range),
+            grouped(-1, by_ttl, free, *near_range),
+            grouped(1, by_window, *far_range),
+            grouped(-1, by_window, free, *far_range),
+            # A session's grants past ``near``: by their ttl, not the window.
+            grouped(-1, by_window, owned, bound, *far_range),
+            grouped(1, by_ttl, owned, bound, *far_range),
         ]
         if in_window is not None:
-            parts.append(
-                select(*moments, literal(-1).label("sign"), func.count())
-                .where(owned, locks.c.resource.in_(touched))
-                .group_by(*moments)
+            # The touched rows, each as it was added above.
+            either = (
+                case(
+                    (or_(expires <= near, bound), by_ttl[0].element),
+                    else_=by_window[0].element,
+                ).label("expiring_from"),
             )
+            parts.append(grouped(-1, either, owned, locks.c.resource.in_(touched)))
         for expiring_from, stale_from, sign, count in conn.execute(union_all(*parts)):
             _holder(
                 deltas, 0, slots + 1, expiring_from, stale_from, sign * count, slots
@@ -323,18 +476,22 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
             return _with_places_now(conn, window, within, deltas, place_deltas)
 
         w = in_window.c
+        _placed_holders(
+            conn, window, within, place_deltas, in_window, place_held, in_the_window
+        )
+        # The other resources: one holder at a time, each change ending the last.
+        exclusive = ~w.resource.in_(place_held)
         changes = (
             select(
                 w.resource,
                 w.action,
                 w.expires_at,
                 w.occurred_at,
-                case((w.resource.in_(place_held), 1), else_=0).label("placed"),
                 func.lead(w.occurred_at)
                 .over(partition_by=w.resource, order_by=w.id)
                 .label("until_at"),
             )
-            .where(w.action.in_(HOLDING + FREEING))
+            .where(w.action.in_(HOLDING + FREEING), exclusive)
             .cte("changes")
         )
         c = changes.c
@@ -342,9 +499,10 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
             select(
                 window.first_moment(c.occurred_at).label("lo"),
                 window.first_moment(c.until_at).label("hi"),
-                window.first_moment(c.expires_at, within).label("expiring_from"),
+                window.first_expiring(
+                    c.expires_at, micros_between(c.occurred_at, c.expires_at), within
+                ).label("expiring_from"),
                 window.first_moment(c.expires_at).label("stale_from"),
-                c.placed,
             )
             .where(c.action.in_(HOLDING))
             .subquery()
@@ -355,34 +513,34 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 held.c.hi,
                 held.c.expiring_from,
                 held.c.stale_from,
-                held.c.placed,
                 func.count(),
             ).group_by(
                 held.c.lo,
                 held.c.hi,
                 held.c.expiring_from,
                 held.c.stale_from,
-                held.c.placed,
             )
         ):
-            into = place_deltas if row[4] else deltas
-            _holder(into, row[0], row[1], row[2], row[3], row[5], slots)
+            _holder(deltas, row[0], row[1], row[2], row[3], row[4], slots)
 
         # Before each resource's first change: what its first event says. One
         # pass of window functions over the window's events (a self-join of
         # the CTE is a nested loop on PostgreSQL, whose row estimate is 1).
         by_resource = {"partition_by": w.resource, "order_by": w.id}
-        firsts = select(
-            func.row_number().over(**by_resource).label("n"),
-            func.first_value(w.action).over(**by_resource).label("action"),
-            func.first_value(w.previous_owner)
-            .over(**by_resource)
-            .label("previous_owner"),
-            func.min(case((w.action.in_(HOLDING + FREEING), w.occurred_at)))
-            .over(partition_by=w.resource)
-            .label("first_change_at"),
-            case((w.resource.in_(place_held), 1), else_=0).label("placed"),
-        ).subquery()
+        firsts = (
+            select(
+                func.row_number().over(**by_resource).label("n"),
+                func.first_value(w.action).over(**by_resource).label("action"),
+                func.first_value(w.previous_owner)
+                .over(**by_resource)
+                .label("previous_owner"),
+                func.min(case((w.action.in_(HOLDING + FREEING), w.occurred_at)))
+                .over(partition_by=w.resource)
+                .label("first_change_at"),
+            )
+            .where(exclusive)
+            .subquery()
+        )
         before = (
             select(
                 case(
@@ -391,17 +549,16 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                     else_="free",
                 ).label("state"),
                 window.first_moment(firsts.c.first_change_at).label("hi"),
-                firsts.c.placed,
             )
             .where(firsts.c.n == 1)
             .subquery()
         )
-        for state, hi, placed, count in conn.execute(
-            select(before.c.state, before.c.hi, before.c.placed, func.count())
+        for state, hi, count in conn.execute(
+            select(before.c.state, before.c.hi, func.count())
             .where(or_(before.c.state == "held", before.c.state == "stale"))
-            .group_by(before.c.state, before.c.hi, before.c.placed)
+            .group_by(before.c.state, before.c.hi)
         ):
-            _add((place_deltas if placed else deltas)[state], 0, hi, count, slots)
+            _add(deltas[state], 0, hi, count, slots)
         return _with_places_now(conn, window, within, deltas, place_deltas)
 
 
@@ -424,7 +581,8 @@ def _placed_states(conn, window, within, deltas, place_held, in_the_window) -> N
         )
         .label("earlier")
     )
-    chain = select(places.c.expires_at, earlier).where(
+    ttl = ttl_micros(granted_ttl(places.c)).label("ttl")
+    chain = select(places.c.expires_at, earlier, ttl).where(
         places.c.resource.in_(place_held), places.c.expires_at > start
     )
     if in_the_window is not None:
@@ -444,13 +602,105 @@ def _placed_states(conn, window, within, deltas, place_held, in_the_window) -> N
             (chain.c.earlier.is_(None), 0),
             else_=window.first_moment(chain.c.earlier),
         ).label("lo"),
-        window.first_moment(chain.c.expires_at, within).label("expiring_from"),
+        window.first_expiring(chain.c.expires_at, chain.c.ttl, within).label(
+            "expiring_from"
+        ),
         window.first_moment(chain.c.expires_at).label("stale_from"),
     )
+    per_place = select(*moments).subquery()
+    by = (per_place.c.lo, per_place.c.expiring_from, per_place.c.stale_from)
     for lo, expiring_from, stale_from, count in conn.execute(
-        select(*moments, func.count()).group_by(*moments)
+        select(*by, func.count()).group_by(*by)
     ):
         _holder(deltas, lo, stale_from, expiring_from, stale_from, count, slots)
+
+
+def _placed_holders(
+    conn, window, within, deltas, in_window, place_held, in_the_window
+) -> None:
+    """The states of the resources in ``place_held`` that events of the window
+    (``in_window``, matching ``in_the_window``) touched, counted once per
+    resource as ``_placed_states`` counts the untouched ones: at each moment,
+    the state of its live grant that ends first (held, then expiring; a grant
+    that ran out is nobody's: never stale). Its grants overlap, so each is
+    read from its own events (one fence's: its grant and its renewals, until
+    its next event or its expiry), not one after another as an exclusive
+    lock's changes are. Before a fence's first event of the window, a renewal
+    or an end says it was held (expiry unknown); a place with no event in the
+    window held from its row. Then the intervals meet the window's moments,
+    grouped by resource and moment in the database: a few resources' grants,
+    never a row per event into Python."""
+    slots = window.slots
+    w = in_window.c
+    by_fence = {"partition_by": (w.resource, w.fence), "order_by": w.id}
+    fenced = (
+        select(
+            w.resource,
+            w.action,
+            window.first_moment(w.occurred_at).label("lo"),
+            window.first_moment(func.lead(w.occurred_at).over(**by_fence)).label(
+                "next_change"
+            ),
+            # A grant's event sets its expiry to its ttl from the event's time.
+            window.first_expiring(
+                w.expires_at, micros_between(w.occurred_at, w.expires_at), within
+            ).label("expiring_from"),
+            window.first_moment(w.expires_at).label("stale_from"),
+            func.row_number().over(**by_fence).label("n"),
+        )
+        .where(w.resource.in_(place_held), w.action.in_(HOLDING + FREEING))
+        .subquery()
+    )
+    f = fenced.c
+    granted = select(
+        f.resource,
+        f.lo,
+        case((f.next_change < f.stale_from, f.next_change), else_=f.stale_from).label(
+            "hi"
+        ),
+        f.expiring_from,
+    ).where(f.action.in_(HOLDING))
+    held_before = select(f.resource, literal(0), f.lo, literal(slots + 1)).where(
+        f.n == 1, f.action.in_(FENCE_HELD_BEFORE)
+    )
+    touched_here = select(literal(1)).where(
+        events.c.resource == places.c.resource, *in_the_window
+    )
+    untouched_places = select(
+        places.c.resource,
+        window.first_moment(places.c.acquired_at),
+        window.first_moment(places.c.expires_at),
+        window.first_expiring(
+            places.c.expires_at, ttl_micros(granted_ttl(places.c)), within
+        ),
+    ).where(
+        places.c.resource.in_(place_held),
+        places.c.expires_at > instant(window.start),
+        touched_here.exists(),
+        ~touched_here.where(events.c.fence == places.c.fence).exists(),
+    )
+    grants = union_all(granted, held_before, untouched_places).subquery()
+    resource, lo, hi, expiring_from = grants.c
+    moments = select(literal(0).label("i")).cte("moments", recursive=True)
+    moments = moments.union_all(
+        select((moments.c.i + 1).label("i")).where(moments.c.i < slots)
+    )
+    first_ending = (
+        select(
+            moments.c.i,
+            func.min(expiring_from).label("expiring_from"),
+        )
+        .select_from(grants.join(moments, and_(moments.c.i >= lo, moments.c.i < hi)))
+        .group_by(resource, moments.c.i)
+        .subquery()
+    )
+    state = case(
+        (first_ending.c.i < first_ending.c.expiring_from, "held"), else_="expiring"
+    )
+    for i, found, count in conn.execute(
+        select(first_ending.c.i, state, func.count()).group_by(first_ending.c.i, state)
+    ):
+        _add(deltas[found], i, i + 1, count, slots)
 
 
 def _with_places_now(conn, window, within, deltas, place_deltas):
@@ -463,8 +713,19 @@ def _with_places_now(conn, window, within, deltas, place_deltas):
     counted = _summed(deltas, slots)
     by_places = _summed(place_deltas, slots)
     end = instant(window.end)
-    first_ends = (
-        select(func.min(places.c.expires_at).label("ends"))
+    # Each resource's live place that ends first, with the ttl it was last
+    # granted or renewed for (a few places).
+    live = (
+        select(
+            places.c.expires_at,
+            granted_ttl(places.c).label("ttl"),
+            func.row_number()
+            .over(
+                partition_by=places.c.resource,
+                order_by=(places.c.expires_at, places.c.id),
+            )
+            .label("n"),
+        )
         .where(
             places.c.resource.in_(
                 select(locks.c.resource).where(
@@ -474,10 +735,10 @@ def _with_places_now(conn, window, within, deltas, place_deltas):
             places.c.expires_at > end,
             places.c.acquired_at <= end,
         )
-        .group_by(places.c.resource)
         .subquery()
     )
-    ends = first_ends.c.ends
+    first_ends = select(live.c.expires_at, live.c.ttl).where(live.c.n == 1).subquery()
+    ends, ttl = first_ends.c.expires_at, first_ends.c.ttl
     by_places[-1] = dict(
         zip(
             STATES,
@@ -485,11 +746,18 @@ def _with_places_now(conn, window, within, deltas, place_deltas):
                 select(
                     *(
                         func.count(
-                            case((state_condition(state, ends, window.end, within), 1))
+                            case(
+                                (
+                                    state_condition(
+                                        state, ends, window.end, within, ttl=ttl
+                                    ),
+                                    1,
+                                )
+                            )
                         )
                         for state in LockState
                     )
-                )
+                ).select_from(first_ends)
             ).one(),
             strict=True,
         )

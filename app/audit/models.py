@@ -23,7 +23,7 @@ EVERY_ACTION = ""
 
 class ActivitySample(db.Model):
     """Locks held / expiring / stale at one past moment of the charts' grid, for
-    one ``expiring_within`` (in milliseconds)."""
+    one ``expiring_within`` (its key: ``rollup._within_ms``)."""
 
     __tablename__ = "activity_samples"
     __table_args__ = (MYSQL_TABLE_ARGS,)

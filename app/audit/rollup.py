@@ -38,9 +38,10 @@ KEPT_FOR = timedelta(days=7, hours=2)
 # too, so the open bucket of a week costs a minute's events, not two hours'.
 MINUTE = timedelta(minutes=1)
 BY_MINUTE_UP_TO = timedelta(hours=3)
-# A drawing in a request counts at most about this many events (plus the
-# newest minute's, whatever they are): with nothing stored (a fresh deploy, a
-# new ``expiring_within``) a day is a million events here, 16-30 s of counting,
+# A drawing in a request counts at most about this many events (plus those
+# of the last ``ALWAYS_COUNTED``, whatever they are): with nothing stored (a
+# fresh deploy, a new ``expiring_within``) a day is a million events here,
+# 16-30 s of counting,
 # past a worker's timeout. The newest moments within this many events are
 # counted; older missing ones are answered None (not yet counted) and counted
 # by a drawing without a budget (``app.dashboard.charts`` runs one in the
@@ -50,9 +51,16 @@ BY_MINUTE_UP_TO = timedelta(hours=3)
 # counts of every held row, the rows expiring within the window, the places):
 # the first drawing of an hour or a day took 102-120 ms median at 2,000 events
 # and 100,000 locks on PostgreSQL, 58-86 ms at 500 (``bench/audit_bench.py``,
-# "nothing stored", alternated). The once-a-minute poll has no budget to meet:
-# it misses the newest bucket only, which is always counted.
+# "nothing stored", alternated). The once-a-minute poll meets the budget: what
+# it has to count is only what no drawing could store yet.
 EVENTS_PER_DRAWING = 500
+# What no drawing can have stored yet, so every drawing counts it whatever its
+# budget: a bucket is stored ``CLOSED_AFTER`` after its end, by the next
+# drawing (at most a minute later: the charts are drawn once a minute). Under
+# steady traffic above the budget's worth of events a minute (8 events/s) the
+# minute just ended was answered "not counted" by every drawing, for ever:
+# no drawing can store it while it is that new.
+ALWAYS_COUNTED = CLOSED_AFTER + MINUTE
 
 stored_samples = ActivitySample.__table__
 stored_events = ActivityEvents.__table__
@@ -88,7 +96,11 @@ def _store(table, rows: list[dict], older, newest: datetime) -> None:
 
 
 def _within_ms(within: float) -> int:
-    return round(within * 1000)
+    """The key of the samples stored for ``within``: negative, as the moments
+    are judged against each grant's own ttl; rows stored while they were
+    judged by the window alone (keyed by ``within`` in milliseconds) are left
+    unread, and deleted with age."""
+    return -round(within * 1000) - 1
 
 
 def _from(window: activity.Window, first: int) -> activity.Window:
@@ -99,12 +111,24 @@ def _from(window: activity.Window, first: int) -> activity.Window:
     return activity.Window(start=start, step=window.step, end=window.end)
 
 
+def _always_counted(moments: list[datetime]) -> int:
+    """The index of the first moment whose bucket ends within ``ALWAYS_COUNTED``
+    of the window's end (``moments[-1]``), at most the newest bucket's start."""
+    unstored_from = moments[-1] - ALWAYS_COUNTED
+    return min(
+        (i for i in range(len(moments) - 1) if moments[i + 1] > unstored_from),
+        default=len(moments) - 2,
+    )
+
+
 def _within_budget(moments: list[datetime], first: int, budget: int | None) -> int:
     """The index of the earliest moment from ``first`` on after which at most
-    ``budget`` events happened (None: no budget), at most the newest bucket's
-    start, so the newest bucket and now are always counted. One read of at
-    most ``budget + 1`` entries of the events' ``occurred_at`` index."""
-    if budget is None or first >= len(moments) - 2:
+    ``budget`` events happened (None: no budget), at most that of the buckets
+    no drawing can have stored yet (``ALWAYS_COUNTED``): they and now are
+    always counted. One read of at most ``budget + 1`` entries of the events'
+    ``occurred_at`` index."""
+    newest = _always_counted(moments)
+    if budget is None or first >= newest:
         return first
     occurred_at = LockEvent.__table__.c.occurred_at
     with db.engine.connect() as conn:
@@ -118,7 +142,7 @@ def _within_budget(moments: list[datetime], first: int, budget: int | None) -> i
     if edge is None:
         return first
     later = (i for i in range(first, len(moments)) if moments[i] > edge)
-    return min(next(later, len(moments)), len(moments) - 2)
+    return min(next(later, len(moments)), newest)
 
 
 def _by_minute(missing: activity.Window) -> bool:

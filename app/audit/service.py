@@ -40,7 +40,7 @@ from app.audit.tenures import (
     records_an_end,
     tenure,
 )
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks import validation
 from app.locks.errors import InvalidInput
 from app.locks.models import EXCLUSIVE, SHARED, LockEvent, LockSession
@@ -53,7 +53,6 @@ from app.locks.pagination import (
     within,
 )
 from app.locks.results import Event, Page
-from app.locks.service import lock_service
 from app.locks.state import Action
 
 events = LockEvent.__table__
@@ -254,9 +253,14 @@ def _at_most_narrow(ranges: dict[str, Any]) -> Select:
     )
 
 
-def _cursor_id(position: dict[str, Any]) -> int:
+def cursor_event_id(position: dict[str, Any]) -> int:
+    """The event id a cursor's position holds (client input: a JSON integer)."""
     found = position["id"]
-    if isinstance(found, bool) or not isinstance(found, int) or not 0 < found < 2**63:
+    if (
+        isinstance(found, bool)
+        or not isinstance(found, int)
+        or not 0 < found <= validation.MAX_BIGINT
+    ):
         raise ValueError(found)
     return found
 
@@ -276,7 +280,7 @@ def list_events(
     before = None
     if cursor is not None:
         try:
-            before = read_cursor(cursor, _cursor_id)
+            before = read_cursor(cursor, cursor_event_id)
         except ValueError as exc:
             raise InvalidInput([("cursor", str(exc))]) from None
     with db.engine.connect() as conn:

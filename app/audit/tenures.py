@@ -38,6 +38,11 @@ the sessions' expiries), and only an event naming it ends it earlier. When an
 expired session's row is deleted (a late end, a purge), a ``released`` event
 at its expiry records that each grant still bound to it ran out then
 (``records_a_session_expiry``): the tenure is ``expired`` at that instant.
+An event that replaced or removed a session-bound grant earlier (a take-over,
+an operator's force-release or claim) records the expiry that grant had then
+(``previous_expiry``): the tenure ran out then at the latest, whether or not
+its session's row is still there. (An event written before it recorded that
+reads as before: ``expired_unknown`` once the session's row is gone.)
 
 Pure: no Flask, no database (``ends_condition`` builds an expression only).
 """
@@ -53,7 +58,12 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from app.locks.results import Event
-from app.locks.state import PREVIOUS_TOKEN, SESSION_EXPIRED, Action
+from app.locks.state import (
+    PREVIOUS_EXPIRES_AT,
+    PREVIOUS_TOKEN,
+    SESSION_EXPIRED,
+    Action,
+)
 
 GRANTS = (Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED)
 EXTENSIONS = (Action.RENEWED, Action.REACQUIRED)
@@ -119,6 +129,20 @@ def previous_token(event: Event) -> str | None:
     migration 0025, or not a take-over)."""
     found = (event.details or {}).get(PREVIOUS_TOKEN)
     return found if isinstance(found, str) else None
+
+
+def previous_expiry(event: Event) -> datetime | None:
+    """The expiry the session-bound grant ``event`` replaced or removed had
+    then, recorded in its ``details`` (``PREVIOUS_EXPIRES_AT``); None when its
+    event does not say (an unbound grant, or an event written before it was
+    recorded)."""
+    found = (event.details or {}).get(PREVIOUS_EXPIRES_AT)
+    if not isinstance(found, str):
+        return None
+    try:
+        return datetime.fromisoformat(found)
+    except ValueError:
+        return None
 
 
 def names_previous_holder(event: Event, owner: str | None, token: str | None) -> bool:
@@ -276,10 +300,12 @@ def tenure(
 
     ``sessions``: the expiry of each session whose row exists, by id
     (``app.audit.service.session_expiries``). A session-bound grant runs out
-    at its session's expiry, not at the one its event recorded: held while the
-    session lives; once its session's row is gone (purged, or ended after it
-    had run out), ``expired_unknown`` from the last instant its events vouch
-    for, unless an event naming it ended it.
+    at its session's expiry, not at the one its event recorded: at the one
+    ``boundary`` recorded when it replaced or removed the grant
+    (``previous_expiry``), else its session's; held while the session
+    lives; once its session's row is gone (purged, or ended after it had run
+    out), ``expired_unknown`` from the last instant its events vouch for,
+    unless an event naming it ended it.
     """
     if grant is not None and grant.fence != last.fence:
         grant = None
@@ -287,8 +313,15 @@ def tenure(
     owner = first.owner or first.previous_owner
     held_from = first.acquired_at or first.occurred_at
     session = bound_session(last)
+    recorded = (
+        previous_expiry(boundary)
+        if boundary is not None and records_the_end_of(boundary, owner, first.token)
+        else None
+    )
     if session is None:
         expires = last.expires_at
+    elif recorded is not None:
+        expires = recorded
     else:
         expires = (sessions or {}).get(session)
     if boundary is None:

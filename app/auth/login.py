@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cache
 
 from flask import current_app
 from sqlalchemy import case, literal, null, or_, select, update
@@ -32,9 +33,15 @@ from app.locks import validation
 # As ``app.auth.service`` creates them.
 MAX_USERNAME = 80
 
-# Compared against when the username is unknown, so a miss costs as much time as
-# a wrong password and timing does not tell which usernames exist.
-_DUMMY_HASH = generate_password_hash("lockkeeper-no-such-user")
+
+@cache
+def dummy_hash() -> str:
+    """Compared against when the username is unknown, so a miss costs as much
+    time as a wrong password and timing does not tell which usernames exist.
+    Made once per process (a scrypt hash, about 0.15 s of CPU), when a server
+    starts (``app.factory.start_serving``), not when the module is imported: a
+    command of the CLI or a test process that never logs in does not pay it."""
+    return generate_password_hash("lockkeeper-no-such-user")
 
 
 class LoginRefused(Exception):
@@ -136,7 +143,7 @@ def _refuse_unknown(username: str, password: str):
     )
     if failures > max_failures:
         raise LoginLocked(wait)
-    check_password_hash(_DUMMY_HASH, password)
+    check_password_hash(dummy_hash(), password)
     if failures == max_failures:
         raise LoginLocked(lockout)
     raise LoginRefused("wrong username or password")
@@ -153,7 +160,7 @@ def authenticate(username: str, password: str) -> User:
     if validation.name_error(username) or len(username) > MAX_USERNAME:
         # No account has such a name (NUL, control characters, too long): it
         # never reaches the database, and costs the hash a miss costs.
-        check_password_hash(_DUMMY_HASH, password)
+        check_password_hash(dummy_hash(), password)
         raise LoginRefused("wrong username or password")
     attempt = _count_attempt(username, now)
     # The hash runs with no transaction open: scrypt takes tens of milliseconds

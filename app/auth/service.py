@@ -36,7 +36,7 @@ def _now() -> datetime:
 def token_clock() -> datetime:
     """Token expiry is judged on the host's clock (or a test's fake clock): days
     and hours, where the seconds between hosts do not matter."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     return lock_service().clock.now() or _now()
 
@@ -266,7 +266,7 @@ def revoke_token(name: str) -> None:
     token_cache().forget(name)
     # Its waiting acquires lose their places now (a grant would refuse the token
     # anyway); after the commit, so no grant waits on both rows at once.
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     lock_service().queue.remove_token(name)
 

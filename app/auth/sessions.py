@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 from datetime import UTC, datetime, timedelta
 
-from flask import current_app
+from flask import current_app, has_request_context, request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 from sqlalchemy import delete, select
 
@@ -46,6 +46,18 @@ class CookieSessions(SecureCookieSessionInterface):
 
     def is_null_session(self, obj: object) -> bool:
         return isinstance(obj, _NoCookieSession) or super().is_null_session(obj)
+
+    def get_cookie_secure(self, app) -> bool:
+        """``Secure`` when ``SESSION_COOKIE_SECURE`` says so (instance config), or
+        ``LOCKKEEPER_SESSION_COOKIE_SECURE`` does (``true``/``false`` from the
+        environment); by default (``auto``) when the request came over https,
+        as the proxy's ``X-Forwarded-Proto`` says (``LOCKKEEPER_PROXY_COUNT``)."""
+        if app.config.get("SESSION_COOKIE_SECURE"):
+            return True
+        setting = app.config["LOCKKEEPER_SESSION_COOKIE_SECURE"]
+        if setting == "auto":
+            return has_request_context() and request.is_secure
+        return bool(setting)
 
 
 def _now() -> datetime:

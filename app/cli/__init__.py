@@ -7,14 +7,13 @@ with the app's commands.
 
 from __future__ import annotations
 
-import click
 from flask import Flask
 
 
 def register_commands(app: Flask) -> None:
     """The command groups that work on the app's database."""
-    from app.cli import events, locks, tokens, users
-    from app.cli.target import acts_on_database, naming_the_database
+    from app.cli import database, events, locks, tokens, users
+    from app.cli.target import acts_on_database
 
     for module in (tokens, users, locks, events):
         for command in module.COMMANDS:
@@ -22,6 +21,7 @@ def register_commands(app: Flask) -> None:
             # and stops if it is not the one meant or not at this code's schema.
             command.callback = acts_on_database
             app.cli.add_command(command)
-    migrations = app.cli.commands.get("db")
-    if isinstance(migrations, click.Group):
-        naming_the_database(migrations)
+    # Flask-Migrate's developer commands give way to the operator's `db`.
+    app.cli.commands.pop("db", None)
+    for command in database.COMMANDS:
+        app.cli.add_command(command)

@@ -40,9 +40,10 @@ class ChangedHands(click.ClickException):
 def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
     """Every matching grant, one per line, tab-separated, ordered by resource:
     each place of a semaphore and each shared grant a line of its own."""
+    from app.extensions import lock_service
     from app.locks.errors import InvalidInput
+    from app.locks.filters import ENTRIES_GRANTS
     from app.locks.pagination import MAX_PAGE
-    from app.locks.service import ENTRIES_GRANTS, lock_service
     from app.timestamps import rfc3339
 
     service = lock_service()
@@ -114,8 +115,8 @@ def locks_release(
     """Force-release RESOURCE whoever holds it (every grant of a resource held
     by places: a semaphore's, shared grants), or with --stale every stale lock
     (recorded as cli:<OS user>, one event per grant)."""
+    from app.extensions import lock_service
     from app.locks.errors import InvalidInput, LockNotFound
-    from app.locks.service import lock_service
 
     if stale == (resource is not None):
         raise click.UsageError("give either RESOURCE or --stale")
@@ -205,6 +206,7 @@ def locks_claim(
 ) -> None:
     """Grant RESOURCE to OWNER with a new fence (recorded as cli:<OS user>); of
     a semaphore, one free place."""
+    from app.extensions import lock_service
     from app.locks.errors import (
         InvalidInput,
         LockChanged,
@@ -212,7 +214,6 @@ def locks_claim(
         PlacesHeld,
         ResourceFrozen,
     )
-    from app.locks.service import lock_service
 
     try:
         lock = lock_service().claim(
@@ -259,8 +260,8 @@ def locks_claim(
 def locks_freeze(prefix: str, reason: str | None, duration) -> None:
     """No new grants of resources starting with PREFIX (no acquire, take-over or
     claim without force); locks already held can still be renewed and released."""
+    from app.extensions import lock_service
     from app.locks.errors import InvalidInput
-    from app.locks.service import lock_service
 
     with refusals_reported(InvalidInput):
         freeze = lock_service().freeze(
@@ -275,8 +276,8 @@ def locks_freeze(prefix: str, reason: str | None, duration) -> None:
 @with_appcontext
 def locks_unfreeze(prefix: str, reason: str | None) -> None:
     """End the freeze of PREFIX now."""
+    from app.extensions import lock_service
     from app.locks.errors import InvalidInput, NotFrozen
-    from app.locks.service import lock_service
 
     with refusals_reported(InvalidInput, NotFrozen):
         freeze = lock_service().unfreeze(prefix, actor=operator_actor(), reason=reason)
@@ -287,7 +288,7 @@ def locks_unfreeze(prefix: str, reason: str | None) -> None:
 @with_appcontext
 def locks_freezes() -> None:
     """The freezes in force, one per line, tab-separated."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
     from app.timestamps import rfc3339
 
     click.echo("prefix\tends_at\tactor\treason")
@@ -311,8 +312,8 @@ def _until(freeze) -> str:
 def locks_purge_stale(older_than) -> None:
     """Delete long-expired lock rows. Fences stay monotonic: they come from a
     sequence, so a purged resource's next grant still gets a larger fence."""
+    from app.extensions import lock_service
     from app.locks.errors import InvalidInput
-    from app.locks.service import lock_service
 
     with refusals_reported(InvalidInput):
         purged = lock_service().purge_stale(older_than)

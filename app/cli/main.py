@@ -10,13 +10,21 @@ database; its values win over the shell's own.
 from __future__ import annotations
 
 import sys
-from importlib import metadata
 
 import click
 from flask.cli import FlaskGroup, ScriptInfo, run_command
 
-from app.cli import exec as exec_command
-from app.factory import create_app, start_serving
+# Commands on the group itself, imported only when named (or listed by
+# --help): ``exec`` is the worker client's (httpx), which no other command
+# needs, and the app (Flask's views, SQLAlchemy's models) is not imported for
+# ``exec`` or ``--version``; every other command builds it anyway.
+GROUP_COMMANDS = {"exec": "app.cli.exec"}
+
+
+def create_app():
+    from app.factory import create_app as create
+
+    return create()
 
 
 def _load_env_file(ctx: click.Context, _param, path: str | None) -> None:
@@ -40,11 +48,31 @@ ENV_FILE_OPTION = click.Option(
 )
 
 
-def _version() -> str:
-    try:
-        return metadata.version("lockkeeper")
-    except metadata.PackageNotFoundError:  # a checkout that was never installed
-        return "unknown"
+def version_line() -> str:
+    """``lockkeeper 0.2.0 (schema 0035)``: the release and the schema revision
+    this code needs (read from its migrations, so a build between releases that
+    adds one says so)."""
+    from app.ops.schema import required_revisions, shown_revisions
+    from app.ops.version import RELEASE
+
+    return f"lockkeeper {RELEASE} (schema {shown_revisions(required_revisions())})"
+
+
+def _print_version(ctx: click.Context, _param, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(version_line())
+    ctx.exit()
+
+
+VERSION_OPTION = click.Option(
+    ["--version"],
+    is_flag=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_print_version,
+    help="Show the version and the schema revision it needs, and exit.",
+)
 
 
 def _serving_run() -> click.Command:
@@ -53,6 +81,8 @@ def _serving_run() -> click.Command:
 
     @click.pass_context
     def callback(ctx: click.Context, **params):
+        from app.factory import start_serving
+
         start_serving(ctx.ensure_object(ScriptInfo).load_app())
         return ctx.invoke(run_command.callback, **params)
 
@@ -65,8 +95,25 @@ def _serving_run() -> click.Command:
     )
 
 
+class LockkeeperGroup(FlaskGroup):
+    """Flask's group, with ``GROUP_COMMANDS`` found (and imported) by name before
+    the app is loaded: ``exec`` must not create or bootstrap a database on the
+    worker host that runs it."""
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in GROUP_COMMANDS and name not in self.commands:
+            from importlib import import_module
+
+            for command in import_module(GROUP_COMMANDS[name]).COMMANDS:
+                self.add_command(command)
+        return super().get_command(ctx, name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *GROUP_COMMANDS})
+
+
 def build_cli() -> FlaskGroup:
-    cli = FlaskGroup(
+    cli = LockkeeperGroup(
         create_app=create_app,
         add_default_commands=False,
         add_version_option=False,
@@ -78,14 +125,8 @@ def build_cli() -> FlaskGroup:
         ENV_FILE_OPTION,
         *(p for p in cli.params if p.name not in ("env_file", "app")),
     ]
-    click.version_option(
-        _version(), "--version", prog_name="lockkeeper", message="%(prog)s %(version)s"
-    )(cli)
+    cli.params.append(VERSION_OPTION)
     cli.add_command(_serving_run())
-    # Commands on the group itself are found before FlaskGroup loads the app:
-    # `exec` must not create or bootstrap a database on the worker host that runs it.
-    for command in exec_command.COMMANDS:
-        cli.add_command(command)
     return cli
 
 

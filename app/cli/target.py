@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 from flask import Flask, current_app
-from flask.cli import ScriptInfo, with_appcontext
+from flask.cli import with_appcontext
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -78,67 +78,3 @@ def acts_on_database() -> None:
     app = current_app._get_current_object()
     name_database(app)
     require_schema(app)
-
-
-def naming_the_database(group: click.Group) -> click.Group:
-    """``group`` (Flask-Migrate's ``db``) with the database named before its
-    commands run, and ``db upgrade`` saying what it did. Only ``upgrade`` may
-    create the default SQLite database."""
-    if getattr(group, "_lockkeeper_named", False):
-        return group  # a module-level group, met again by the next app
-    group._lockkeeper_named = True  # type: ignore[attr-defined]
-    original = group.callback
-
-    @click.pass_context
-    def callback(ctx: click.Context, **params):
-        app = ctx.ensure_object(ScriptInfo).load_app()
-        creates = ctx.invoked_subcommand == "upgrade"
-        name_database(app, may_create=creates)
-        if creates:
-            from app.database import secure_files
-
-            secure_files(app, create=True)
-        if original is not None:
-            return ctx.invoke(original, **params)
-        return None
-
-    group.callback = callback
-    upgrade = group.commands.get("upgrade")
-    if upgrade is not None:
-        upgrade.callback = _reporting_upgrade(upgrade.callback)
-    return group
-
-
-def _revisions(app: Flask) -> frozenset[str]:
-    from app.extensions import db
-    from app.ops.schema import database_revisions
-
-    with app.app_context(), db.engine.connect() as conn:
-        return database_revisions(conn)
-
-
-def _reporting_upgrade(upgrade):
-    """Flask-Migrate's ``upgrade``, then one line: from which revision to which
-    (Alembic itself prints nothing, as its logging is not configured)."""
-    from app.ops.schema import shown_revisions
-
-    @click.pass_context
-    def callback(ctx: click.Context, **params):
-        app = ctx.ensure_object(ScriptInfo).load_app()
-        sql_only = params.get("sql")
-        before = None if sql_only else _revisions(app)
-        result = ctx.invoke(upgrade, **params)
-        if before is not None:
-            after = _revisions(app)
-            if after == before:
-                click.echo(
-                    f"Already at revision {shown_revisions(after)}: nothing to do."
-                )
-            else:
-                click.echo(
-                    f"Upgraded the database from revision {shown_revisions(before)}"
-                    f" to {shown_revisions(after)}."
-                )
-        return result
-
-    return callback

@@ -9,6 +9,7 @@ the filtered set. Viewers and operators may both read and export.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,10 +27,11 @@ from app.audit.service import (
 from app.auth.views import login_required
 from app.dashboard.htmx import render_page_or_fragment
 from app.dashboard.views import POLL_SECONDS, _unchanged, is_live, shown_version
+from app.extensions import lock_service
 from app.locks.errors import InvalidInput
 from app.locks.pagination import DEFAULT_PAGE
-from app.locks.service import lock_service
 from app.locks.state import Action
+from app.locks.validation import client_integer
 from app.timestamps import MissingOffset, human_duration, parse_rfc3339
 
 bp = Blueprint("audit", __name__)
@@ -42,30 +44,79 @@ QUICK_RANGES = (
     ("15 min", timedelta(minutes=15)),
     ("1 h", timedelta(hours=1)),
     ("24 h", timedelta(hours=24)),
+    ("7 d", timedelta(days=7)),
 )
 
 
 def held_for(value: timedelta) -> str:
-    """A tenure's length: ``0.25 s``, ``45 s``, ``3 min 20 s``, ``2 h 5 min``."""
-    return human_duration(value.total_seconds(), sub_minute_digits=3)
+    """A tenure's length: ``7 ms``, ``2.5 s``, ``45 s``, ``3 min 20 s``,
+    ``2 h 5 min`` (never a float's digits: "0.00703 s" was a short hold)."""
+    seconds = value.total_seconds()
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return human_duration(seconds, sub_minute_digits=0)
 
 
-def datetime_local(value: datetime | None) -> str:
-    """The value an ``<input type="datetime-local">`` shows, in UTC."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if value else ""
+def rfc3339_short(value: datetime) -> str:
+    """``2026-11-29 09:00:05Z``: an instant to read, to the second."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 bp.add_app_template_filter(held_for, "held_for")
-bp.add_app_template_filter(datetime_local, "datetime_local")
+bp.add_app_template_filter(rfc3339_short, "rfc3339_short")
 
 
-def _form_instant(text: str) -> datetime:
-    """The form's ``datetime-local`` fields send a wall clock without an offset;
-    their labels say UTC, so that is the zone they are read in."""
+# "-24h", "24 h ago", "-7d", "90 min ago": that long before now.
+_AGO = re.compile(
+    r"^(?:-\s*(?P<a>\d+(?:\.\d+)?)\s*(?P<au>[a-z]+)"
+    r"|(?P<b>\d+(?:\.\d+)?)\s*(?P<bu>[a-z]+)\s+ago)$"
+)
+_UNITS = {
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+    "w": 604800, "week": 604800, "weeks": 604800,
+}  # fmt: skip
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+INSTANT_HELP = "type yesterday, -24h, 2026-11-29 or 2026-11-29 09:00 (UTC)"
+
+
+def _form_instant(text: str, now: datetime) -> datetime:
+    """An instant as people type it, in UTC: ``now``, ``today``,
+    ``yesterday`` (their midnight), ``-24h`` or ``24 h ago``, a date (its
+    midnight), a date and time with or without seconds, ``T`` or a space, an
+    offset or ``Z``.
+
+    :raise ValueError: none of those.
+    """
+    typed = " ".join(text.lower().split())
+    midnight = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    named = {"now": now, "today": midnight, "yesterday": midnight - timedelta(days=1)}
+    if typed in named:
+        return named[typed]
+    ago = _AGO.match(typed)
+    if ago:
+        amount = float(ago["a"] or ago["b"])
+        unit = _UNITS.get(ago["au"] or ago["bu"])
+        if unit is None:
+            raise ValueError(text)
+        try:
+            return now - timedelta(seconds=amount * unit)
+        except OverflowError:
+            raise ValueError(text) from None
+    # RFC 3339 (its range checks and all), with a space for the "T", and
+    # without an offset read as UTC (the labels say so); a date alone is its
+    # midnight.
+    instant = text.strip().replace(" ", "T", 1)
+    if _DATE.fullmatch(instant):
+        instant += "T00:00"
     try:
-        return parse_rfc3339(text)
+        return parse_rfc3339(instant)
     except MissingOffset:
-        return parse_rfc3339(text + "Z")
+        return parse_rfc3339(instant + "Z")
 
 
 def _shown(args) -> dict[str, Any]:
@@ -98,7 +149,9 @@ def action_filter(shown: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _parse_query(args, fold: bool = True) -> tuple[EventFilter, int, str | None]:
+def _parse_query(
+    args, now: datetime, fold: bool = True
+) -> tuple[EventFilter, int, str | None]:
     """The filters, page size and cursor; ``fold=False`` (exports): every row
     unless actions were chosen.
 
@@ -115,16 +168,17 @@ def _parse_query(args, fold: bool = True) -> tuple[EventFilter, int, str | None]
             continue
         if field in ("since", "until"):
             try:
-                values[field] = _form_instant(text)
+                values[field] = _form_instant(text, now)
             except ValueError:
-                errors.append((field, "must be a date and time like 2026-11-30T09:00Z"))
+                errors.append(
+                    (field, f"must be a date and time, not {text!r}: {INSTANT_HELP}")
+                )
         else:
             values[field] = text
     limit: Any = DEFAULT_PAGE
     if args.get("limit"):
-        try:
-            limit = int(args["limit"])
-        except ValueError:
+        limit = client_integer(args["limit"])
+        if limit is None:
             errors.append(("limit", "must be an integer"))
     cursor = args.get("cursor") or None
     filters = EventFilter(**values)
@@ -148,8 +202,9 @@ def audit():
     filters = EventFilter()
     limit: Any = DEFAULT_PAGE
     cursor = None
+    now = lock_service().now()
     try:
-        filters, limit, cursor = _parse_query(request.args)
+        filters, limit, cursor = _parse_query(request.args, now)
         page = list_events(filters, limit=limit, cursor=cursor)
         found = tenures(page.items)
         if folds_renewals(shown):
@@ -159,8 +214,8 @@ def audit():
     query = dict(shown)
     if limit != DEFAULT_PAGE:
         query["limit"] = str(limit)
-    now = lock_service().now()
-    # Quick ranges: the filters as they are, from that long ago until now.
+    # Quick ranges: the filters as they are, from that long ago until now;
+    # and yesterday (UTC), whole.
     ranged = {k: v for k, v in query.items() if k not in ("since", "until")}
     range_urls = [
         (
@@ -173,6 +228,7 @@ def audit():
         )
         for label, span in QUICK_RANGES
     ]
+    yesterday_url = url_for("audit.audit", **ranged, since="yesterday", until="today")
     # A live tail: page 1 of a range with no end gets the newest events by
     # polling; anything else (an older page, an "until") stays as it was read.
     live = is_live()
@@ -197,6 +253,7 @@ def audit():
         renewals=folded,
         now=now,
         range_urls=range_urls,
+        yesterday_url=yesterday_url,
         folding=folds_renewals(shown),
         every_row_url=url_for("audit.audit", **{**query, "rows": EVERY_ROW}),
         changes_url=url_for(
@@ -220,7 +277,9 @@ def audit():
 
 def _export(export_format: ExportFormat):
     try:
-        filters, _limit, _cursor = _parse_query(request.args, fold=False)
+        filters, _limit, _cursor = _parse_query(
+            request.args, lock_service().now(), fold=False
+        )
     except InvalidInput as exc:
         message = "; ".join(f"{field}: {text}" for field, text in exc.errors)
         return Response(message + "\n", status=400, mimetype="text/plain")

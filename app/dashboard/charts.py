@@ -99,10 +99,11 @@ class Chart:
     peak_at: datetime | None = None
     clipped: bool = False  # the peak is above y_max, drawn at the top
     x_ticks: list[tuple[float, str]] = field(default_factory=list)
-    lines: dict[str, str] = field(default_factory=dict)  # state -> polyline points
+    # series -> the points of its polylines (one per run of counted samples)
+    lines: dict[str, list[str]] = field(default_factory=dict)
     bars: list[tuple[float, float, float, float, str]] = field(default_factory=list)
-    # The plot's left part that is not counted yet (its right edge), if any.
-    uncounted_until: float | None = None
+    # The plot's parts not counted yet, as (left, width), drawn hatched.
+    uncounted: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -110,19 +111,28 @@ class Activity:
     start: datetime
     end: datetime
     samples: list[Sample]
-    per_minute: list[tuple[datetime, int]]  # events per bucket of the span
+    per_minute: list[tuple[datetime, int]]  # events per bucket (0: not counted)
     states: Chart
     events: Chart
     refused: list[tuple[datetime, dict[str, int]]]  # refusals per outcome, bucket
     refusals: Chart
     span: Span = DEFAULT_SPAN
-    # The states and events before this moment are not counted yet (a drawing
-    # in a request reads a bounded number of events; the rest is being counted).
-    counted_from: datetime | None = None
+    # The spans of the range (from, to) whose states or events are not counted
+    # yet (a drawing in a request reads a bounded number of events; the rest
+    # is being counted). Nothing else is left out: a stored bucket is drawn
+    # whatever is missing before or after it.
+    uncounted: list[tuple[datetime, datetime]] = field(default_factory=list)
+    bucket_counted: list[bool] = field(default_factory=list)  # per bucket
 
     @property
     def now(self) -> Sample:
         return self.samples[-1]
+
+    @property
+    def uncounted_events(self) -> bool:
+        """Some bucket's events are not counted yet: the range's total is only
+        that of the counted buckets."""
+        return not all(self.bucket_counted)
 
     @property
     def total_events(self) -> int:
@@ -249,9 +259,27 @@ def _peak(chart: Chart, series: list[tuple[datetime, int]]) -> None:
     chart.clipped = chart.peak > chart.y_max
 
 
-def _after_last(missing) -> int:
-    """The index after the last true one (0 if none)."""
-    return 1 + max((i for i, flag in enumerate(missing) if flag), default=-1)
+def _runs(flags: list[bool]) -> list[tuple[int, int]]:
+    """The runs ``[first, last]`` of consecutive true flags."""
+    runs: list[tuple[int, int]] = []
+    for i, flag in enumerate(flags):
+        if not flag:
+            continue
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def _merged(spans: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    merged: list[tuple[datetime, datetime]] = []
+    for begin, end in sorted(spans):
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((begin, end))
+    return merged
 
 
 def build(
@@ -262,33 +290,35 @@ def build(
 ) -> Activity:
     sampled = samples(now, expiring_within, shown, budget)
     counted_minutes = per_minute(now, shown, budget)
-    # Drawn as counted from the first moment after which every sample and
-    # every bucket is counted; before it, a gap said to be not counted yet.
-    first_counted = max(
-        _after_last(not s.counted for s in sampled),
-        _after_last(n is None for _, n in counted_minutes),  # bucket i starts at i
-    )
-    counted_from = sampled[first_counted].at if first_counted else None
-    sampled = [
-        s if i >= first_counted else Sample(s.at, counted=False)
-        for i, s in enumerate(sampled)
+    moments = [s.at for s in sampled]
+    # What is not counted is drawn as a gap, hatched: a sample's line stops at
+    # the counted samples either side of it, a bucket has no bar. Everything
+    # counted or stored is drawn, on either side of a gap.
+    bucket_counted = [n is not None for _, n in counted_minutes]
+    state_gaps = [
+        (moments[max(lo - 1, 0)], moments[min(hi + 1, len(moments) - 1)])
+        for lo, hi in _runs([not s.counted for s in sampled])
     ]
-    minutes = [
-        (at, n if i >= first_counted and n is not None else 0)
-        for i, (at, n) in enumerate(counted_minutes)
+    event_gaps = [
+        (moments[lo], moments[hi + 1])
+        for lo, hi in _runs([not counted for counted in bucket_counted])
     ]
+    minutes = [(at, n or 0) for at, n in counted_minutes]
     start = sampled[0].at  # on the grid: up to a step before now - window
     span = (now - start).total_seconds()
 
     states = _frame(
         start,
         now,
-        _scale([getattr(s, k) for s in sampled for k in STATES]),
+        _scale([getattr(s, k) for s in sampled if s.counted for k in STATES]),
         shown.window,
     )
-    _peak(states, [(s.at, getattr(s, k)) for s in sampled for k in STATES])
+    _peak(states, [(s.at, getattr(s, k)) for s in sampled if s.counted for k in STATES])
     width = states.plot_right - states.plot_left
     height = states.plot_bottom - states.plot_top
+
+    def x_of(chart: Chart, at: datetime) -> float:
+        return chart.plot_left + width * (at - start).total_seconds() / span
 
     def y_of(chart: Chart, value: int) -> float:
         # Off the scale: at the top (the chart says so in words).
@@ -296,20 +326,30 @@ def build(
             chart.plot_bottom - height * min(value, chart.y_max) / chart.y_max, 1
         )
 
+    def hatched(chart: Chart, gaps: list[tuple[datetime, datetime]]) -> None:
+        chart.uncounted = [
+            (round(x_of(chart, a), 1), round(x_of(chart, b) - x_of(chart, a), 1))
+            for a, b in gaps
+        ]
+
+    segments = _runs([s.counted for s in sampled])
     for state in STATES:
-        points = []
-        for sample in sampled[first_counted:]:
-            x = states.plot_left + width * (sample.at - start).total_seconds() / span
-            points.append((x, y_of(states, getattr(sample, state))))
-        states.lines[state] = _polyline(points)
+        # A polyline per run of counted samples: none crosses a gap.
+        states.lines[state] = [
+            _polyline(
+                [
+                    (x_of(states, sample.at), y_of(states, getattr(sample, state)))
+                    for sample in sampled[lo : hi + 1]
+                ]
+            )
+            for lo, hi in segments
+        ]
+    hatched(states, state_gaps)
 
     when = "%H:%MZ" if shown.window <= WINDOW else "%Y-%m-%d %H:%MZ"
     counts = _frame(start, now, _scale([count for _, count in minutes]), shown.window)
     _peak(counts, minutes)
-    if counted_from is not None:
-        states.uncounted_until = counts.uncounted_until = round(
-            states.plot_left + width * (counted_from - start).total_seconds() / span, 1
-        )
+    hatched(counts, event_gaps)
     ends = [sample.at for sample in sampled[1:]]
     for (moment, count), ends_at in zip(minutes, ends, strict=True):
         if not count:
@@ -344,7 +384,7 @@ def build(
                 + width * (middle - start).total_seconds() / span
             )
             points.append((x, y_of(refusal_chart, per_outcome[outcome])))
-        refusal_chart.lines[outcome] = _polyline(points)
+        refusal_chart.lines[outcome] = [_polyline(points)]
     return Activity(
         start=start,
         end=now,
@@ -355,7 +395,8 @@ def build(
         refused=refused_per_bucket,
         refusals=refusal_chart,
         span=shown,
-        counted_from=counted_from,
+        uncounted=_merged(state_gaps + event_gaps),
+        bucket_counted=bucket_counted,
     )
 
 
@@ -409,7 +450,7 @@ def cached(
         return build(now, expiring_within, shown, rollup.EVENTS_PER_DRAWING)
     try:
         flight.result = build(now, expiring_within, shown, rollup.EVENTS_PER_DRAWING)
-        if flight.result.counted_from is not None:
+        if flight.result.uncounted:
             _count_the_rest(now, expiring_within, shown)
         return flight.result
     finally:
@@ -445,8 +486,13 @@ def _count_the_rest(now: datetime, expiring_within: float, shown: Span) -> None:
 def _count_in_background(app, now: datetime, expiring_within: float, shown: Span):
     with app.app_context():
         try:
-            samples(now, expiring_within, shown)  # no budget
-            per_minute(now, shown)
+            # No budget. Twice: over a range wider than ``BY_MINUTE_UP_TO``
+            # the first pass counts and stores bucket by bucket; the second
+            # counts the open bucket minute by minute and stores its closed
+            # minutes, so the next drawing's budget need not cover them.
+            for _ in range(2):
+                samples(now, expiring_within, shown)
+                per_minute(now, shown)
         except Exception:
             log.exception("counting the %s charts in the background failed", shown.name)
             return

@@ -12,10 +12,10 @@ from flask import request, url_for
 from flask_login import current_user
 
 from app.auth.views import login_required, operator_required
+from app.dashboard import forms
 from app.dashboard.blueprint import bp
 from app.dashboard.forms import (
     action_response,
-    digits,
     finished,
     reason_field,
     return_to,
@@ -24,8 +24,10 @@ from app.dashboard.forms import (
     text_field,
 )
 from app.dashboard.htmx import is_htmx, render_page_or_fragment
+from app.extensions import lock_service
 from app.locks.errors import InvalidInput, NotFrozen
-from app.locks.service import ENTRIES_GRANTS, lock_service
+from app.locks.filters import ENTRIES_GRANTS
+from app.locks.validation import MAX_BIGINT, client_integer
 from app.timestamps import parse_duration
 
 
@@ -181,18 +183,25 @@ def release_stale():
 
 # -- release many: the selected rows, or every lock a view matches -------------
 
-# The most locks one confirmation names; a bigger set is narrowed first.
-BULK_LIMIT = 1000
+# What narrows "every lock the view matches" to a set chosen on purpose: a
+# search (a prefix, an owner) or a group (an owner, a host). A state tab alone
+# does not: one reason for every held lock is an outage, not an action.
+NARROWING = ("prefix", "owner", "exact_owner", "host")
+UNNARROWED = (
+    "only a narrowed set is released together: search for a prefix or an owner, "
+    "open a group, or select rows"
+)
 
 
 def _selected(values) -> list[tuple[str, int]]:
     """``lock`` fields as the rows' checkboxes send them: ``FENCE:RESOURCE``."""
     grants = []
     for raw in values.getlist("lock"):
-        fence, _, resource = raw.partition(":")
-        if not digits(fence) or len(fence) > 19 or not resource:
+        digits, _, resource = raw.partition(":")
+        fence = client_integer(digits, minimum=0, maximum=MAX_BIGINT)
+        if fence is None or not resource:
             raise InvalidInput([("locks", f"{raw!r} is not a lock from the table")])
-        grants.append((resource, int(fence)))
+        grants.append((resource, fence))
     return grants
 
 
@@ -204,6 +213,8 @@ def _matching(args) -> list[tuple[str, int]]:
     is by its own."""
     from app.dashboard.views import host_of
 
+    if not any(stripped(args, key) for key in NARROWING):
+        raise InvalidInput([("locks", UNNARROWED)])
     service = lock_service()
     state = args.get("state") or None
     contended = state == "contended"
@@ -227,13 +238,31 @@ def _matching(args) -> list[tuple[str, int]]:
             if host is None or host_of(lock.owner or "") == host
         )
         cursor = page.next_cursor
-        if cursor is None or len(found) > BULK_LIMIT:
+        if cursor is None or len(found) > forms.BULK_LIMIT:
             break
-    if len(found) > BULK_LIMIT:
+    if len(found) > forms.BULK_LIMIT:
         raise InvalidInput(
-            [("locks", f"more than {BULK_LIMIT} locks match: narrow the search")]
+            [
+                (
+                    "locks",
+                    f"more than {forms.BULK_LIMIT:,} locks match: narrow the search (a "
+                    "longer prefix, an owner, a host) to release them together",
+                )
+            ]
         )
     return found
+
+
+def _confirmed_count(values, count: int) -> None:
+    """The count typed to confirm a release of more than one grant: one
+    reason for hundreds of locks is not confirmed by a click."""
+    if count < 2:
+        return
+    typed = (values.get("confirm_count") or "").strip().replace(",", "")
+    if typed != str(count):
+        raise InvalidInput(
+            [("confirm_count", f"type {count}, the number released, to confirm")]
+        )
 
 
 def grants_of_locks(released) -> str:
@@ -266,6 +295,7 @@ def release_many():
             )
         grants = _selected(request.form)
         reason = reason_field()
+        _confirmed_count(request.form, len(grants))
         done = lock_service().force_release_fenced(
             grants, actor=current_user.username, reason=reason
         )

@@ -39,6 +39,11 @@ MAX_LANES = 12
 MAX_TICKS = 7
 # A fresh lock still gets an axis a person can read (not a 28 ms one).
 MIN_SPAN = timedelta(minutes=1)
+# Zoomed to one tenure: it fills most of the plot, with this share of its
+# length on each side (at least ZOOM_MIN_PAD), so where it began and ended is
+# seen against what came before and after.
+ZOOM_PAD_SHARE = 0.1
+ZOOM_MIN_PAD = timedelta(seconds=1)
 # Lane labels are cut to what fits left of the plot at 12 px (about 7 px a
 # character); the full owner is in the label's <title>.
 LABEL_CHARS = (LABEL_WIDTH - 16) // 7
@@ -97,6 +102,8 @@ class Timeline:
     now_x: float | None = None
     axis_y: float = TOP
     hidden_owners: int = 0
+    # The fence whose tenure the drawing is zoomed to, or None (every event).
+    zoomed_to: int | None = None
 
     @property
     def empty(self) -> bool:
@@ -109,8 +116,11 @@ def build(
     *,
     parallel: bool | None = None,
     sessions: Mapping[str, datetime] | None = None,
+    zoom: int | None = None,
 ) -> Timeline:
-    """Lay out ``events`` between the first of them and ``now``.
+    """Lay out ``events`` between the first of them and ``now``, or around the
+    tenure of fence ``zoom`` (when one has it): a 2 px sliver of a week's
+    drawing becomes most of the plot, the others clipped to that range.
 
     Holders at once (a semaphore's places, shared grants; ``parallel``, as
     ``derive`` takes it) get a lane each, so their bars run side by side.
@@ -119,14 +129,24 @@ def build(
     spans = derive(events, now, parallel=parallel, sessions=sessions)
     if not spans:
         return Timeline(width=WIDTH, height=TOP + AXIS_HEIGHT, start=None, end=None)
-    start = min(min(t.held_from for t in spans), min(e.occurred_at for e in events))
-    end = max(now, max(t.held_until for t in spans))
-    if end - start < MIN_SPAN:
-        start = end - MIN_SPAN
+    zoomed = [t for t in spans if zoom is not None and t.fence == zoom]
+    if zoomed:
+        first = min(t.held_from for t in zoomed)
+        last = max(t.held_until for t in zoomed)
+        pad = max((last - first) * ZOOM_PAD_SHARE, ZOOM_MIN_PAD)
+        start, end = first - pad, last + pad
+        spans = [t for t in spans if t.held_until >= start and t.held_from <= end]
+        events = [e for e in events if start <= e.occurred_at <= end]
+    else:
+        start = min(min(t.held_from for t in spans), min(e.occurred_at for e in events))
+        end = max(now, max(t.held_until for t in spans))
+        if end - start < MIN_SPAN:
+            start = end - MIN_SPAN
     total = (end - start).total_seconds()
     plot = WIDTH - LABEL_WIDTH - RIGHT_PAD
 
     def x_of(moment: datetime) -> float:
+        moment = min(max(moment, start), end)  # a zoomed drawing clips the rest
         return round(LABEL_WIDTH + plot * (moment - start).total_seconds() / total, 2)
 
     holders: list[tuple[str, str | None]] = []
@@ -144,6 +164,7 @@ def build(
         end=end,
         hidden_owners=hidden,
         now_x=x_of(now) if start <= now <= end else None,
+        zoomed_to=zoom if zoomed else None,
     )
     for holder in recent:
         owner, token = holder

@@ -9,9 +9,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from datetime import datetime
 from typing import Any
 
-from flask import Response, abort, make_response, request, session, url_for
+from flask import (
+    Response,
+    abort,
+    make_response,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from flask_login import current_user
 
 from app.audit.service import (
@@ -22,13 +31,13 @@ from app.audit.service import (
     newest_event_id,
     renewals,
     session_expiries,
+    tenures,
 )
 from app.auth.views import login_required, operator_required
-from app.dashboard import charts, timeline
+from app.dashboard import charts, forms, timeline
 from app.dashboard.blueprint import bp
 from app.dashboard.forms import (
     action_response,
-    digits,
     finished,
     reason_field,
     return_to,
@@ -37,7 +46,9 @@ from app.dashboard.forms import (
     url_with,
 )
 from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
+from app.extensions import lock_service
 from app.locks import validation
+from app.locks.counts import OwnerCounts
 from app.locks.errors import (
     InvalidInput,
     LockChanged,
@@ -45,20 +56,17 @@ from app.locks.errors import (
     LockNotFound,
     PlacesHeld,
     ResourceFrozen,
+    UnknownSession,
 )
+from app.locks.filters import ENTRIES_RESOURCES
+from app.locks.operator import AllReleased
 from app.locks.results import Lock
-from app.locks.service import (
-    ENTRIES_RESOURCES,
-    AllReleased,
-    OwnerCounts,
-    lock_service,
-)
-from app.locks.sessions import UnknownSession
 from app.locks.state import LockState
 
 PAGE_SIZE = 25
 # The page sizes the overview offers (``?size=``), the first the default.
 PAGE_SIZES = (25, 50, 100)
+MAX_PAGE = 1_000_000  # a page number past any table's last page
 HISTORY_PAGE_SIZE = 20
 # The timeline draws at most this many of the newest events.
 TIMELINE_EVENTS = 300
@@ -108,6 +116,32 @@ def _unchanged(version: str) -> Response | None:
     """204 for an htmx poll whose page already shows ``version``."""
     if not is_htmx() or request.headers.get(SHOWN_VERSION_HEADER) != version:
         return None
+    return _no_change()
+
+
+def _shown_parts() -> list[str] | None:
+    """The overview's version a poll of its live region sends back, in its
+    three parts: what happened (the newest event, the counts and the waiting
+    lines; ``-`` for a search), the rows shown (which, in what order, in which
+    state, by whom; the counts), and when they end. A renewal moves only the
+    last: the poll then gets the rows' time left, not the table (``overview``)."""
+    if htmx_target() != "live":
+        return None
+    parts = request.headers.get(SHOWN_VERSION_HEADER, "").split(".")
+    return parts if len(parts) == 3 else None
+
+
+def _fragment(template: str, **context: Any) -> Response:
+    """A part of a page for htmx, never cached where a page belongs."""
+    response = make_response(render_template(template, **context))
+    response.headers["Cache-Control"] = "no-store"
+    response.vary.add("HX-Request")
+    response.vary.add("HX-Target")
+    return response
+
+
+def _no_change() -> Response:
+    """204: the poll's page already shows what there is."""
     response = make_response("", 204)
     # No body, so no type: every open page sends this every few seconds.
     del response.headers["Content-Type"]
@@ -175,26 +209,33 @@ def overview():
     # counts are the groups' sums there, ``grouped_with_counts``).
     grouping = group in GROUPS and not paging_errors
     every_group = None
+    owners_of: dict[str, list[str]] = {}
+    last_seen: dict[str, datetime] = {}
     if grouping and not searched:
-        every_group, everywhere, contended_everywhere = grouped(service, group, at=at)
+        every_group, everywhere, contended_everywhere, owners_of = grouped(
+            service, group, at=at
+        )
     else:
         everywhere, contended_everywhere = service.counts_and_contended(at=at)
     counts = everywhere
-    version = None
+    # The version a poll of the live region says it shows, in its three parts
+    # (``_shown_parts``): what happened, what the rows are, when they end.
+    polled = _shown_parts()
+    happened = "-"
     if not searched:
-        # Read the version before the rows: a change in between makes the next
-        # poll fetch again, never miss. Waiting writes no events: the lines'
-        # own version shows their changes.
-        version = shown_version(
+        # Read before the rows: a change in between makes the next poll fetch
+        # again, never miss. Waiting writes no events: the lines' own version
+        # shows their changes. Unchanged, the poll is a 204 without reading
+        # the rows.
+        happened = shown_version(
             newest_event_id(),
             [counts[s] for s in LockState],
             service.queue.version(at=at),
             here,
             live,
         )
-        unchanged = _unchanged(version)
-        if unchanged is not None:
-            return unchanged
+        if polled is not None and polled[0] == happened:
+            return _no_change()
 
     errors: list[tuple[str, str]] = []
     status = 200
@@ -209,7 +250,7 @@ def overview():
             raise InvalidInput([("group", "must be owner, host or prefix")])
         contended_count = contended_everywhere
         if grouping and searched:
-            every_group, counts, contended_count = grouped(
+            every_group, counts, contended_count, owners_of = grouped(
                 service, group, prefix=prefix, owner=owner, at=at
             )
         elif searched:
@@ -222,6 +263,8 @@ def overview():
             # 160 KB a poll).
             pages = max(1, math.ceil(len(every_group) / size))
             groups = every_group[(number - 1) * size : number * size]
+            if owners_of:
+                last_seen = groups_last_seen(service, groups, owners_of, at)
         else:
             # Numbered pages, unless a cursor (an older link) asks for keyset pages.
             shown = {"all": sum(counts.values()), "contended": contended_count}
@@ -242,23 +285,41 @@ def overview():
             )
     except InvalidInput as exc:
         errors, status, page = exc.errors, 400, None
-    if version is None:
-        version = shown_version(
-            [counts[s] for s in LockState],
-            contended_count,
-            [
-                [lock.resource, lock.owner, lock.fence, lock.expires_at, lock.state]
-                + [lock.waiters, lock.holders]
-                for lock in (page.items if page else [])
-            ],
-            groups and [[g.name, g.held, g.expiring, g.stale] for g in groups],
-            errors,
-            here,
-            live,
+    rows = page.items if page else []
+    layout = shown_version(
+        [counts[s] for s in LockState],
+        contended_count,
+        [
+            [lock.resource, lock.owner, lock.token, lock.fence, lock.state]
+            + [lock.acquired_at, lock.waiters, lock.holders, lock.limit, lock.mode]
+            + [lock.session]
+            for lock in rows
+        ],
+        groups
+        and [
+            [g.name, g.held, g.expiring, g.stale, last_seen.get(g.name)] for g in groups
+        ],
+        errors,
+        here,
+        live,
+    )
+    ends = shown_version([lock.expires_at for lock in rows])
+    version = f"{happened}.{layout}.{ends}"
+    if polled is not None and polled[1] == layout:
+        if polled[0] == happened and polled[2] == ends:
+            return _no_change()
+        # The same rows in the same order and states: a renewal moved their
+        # expiries, or something changed elsewhere. Their time left (or, with
+        # none moved, only the new version) instead of the table again.
+        return _fragment(
+            "dashboard/_live_update.html",
+            moved=rows if polled[2] != ends else [],
+            refreshed_at=at,
+            poll_url=url(cursor=cursor, page=number, live="1" if live else "0"),
+            live=live,
+            poll_seconds=POLL_SECONDS,
+            version=version,
         )
-        unchanged = _unchanged(version)
-        if unchanged is not None:
-            return unchanged
 
     return render_page_or_fragment(
         "dashboard/overview.html",
@@ -269,6 +330,7 @@ def overview():
         contended_count=contended_count,
         total=sum(counts.values()),
         searched=searched,
+        bulk_limit=forms.BULK_LIMIT,
         total_everywhere=sum(everywhere.values()),
         errors=errors,
         state=state if state in TABS else "all",
@@ -281,6 +343,7 @@ def overview():
         sort_url=sort_url,
         group=group,
         groups=groups,
+        last_seen=last_seen,
         here=here,
         poll_url=url(cursor=cursor, page=number, live="1" if live else "0"),
         switch_url=url(live="0" if live else "1", cursor=cursor, page=number),
@@ -309,14 +372,16 @@ def _paging() -> tuple[int, int, list[tuple[str, str]]]:
     size, number = PAGE_SIZES[0], 1
     raw_size, raw_page = text_arg("size"), text_arg("page")
     if raw_size is not None:
-        if digits(raw_size) and int(raw_size) in PAGE_SIZES:
-            size = int(raw_size)
+        asked = validation.client_integer(raw_size)
+        if asked in PAGE_SIZES:
+            size = asked
         else:
             sizes = ", ".join(map(str, PAGE_SIZES))
             errors.append(("size", f"must be one of {sizes}"))
     if raw_page is not None:
-        if digits(raw_page) and len(raw_page) < 8 and 1 <= int(raw_page) <= 1_000_000:
-            number = int(raw_page)
+        asked = validation.client_integer(raw_page, minimum=1, maximum=MAX_PAGE)
+        if asked is not None:
+            number = asked
         else:
             errors.append(("page", "must be a page number, 1 or more"))
     return size, number, errors
@@ -346,35 +411,56 @@ def host_of(owner: str) -> str:
 
 def grouped(
     service, group: str, *, prefix: str | None = None, owner: str | None = None, at
-) -> tuple[list[OwnerCounts], dict[LockState, int], int]:
+) -> tuple[list[OwnerCounts], dict[LockState, int], int, dict[str, list[str]]]:
     """The locks matching the search counted per ``group``, most stale first,
-    with their counts per state and how many are contended."""
+    with their counts per state, how many are contended, and the owners of
+    each owner or host group (none for prefixes)."""
     found, counts, contended = service.grouped_with_counts(
         "prefix" if group == "prefix" else "owner",
         prefix=prefix,
         owner_contains=owner,
         at=at,
     )
-    return (
-        (found if group == "prefix" else group_counts(found, group)),
-        counts,
-        contended,
-    )
+    if group == "prefix":
+        return found, counts, contended, {}
+    summed, owners_of = group_counts(found, group)
+    return summed, counts, contended, owners_of
 
 
-def group_counts(by_owner: list[OwnerCounts], group: str) -> list[OwnerCounts]:
+def group_counts(
+    by_owner: list[OwnerCounts], group: str
+) -> tuple[list[OwnerCounts], dict[str, list[str]]]:
     """Per owner (as the service counts them, an owner search applied) or
-    summed per host, most stale first."""
+    summed per host, most stale first; and each group's owners."""
     if group == "owner":
-        return by_owner
+        return by_owner, {counts.name: [counts.name] for counts in by_owner}
     hosts: dict[str, list[int]] = {}
+    owners_of: dict[str, list[str]] = {}
     for counts in by_owner:
-        total = hosts.setdefault(host_of(counts.name), [0, 0, 0])
+        host = host_of(counts.name)
+        total = hosts.setdefault(host, [0, 0, 0])
         total[0] += counts.held
         total[1] += counts.expiring
         total[2] += counts.stale
+        owners_of.setdefault(host, []).append(counts.name)
     summed = [OwnerCounts(host, *numbers) for host, numbers in hosts.items()]
-    return sorted(summed, key=lambda g: (-g.stale, -g.total, g.name))
+    return sorted(summed, key=lambda g: (-g.stale, -g.total, g.name)), owners_of
+
+
+def groups_last_seen(
+    service, groups: list[OwnerCounts], owners_of: dict[str, list[str]], at
+) -> dict[str, datetime]:
+    """When each shown owner or host group was last seen (its owners' latest,
+    ``LockService.last_seen``): a dead host is the one not seen for a while."""
+    seen = service.last_seen(
+        [owner for g in groups for owner in owners_of.get(g.name, ())], at=at
+    )
+    found = {}
+    for g in groups:
+        instants = [seen[o] for o in owners_of.get(g.name, ()) if o in seen]
+        if instants:
+            found[g.name] = max(instants)
+    return found
 
 
 ACTIVITY_POLL_SECONDS = 60
@@ -407,7 +493,7 @@ def activity():
         [sorted(counts.items()) for _, counts in drawn.refused],
         [c.peak_at for c in (drawn.states, drawn.events, drawn.refusals)],
         [bar[4] for bar in drawn.events.bars],
-        drawn.counted_from,
+        drawn.uncounted,
         live,
     )
     unchanged = _unchanged(version)
@@ -420,9 +506,7 @@ def activity():
         activity_live=live,
         activity_version=version,
         activity_poll_seconds=(
-            ACTIVITY_POLL_SECONDS
-            if drawn.counted_from is None
-            else COUNTING_POLL_SECONDS
+            ACTIVITY_POLL_SECONDS if not drawn.uncounted else COUNTING_POLL_SECONDS
         ),
         spans=charts.SPANS.values(),
     )
@@ -456,9 +540,19 @@ def lock_page(resource: str):
     live = is_live()
     service = lock_service()
     page_url = _lock_url(resource)
+    # ``?zoom=<fence>``: the timeline drawn around that grant's tenure.
+    zoom_arg = text_arg("zoom")
+    zoom = None
+    if zoom_arg is not None:
+        zoom = validation.client_integer(
+            zoom_arg, minimum=0, maximum=validation.MAX_BIGINT
+        )
+        if zoom is None:
+            abort(400, description="zoom must be the fence of a grant to zoom to.")
 
     def url(**params: Any) -> str:
-        return url_with(page_url, **{"rows": "all" if every_row else None, **params})
+        kept = {"rows": "all" if every_row else None, "zoom": zoom}
+        return url_with(page_url, **{**kept, **params})
 
     newest = newest_event_id(resource)
     lock = _current_lock(resource)
@@ -478,6 +572,7 @@ def lock_page(resource: str):
         [waiter.id for waiter in waiting],
         cursor,
         every_row,
+        zoom,
         live,
     )
     unchanged = _unchanged(version)
@@ -503,6 +598,7 @@ def lock_page(resource: str):
         waiting=waiting,
         last_run=last_run(resource),
         history=history,
+        tenures=tenures(history.items),
         renewals=folded,
         every_row=every_row,
         every_row_url=url(rows="all"),
@@ -522,7 +618,10 @@ def lock_page(resource: str):
             now,
             parallel=True if held_by is not None else None,
             sessions=session_expiries(recent),
+            zoom=zoom,
         ),
+        zoom_url=lambda fence: url(cursor=cursor, zoom=fence),
+        unzoomed_url=url(cursor=cursor, zoom=None),
         timeline_truncated=len(recent) == TIMELINE_EVENTS,
         now=now,
         refreshed_at=now,
@@ -541,10 +640,10 @@ def _confirmed_fence(errors: list[tuple[str, str]]) -> int | None:
     raw = text_field("fence")
     if raw is None:
         return None
-    if not digits(raw) or len(raw) > 19:
+    fence = validation.client_integer(raw, minimum=0, maximum=validation.MAX_BIGINT)
+    if fence is None:
         errors.append(("fence", "must be the fence of the lock you confirmed"))
-        return None
-    return int(raw)
+    return fence
 
 
 def _refusal(
@@ -718,10 +817,11 @@ def _confirmed_fences(errors: list[tuple[str, str]]) -> list[int]:
     """The fences of the grants the confirmation showed (hidden fields)."""
     fences = []
     for raw in request.form.getlist("fence"):
-        if not digits(raw) or len(raw) > 19:
+        fence = validation.client_integer(raw, minimum=0, maximum=validation.MAX_BIGINT)
+        if fence is None:
             errors.append(("fence", "must be the fences of the grants you confirmed"))
             return []
-        fences.append(int(raw))
+        fences.append(fence)
     if not fences and not errors:
         errors.append(("fence", "confirm the grants shown first"))
     return fences
@@ -795,6 +895,25 @@ def _holders_released_message(resource: str, done: AllReleased) -> str:
     return message
 
 
+# The most sessions the page lists (the longest overdue first).
+SESSIONS_SHOWN = 200
+
+
+@bp.get("/sessions")
+@login_required
+def sessions_page():
+    """The workers' sessions, the longest overdue first: owner, token, bound
+    grants, last heartbeat, how late past its ttl; "End session…" per row."""
+    listed, now = lock_service().sessions.listing(SESSIONS_SHOWN)
+    return render_page_or_fragment(
+        "dashboard/sessions.html",
+        {"sessions": "dashboard/_sessions.html"},
+        listed=listed,
+        now=now,
+        shown_at_most=SESSIONS_SHOWN,
+    )
+
+
 @bp.route("/sessions/<session_id>/end", methods=["GET", "POST"])
 @operator_required
 def end_session(session_id: str):
@@ -837,6 +956,12 @@ def end_session(session_id: str):
         )
     except UnknownSession:
         return finished("That session had ended already.", fallback)
+    if ended.expired:
+        return finished(
+            f"Ended the session of {ended.owner}: it had expired, and its locks "
+            "ran out with it (recorded as of its expiry); they are free now.",
+            fallback,
+        )
     count = len(ended.locks)
     return finished(
         f"Ended the session of {ended.owner}: released {count} "

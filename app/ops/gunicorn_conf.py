@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import tempfile
 
 # Must happen before anything imports prometheus_client: it picks its multiprocess
@@ -42,6 +43,12 @@ threads = _env_int(
     "LOCKKEEPER_THREADS",
     4 + _env_int("LOCKKEEPER_MAX_WAITERS", 16) + _env_int("LOCKKEEPER_MAX_STREAMS", 8),
 )
+# A connection's thread is taken as soon as it is accepted and held while its
+# headers arrive: a few dozen clients that never finish their headers (slowloris)
+# hold every thread of a one-worker server. gunicorn is not meant to face
+# clients: keep it behind the proxy (docs/deploy.md §5), which reads each
+# request whole before passing it on (nginx buffers; HAProxy's
+# `timeout http-request`).
 # Each worker opens its own pool after the fork; nothing is shared across it.
 preload_app = False
 
@@ -90,10 +97,40 @@ def on_starting(server) -> None:
 
 def post_worker_init(worker) -> None:
     """The app is loaded in this worker: keep its objects out of the
-    collector's full passes (``app.ops.heap``)."""
+    collector's full passes (``app.ops.heap``), and end its event streams as
+    soon as a graceful shutdown begins."""
     from app.ops.heap import freeze_loaded_app
 
     freeze_loaded_app()
+    if worker is not None:
+        _stop_streams_on_sigterm(worker)
+
+
+def _stop_streams_on_sigterm(worker) -> None:
+    """gunicorn has no hook for SIGTERM (a graceful stop): its worker waits up to
+    ``graceful_timeout`` for open responses, and an event stream never ends by
+    itself. So the worker's own handler is wrapped: the streams end first."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stopping(signum, frame) -> None:
+        _stop_streams(worker)
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, stopping)
+
+
+def _stop_streams(worker) -> None:
+    from app.api.events import stop_streams
+
+    app = getattr(worker, "wsgi", None)
+    if app is not None and hasattr(app, "extensions"):
+        stop_streams(app)
+
+
+def worker_int(worker) -> None:
+    """SIGINT or SIGQUIT (a quick stop): end the event streams too."""
+    _stop_streams(worker)
 
 
 def child_exit(server, worker) -> None:
@@ -108,6 +145,7 @@ def worker_exit(server, worker) -> None:
     have PostgreSQL see it drop with the process."""
     from app.locks.queue import stop_background
 
+    _stop_streams(worker)
     stop_background()
 
 

@@ -1,25 +1,34 @@
-"""Handles for operators' tooling: ``GET /healthz``, ``GET /livez`` and
-``GET /metrics``.
+"""Handles for operators' tooling: ``GET /healthz``, ``GET /livez``,
+``GET /metrics`` (this instance) and ``GET /metrics/fleet`` (the database).
 
 None needs a login: put them behind the reverse proxy's access rules (see
 docs/deploy.md) if the lock counts must not be public.
 
-``/healthz`` is readiness: the database answers, takes writes, and is at the schema
-this code needs. ``/livez`` is liveness: the process serves HTTP, whatever the
-database does (restarting the app fixes neither a database outage nor a missing
-``db upgrade``).
+``/healthz`` is readiness: the database answers, takes writes, and is at a schema
+this code may serve on (``app.ops.schema``). While it is not, every other request
+is answered 503 with ``Retry-After`` and the revisions named
+(``refuse_unless_schema_ready``), never run against a schema it does not fit.
+
+``/livez`` is liveness: the process serves HTTP, whatever the database does
+(restarting the app fixes neither a database outage nor a missing ``db upgrade``).
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, Flask, Response, current_app, jsonify
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import (
+    DBAPIError,
+    OperationalError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
+from werkzeug.exceptions import ServiceUnavailable
 
-from app.errors import problem
+from app.errors import database_error, database_unavailable, html_error, problem
 from app.extensions import db
 from app.ops.metrics import app_metrics
-from app.ops.schema import UPGRADE_COMMAND, SchemaCheck, SchemaState
+from app.ops.schema import SchemaCheck, SchemaState
 
 bp = Blueprint("ops", __name__)
 
@@ -73,20 +82,81 @@ def _no_store(response: Response) -> Response:
     return response
 
 
+NOT_READY_RETRY_AFTER = "5"
+
+
+def _revisions_named(state: SchemaState) -> dict[str, str]:
+    named = {
+        "database_revision": state.current_shown,
+        "required_revision": state.required_shown,
+    }
+    if state.admits is not None:
+        named["database_admits_code"] = state.admits
+    if state.command is not None:
+        named["command"] = state.command
+    return named
+
+
+def not_ready(state: SchemaState):
+    """The answer to a request this code cannot serve on the database's schema:
+    503, ``Retry-After``, the revisions named (problem+json to the API, a page
+    to a browser)."""
+    return _schema_unavailable(
+        state.problem() or "the lock database's schema changed",
+        _revisions_named(state),
+    )
+
+
+def _schema_unavailable(detail: str, named: dict[str, str]):
+    """503, ``Retry-After``: problem+json naming ``named`` to the API and
+    ``/healthz``, a page to a browser. Returned, not raised, so that it serves
+    an error handler as well as ``before_request``."""
+    if request.path.startswith("/api/") or request.endpoint == "ops.healthz":
+        response = problem(503, "Service Unavailable", detail, **named)
+        response.headers["Retry-After"] = NOT_READY_RETRY_AFTER
+        return _no_store(response)
+    return html_error(
+        ServiceUnavailable(detail, retry_after=int(NOT_READY_RETRY_AFTER))
+    )
+
+
+def current_schema_state(*, recheck: bool = False) -> SchemaState | None:
+    """The schema state as last seen while it is ready (for a while), else read
+    now; None when the database does not answer."""
+    check = _schema_check(current_app._get_current_object())
+    state = None if recheck else check.cached()
+    if state is not None:
+        return state
+    try:
+        with db.engine.connect() as conn:
+            return check.check(conn)
+    except SQLAlchemyError:
+        return None
+
+
+def refuse_unless_schema_ready():
+    """Before every request but the ops handles and static files: not ready is a
+    503, not a query against tables or functions this code does not fit. Costs
+    a clock read while the schema was found ready in the last
+    ``READY_RECHECK_SECONDS``."""
+    endpoint = request.endpoint
+    if endpoint is None or endpoint == "static" or endpoint.startswith("ops."):
+        return None
+    state = current_schema_state()
+    if state is None or state.ready:
+        return None  # a database that does not answer is the handlers' 503
+    return not_ready(state)
+
+
 @bp.get("/healthz")
 def healthz():
     found = database_problem()
     if found is not None:
         detail, state = found
-        extra = {}
         if state is not None:
-            extra = {
-                "database_revision": state.current_shown,
-                "required_revision": state.required_shown,
-                "command": UPGRADE_COMMAND,
-            }
-        response = problem(503, "Service Unavailable", detail, **extra)
-        response.headers["Retry-After"] = "5"
+            return not_ready(state)
+        response = problem(503, "Service Unavailable", detail)
+        response.headers["Retry-After"] = NOT_READY_RETRY_AFTER
         return _no_store(response)
     return _no_store(jsonify(status="ok", database="ok"))
 
@@ -102,6 +172,93 @@ def metrics():
     return Response(
         body, content_type=content_type, headers={"Cache-Control": "no-store"}
     )
+
+
+@bp.get("/metrics/fleet")
+def fleet_metrics():
+    """The database's gauges: scrape once per fleet (see ``app.ops.metrics``)."""
+    body, content_type = app_metrics().render_fleet()
+    return Response(
+        body, content_type=content_type, headers={"Cache-Control": "no-store"}
+    )
+
+
+# PostgreSQL undefined_function, undefined_table, undefined_column; MariaDB no
+# such table, no such procedure/function, unknown column (PyMySQL raises the
+# first as ProgrammingError, the other two as OperationalError); SQLite's
+# missing table or column (an OperationalError with no code of its own).
+_MISSING_SQLSTATES = frozenset({"42883", "42P01", "42703"})
+_MISSING_ERRNOS = frozenset({1146, 1305, 1054})
+_SQLITE_MISSING = ("no such table:", "no such column:")
+
+
+def schema_object_missing(exc: BaseException) -> bool:
+    orig = getattr(exc, "orig", exc)
+    if getattr(orig, "sqlstate", None) in _MISSING_SQLSTATES:
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] in _MISSING_ERRNOS:
+        return True
+    return getattr(orig, "sqlite_errorname", None) == "SQLITE_ERROR" and str(
+        orig
+    ).startswith(_SQLITE_MISSING)
+
+
+def _missing_object(exc: BaseException) -> str:
+    """What the database said is missing: the driver's first line, which names
+    a table, column or routine (never a value of the request), without the
+    database's name that MariaDB puts before it (``PROCEDURE lockkeeper.x``):
+    the answer may go to a client that has not logged in."""
+    orig = getattr(exc, "orig", exc)
+    args = getattr(orig, "args", ())
+    said = args[1] if len(args) > 1 and isinstance(args[1], str) else str(orig)
+    first = said.strip().splitlines()[0] if said.strip() else type(orig).__name__
+    database = db.engine.url.database
+    return first.replace(f"{database}.", "") if database else first
+
+
+def schema_moved(exc: DBAPIError):
+    """A statement met a schema object that is not there: the schema does not
+    fit this code (downgraded, restored, or migrated by a release this code is
+    too old for, since the last look), or a migration is between dropping an
+    object and creating it again (MariaDB's DDL is not transactional). 503 with
+    the revisions named either way: not a bug's 500, nor "not answering"."""
+    if not schema_object_missing(exc):
+        if isinstance(exc, OperationalError):
+            return database_unavailable(exc)
+        return database_error(exc)
+    db.session.rollback()
+    missing = _missing_object(exc)
+    state = current_schema_state(recheck=True)
+    if state is None:
+        return database_unavailable(exc)
+    current_app.logger.warning(
+        "a statement met a schema object that is missing (%s); the database is"
+        " at revision %s, this code needs %s",
+        missing,
+        state.current_shown,
+        state.required_shown,
+    )
+    named = {**_revisions_named(state), "missing": missing}
+    if not state.ready:
+        return _schema_unavailable(state.problem() or missing, named)
+    return _schema_unavailable(
+        f"the lock database lacks what this code needs ({missing}), though it is"
+        f" at revision {state.current_shown}, which this code"
+        f" ({state.required_shown}) may serve on: a migration is replacing it"
+        " (try again), or it was dropped by hand (restore it from the"
+        " migration that created it)",
+        named,
+    )
+
+
+def init_app(app: Flask) -> None:
+    app.register_blueprint(bp)
+    app.before_request(refuse_unless_schema_ready)
+    # A missing schema object is a ProgrammingError on PostgreSQL and an
+    # OperationalError on MariaDB and SQLite, which also say "not answering".
+    app.register_error_handler(ProgrammingError, schema_moved)
+    app.register_error_handler(OperationalError, schema_moved)
 
 
 def log_schema_state(app: Flask) -> SchemaState | None:

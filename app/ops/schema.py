@@ -1,16 +1,23 @@
-"""Is the database at the schema this code needs?
+"""Is the database at a schema this code may serve on?
 
 The revision the code needs is the head of its own migration scripts
 (``app/migrations/versions``), read once per process: a new migration is picked up
 by the code that ships it, never by a number written here. The database's revision
 is Alembic's ``alembic_version`` row.
 
+Every migration names the oldest code that may run on its schema
+(``oldest_code``: the revision of that code's head; the revision itself when the
+previous code would not work on it, as when a function's answer changes shape).
+``app/migrations/env.py`` records it in the database (``schema_compatibility``),
+so code that does not know a newer revision can still read what it admits.
+
 - no ``alembic_version`` table, or no row: an empty database, not ready;
-- a revision the scripts know but not the head: behind, not ready;
+- a revision the scripts know but not the head: behind (the code is newer than
+  the database), not ready;
 - the head: ready;
-- a revision the scripts do not know: a newer release migrated it (a rolling
-  upgrade whose migration is additive keeps the old instances serving): ready,
-  with a warning.
+- a revision the scripts do not know (a newer release migrated it): ready if
+  the oldest code it admits is one this code knows (at or before its head),
+  with a warning; not ready if it admits only newer code, or says nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from app.paths import MIGRATIONS_DIR
 
 UPGRADE_COMMAND = "lockkeeper db upgrade"
 VERSION_TABLE = "alembic_version"
+COMPATIBILITY_TABLE = "schema_compatibility"
 # A database found ready is looked at again after this long (a downgrade, a
 # restore of an older backup); one that is not ready is looked at on every check,
 # so an instance turns ready as soon as the upgrade has run.
@@ -35,22 +43,28 @@ READY_RECHECK_SECONDS = 30.0
 
 
 @functools.cache
-def _scripts() -> ScriptDirectory:
+def scripts() -> ScriptDirectory:
     return ScriptDirectory(str(MIGRATIONS_DIR))
 
 
 @functools.cache
 def required_revisions() -> frozenset[str]:
     """The heads of this code's migration scripts (one, unless a branch is open)."""
-    return frozenset(_scripts().get_heads())
+    return frozenset(scripts().get_heads())
 
 
 @functools.cache
 def _known(revision: str) -> bool:
     try:
-        return _scripts().get_revision(revision) is not None
+        return scripts().get_revision(revision) is not None
     except CommandError:  # not one of ours
         return False
+
+
+@functools.cache
+def oldest_code(revision: str) -> str:
+    """The oldest code (by its head revision) that may run on ``revision``."""
+    return getattr(scripts().get_revision(revision).module, "oldest_code", revision)
 
 
 def shown_revisions(revisions) -> str:
@@ -61,14 +75,27 @@ def shown_revisions(revisions) -> str:
 class SchemaState:
     current: frozenset[str]  # empty: no schema at all
     required: frozenset[str]
+    # Of a newer revision: the oldest code it admits, as the database records
+    # it (None: not recorded).
+    admits: str | None = None
 
     @property
     def newer(self) -> bool:
         return bool(self.current) and not all(_known(rev) for rev in self.current)
 
     @property
+    def code_too_old(self) -> bool:
+        """A newer release migrated the database past what this code may run on."""
+        return self.newer and not (self.admits is not None and _known(self.admits))
+
+    @property
     def ready(self) -> bool:
-        return self.current == self.required or self.newer
+        return self.current == self.required or (self.newer and not self.code_too_old)
+
+    @property
+    def command(self) -> str | None:
+        """What the operator runs to make this code ready, if a command does."""
+        return None if self.ready or self.code_too_old else UPGRADE_COMMAND
 
     @property
     def current_shown(self) -> str:
@@ -82,6 +109,17 @@ class SchemaState:
         """Why the code cannot serve on this database, or None."""
         if self.ready:
             return None
+        if self.code_too_old:
+            admits = (
+                f"admits code of revision {self.admits} or newer"
+                if self.admits
+                else "does not say which code may run on it"
+            )
+            return (
+                f"the lock database is at revision {self.current_shown}, which"
+                f" {admits}; this code is at {self.required_shown}: run the"
+                " newer release's code here"
+            )
         state = "empty (no schema)" if not self.current else "behind"
         return (
             f"the lock database is {state}: it is at revision {self.current_shown},"
@@ -93,9 +131,18 @@ class SchemaState:
             return (
                 f"the lock database is at revision {self.current_shown}, which this"
                 f" code ({self.required_shown}) does not know: a newer release"
-                " migrated it"
+                f" migrated it, and it admits code of revision {self.admits} or"
+                " newer"
             )
         return None
+
+    def verdict(self) -> str:
+        """One line: may this code serve on the database, and why."""
+        if self.current == self.required:
+            return "ready: this code's head"
+        return (
+            f"ready: {self.warning()}" if self.ready else f"not ready: {self.problem()}"
+        )
 
 
 def database_revisions(conn: Connection) -> frozenset[str]:
@@ -106,8 +153,24 @@ def database_revisions(conn: Connection) -> frozenset[str]:
     return frozenset(rows)
 
 
+def admitted_code(conn: Connection, revisions: frozenset[str]) -> str | None:
+    """The oldest code the database records for its revision (one head only)."""
+    if len(revisions) != 1 or not inspect(conn).has_table(COMPATIBILITY_TABLE):
+        return None
+    return conn.execute(
+        text(
+            f"SELECT oldest_code FROM {COMPATIBILITY_TABLE} WHERE revision = :revision"
+        ),
+        {"revision": next(iter(revisions))},
+    ).scalar()
+
+
 def schema_state(conn: Connection) -> SchemaState:
-    return SchemaState(database_revisions(conn), required_revisions())
+    current = database_revisions(conn)
+    state = SchemaState(current, required_revisions())
+    if state.newer:
+        state = SchemaState(current, state.required, admitted_code(conn, current))
+    return state
 
 
 class SchemaCheck:
