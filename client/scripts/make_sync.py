@@ -27,6 +27,8 @@ RENAMES = {
     "_async": "_sync",
     "AsyncLockClient": "LockClient",
     "AsyncHeldLock": "HeldLock",
+    "AsyncHeldSet": "HeldSet",
+    "AsyncSetPort": "SetPort",
     "AsyncGrantWait": "GrantWait",
     "AsyncLockPort": "LockPort",
     "AsyncLockSession": "LockSession",
@@ -44,6 +46,9 @@ RENAMES = {
     "AsyncBackground": "Background",
     "async_sleep": "sleep",
     "async_wait_event": "wait_event",
+    "async_shielded": "shielded",
+    # lockkeeper_client/_transports.py: the sockets under httpx.
+    "async_fast_streams": "fast_streams",
 }
 
 

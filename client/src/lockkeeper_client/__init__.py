@@ -20,6 +20,9 @@ and a token, and takes locks::
     with client.lock("report-builds", limit=4) as place: ...
     with client.lock("cache:prices", shared=True) as reader: ...
 
+    # Several locks as one, all or none (no deadlock whatever the order):
+    with client.lock_all(["acct:1", "acct:2"], ttl=30, wait=10) as both: ...
+
 Where each part lives:
 
 - ``_async/``: the behaviour, written once as asyncio code (the client, the held
@@ -34,6 +37,7 @@ Where each part lives:
 
 from lockkeeper_client._async.client import AsyncLockClient
 from lockkeeper_client._async.held import AsyncHeldLock
+from lockkeeper_client._async.held_set import AsyncHeldSet
 from lockkeeper_client._async.session import (
     AsyncLeadership,
     AsyncLockSession,
@@ -41,11 +45,14 @@ from lockkeeper_client._async.session import (
 )
 from lockkeeper_client._sync.client import LockClient
 from lockkeeper_client._sync.held import HeldLock
+from lockkeeper_client._sync.held_set import HeldSet
 from lockkeeper_client._sync.session import Leadership, LockSession, SessionLock
 from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
 from lockkeeper_client.errors import (
     AccessDenied,
+    AlreadyHeld,
     AuthenticationFailed,
+    ConfigurationError,
     FenceRejected,
     GuardOutsideTransaction,
     GuardRefused,
@@ -58,6 +65,7 @@ from lockkeeper_client.errors import (
     LockNotAcquired,
     LockQuotaReached,
     ServiceUnavailable,
+    SessionBoundLock,
     SessionLost,
     UnexpectedResponse,
 )
@@ -67,6 +75,9 @@ from lockkeeper_client.grants import (
     LockGrant,
     LockKind,
     SessionInfo,
+    SetAttempt,
+    SetMember,
+    SetRelease,
     default_owner,
 )
 from lockkeeper_client.guard import guard
@@ -75,17 +86,21 @@ __all__ = [
     "API_PREFIX",
     "DEFAULT_TIMEOUT",
     "AccessDenied",
+    "AlreadyHeld",
     "AcquireAttempt",
     "AsyncHeldLock",
+    "AsyncHeldSet",
     "AsyncLeadership",
     "AsyncLockClient",
     "AsyncLockSession",
     "AsyncSessionLock",
     "AuthenticationFailed",
+    "ConfigurationError",
     "FenceRejected",
     "GuardOutsideTransaction",
     "GuardRefused",
     "HeldLock",
+    "HeldSet",
     "InvalidRequest",
     "Leadership",
     "LimitMismatch",
@@ -101,9 +116,13 @@ __all__ = [
     "LockQuotaReached",
     "LockSession",
     "ServiceUnavailable",
+    "SessionBoundLock",
     "SessionInfo",
     "SessionLock",
     "SessionLost",
+    "SetAttempt",
+    "SetMember",
+    "SetRelease",
     "UnexpectedResponse",
     "default_owner",
     "guard",

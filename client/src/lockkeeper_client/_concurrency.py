@@ -35,6 +35,16 @@ def wait_event(event: threading.Event, timeout: float) -> bool:
     return event.wait(timeout)
 
 
+async def async_shielded(run: Callable[[], Awaitable[None]]) -> None:
+    """Run ``run()`` to its end even when the caller is cancelled meanwhile: a
+    second cancel ends the caller's wait, never the work."""
+    await asyncio.shield(asyncio.ensure_future(run()))
+
+
+def shielded(run: Callable[[], None]) -> None:
+    run()
+
+
 class AsyncBackground:
     """A coroutine function running as a task of the current loop until it ends."""
 

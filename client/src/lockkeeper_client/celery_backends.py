@@ -18,6 +18,10 @@ celery-singleton::
 
 Without ``url`` (or with a ``redis://`` one, celery-singleton's fallback to the
 broker) and ``token`` they come from ``LOCKKEEPER_URL`` and ``LOCKKEEPER_TOKEN``.
+A worker whose app module imports this module (celery-once and celery-singleton
+import a backend by name only when a task runs) refuses to start without them,
+naming what to set: otherwise it would run the tasks and fail to clear their
+locks, leaving them held for their whole ttl (24 h by default).
 
 Both take the lock in the producer (``apply_async``) and clear it in the worker,
 by key alone: the worker never learns who took it. So every take is a holder of
@@ -46,7 +50,8 @@ import uuid
 from typing import Any
 
 from lockkeeper_client import LockClient
-from lockkeeper_client.errors import LockLost, LockMissing
+from lockkeeper_client import celery as _checks_settings_at_start  # noqa: F401
+from lockkeeper_client.errors import ConfigurationError, LockLost, LockMissing
 
 ONCE_OWNER = "celery-once:"
 SINGLETON_OWNER = "celery-singleton:"
@@ -97,6 +102,26 @@ class _Clients:
 
 
 _clients = _Clients()
+
+
+def settings_problems(conf: Any) -> list[str]:
+    """What is missing or wrong in the settings of the Lockkeeper backends that
+    ``conf`` (a Celery app's) names; empty when none is named or all is set."""
+    problems = []
+    once = conf.get("ONCE") or {}
+    if isinstance(once, dict) and once.get("backend") == f"{__name__}.CeleryOnce":
+        settings = once.get("settings") or {}
+        try:
+            _clients.get(settings.get("url"), settings.get("token"))
+        except (RuntimeError, ConfigurationError) as exc:
+            problems.append(f"celery-once: {exc}")
+    if conf.get("singleton_backend_class") == f"{__name__}.CelerySingleton":
+        kwargs = conf.get("singleton_backend_kwargs") or {}
+        try:
+            _clients.get(conf.get("singleton_backend_url"), kwargs.get("token"))
+        except (RuntimeError, ConfigurationError) as exc:
+            problems.append(f"celery-singleton: {exc}")
+    return problems
 
 
 def _clear(client: LockClient, resource: str, owner_prefix: str) -> bool:

@@ -33,6 +33,7 @@ import httpx
 from lockkeeper_client.errors import (
     AccessDenied,
     AuthenticationFailed,
+    ConfigurationError,
     FenceRejected,
     InvalidRequest,
     LimitMismatch,
@@ -43,6 +44,7 @@ from lockkeeper_client.errors import (
     LockNotAcquired,
     LockQuotaReached,
     ServiceUnavailable,
+    SessionBoundLock,
     SessionLost,
     UnexpectedResponse,
 )
@@ -53,6 +55,9 @@ from lockkeeper_client.grants import (
     LockGrant,
     LockKind,
     SessionInfo,
+    SetAttempt,
+    SetMember,
+    SetRelease,
 )
 
 log = logging.getLogger("lockkeeper_client")
@@ -67,15 +72,74 @@ WAITING_ROOM_FULL = "Too many waiting acquires"
 ACCESS_DENIED_TITLE = "Forbidden"  # the 403 of a token's scope
 # The titles of the server's answers to an acquire in an unknown or expired session.
 SESSION_ENDED = frozenset({"Session not found", "Session expired"})
+SESSION_BOUND = "Lock bound to a session"  # the 409 of renewing a session's lock
 _MAX_WAIT_MESSAGE = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?)")
 
 
 def api_root(base_url: str) -> str:
-    """The server's root URL; a trailing ``/api/v1`` is accepted too."""
-    root = base_url.rstrip("/")
+    """The server's root URL; a trailing ``/api/v1`` is accepted too.
+
+    :raise ConfigurationError: not an http(s) URL with a host.
+    """
+    if not isinstance(base_url, str) or not base_url.strip():
+        raise ConfigurationError(
+            "base_url is empty: pass the server's root URL, e.g. "
+            "http://locks.internal:8000"
+        )
+    parsed = httpx.URL(base_url.strip()) if "://" in base_url else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(
+            f"base_url {base_url!r} is not an http:// or https:// URL with a host: "
+            f"write it in full, e.g. http://{base_url.strip().split('://')[-1]}"
+        )
+    root = base_url.strip().rstrip("/")
     if root.endswith(API_PREFIX):
         root = root[: -len(API_PREFIX)]
     return root
+
+
+def bearer(token: str) -> str:
+    """The ``Authorization`` header of ``token``.
+
+    :raise ConfigurationError: empty, or not something a header can carry.
+    """
+    if not isinstance(token, str) or not token.strip():
+        raise ConfigurationError(
+            "the API token is empty: pass a token made by "
+            "`lockkeeper tokens create NAME` (check that LOCKKEEPER_TOKEN is set)"
+        )
+    if token != token.strip() or not token.isascii() or not token.isprintable():
+        raise ConfigurationError(
+            "the API token holds spaces, line breaks or non-ASCII characters: "
+            "pass it as `lockkeeper tokens create` printed it (a token file's "
+            "trailing newline included?)"
+        )
+    return f"Bearer {token}"
+
+
+# The titles of the API's own 404s. A 404 titled otherwise (a routing "Not
+# Found", or an HTML page from whatever answers there) means the base URL does
+# not lead to the API.
+API_NOT_FOUND_TITLES = frozenset({"Lock not found", "Session not found", "Not frozen"})
+
+
+def not_the_api(response: httpx.Response) -> UnexpectedResponse | None:
+    """An answer of the refusal kinds the API gives (404, 403, 409) that does not
+    come from the API, as the error that says so; None when it is the API's."""
+    problem = response.headers.get("Content-Type", "").startswith(
+        "application/problem+json"
+    )
+    if problem and (
+        response.status_code != 404 or _title(response) in API_NOT_FOUND_TITLES
+    ):
+        return None
+    return UnexpectedResponse(
+        None,
+        f"HTTP {response.status_code} from {response.request.url} is not the "
+        "Lockkeeper API's answer: is base_url the server's root (the URL "
+        "before /api/v1)?",
+        response.status_code,
+    )
 
 
 def lock_path(resource: str) -> str:
@@ -89,6 +153,7 @@ def acquire_body(
     *,
     kind: LockKind = EXCLUSIVE,
     session: str | None = None,
+    place: int | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"owner": owner}
     if session is not None:
@@ -97,8 +162,17 @@ def acquire_body(
         body["ttl"] = ttl
     if wait:
         body["wait"] = wait
+        if place is not None:
+            body["place"] = place
     body.update(kind.body())
     return body
+
+
+def acquire_headers(wait: float | None, place: int | None) -> dict[str, str] | None:
+    """A retry presenting a kept place (its room was full) closes its
+    connection after its answer, so the next try reaches whichever server
+    worker takes a new one, not the full one its connection stays with."""
+    return {"Connection": "close"} if wait and place else None
 
 
 SESSIONS_PATH = "/sessions"
@@ -146,6 +220,26 @@ def _title(response: httpx.Response) -> Any:
     except ValueError:
         return None
     return body.get("title") if isinstance(body, dict) else None
+
+
+def _place(response: httpx.Response) -> int | None:
+    """The place in line a full waiting room's 503 kept (``place``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    place = body.get("place") if isinstance(body, dict) else None
+    return place if type(place) is int and place > 0 else None
+
+
+def _setting(response: httpx.Response) -> str | None:
+    """The server setting a refusal names as the cap it hit (``setting``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    setting = body.get("setting") if isinstance(body, dict) else None
+    return setting if isinstance(setting, str) else None
 
 
 def is_waiting_room_full(response: httpx.Response) -> bool:
@@ -229,10 +323,19 @@ def acquire_outcome(response: httpx.Response, resource: str) -> AcquireAttempt:
     waiting room): refused, poll instead."""
     retry_after = parse_retry_after(response.headers.get("Retry-After"))
     if response.status_code == 503:
-        return AcquireAttempt(False, None, retry_after, waiting_room_full=True)
+        return AcquireAttempt(
+            False,
+            None,
+            retry_after,
+            waiting_room_full=True,
+            waiting_room_cap=_setting(response),
+            place=_place(response),
+        )
     if response.status_code == 200:
         data = _json(response, resource)
         return AcquireAttempt(True, _lock_from(data.get("lock"), resource))
+    if response.status_code == 404:
+        _from_the_api(response)
     if response.status_code in (404, 409) and _title(response) in SESSION_ENDED:
         # A session-bound acquire whose session is unknown or expired: no wait
         # can help.
@@ -260,10 +363,26 @@ def acquire_outcome(response: httpx.Response, resource: str) -> AcquireAttempt:
     raise failure(response, resource, "acquire")
 
 
+def _from_the_api(response: httpx.Response) -> None:
+    """:raise UnexpectedResponse: a refusal that is not the API's own."""
+    wrong = not_the_api(response)
+    if wrong is not None:
+        raise wrong
+
+
 def renew_outcome(response: httpx.Response, resource: str, owner: str) -> LockGrant:
     if response.status_code == 200:
         return _lock_from(_json(response, resource), resource)
     if response.status_code in (404, 409):
+        _from_the_api(response)
+        if _title(response) == SESSION_BOUND:
+            detail, _ = problem_detail(response)
+            raise SessionBoundLock(
+                resource,
+                f"lock {resource!r} is bound to a session: renew the session "
+                f"(heartbeat), not the lock: {detail}",
+                409,
+            )
         raise _lost(response, resource, f"is no longer held by {owner!r}")
     raise failure(response, resource, "renew")
 
@@ -274,6 +393,7 @@ def release_outcome(
     if response.status_code in (200, 204):
         return
     if response.status_code in (403, 404) and not _is_access_denied(response):
+        _from_the_api(response)
         if maybe_applied:
             # An earlier attempt may have released it before its reply was lost;
             # the lock is not ours either way, which is what was asked.
@@ -287,6 +407,7 @@ def get_outcome(response: httpx.Response, resource: str) -> LockGrant:
     if response.status_code == 200:
         return _lock_from(_json(response, resource), resource)
     if response.status_code == 404:
+        _from_the_api(response)
         detail, _ = problem_detail(response)
         raise LockMissing(resource, f"no lock on {resource!r}: {detail}", 404)
     raise failure(response, resource, "get")
@@ -307,6 +428,7 @@ def session_outcome(
                 what, f"{what}: malformed session object {data!r}"
             ) from exc
     if session_id is not None and response.status_code in (404, 409):
+        _from_the_api(response)
         detail, _ = problem_detail(response)
         raise SessionLost(what, f"{what} has ended: {detail}", response.status_code)
     raise failure(response, what, operation)
@@ -317,7 +439,7 @@ def end_session_outcome(
 ) -> None:
     if response.status_code == 204:
         return
-    if response.status_code == 404 and maybe_applied:
+    if response.status_code == 404 and maybe_applied and not_the_api(response) is None:
         return  # an earlier attempt ended it before its reply was lost
     session_outcome(response, session_id, "end")
 
@@ -326,6 +448,7 @@ def fence_outcome(response: httpx.Response, resource: str, fence: int) -> LockGr
     if response.status_code == 200:
         return _lock_from(_json(response, resource), resource)
     if response.status_code == 409:
+        _from_the_api(response)
         current = _json(response, resource).get("lock")
         raise FenceRejected(
             resource,
@@ -334,6 +457,102 @@ def fence_outcome(response: httpx.Response, resource: str, fence: int) -> LockGr
             _lock_from(current, resource) if current else None,
         )
     raise failure(response, resource, "fence check")
+
+
+# -- sets: several locks as one -------------------------------------------------------
+
+SETS_PATH = "/sets"
+
+
+def set_label(resources: list[str]) -> str:
+    """How a set is named in messages and errors: its resources, joined."""
+    return "+".join(resources)
+
+
+def set_members(members: list[SetMember | str]) -> list[SetMember]:
+    """Members as given: a bare name is an exclusive member."""
+    found = [m if isinstance(m, SetMember) else SetMember(m) for m in members]
+    names = [m.resource for m in found]
+    if not names:
+        raise ValueError("a set names at least one resource")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a set names each resource once, not {names!r}")
+    return found
+
+
+def set_acquire_body(
+    owner: str, ttl: float | None, members: list[SetMember]
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"owner": owner, "members": [m.body() for m in members]}
+    if ttl is not None:
+        body["ttl"] = ttl
+    return body
+
+
+def set_acquire_outcome(response: httpx.Response, label: str) -> SetAttempt:
+    """200: every member granted; 409: refused whole, naming the member (a
+    limit mismatch raises, as for one lock)."""
+    retry_after = parse_retry_after(response.headers.get("Retry-After"))
+    if response.status_code == 200:
+        data = _json(response, label)
+        locks = data.get("locks")
+        if not isinstance(locks, list):
+            raise UnexpectedResponse(label, f"set {label!r}: no locks in {data!r}")
+        return SetAttempt(True, tuple(_lock_from(lock, label) for lock in locks))
+    if response.status_code == 409:
+        data = _json(response, label)
+        if str(data.get("type", "")).endswith("limit-mismatch"):
+            detail, _ = problem_detail(response)
+            limit = data.get("limit")
+            raise LimitMismatch(
+                label,
+                f"acquire of set {label!r} refused: {detail}",
+                limit if isinstance(limit, int) else None,
+                None,
+            )
+        if "refused" not in data:
+            _from_the_api(response)
+            raise failure(response, label, "acquire")
+        holder = data.get("lock")
+        refused = data.get("refused")
+        return SetAttempt(
+            False,
+            (),
+            refused if isinstance(refused, str) else None,
+            _lock_from(holder, label) if holder else None,
+            retry_after,
+        )
+    raise failure(response, label, "acquire")
+
+
+def set_renew_outcome(
+    response: httpx.Response, label: str, owner: str
+) -> tuple[LockGrant, ...]:
+    if response.status_code == 200:
+        data = _json(response, label)
+        return tuple(_lock_from(lock, label) for lock in data.get("locks", ()))
+    if response.status_code in (404, 409):
+        _from_the_api(response)
+        raise _lost(response, label, f"is no longer held whole by {owner!r}")
+    raise failure(response, label, "renew")
+
+
+def set_release_outcome(response: httpx.Response, label: str) -> SetRelease:
+    if response.status_code == 200:
+        data = _json(response, label)
+        released = tuple(_lock_from(lock, label) for lock in data.get("released", ()))
+        not_held = tuple(str(name) for name in data.get("not_held", ()))
+        return SetRelease(released, not_held)
+    raise failure(response, label, "release")
+
+
+def set_not_acquired(label: str, wait: float, last: SetAttempt) -> LockNotAcquired:
+    """The end of a set's wait that was never granted whole."""
+    holder = f" by {last.lock.owner!r}" if last.lock else ""
+    member = f"; {last.refused!r} stayed held{holder}" if last.refused else ""
+    return LockNotAcquired(
+        label, f"set {label!r} was not free whole for {wait:g} s{member}", last.lock
+    )
 
 
 # -- transient failures ---------------------------------------------------------------
@@ -434,6 +653,16 @@ def server_max_wait(exc: InvalidRequest) -> float | None:
     return None
 
 
+def knows_no_places(exc: InvalidRequest) -> bool:
+    """An older server's 400 for the ``place`` field it does not know."""
+    return any(name == "place" for name, _ in exc.errors)
+
+
+# While the server keeps a turned-away wait's place (2 s), the wait asks
+# again within this: soon, for once first in line the line waits for it.
+KEPT_PLACE_POLL = 0.05
+
+
 def rejoin_at_once(result: AcquireAttempt, in_line_for: float, waited: float) -> bool:
     """After a turn in the server's line that ran out: join the line again at
     once. A turn ends early only when the line is not to be had (the room is
@@ -457,19 +686,50 @@ def contention_delay(
 ) -> float:
     """The pause before asking again for a held lock: full jitter over a window
     that doubles up to ``max_lock_poll``, capped by the refusal's ``Retry-After``
-    and by what is left of the wait."""
+    and by what is left of the wait. A refusal that kept the wait's place in
+    line is asked again within ``KEPT_PLACE_POLL``, well before the place
+    lapses."""
     window = min(max_backoff, max_lock_poll, backoff * 2 ** (attempt_number - 1))
+    if result.place is not None:
+        window = min(window, KEPT_PLACE_POLL)
     delay = rng.uniform(0, window)
     if result.retry_after:
         delay = min(delay, result.retry_after)
     return max(min(delay, remaining), 0.0)
 
 
-def not_acquired(resource: str, wait: float, last: AcquireAttempt) -> LockNotAcquired:
+def not_acquired(
+    resource: str,
+    wait: float,
+    last: AcquireAttempt,
+    *,
+    turned_away: int = 0,
+    cap: str | None = None,
+    kept: bool = False,
+) -> LockNotAcquired:
+    """The end of a wait that was never granted. ``turned_away``: how many of
+    its attempts found the server's waiting room full, whose ``cap`` (the
+    setting) the message names, so the user knows which cap to raise.
+    ``kept``: the server kept the wait's place in line meanwhile; else a wait
+    turned away had no place in line, and waiters in line went first."""
     holder = f" by {last.lock.owner!r}" if last.lock else ""
-    return LockNotAcquired(
-        resource, f"lock {resource!r} stayed held{holder} for {wait:g} s", last.lock
-    )
+    message = f"lock {resource!r} stayed held{holder} for {wait:g} s"
+    if turned_away:
+        full = f"full ({cap})" if cap else "full"
+        message += (
+            f"; the server's waiting room was {full} for {turned_away} of this "
+            "wait's attempts"
+        )
+        message += (
+            " (its place in line was kept meanwhile, polled for). "
+            if kept
+            else ", and while turned away it had no place in line: waiters in "
+            "line went first. "
+        )
+        message += (
+            f"Raise {cap or 'the waiting room'} or run fewer waiting acquires at once"
+        )
+    return LockNotAcquired(resource, message, last.lock)
 
 
 # Below this a hold is not worth a renew: release at once.
@@ -487,6 +747,12 @@ def hold_left(held: LockGrant, now: LockGrant, seconds: float) -> float:
     return held.acquired_at.timestamp() + seconds - server_now
 
 
+# After a waiting acquire was cancelled and its release found nothing granted:
+# look once more when the server surely noticed the closed connection (it looks
+# every 0.25 s) and so can no longer grant it.
+LATE_GRANT_WITHIN = 0.5
+
+
 def renewal_retry_interval(renew_every: float, max_backoff: float) -> float:
     """After a renew that failed transiently: try again sooner than usual."""
     return min(renew_every, max_backoff) / 2
@@ -498,6 +764,27 @@ EVENTS_PATH = "/events"
 # How long a followed stream may stay silent before it counts as dropped: the
 # server sends a comment line at least every 15 s.
 DEFAULT_WATCH_IDLE = 45.0
+
+
+def watch_retries(
+    backoff: float, max_backoff: float, rng: random.Random, give_up_after: float | None
+) -> TransientRetries:
+    """The reconnects of a followed stream, apart from the ordinary calls' few
+    retries: a restart or failover takes seconds, and a follower waits it out.
+    As many as it takes (``give_up_after`` None), else for that many seconds;
+    each pause doubles up to ``max_backoff``, never shorter than a Retry-After."""
+    if give_up_after is None:
+        return TransientRetries(_UNBOUNDED, backoff, max_backoff, rng)
+    return TransientRetries(
+        _UNBOUNDED,
+        backoff,
+        max_backoff,
+        rng,
+        retry_until=time.monotonic() + give_up_after,
+    )
+
+
+_UNBOUNDED = 2**62
 
 
 def watch_params(filters: dict[str, str | None]) -> dict[str, str]:

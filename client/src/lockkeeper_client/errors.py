@@ -3,15 +3,27 @@
 All derive from ``LockClientError``; each message names the resource. These are
 the client's own names: the server's exceptions (``app.locks.errors``) are never
 seen by a worker, only the HTTP answers they become.
+
+Every one keeps its constructor's arguments as ``args`` (``str()`` is the
+message alone), so it pickles with its type and fields, and Celery's JSON
+results rebuild it by type too: a Celery caller, ``multiprocessing`` or a
+``ProcessPoolExecutor`` gets the same exception back, never Celery's
+``UnpickleableExceptionWrapper``. (Through JSON a ``LockGrant`` field, not JSON
+itself, comes back as None.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from lockkeeper_client.grants import LockGrant
+from lockkeeper_client.grants import LockGrant
+
+
+def _grant(value: object) -> LockGrant | None:
+    """A ``LockGrant`` field as given; anything else (Celery's JSON results turn
+    it into its repr) as None."""
+    return value if isinstance(value, LockGrant) else None
 
 
 class LockClientError(Exception):
@@ -22,7 +34,11 @@ class LockClientError(Exception):
     ) -> None:
         self.resource = resource
         self.status = status
-        super().__init__(message)
+        self.message = message
+        super().__init__(resource, message, status)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class InvalidRequest(LockClientError):
@@ -39,7 +55,30 @@ class InvalidRequest(LockClientError):
         errors: Iterable[tuple[str, str]] = (),
     ):
         super().__init__(resource, message, status)
-        self.errors = list(errors)
+        self.errors = [(str(field), str(text)) for field, text in errors]
+        self.args = (resource, message, status, self.errors)
+
+
+class ConfigurationError(LockClientError, ValueError):
+    """The client is set up wrong (an empty token, a URL without a scheme, a
+    base path that is not the server's root): raised at once, with what to fix,
+    never retried or reported as the service being down."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(None, message)
+        self.args = (message,)
+
+
+class AlreadyHeld(LockClientError):
+    """A ``lock()`` of a resource this client already holds for the same owner
+    in an enclosing block: locks are not re-entrant, and the inner block's exit
+    would release the outer block's lock. Use the held lock, or another owner
+    (the default: a fresh one per ``lock()``)."""
+
+
+class SessionBoundLock(LockClientError):
+    """``renew`` of a lock bound to a session (409): its expiry is the session's,
+    so renew the session (``heartbeat``) instead. The lock is still held."""
 
 
 class AuthenticationFailed(LockClientError):
@@ -65,6 +104,7 @@ class LockQuotaReached(LockClientError):
     ):
         super().__init__(resource, message, 429)
         self.retry_after = retry_after
+        self.args = (resource, message, retry_after)
 
 
 class LockMissing(LockClientError):
@@ -81,7 +121,8 @@ class LockNotAcquired(LockClientError):
         self, resource: str | None, message: str, holder: LockGrant | None = None
     ):
         super().__init__(resource, message, 409)
-        self.holder = holder
+        self.holder = _grant(holder)
+        self.args = (resource, message, self.holder)
 
 
 class LimitMismatch(LockClientError):
@@ -96,6 +137,7 @@ class LimitMismatch(LockClientError):
         super().__init__(resource, message, 409)
         self.limit = limit
         self.mode = mode
+        self.args = (resource, message, limit, mode)
 
 
 class LockFrozen(LockClientError):
@@ -114,6 +156,7 @@ class LockFrozen(LockClientError):
     ):
         super().__init__(resource, message, 423)
         self.freeze = freeze or {}
+        self.args = (resource, message, self.freeze)
 
 
 class FenceRejected(LockClientError):
@@ -126,7 +169,8 @@ class FenceRejected(LockClientError):
         self, resource: str | None, message: str, current: LockGrant | None = None
     ):
         super().__init__(resource, message, 409)
-        self.current = current
+        self.current = _grant(current)
+        self.args = (resource, message, self.current)
 
 
 class LockLost(LockClientError):
@@ -166,6 +210,7 @@ class GuardRefused(LockLost):
         self.reason = reason
         self.fence = fence
         self.sqlstate = sqlstate
+        self.args = (resource, message, reason, fence, sqlstate)
 
 
 class GuardOutsideTransaction(LockClientError):

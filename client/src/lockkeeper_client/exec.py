@@ -6,8 +6,21 @@ a cron host installs only ``lockkeeper-client``.
 
 The API token comes from ``LOCKKEEPER_TOKEN`` or ``--token-file`` (``--token``
 works, with a warning: every local user can read a process's arguments). The
-command never sees the token: it is removed from the command's environment, which
-gets ``LOCKKEEPER_FENCE``, ``LOCKKEEPER_RESOURCE`` and ``LOCKKEEPER_OWNER`` instead.
+command never sees the token: ``exec`` reads it and drops ``LOCKKEEPER_TOKEN`` and
+``LOCKKEEPER_TOKEN_FILE`` from its own environment, so the command's has neither
+(it gets ``LOCKKEEPER_FENCE``, ``LOCKKEEPER_RESOURCE`` and ``LOCKKEEPER_OWNER``
+instead), and on Linux ``exec`` makes itself non-dumpable, so the command cannot
+read the token from ``/proc/<exec's pid>/environ`` either.
+
+The command ends when ``exec`` ends, however it ends: it runs in a process group
+of its own (signals and a loss reach the whole group), and on Linux it is bound
+to ``exec``'s death (``PR_SET_PDEATHSIG``: a ``kill -9`` of ``exec`` kills the
+command too, so a run never outlives its lock). The binding is the command's own
+process: what it starts in the background must watch its parent itself. macOS
+has no such binding.
+
+``--wait`` is 0 by default, as cron wants: a run that finds the previous one
+still holding the lock exits 75 at once instead of queueing behind it.
 
 Exit status:
 
@@ -18,13 +31,16 @@ Exit status:
   (SIGTERM, then SIGKILL after ``--grace`` seconds). With ``--on-lost=warn`` the
   command keeps running and its own status is returned;
 - 77 (EX_NOPERM): the token was refused, or may not lock this resource;
-- 126 / 127: the command could not be executed / was not found (as in a shell);
+- 126 / 127: the command could not be executed (not executable, a directory) /
+  was not found (as in a shell);
 - 2: bad usage (no URL or token, bad option or resource).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import re
 import shutil
@@ -45,6 +61,7 @@ from lockkeeper_client import (
     AccessDenied,
     AuthenticationFailed,
     HeldLock,
+    HeldSet,
     InvalidRequest,
     LockClient,
     LockClientError,
@@ -52,6 +69,7 @@ from lockkeeper_client import (
     LockNotAcquired,
     LockSession,
     ServiceUnavailable,
+    SetMember,
     default_owner,
 )
 
@@ -64,7 +82,10 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_INTERVAL = 0.1
 # Never handed to the command: with LOCKKEEPER_OWNER it could act as the holder,
 # or use the token for anything else the token may do.
-WITHHELD_FROM_COMMAND = ("LOCKKEEPER_TOKEN",)
+WITHHELD_FROM_COMMAND = ("LOCKKEEPER_TOKEN", "LOCKKEEPER_TOKEN_FILE")
+# <linux/prctl.h>
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 
 
 class _Interrupted(Exception):
@@ -126,7 +147,10 @@ def _seconds_option(
     positive=True,
 )
 @_seconds_option(
-    "--wait", 60.0, "Seconds to wait for a held lock before giving up with status 75."
+    "--wait",
+    0.0,
+    "Seconds to wait for a held lock before giving up with status 75 (0: a run "
+    "that finds the lock held, e.g. the previous cron run, exits 75 at once).",
 )
 @click.option("--url", envvar="LOCKKEEPER_URL", help="Server URL [env LOCKKEEPER_URL].")
 @click.option(
@@ -155,6 +179,15 @@ def _seconds_option(
     is_flag=True,
     help="Take a shared (read) lock: any number of shared commands at once, none "
     "while an exclusive one runs.",
+)
+@click.option(
+    "--also",
+    "also",
+    multiple=True,
+    metavar="RESOURCE",
+    help="Hold this resource too (repeatable): RESOURCE and every --also are "
+    "taken as one set, all or none (no deadlock whatever order other runs name "
+    "them in), renewed and released as one.",
 )
 @click.option(
     "--on-lost",
@@ -194,6 +227,7 @@ def exec_command(
     owner: str | None,
     limit: int | None,
     shared: bool,
+    also: tuple[str, ...],
     on_lost: str,
     hold_at_least: float | None,
     grace: float,
@@ -213,6 +247,13 @@ def exec_command(
     ones, but never beside an exclusive one. A RESOURCE in use with another limit
     is a refusal (75).
 
+    With --also the command holds several locks, taken as one set (all or
+    none); it gets LOCKKEEPER_RESOURCES and LOCKKEEPER_FENCES ("name=fence,...")
+    too:
+
+    \b
+        lockkeeper exec acct:1 --also acct:2 -- ./move-money.sh
+
     With --leader the lock is a leadership bound to a session (one heartbeat,
     lost together when the session ends):
 
@@ -223,6 +264,8 @@ def exec_command(
         raise click.UsageError("--hold-at-least does not apply to --leader")
     if leader and (limit or shared):
         raise click.UsageError("--leader takes neither --limit nor --shared")
+    if also and (leader or hold_at_least):
+        raise click.UsageError("--also takes neither --leader nor --hold-at-least")
     if not url:
         raise click.UsageError("no server: pass --url or set LOCKKEEPER_URL")
     if shared and limit not in (None, 1):
@@ -236,13 +279,14 @@ def exec_command(
         )
     if token_file is not None:
         token = token_file.read_text().strip()
+    _forget_the_token()
     if not token:
         raise click.UsageError(
             "no API token: set LOCKKEEPER_TOKEN, or pass --token-file (or --token)"
         )
-    executable = shutil.which(command[0])
-    if executable is None:
-        _fail(f"{command[0]}: command not found", EXIT_NOT_FOUND)
+    problem = _not_runnable(command[0])
+    if problem is not None:
+        _fail(f"{command[0]}: {problem[0]}", problem[1])
 
     runner = _Runner(command, on_lost=on_lost, grace=grace)
     # A leader waits until it leads unless --wait was given.
@@ -256,6 +300,16 @@ def exec_command(
             if leader:
                 code = _run_leading(
                     client, runner, resource, ttl=ttl, wait=lead_wait, owner=owner
+                )
+            elif also:
+                code = _run_holding_set(
+                    client,
+                    runner,
+                    [resource, *also],
+                    ttl=ttl,
+                    wait=wait,
+                    owner=owner,
+                    kind=LockKind(limit, shared),
                 )
             else:
                 code = _run_holding(
@@ -288,6 +342,43 @@ def exec_command(
             EXIT_LOCK_LOST,
         )
     sys.exit(code)
+
+
+def _libc() -> Any:
+    """Linux's C library, or None elsewhere (no ``prctl``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _forget_the_token() -> None:
+    """Drop the token's variables from our environment (the command inherits
+    neither) and, on Linux, make this process non-dumpable: its
+    ``/proc/<pid>/environ`` still holds the variable as it was at start, and a
+    non-dumpable process's is readable by root alone, not by the command."""
+    for name in WITHHELD_FROM_COMMAND:
+        os.environ.pop(name, None)
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _not_runnable(name: str) -> tuple[str, int] | None:
+    """Why ``name`` cannot run, with the shell's status (127 not found, 126
+    found but not executable), or None when it can."""
+    if shutil.which(name) is not None:
+        return None
+    if os.sep in name:
+        candidates = [Path(name)]
+    else:
+        path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+        candidates = [Path(folder or ".") / name for folder in path]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return "is a directory", EXIT_CANNOT_EXECUTE
+        if candidate.exists():
+            return "permission denied (not executable)", EXIT_CANNOT_EXECUTE
+    return "command not found", EXIT_NOT_FOUND
 
 
 def _run_holding(
@@ -338,6 +429,42 @@ def _run_holding(
             )
 
 
+def _run_holding_set(
+    client: LockClient,
+    runner: _Runner,
+    resources: list[str],
+    *,
+    ttl: float,
+    wait: float,
+    owner: str | None,
+    kind: LockKind,
+) -> int:
+    """The command run holding every resource, taken as one set."""
+    held = client.lock_all(
+        [SetMember(resource, kind) for resource in resources],
+        ttl=ttl,
+        wait=wait,
+        owner=owner or default_owner(),
+        on_lost=runner.lock_lost,
+        raise_on_lost=False,  # the runner acts on a loss: 76, not an error
+    )
+    held.acquire()
+    try:
+        return runner.run(
+            {
+                "LOCKKEEPER_FENCE": str(held.fences[resources[0]]),
+                "LOCKKEEPER_RESOURCE": resources[0],
+                "LOCKKEEPER_RESOURCES": ",".join(resources),
+                "LOCKKEEPER_FENCES": ",".join(
+                    f"{resource}={held.fences[resource]}" for resource in resources
+                ),
+                "LOCKKEEPER_OWNER": held.owner,
+            }
+        )
+    finally:
+        held.release()
+
+
 def _run_leading(
     client: LockClient,
     runner: _Runner,
@@ -353,6 +480,7 @@ def _run_leading(
         wait=wait,
         owner=owner or default_owner(),
         on_lost=runner.lock_lost,
+        raise_on_lost=False,  # the runner acts on a loss: 76, not an error
     ) as lead:
         return runner.run(
             {
@@ -361,20 +489,6 @@ def _run_leading(
                 "LOCKKEEPER_OWNER": lead.owner,
             }
         )
-
-
-def _sent_by_terminal(signum: int) -> bool:
-    """Ctrl-C at a terminal signals the whole foreground process group, the child
-    included: forwarding that SIGINT again would deliver it twice."""
-    if signum != signal.SIGINT:
-        return False
-    for fd in (0, 1, 2):
-        try:
-            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
-                return True
-        except OSError:
-            continue
-    return False
 
 
 class _Runner:
@@ -390,7 +504,7 @@ class _Runner:
         self._starting = False
         self._pending: list[int] = []
 
-    def lock_lost(self, held: HeldLock | LockSession) -> None:
+    def lock_lost(self, held: HeldLock | HeldSet | LockSession) -> None:
         """Called from the renewal thread; the main loop acts on it."""
         self.lost = True
         if self.on_lost == "warn":
@@ -419,8 +533,15 @@ class _Runner:
                 self._pending.append(signum)
                 return
             raise _Interrupted(signum)
-        if self.child.poll() is None and not _sent_by_terminal(signum):
-            self.child.send_signal(signum)
+        self._signal_command(signum)
+
+    def _signal_command(self, signum: int) -> None:
+        """Signal the command's whole process group (a shell script's children
+        too), as a terminal would."""
+        if self.child is None or self.child.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, signum)
 
     def run(self, extra_env: dict[str, str]) -> int:
         env = {
@@ -429,9 +550,18 @@ class _Runner:
             if name not in WITHHELD_FROM_COMMAND
         }
         env.update(extra_env)
+        terminal = _foreground_terminal()
         self._starting = True
         try:
-            self.child = subprocess.Popen(self.command, env=env)
+            # Forked from this (the main) thread: PR_SET_PDEATHSIG fires when the
+            # thread that forked ends, and the main thread ends with exec.
+            self.child = subprocess.Popen(
+                self.command,
+                env=env,
+                preexec_fn=functools.partial(
+                    _bind_to_parent, os.getpid(), terminal, _libc()
+                ),
+            )
         except PermissionError as exc:
             _fail(f"{self.command[0]}: {exc.strerror}", EXIT_CANNOT_EXECUTE)
         except FileNotFoundError:
@@ -440,13 +570,21 @@ class _Runner:
             _fail(f"{self.command[0]}: {exc.strerror}", EXIT_CANNOT_EXECUTE)
         finally:
             self._starting = False
-        for signum in self._pending:
-            self.child.send_signal(signum)
+        try:
+            for signum in self._pending:
+                self._signal_command(signum)
+            returncode = self._wait_for_the_command()
+        finally:
+            if terminal is not None:
+                _take_the_terminal_back(terminal)
+        return 128 - returncode if returncode < 0 else returncode
+
+    def _wait_for_the_command(self) -> int:
+        assert self.child is not None
         kill_at: float | None = None
         while True:
             try:
-                returncode = self.child.wait(timeout=POLL_INTERVAL)
-                break
+                return self.child.wait(timeout=POLL_INTERVAL)
             except subprocess.TimeoutExpired:
                 pass
             if self.lost and self.on_lost == "kill":
@@ -456,12 +594,49 @@ class _Runner:
                         err=True,
                     )
                     self.killed_for_loss = True
-                    self.child.terminate()
+                    self._signal_command(signal.SIGTERM)
                     kill_at = time.monotonic() + self.grace
                 elif time.monotonic() >= kill_at:
-                    self.child.kill()
+                    self._signal_command(signal.SIGKILL)
                     kill_at = float("inf")
-        return 128 - returncode if returncode < 0 else returncode
+
+
+def _foreground_terminal() -> int | None:
+    """The terminal (as a file descriptor) whose foreground we are, if any: the
+    command then gets the foreground, so that it reads the terminal and a Ctrl-C
+    typed there reaches it (once: exec, in another group, does not see it)."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return fd
+        except OSError:
+            continue
+    return None
+
+
+def _bind_to_parent(parent: int, terminal: int | None, libc: Any) -> None:
+    """In the command's process, between fork and exec: a process group of its
+    own, the terminal's foreground if exec had it, and death with exec."""
+    os.setpgid(0, 0)
+    if terminal is not None:
+        # A background group asking for the terminal gets SIGTTOU: ignore it.
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(terminal, os.getpgrp())
+        signal.signal(signal.SIGTTOU, previous)
+    if libc is not None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(EXIT_CANNOT_EXECUTE)  # exec died before the binding held
+
+
+def _take_the_terminal_back(terminal: int) -> None:
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(terminal, os.getpgrp())
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
 
 
 def main() -> None:

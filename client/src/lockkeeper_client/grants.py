@@ -120,6 +120,13 @@ class AcquireAttempt:
     retry_after: float | None = None
     # A waiting acquire found the server's waiting room full (503): poll instead.
     waiting_room_full: bool = False
+    # The cap it hit, as the server names it (``LOCKKEEPER_MAX_WAITERS_PER_TOKEN``:
+    # the token's share of a server worker's room; ``LOCKKEEPER_MAX_WAITERS``: the
+    # worker's room), when it names one.
+    waiting_room_cap: str | None = None
+    # The place in line the server kept for the turned-away wait (it asked with
+    # ``place``): the retry presents it and waits from there, not at the end.
+    place: int | None = None
 
 
 def parse_timestamp(text: str) -> datetime:
@@ -168,3 +175,37 @@ class LockEvent:
             actor=data.get("actor"),
             data=data,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SetMember:
+    """One resource of a set taken as one (``lock_all``), with its own kind."""
+
+    resource: str
+    kind: LockKind = EXCLUSIVE
+
+    def body(self) -> dict[str, Any]:
+        return {"resource": self.resource, **self.kind.body()}
+
+
+@dataclass(frozen=True, slots=True)
+class SetAttempt:
+    """One acquire of a set: ``acquired`` with every member's grant (``locks``,
+    in the order asked), or refused whole: ``refused`` names the member that
+    refused and ``lock`` its grant in the way (None: free, but others wait in
+    line first); ``retry_after`` as the server said."""
+
+    acquired: bool
+    locks: tuple[LockGrant, ...]
+    refused: str | None = None
+    lock: LockGrant | None = None
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetRelease:
+    """A set's release: the grants it ended, and the members the caller no
+    longer held (``not_held``: it had lost them)."""
+
+    released: tuple[LockGrant, ...]
+    not_held: tuple[str, ...]

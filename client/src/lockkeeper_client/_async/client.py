@@ -7,17 +7,20 @@ answer outside the call's success becomes one exception of ``errors.py``.
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import httpx
 
 from lockkeeper_client import decisions
 from lockkeeper_client._async.held import AsyncHeldLock
+from lockkeeper_client._async.held_set import AsyncHeldSet
 from lockkeeper_client._async.session import AsyncLeadership, AsyncLockSession
 from lockkeeper_client._async.watch import follow_events
 from lockkeeper_client._concurrency import async_sleep
+from lockkeeper_client._transports import async_fast_streams
 from lockkeeper_client.decisions import API_PREFIX, DEFAULT_TIMEOUT
 from lockkeeper_client.errors import LockMissing
 from lockkeeper_client.grants import (
@@ -26,8 +29,13 @@ from lockkeeper_client.grants import (
     LockGrant,
     LockKind,
     SessionInfo,
+    SetAttempt,
+    SetMember,
+    SetRelease,
     default_owner,
 )
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class AsyncLockClient:
@@ -36,6 +44,9 @@ class AsyncLockClient:
     :param base_url: the server, e.g. ``http://locks.internal:8000`` (a trailing
         ``/api/v1`` is accepted too).
     :param token: an API token (``lockkeeper tokens create NAME``).
+    :raise ConfigurationError: an empty token or one no header can carry, a URL
+        without ``http://``/``https://`` or a host. (A base path that does not
+        lead to the API shows at the first call: ``UnexpectedResponse``.)
     :param timeout: seconds for one HTTP request.
     :param retries: attempts after the first for a transient failure.
     :param backoff: the first retry window in seconds; each further retry doubles it
@@ -72,15 +83,18 @@ class AsyncLockClient:
         self.max_lock_poll = max_lock_poll
         self.max_server_wait = max_server_wait
         self.rng = rng or random.Random()
+        self.holding: set[tuple[str, str]] = set()
         self._http = httpx.AsyncClient(
             base_url=self.base_url + API_PREFIX,
             headers={
-                "Authorization": f"Bearer {token}",
+                "Authorization": decisions.bearer(token),
                 "Accept": "application/json",
             },
             timeout=timeout,
             transport=transport,
         )
+        if transport is None:
+            async_fast_streams(self._http)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -103,6 +117,7 @@ class AsyncLockClient:
         session: str | None = None,
         limit: int | None = None,
         shared: bool = False,
+        place: int | None = None,
     ) -> AcquireAttempt:
         """Try once to take ``resource`` for ``owner``.
 
@@ -120,6 +135,13 @@ class AsyncLockClient:
         keeps the request in the resource's line (granted in order of arrival) for
         up to ``wait`` seconds; when that server worker's waiting room is full the
         result has ``waiting_room_full`` set and the caller should poll.
+        ``place`` (with ``wait``): 0 asks the server to keep this request's
+        place in line if its room turns it away (the result's ``place`` names
+        it, kept for 2 s); pass that number on the next try to wait from
+        there instead of at the end of the line (``lock()`` does this). Such a
+        retry closes its connection after its answer: a connection stays with
+        the server worker that took it, whose room was full, and the next try
+        on a new one may reach a worker with room.
 
         A same-owner acquire of a still-valid lock keeps its fence, so a retry of an
         acquire whose reply was lost does not fence out its own caller.
@@ -128,9 +150,15 @@ class AsyncLockClient:
             "POST",
             resource,
             json=decisions.acquire_body(
-                owner, ttl, wait, kind=LockKind(limit, shared), session=session
+                owner,
+                ttl,
+                wait,
+                kind=LockKind(limit, shared),
+                session=session,
+                place=place,
             ),
             waiting=float(wait or 0.0),
+            headers=decisions.acquire_headers(wait, place),
         )
         return decisions.acquire_outcome(response, resource)
 
@@ -175,6 +203,59 @@ class AsyncLockClient:
             body["run"] = dict(run)
         response, maybe_applied = await self._send("DELETE", resource, json=body)
         decisions.release_outcome(response, resource, owner, maybe_applied)
+
+    async def acquire_all(
+        self,
+        members: Sequence[SetMember | str],
+        owner: str,
+        ttl: float | None = None,
+    ) -> SetAttempt:
+        """Try once to take every member at once for ``owner``: granted whole
+        (each its own grant and fence) or refused whole, naming the member
+        that refused (``SetAttempt.refused``). A bare name is an exclusive
+        member; ``SetMember(resource, LockKind(limit, shared))`` another kind.
+        """
+        found = decisions.set_members(list(members))
+        label = decisions.set_label([m.resource for m in found])
+        response, _ = await self._send(
+            "POST",
+            label,
+            json=decisions.set_acquire_body(owner, ttl, found),
+            path=decisions.SETS_PATH,
+        )
+        return decisions.set_acquire_outcome(response, label)
+
+    async def renew_all(
+        self,
+        resources: Sequence[str],
+        owner: str,
+        ttl: float | None = None,
+        *,
+        retry_until: float | None = None,
+    ) -> tuple[LockGrant, ...]:
+        """Renew every member of ``owner``'s set to ``now + ttl``, or none.
+
+        :raise LockLost: a member is no longer held (404/409): none renewed.
+        """
+        label = decisions.set_label(list(resources))
+        body: dict[str, Any] = {"owner": owner, "resources": list(resources)}
+        if ttl is not None:
+            body["ttl"] = ttl
+        response, _ = await self._send(
+            "PATCH", label, json=body, path=decisions.SETS_PATH, retry_until=retry_until
+        )
+        return decisions.set_renew_outcome(response, label, owner)
+
+    async def release_all(self, resources: Sequence[str], owner: str) -> SetRelease:
+        """Release every member ``owner`` still holds; names the others."""
+        label = decisions.set_label(list(resources))
+        response, _ = await self._send(
+            "DELETE",
+            label,
+            json={"owner": owner, "resources": list(resources)},
+            path=decisions.SETS_PATH,
+        )
+        return decisions.set_release_outcome(response, label)
 
     async def get(self, resource: str) -> LockGrant:
         """The valid lock on ``resource``.
@@ -246,17 +327,21 @@ class AsyncLockClient:
         owner: str | None = None,
         heartbeat_every: float | None = None,
         on_lost: Callable[[AsyncLockSession], None] | None = None,
+        raise_on_lost: bool = True,
     ) -> AsyncLockSession:
         """A context manager holding a session for the ``with`` block: it
-        heartbeats every ``heartbeat_every`` seconds (default ``ttl / 3``) in the
-        background, ``s.lock(resource)`` binds a lock to it, ``s.lost`` is set
-        when it ends under the caller; leaving ends it (releasing its locks)."""
+        heartbeats every ``heartbeat_every`` seconds (default ``ttl / 3``, below
+        ``ttl``) in the background, ``s.lock(resource)`` binds a lock to it,
+        ``s.lost`` is set when it ends under the caller; leaving ends it
+        (releasing its locks) and raises ``SessionLost`` if it was lost, unless
+        ``raise_on_lost=False``."""
         return AsyncLockSession(
             self,
             ttl=ttl,
             owner=owner or default_owner(),
             heartbeat_every=heartbeat_every,
             on_lost=on_lost,
+            raise_on_lost=raise_on_lost,
         )
 
     def leadership(
@@ -267,12 +352,14 @@ class AsyncLockClient:
         wait: float | None = None,
         owner: str | None = None,
         on_lost: Callable[[AsyncLockSession], None] | None = None,
+        raise_on_lost: bool = True,
     ) -> AsyncLeadership:
         """A context manager that waits in line for the lock ``name`` (up to
         ``wait`` seconds; None: until granted) bound to a session of its own, and
         leads for the ``with`` block: ``lead.lost`` is set if the session ends
         under it (then another may lead; ``on_lost(session)`` is called once
-        then); leaving hands the lock over."""
+        then); leaving hands the lock over, and raises ``SessionLost`` if the
+        lead was lost meanwhile (unless ``raise_on_lost=False``)."""
         return AsyncLeadership(
             self,
             name,
@@ -280,6 +367,7 @@ class AsyncLockClient:
             wait=wait,
             owner=owner or default_owner(),
             on_lost=on_lost,
+            raise_on_lost=raise_on_lost,
         )
 
     async def leader(self, name: str) -> str | None:
@@ -295,21 +383,26 @@ class AsyncLockClient:
         self,
         resource: str,
         ttl: float = 30.0,
-        wait: float = 10.0,
+        wait: float | None = 10.0,
         *,
         owner: str | None = None,
         on_lost: Callable[[AsyncHeldLock], None] | None = None,
         renew_every: float | None = None,
         limit: int | None = None,
         shared: bool = False,
+        raise_on_lost: bool = True,
     ) -> AsyncHeldLock:
         """A context manager that holds ``resource`` for the ``with`` block.
 
         Entering waits at most ``wait`` seconds for the lock (raising
-        ``LockNotAcquired``), then renews it every ``renew_every`` seconds (default
-        ``ttl / 3``) in the background; leaving releases it. See ``HeldLock``.
-        ``limit``: one of that many places of a semaphore; ``shared``: a shared
-        (read) lock. Waiting is first come, first served across both.
+        ``LockNotAcquired``; None: until granted, as ``leadership()``), then
+        renews it every ``renew_every`` seconds (default
+        ``ttl / 3``; it must be below ``ttl``) in the background; leaving releases
+        it, and raises ``LockLost`` if the lock was lost meanwhile (unless
+        ``raise_on_lost=False``: then the loss is only logged and left in
+        ``lock.lost``). See ``HeldLock``. ``limit``: one of that many places of a
+        semaphore; ``shared``: a shared (read) lock. Waiting is first come, first
+        served across both.
         """
         return AsyncHeldLock(
             self,
@@ -320,7 +413,57 @@ class AsyncLockClient:
             on_lost=on_lost,
             renew_every=renew_every,
             kind=LockKind(limit, shared),
+            raise_on_lost=raise_on_lost,
         )
+
+    def lock_all(
+        self,
+        members: Sequence[SetMember | str],
+        ttl: float = 30.0,
+        wait: float | None = 10.0,
+        *,
+        owner: str | None = None,
+        on_lost: Callable[[AsyncHeldSet], None] | None = None,
+        renew_every: float | None = None,
+        raise_on_lost: bool = True,
+    ) -> AsyncHeldSet:
+        """A context manager that holds every member for the ``with`` block,
+        taken as one (all or none, never one waiting for another: no
+        deadlock between blocks that name the same resources in other
+        orders), renewed as one, released as one. See ``HeldSet``."""
+        return AsyncHeldSet(
+            self,
+            decisions.set_members(list(members)),
+            ttl=ttl,
+            wait=wait,
+            owner=owner or default_owner(),
+            on_lost=on_lost,
+            renew_every=renew_every,
+            raise_on_lost=raise_on_lost,
+        )
+
+    def synchronized(
+        self,
+        resource: str,
+        ttl: float = 30.0,
+        wait: float | None = 10.0,
+        **options: Any,
+    ) -> Callable[[F], F]:
+        """A decorator: each call of the function runs holding ``resource``
+        (pottery's ``synchronize``; a coroutine function for
+        ``AsyncLockClient``): ``lock(resource, ttl, wait, **options)`` around
+        the call, so a wait that runs out raises ``LockNotAcquired`` and a loss
+        raises ``LockLost`` at the call's end."""
+
+        def decorate(function: F) -> F:
+            @functools.wraps(function)
+            async def run(*args: Any, **kwargs: Any) -> Any:
+                async with self.lock(resource, ttl, wait, **options):
+                    return await function(*args, **kwargs)
+
+            return cast(F, run)
+
+        return decorate
 
     # -- following the audit log ---------------------------------------------------
 
@@ -334,16 +477,21 @@ class AsyncLockClient:
         actor: str | None = None,
         after: int | None = None,
         idle_timeout: float = decisions.DEFAULT_WATCH_IDLE,
+        give_up_after: float | None = None,
     ) -> AsyncIterator[LockEvent]:
         """Every new event of the audit log (matching the filters, within the
         token's scope), oldest first, as it is written; it runs until the caller
-        stops iterating.
+        stops iterating, across server restarts and failovers.
 
         ``after``: start after this event id (a value saved from ``event.id``);
-        None starts from now. A dropped connection, a stream silent for
-        ``idle_timeout`` seconds (the server sends a comment every 15 s) or a
-        503 is retried as other calls are, resuming after the last id seen: no
-        event is missed or repeated across reconnects.
+        None starts from now. A dropped connection, a stream the server ended
+        (a graceful shutdown), a stream silent for ``idle_timeout`` seconds (the
+        server sends a comment every 15 s) or a 502/503/504 is followed by a
+        reconnect, resuming after the last id seen: no event is missed or
+        repeated. Reconnects back off on their own (``backoff`` doubling up to
+        ``max_backoff``, not the ordinary calls' ``retries``) and go on for as
+        long as it takes; ``give_up_after`` seconds of failing in a row raise
+        ``ServiceUnavailable`` instead.
         """
         filters = {
             "resource": resource,
@@ -356,8 +504,8 @@ class AsyncLockClient:
             self._http,
             decisions.watch_params(filters),
             after=after,
-            new_retries=lambda: decisions.TransientRetries(
-                self.retries, self.backoff, self.max_backoff, self.rng
+            new_retries=lambda: decisions.watch_retries(
+                self.backoff, self.max_backoff, self.rng, give_up_after
             ),
             timeout=httpx.Timeout(self.timeout, read=idle_timeout),
             base_url=self.base_url,
@@ -376,6 +524,7 @@ class AsyncLockClient:
         waiting: float = 0.0,
         path: str | None = None,
         retry: bool = True,
+        headers: dict[str, str] | None = None,
     ) -> tuple[httpx.Response, bool]:
         """One API call with transient failures retried.
 
@@ -383,7 +532,8 @@ class AsyncLockClient:
         server and been applied (its reply lost). ``waiting``: the seconds a
         waiting acquire may stay at the server (added to the timeout); its
         "waiting room full" 503 is returned, not retried. ``path``: another
-        path than the lock's; ``retry`` False: no retry at all.
+        path than the lock's; ``retry`` False: no retry at all; ``headers``:
+        the request's own.
         """
         retries = decisions.TransientRetries(
             self.retries if retry else 0,
@@ -399,6 +549,7 @@ class AsyncLockClient:
                     path if path is not None else decisions.lock_path(resource),
                     json=json,
                     params=params,
+                    headers=headers,
                     timeout=retries.timeout(self.timeout) + waiting,
                 )
             except httpx.TransportError as exc:

@@ -7,10 +7,16 @@ double, another transport) can stand in."""
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from lockkeeper_client.grants import AcquireAttempt, LockGrant
+from lockkeeper_client.grants import (
+    AcquireAttempt,
+    LockGrant,
+    SetAttempt,
+    SetMember,
+    SetRelease,
+)
 
 
 class AsyncLockPort(Protocol):
@@ -20,6 +26,9 @@ class AsyncLockPort(Protocol):
     # Learnt from the server's 400 by a wait, kept for the next one.
     max_server_wait: float
     rng: random.Random
+    # (resource, owner) of the held-lock blocks of this client now: a second
+    # one is refused (not re-entrant).
+    holding: set[tuple[str, str]]
 
     async def acquire(
         self,
@@ -31,6 +40,7 @@ class AsyncLockPort(Protocol):
         session: str | None = None,
         limit: int | None = None,
         shared: bool = False,
+        place: int | None = None,
     ) -> AcquireAttempt: ...
 
     async def renew(
@@ -47,3 +57,32 @@ class AsyncLockPort(Protocol):
     ) -> None: ...
 
     async def get(self, resource: str) -> LockGrant: ...
+
+
+class AsyncSetPort(Protocol):
+    """What a held set needs of a client: the three calls of sets and the
+    tuning of a wait."""
+
+    backoff: float
+    max_backoff: float
+    max_lock_poll: float
+    rng: random.Random
+    holding: set[tuple[str, str]]
+
+    async def acquire_all(
+        self,
+        members: Sequence[SetMember | str],
+        owner: str,
+        ttl: float | None = None,
+    ) -> SetAttempt: ...
+
+    async def renew_all(
+        self,
+        resources: Sequence[str],
+        owner: str,
+        ttl: float | None = None,
+        *,
+        retry_until: float | None = None,
+    ) -> tuple[LockGrant, ...]: ...
+
+    async def release_all(self, resources: Sequence[str], owner: str) -> SetRelease: ...

@@ -6,7 +6,9 @@ request per interval renews every lock bound to it, however many. ``s.lock(name)
 binds a lock to it. ``s.lost`` is set when the session ends under the caller (a
 heartbeat refused, or none reached the server before the session expired): every
 bound lock is lost with it, at the same instant. Leaving ends the session, which
-releases every bound lock in one request.
+releases every bound lock in one request, and raises ``SessionLost`` (a bound
+lock's block: ``LockLost``) if the session was lost meanwhile, unless
+``raise_on_lost=False``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from lockkeeper_client import decisions
@@ -55,9 +58,16 @@ class AsyncLockSession:
         owner: str,
         heartbeat_every: float | None = None,
         on_lost: Callable[[AsyncLockSession], None] | None = None,
+        raise_on_lost: bool = True,
     ):
         if not ttl > 0:
             raise ValueError(f"a session's ttl must be positive, not {ttl!r}")
+        if heartbeat_every is not None and not 0 < heartbeat_every < ttl:
+            raise ValueError(
+                f"heartbeat_every must be above 0 and below the session's ttl "
+                f"({ttl:g} s) to leave room to renew, not {heartbeat_every!r}"
+            )
+        self.raise_on_lost = raise_on_lost
         self.client = client
         self.ttl = ttl
         self.owner = owner
@@ -83,8 +93,23 @@ class AsyncLockSession:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         await self.end()
+        if exc_type is None:
+            self.check()
+
+    def check(self) -> None:
+        """:raise SessionLost: the session ended under the caller (when it
+        raises on loss: ``raise_on_lost``)."""
+        if self.raise_on_lost and self.lost.is_set():
+            raise SessionLost(
+                f"session of {self.owner!r}", self.lost_reason or "the session ended"
+            )
 
     async def start(self) -> None:
         sent_at = time.monotonic()
@@ -180,8 +205,24 @@ class AsyncSessionLock:
         await self.acquire()
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         await self.release()
+        if exc_type is None:
+            self.check()
+
+    def check(self) -> None:
+        """:raise LockLost: the session, and so this lock, was lost."""
+        if self.session.raise_on_lost and self.lost.is_set():
+            raise LockLost(
+                self.resource,
+                f"lock {self.resource!r} was lost with its session: "
+                f"{self.session.lost_reason or 'the session ended'}",
+            )
 
     async def acquire(self) -> None:
         session = self.session
@@ -223,11 +264,14 @@ class AsyncLeadership:
         wait: float | None,
         owner: str,
         on_lost: Callable[[AsyncLockSession], None] | None = None,
+        raise_on_lost: bool = True,
     ):
         self.client = client
         self.name = name
         self.wait = wait
-        self.session = AsyncLockSession(client, ttl=ttl, owner=owner, on_lost=on_lost)
+        self.session = AsyncLockSession(
+            client, ttl=ttl, owner=owner, on_lost=on_lost, raise_on_lost=raise_on_lost
+        )
         self.lost = self.session.lost
         self.owner = owner
         self.current: LockGrant | None = None
@@ -251,8 +295,24 @@ class AsyncLeadership:
             raise
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         await self.session.end()
+        if exc_type is None:
+            self.check()
+
+    def check(self) -> None:
+        """:raise SessionLost: the lead was lost (its session ended)."""
+        if self.session.raise_on_lost and self.lost.is_set():
+            raise SessionLost(
+                self.name,
+                f"the lead of {self.name!r} was lost: "
+                f"{self.session.lost_reason or 'the session ended'}",
+            )
 
     async def _wait_for_the_lock(self) -> None:
         deadline = None if self.wait is None else time.monotonic() + self.wait

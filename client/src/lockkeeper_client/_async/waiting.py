@@ -7,18 +7,40 @@ room is full (503) or it cannot be reached, the client backs off (exponential,
 full jitter, each delay capped by the ``Retry-After`` of the refusal) and asks to
 join the line again: a plain acquire would never be granted while others wait in
 line (it may not jump it), so a client turned away by a full room keeps asking
-for a place rather than polling. Against a server that does not wait (an older
-one) every attempt is such a plain acquire. A wait never lasts longer than asked.
+for a place rather than polling. Each request asks the server to keep its place
+if the room turns it away (``place``): the server then keeps it for 2 s
+and names it, and the next try (within ``KEPT_PLACE_POLL``) presents it, so a
+wait turned away is not overtaken by those who came after it. Against a server
+that does not wait (an older one) every attempt is such a plain acquire; one
+that does not keep places is asked without. A wait never lasts longer than
+asked.
+
+A wait cancelled by its caller (an asyncio ``timeout()`` or ``cancel()``; a
+``KeyboardInterrupt`` in the blocking client) while a request was out may have
+been granted at the server meanwhile: it releases what it may hold, in a release
+the cancel cannot interrupt, before the cancel goes on; a grant the server makes
+after that release (it notices the closed connection within a quarter second)
+is released by a second look then, in the background.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
 from lockkeeper_client import decisions
-from lockkeeper_client._concurrency import async_sleep
-from lockkeeper_client.errors import InvalidRequest, ServiceUnavailable
+from lockkeeper_client._concurrency import (
+    AsyncBackground,
+    async_shielded,
+    async_sleep,
+)
+from lockkeeper_client.errors import (
+    InvalidRequest,
+    LockClientError,
+    LockLost,
+    ServiceUnavailable,
+)
 from lockkeeper_client.grants import EXCLUSIVE, AcquireAttempt, LockKind
 
 if TYPE_CHECKING:
@@ -37,7 +59,7 @@ class AsyncGrantWait:
         *,
         owner: str,
         ttl: float | None,
-        wait: float,
+        wait: float | None,
         session: str | None = None,
         kind: LockKind = EXCLUSIVE,
     ):
@@ -46,11 +68,16 @@ class AsyncGrantWait:
         self.resource = resource
         self.owner = owner
         self.ttl = ttl
-        self.wait = wait
+        self.wait = math.inf if wait is None else wait  # None: until granted
         self.kind = kind
         self.sent_at = 0.0
         self._in_line_for = 0.0  # the wait of the last attempt (0: a plain one)
+        # The place in line the server kept for this wait, 0 for "keep one if
+        # turned away", None: the server keeps none.
+        self._place: int | None = 0
+        self._kept = False  # a place was kept at least once
         self._unreachable: ServiceUnavailable | None = None
+        self._follow_up: AsyncBackground | None = None
 
     async def run(self) -> AcquireAttempt:
         """:raise LockNotAcquired: another owner held it for the whole wait.
@@ -59,16 +86,31 @@ class AsyncGrantWait:
         started = time.monotonic()
         deadline = started + self.wait
         attempt_number = 0
+        turned_away = 0  # attempts that found the server's waiting room full
+        cap = None  # the setting the last of them named
         while True:
             attempt_number += 1
             result = await self._attempt(deadline)
             if result.acquired:
                 return result
+            if self._place is not None:
+                self._place = result.place or 0
+                self._kept = self._kept or result.place is not None
+            if result.waiting_room_full:
+                turned_away += 1
+                cap = result.waiting_room_cap or cap
             now = time.monotonic()
             if now - started >= self.wait:
                 if result.lock is None and self._unreachable is not None:
                     raise self._unreachable
-                raise decisions.not_acquired(self.resource, self.wait, result)
+                raise decisions.not_acquired(
+                    self.resource,
+                    self.wait,
+                    result,
+                    turned_away=turned_away,
+                    cap=cap,
+                    kept=self._kept,
+                )
             if decisions.rejoin_at_once(result, self._in_line_for, now - self.sent_at):
                 continue
             client = self.client
@@ -102,10 +144,14 @@ class AsyncGrantWait:
                     session=self.session,
                     limit=self.kind.limit,
                     shared=self.kind.shared,
+                    place=self._place if self._in_line_for else None,
                 )
             except InvalidRequest as exc:
                 if not self._in_line_for:
                     raise
+                if self._place is not None and decisions.knows_no_places(exc):
+                    self._place = None  # an older server: ask without
+                    continue
                 server_max = decisions.server_max_wait(exc)
                 if server_max is None or server_max >= client.max_server_wait:
                     server_max = 0.0  # the server does not wait: plain acquires
@@ -117,5 +163,36 @@ class AsyncGrantWait:
                 # Unreachable for a moment: count it as a refusal and wait on.
                 self._unreachable = exc
                 return AcquireAttempt(False, None, None)
+            except Exception:
+                raise
+            except BaseException:
+                # Cancelled (or interrupted) with the request out: the server
+                # may have granted it, or may grant it before it notices.
+                await async_shielded(self._release_what_may_be_granted)
+                raise
             self._unreachable = None
             return result
+
+    async def _release_what_may_be_granted(self) -> None:
+        if not await self._release_if_granted():
+            # Nothing granted yet: the server may still grant the request until
+            # it notices the closed connection. Look once more then, in the
+            # background: the cancel goes on at once.
+            self._follow_up = AsyncBackground(
+                self._release_late_grant, name=f"lockkeeper-cancel:{self.resource}"
+            )
+
+    async def _release_late_grant(self) -> None:
+        await async_sleep(decisions.LATE_GRANT_WITHIN)
+        await self._release_if_granted()
+
+    async def _release_if_granted(self) -> bool:
+        """Release the grant this wait may hold; whether there was one (or the
+        service could not be asked: the grant, if any, ends with its ttl)."""
+        try:
+            await self.client.release(self.resource, self.owner)
+        except LockLost:
+            return False
+        except LockClientError:
+            return True
+        return True

@@ -8,10 +8,16 @@ double, another transport) can stand in."""
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from lockkeeper_client.grants import AcquireAttempt, LockGrant
+from lockkeeper_client.grants import (
+    AcquireAttempt,
+    LockGrant,
+    SetAttempt,
+    SetMember,
+    SetRelease,
+)
 
 
 class LockPort(Protocol):
@@ -21,6 +27,9 @@ class LockPort(Protocol):
     # Learnt from the server's 400 by a wait, kept for the next one.
     max_server_wait: float
     rng: random.Random
+    # (resource, owner) of the held-lock blocks of this client now: a second
+    # one is refused (not re-entrant).
+    holding: set[tuple[str, str]]
 
     def acquire(
         self,
@@ -32,6 +41,7 @@ class LockPort(Protocol):
         session: str | None = None,
         limit: int | None = None,
         shared: bool = False,
+        place: int | None = None,
     ) -> AcquireAttempt: ...
 
     def renew(
@@ -48,3 +58,32 @@ class LockPort(Protocol):
     ) -> None: ...
 
     def get(self, resource: str) -> LockGrant: ...
+
+
+class SetPort(Protocol):
+    """What a held set needs of a client: the three calls of sets and the
+    tuning of a wait."""
+
+    backoff: float
+    max_backoff: float
+    max_lock_poll: float
+    rng: random.Random
+    holding: set[tuple[str, str]]
+
+    def acquire_all(
+        self,
+        members: Sequence[SetMember | str],
+        owner: str,
+        ttl: float | None = None,
+    ) -> SetAttempt: ...
+
+    def renew_all(
+        self,
+        resources: Sequence[str],
+        owner: str,
+        ttl: float | None = None,
+        *,
+        retry_until: float | None = None,
+    ) -> tuple[LockGrant, ...]: ...
+
+    def release_all(self, resources: Sequence[str], owner: str) -> SetRelease: ...

@@ -7,7 +7,9 @@ request per interval renews every lock bound to it, however many. ``s.lock(name)
 binds a lock to it. ``s.lost`` is set when the session ends under the caller (a
 heartbeat refused, or none reached the server before the session expired): every
 bound lock is lost with it, at the same instant. Leaving ends the session, which
-releases every bound lock in one request.
+releases every bound lock in one request, and raises ``SessionLost`` (a bound
+lock's block: ``LockLost``) if the session was lost meanwhile, unless
+``raise_on_lost=False``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from lockkeeper_client import decisions
@@ -56,9 +59,16 @@ class LockSession:
         owner: str,
         heartbeat_every: float | None = None,
         on_lost: Callable[[LockSession], None] | None = None,
+        raise_on_lost: bool = True,
     ):
         if not ttl > 0:
             raise ValueError(f"a session's ttl must be positive, not {ttl!r}")
+        if heartbeat_every is not None and not 0 < heartbeat_every < ttl:
+            raise ValueError(
+                f"heartbeat_every must be above 0 and below the session's ttl "
+                f"({ttl:g} s) to leave room to renew, not {heartbeat_every!r}"
+            )
+        self.raise_on_lost = raise_on_lost
         self.client = client
         self.ttl = ttl
         self.owner = owner
@@ -84,8 +94,23 @@ class LockSession:
         self.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.end()
+        if exc_type is None:
+            self.check()
+
+    def check(self) -> None:
+        """:raise SessionLost: the session ended under the caller (when it
+        raises on loss: ``raise_on_lost``)."""
+        if self.raise_on_lost and self.lost.is_set():
+            raise SessionLost(
+                f"session of {self.owner!r}", self.lost_reason or "the session ended"
+            )
 
     def start(self) -> None:
         sent_at = time.monotonic()
@@ -179,8 +204,24 @@ class SessionLock:
         self.acquire()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.release()
+        if exc_type is None:
+            self.check()
+
+    def check(self) -> None:
+        """:raise LockLost: the session, and so this lock, was lost."""
+        if self.session.raise_on_lost and self.lost.is_set():
+            raise LockLost(
+                self.resource,
+                f"lock {self.resource!r} was lost with its session: "
+                f"{self.session.lost_reason or 'the session ended'}",
+            )
 
     def acquire(self) -> None:
         session = self.session
@@ -222,11 +263,14 @@ class Leadership:
         wait: float | None,
         owner: str,
         on_lost: Callable[[LockSession], None] | None = None,
+        raise_on_lost: bool = True,
     ):
         self.client = client
         self.name = name
         self.wait = wait
-        self.session = LockSession(client, ttl=ttl, owner=owner, on_lost=on_lost)
+        self.session = LockSession(
+            client, ttl=ttl, owner=owner, on_lost=on_lost, raise_on_lost=raise_on_lost
+        )
         self.lost = self.session.lost
         self.owner = owner
         self.current: LockGrant | None = None
@@ -250,8 +294,24 @@ class Leadership:
             raise
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.session.end()
+        if exc_type is None:
+            self.check()
+
+    def check(self) -> None:
+        """:raise SessionLost: the lead was lost (its session ended)."""
+        if self.session.raise_on_lost and self.lost.is_set():
+            raise SessionLost(
+                self.name,
+                f"the lead of {self.name!r} was lost: "
+                f"{self.session.lost_reason or 'the session ended'}",
+            )
 
     def _wait_for_the_lock(self) -> None:
         deadline = None if self.wait is None else time.monotonic() + self.wait

@@ -32,9 +32,9 @@ def follow_events(
 ) -> Iterator[LockEvent]:
     """Every event matching ``params`` after ``after`` (None: from now).
 
-    :raise ServiceUnavailable: reconnecting failed as many times in a row as the
-        client retries. :raise AccessDenied, AuthenticationFailed,
-        InvalidRequest: the server refused the stream.
+    :raise ServiceUnavailable: reconnecting failed for as long as
+        ``new_retries()`` allows (by default: never). :raise AccessDenied,
+        AuthenticationFailed, InvalidRequest: the server refused the stream.
     """
     last_id = after
     retries = new_retries()
