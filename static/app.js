@@ -236,6 +236,7 @@
       if (messages) messages.replaceChildren(success);
       var from = typeof opener === "string" ? document.getElementById(opener) : opener;
       afterAction = rowsAround(from);
+      ownAction = true;
       if (dialog && dialog.open) dialog.close();
       return;
     }
@@ -260,6 +261,139 @@
     }
     if (back && back.isConnected) back.focus();
   }, true);
+
+  // -- an order that holds still ----------------------------------------------
+  // A poll brings the rows in the server's order. While the operator looks at
+  // the table (the pointer on it, focus in it, or either within the last
+  // QUIET_MS), the rows keep the order shown: values change in place, a row
+  // new to the page comes last, a row that left the page stays, dimmed, until
+  // the order is re-sorted; a note says so, with "Re-sort now". At a quiet
+  // moment the table re-sorts by itself. A poll after the operator's own
+  // action drops the rows that left (the released one goes).
+  var QUIET_MS = 8000;
+  var pointerOnTable = false;
+  var lookedAt = -QUIET_MS;
+  var serverOrder = null;  // the ids of the last poll, in the server's order
+  var ownAction = false;
+
+  function lockTable() {
+    return document.getElementById("locks-table");
+  }
+
+  function looking() {
+    var table = lockTable();
+    if (!table) return false;
+    return pointerOnTable || table.contains(document.activeElement) ||
+      performance.now() - lookedAt < QUIET_MS;
+  }
+
+  document.addEventListener("pointerover", function (event) {
+    var on = !!(event.target.closest && event.target.closest("#locks-table"));
+    if (on || pointerOnTable) lookedAt = performance.now();
+    pointerOnTable = on;
+  });
+  document.addEventListener("pointerout", function (event) {
+    if (!event.relatedTarget && pointerOnTable) {  // out of the window
+      pointerOnTable = false;
+      lookedAt = performance.now();
+    }
+  });
+  document.addEventListener("focusout", function (event) {
+    if (event.target.closest && event.target.closest("#locks-table")) lookedAt = performance.now();
+  });
+
+  function rowIds(tbody) {
+    return Array.prototype.slice.call(tbody.querySelectorAll(":scope > tr[id]"))
+      .map(function (row) { return row.id; });
+  }
+
+  function heldNote(count) {
+    var note = document.createElement("p");
+    note.id = "order-held";
+    note.className = "order-held";
+    note.setAttribute("role", "status");
+    note.append("Order held while you look: " + count + " row" + (count === 1 ? "" : "s") +
+      " would move. ");
+    var button = document.createElement("button");
+    button.type = "button";
+    button.className = "small";
+    button.id = "resort-now";
+    button.textContent = "Re-sort now";
+    note.append(button);
+    return note;
+  }
+
+  document.addEventListener("htmx:before:swap", function (event) {
+    var ctx = event.detail && event.detail.ctx;
+    var source = ctx && ctx.sourceElement;
+    var tasks = event.detail && event.detail.tasks;
+    if (!source || !source.classList || !source.classList.contains("poller") || !tasks) return;
+    var current = lockTable();
+    if (!current || !source.closest("#live")) return;
+    var dropLeft = ownAction;
+    tasks.forEach(function (task) {
+      // A poll that changed no row brings only the rows' time left, no table.
+      var table = task.fragment && task.fragment.querySelector("#locks-table");
+      if (!table || !table.tBodies.length) return;
+      ownAction = false;
+      var tbody = table.tBodies[0];
+      serverOrder = rowIds(tbody);
+      if (!looking()) return;
+      var incoming = {};
+      tbody.querySelectorAll(":scope > tr[id]").forEach(function (row) { incoming[row.id] = row; });
+      var ordered = [];
+      rowIds(current.tBodies[0]).forEach(function (id) {
+        if (incoming[id]) {
+          ordered.push(incoming[id]);
+          delete incoming[id];
+        } else if (!dropLeft) {
+          var left = document.getElementById(id).cloneNode(true);
+          left.classList.add("row-left");
+          left.title = "No longer on this page of the order: re-sort to update";
+          ordered.push(left);
+        }
+      });
+      serverOrder.forEach(function (id) { if (incoming[id]) ordered.push(incoming[id]); });
+      var moved = 0;
+      ordered.forEach(function (row, i) { if (serverOrder[i] !== row.id) moved++; });
+      if (!moved) return;
+      var empty = tbody.querySelector(":scope > tr:not([id])");
+      if (empty) empty.remove();
+      ordered.forEach(function (row) { tbody.appendChild(row); });
+      var scroll = table.closest(".table-scroll") || table;
+      scroll.before(heldNote(moved));
+    });
+  });
+
+  // Re-sort: the rows in the last poll's order, those that left it gone.
+  function resort() {
+    var table = lockTable();
+    var note = document.getElementById("order-held");
+    if (note) note.remove();
+    if (!table || !serverOrder) return;
+    var tbody = table.tBodies[0];
+    tbody.querySelectorAll(":scope > tr.row-left").forEach(function (row) { row.remove(); });
+    serverOrder.forEach(function (id) {
+      var row = document.getElementById(id);
+      if (row && row.parentNode === tbody) tbody.appendChild(row);
+    });
+  }
+
+  document.addEventListener("click", function (event) {
+    if (event.target.closest && event.target.closest("#resort-now")) {
+      var focused = document.activeElement;
+      resort();
+      var table = lockTable();
+      if (focused && focused.isConnected && focused.id === "resort-now" && table) {
+        table.setAttribute("tabindex", "-1");
+        table.focus();
+      }
+    }
+  });
+
+  setInterval(function () {
+    if (document.getElementById("order-held") && !looking()) resort();
+  }, 1000);
 
   // -- keys -------------------------------------------------------------------
   // In a confirmation, Enter confirms from the usual-reason picker and from the
