@@ -5,8 +5,8 @@
 Serves the app on a throwaway SQLite database filled with demo locks (their
 history written at earlier moments through a movable clock), logs in through the
 real form with Debian's Chromium driven by Playwright, and writes
-``<page>-<light|dark>.png`` at 1280×860 and ``<page>-phone-<light|dark>.png`` at
-390×844 (a phone).
+``<page>-<light|dark>.png`` at 1440×900, ``<page>-phone-<light|dark>.png`` at
+390×844 (a phone) and ``<page>-1920-light.png`` at 1920×1080.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 from app import create_app  # noqa: E402
 from app.auth.service import create_user  # noqa: E402
-from app.locks.service import lock_service  # noqa: E402
+from app.extensions import lock_service  # noqa: E402
 
 PASSWORD = "screenshot-password"
 CHROMIUM_ARGS = [
@@ -123,6 +123,18 @@ def fill(app, clock: DemoClock) -> None:
             )
         clock.at(0)
         locks.acquire("deploy:api", "ci-runner-18", ttl=1200, actor="ci")
+        # A leader elected through a session, and a stuck session a host left
+        # behind (its last heartbeat long ago, overdue).
+        clock.at(30)
+        stuck = locks.sessions.create("scheduler@host-4", 600, token="workers")
+        locks.acquire(
+            "leader:scheduler", "scheduler@host-4", session=stuck.id, token="workers"
+        )
+        clock.at(0)
+        live = locks.sessions.create("election@host-2", 15, token="workers")
+        locks.acquire(
+            "leader:election", "election@host-2", session=live.id, token="workers"
+        )
 
 
 def main() -> None:
@@ -146,6 +158,8 @@ def main() -> None:
             "audit": "/audit",
             "semaphore": "/locks/build:licensed-reports",
             "shared": "/locks/cache:catalog",
+            "sessions": "/sessions",
+            "hosts": "/?group=host",
         }
         try:
             with sync_playwright() as playwright:
@@ -156,10 +170,10 @@ def main() -> None:
                     (scheme, suffix, viewport)
                     for scheme in ("light", "dark")
                     for suffix, viewport in (
-                        ("", {"width": 1280, "height": 860}),
+                        ("", {"width": 1440, "height": 900}),
                         ("-phone", {"width": 390, "height": 844}),
                     )
-                ]
+                ] + [("light", "-1920", {"width": 1920, "height": 1080})]
                 for scheme, suffix, viewport in shots:
                     context = browser.new_context(
                         viewport=viewport,
