@@ -24,7 +24,9 @@ export LOCKKEEPER_MAX_WAIT=1
 # A followed event stream (/events?follow=true) would last until the request
 # timeout; 1 s still checks its status, media type and headers.
 export LOCKKEEPER_STREAM_MAX_SECONDS=1
-port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+# Below the kernel's ephemeral range: run beside the test suite, a port the kernel
+# picked could be taken by an outgoing database connection before gunicorn binds it.
+port="$(python3 -c 'from bench.ports import free_port; print(free_port())')"
 base="http://127.0.0.1:$port"
 server_pid=""
 

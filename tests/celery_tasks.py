@@ -14,6 +14,10 @@ from celery import Celery
 from celery.signals import worker_ready
 from celery_once import QueueOnce
 from celery_singleton import Singleton
+
+# celery-once and -singleton import their backend by name only when a task runs:
+# imported here so that a worker checks the backends' settings when it starts.
+from lockkeeper_client import celery_backends  # noqa: F401
 from lockkeeper_client.celery import locked
 
 REDIS = os.environ.get("LOCKKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -99,3 +103,29 @@ def singleton_report(month: str, started: str, go: str) -> str:
     while not Path(go).exists():
         time.sleep(0.02)
     return month
+
+
+@app.task
+@locked("report:{month}", ttl=2, on_busy="skip")
+def report_until_lost(month: str, started: str, log: str, *, fence: int) -> int:
+    """Works until its lock is lost, as a careful body does: checks before each
+    step; records what it saw."""
+    from lockkeeper_client.celery import current_lock
+
+    Path(started).write_text(str(fence))
+    held = current_lock()
+    deadline = time.monotonic() + 30
+    while not held.lost.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _record(log, event="saw-lost", lost=held.lost.is_set(), reason=held.lost_reason)
+    return fence  # returns normally: the task must still fail
+
+
+@app.task
+def take_without_waiting(resource: str) -> int:
+    """A plain body that lets the client's exception out."""
+    from lockkeeper_client import LockClient
+
+    with LockClient(os.environ["LOCKKEEPER_URL"], os.environ["LOCKKEEPER_TOKEN"]) as c:
+        with c.lock(resource, ttl=5, wait=0) as held:
+            return held.fence

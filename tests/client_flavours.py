@@ -22,6 +22,9 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from lockkeeper_client import AsyncHeldLock, AsyncLockClient, LockClient
 
 FLAVOURS = ("sync", "async")
+# The same two faces on the in-process transport (``app.locks.embedded``): no
+# server between the client and the database.
+EMBEDDED_FLAVOURS = ("embedded-sync", "embedded-async")
 
 
 class _SeenSync(httpx.HTTPTransport):
@@ -91,8 +94,20 @@ class BlockingHeld:
         self.acquire()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
+    def check(self) -> None:
+        self._portal.call(self._check)
+
+    def extend(self, ttl: float | None = None) -> None:
+        self._portal.call(self.held.extend, ttl)
+
+    def locked(self) -> float:
+        return self._portal.call(self.held.locked)
+
+    async def _check(self) -> None:
+        self.held.check()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._portal.call(self.held.__aexit__, *exc_info)
 
 
 class BlockingAsyncClient:
@@ -122,6 +137,10 @@ class BlockingAsyncClient:
     def lock(self, *args, **kwargs) -> BlockingHeld:
         return BlockingHeld(self._portal, self.client.lock(*args, **kwargs))
 
+    def lock_all(self, *args, **kwargs) -> BlockingHeld:
+        """A held set (``AsyncHeldSet``) behind the same blocking surface."""
+        return BlockingHeld(self._portal, self.client.lock_all(*args, **kwargs))
+
     def close(self) -> None:
         if self._stop is None:
             return
@@ -138,16 +157,41 @@ class BlockingAsyncClient:
         self.close()
 
 
+def _embedded(flavour: str, database: str, acquire_sent: threading.Event | None):
+    from app.locks.embedded import AsyncEmbeddedTransport, EmbeddedTransport
+
+    class SeenSync(EmbeddedTransport):
+        def handle_request(self, request):
+            if request.method == "POST" and acquire_sent is not None:
+                acquire_sent.set()
+            return super().handle_request(request)
+
+    class SeenAsync(AsyncEmbeddedTransport):
+        async def handle_async_request(self, request):
+            if request.method == "POST" and acquire_sent is not None:
+                acquire_sent.set()
+            return await super().handle_async_request(request)
+
+    return (SeenSync if flavour == "embedded-sync" else SeenAsync)(database)
+
+
 def connect(
     flavour: str,
     url: str,
     token: str,
     *,
     acquire_sent: threading.Event | None = None,
+    database: str | None = None,
     **options: Any,
 ) -> LockClient | BlockingAsyncClient:
     """A client of ``flavour``; ``acquire_sent`` is set once an acquire has gone
-    out to the server."""
+    out to the server. The embedded flavours answer in process on ``database``
+    (``url`` is then only the client's label)."""
+    if flavour in EMBEDDED_FLAVOURS:
+        assert database is not None, "an embedded client needs its database"
+        options["transport"] = _embedded(flavour, database, acquire_sent)
+        flavour = flavour.removeprefix("embedded-")
+        acquire_sent = None
     if flavour == "sync":
         if acquire_sent is not None:
             options["transport"] = _SeenSync(acquire_sent)

@@ -7,20 +7,30 @@ or only on those its ``@pytest.mark.backends("postgresql", ...)`` names.
 
 from __future__ import annotations
 
+import functools
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from filelock import FileLock
 from flask import Flask
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from app import create_app
 from app.audit import refusals
 from app.extensions import db
 from tests.clock import FakeClock
+from tests.connections import ORDINARY_SHARE, budget_for
 from tests.dashboard_helpers import log_in, make_user
-from tests.databases import BACKENDS, ServerDatabase, SqliteDatabases, unavailable
+from tests.databases import (
+    BACKENDS,
+    SERVER_URLS,
+    ServerDatabase,
+    SqliteDatabases,
+    unavailable,
+)
 
 # Apps that tests build outside `make_app` (races, fault harness) and the servers
 # they start count refused acquires too: no flusher thread of theirs may write
@@ -60,6 +70,31 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    schedule_for_workers(items)
+
+
+# Tests that share one pytest-xdist worker (``--dist loadgroup``), one after the
+# other: the browser tests (one Chromium, and countdowns and polls that a second
+# browser on two cores would make late) and the fault runs (each starts its own
+# database servers and app instances, and judges recovery times).
+WORKER_GROUPS = {"browser": "browser", "faults": "faults"}
+
+
+def schedule_for_workers(items) -> None:
+    """The longest tests first, so that no worker is left with one at the end
+    while the others idle; each group of ``WORKER_GROUPS`` on a worker of its own.
+    Without ``-n`` this is only an order."""
+    for item in items:
+        folder = item.path.parent.name
+        if folder in WORKER_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(WORKER_GROUPS[folder]))
+
+    def weight(item) -> int:
+        if item.path.parent.name in WORKER_GROUPS:
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=weight)
 
 
 def backends_of(item) -> tuple[str, ...]:
@@ -107,16 +142,53 @@ def databases(tmp_path_factory) -> Iterator[Callable[[str], Any]]:
     _databases.clear()
 
 
-@pytest.fixture
-def many_connections(tmp_path_factory) -> Iterator[None]:
-    """Held by a test that opens dozens of server connections (the races of 32
-    clients): one such test at a time on this machine, across pytest-xdist
-    workers and concurrent sessions, so that two of them never exceed the
-    server's ``max_connections`` (100 by default) together."""
-    shared = tmp_path_factory.getbasetemp().parent
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        shared = shared.parent  # the workers' common folder
-    with FileLock(str(shared / "many-connections.lock")):
+# Operator passwords are hashed with scrypt (about 100 ms of CPU to hash and as
+# much to check): hundreds of tests create and log in users. A one-round hash
+# keeps what they test (a hash is stored and checked, never the password) at a
+# fraction of the cost; login checks read the method from the stored hash.
+CHEAP_PASSWORD_HASH = "pbkdf2:sha256:1"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def cheap_password_hashes() -> Iterator[None]:
+    from werkzeug.security import generate_password_hash
+
+    from app.auth import service
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            service,
+            "generate_password_hash",
+            functools.partial(generate_password_hash, method=CHEAP_PASSWORD_HASH),
+        )
+        yield
+
+
+@pytest.fixture(autouse=True)
+def server_connections(request) -> Iterator[None]:
+    """Every test on a server database holds its share of that server's
+    connections (``tests/connections.py``) for its whole run: an ordinary share,
+    or the ``@pytest.mark.connections(N)`` it declares. A test that uses a
+    server without the ``backend`` fixture names it: ``connections(N,
+    backend="postgresql")``."""
+    marker = request.node.get_closest_marker("connections")
+    callspec = getattr(request.node, "callspec", None)
+    backend = callspec.params.get("backend") if callspec else None
+    count = ORDINARY_SHARE
+    if marker is not None:
+        count = marker.args[0]
+        backend = marker.kwargs.get("backend", backend)
+        if backend not in SERVER_URLS:
+            # A race on SQLite opens no server connection, but it takes the
+            # same share of the one budget every race draws on: two races at
+            # once starve each other's threads of this machine's cores, and a
+            # SQLite writer starved past its busy timeout fails.
+            backend = "postgresql"
+    budget = budget_for(SERVER_URLS[backend]) if backend in SERVER_URLS else None
+    if budget is None:  # SQLite, or a server that is not there (the test says so)
+        yield
+        return
+    with budget.share(count, request.node.nodeid):
         yield
 
 
@@ -129,6 +201,33 @@ def database_url(request, databases, tmp_path) -> str:
         else "sqlite"
     )
     return databases(backend).fresh(tmp_path)
+
+
+@pytest.fixture
+def empty_url(request, databases, tmp_path) -> Iterator[str]:
+    """A database with no schema at all, on this test's backend."""
+    backend = (
+        request.getfixturevalue("backend")
+        if "backend" in request.fixturenames
+        else "sqlite"
+    )
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+        return
+    server = databases(backend)
+    name = f"lk_empty_{uuid.uuid4().hex[:8]}"
+    with server.admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield (
+            make_url(server.url)
+            .set(database=name)
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        with server.admin.connect() as conn:
+            force = " WITH (FORCE)" if backend == "postgresql" else ""
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}{force}"))
 
 
 @pytest.fixture
@@ -189,7 +288,7 @@ def runner(app):
 @pytest.fixture
 def service(fake_app):
     """The LockService on a fake clock, inside an app context."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     with fake_app.app_context():
         yield lock_service()
@@ -256,8 +355,35 @@ def api(fake_app) -> ApiClient:
     return ApiClient(fake_app)
 
 
+CPU_AT_START = pytest.StashKey[tuple[int, int] | None]()
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all the machine's CPUs since boot (Linux)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = [int(value) for value in fields]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def pytest_sessionstart(session):
+    session.config.stash[CPU_AT_START] = _cpu_ticks()
+
+
 def pytest_terminal_summary(terminalreporter):
-    """tooz's own suite runs inside one of our tests: show its summary lines."""
+    """How busy the machine's cores were over the run (whether more or fewer
+    xdist workers would help: idle cores say more), and tooz's own suite, which
+    runs inside one of our tests: its summary lines."""
+    start, end = terminalreporter.config.stash.get(CPU_AT_START, None), _cpu_ticks()
+    if start is not None and end is not None and end[1] > start[1]:
+        busy = (end[0] - start[0]) / (end[1] - start[1])
+        terminalreporter.line(
+            f"the machine's {os.cpu_count()} CPUs were {busy:.0%} busy over the run"
+        )
     lines = [
         value
         for reports in terminalreporter.stats.values()

@@ -23,7 +23,8 @@ from app import create_app
 from app.config import normalize_database_url
 from app.extensions import db
 from app.factory import upgrade_schema
-from app.locks.queue import LISTENER_APPLICATION_NAME, stop_background
+from app.locks.queue import stop_background
+from app.locks.wakeups import LISTENER_APPLICATION_NAME
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 SERVER_URLS = {
@@ -110,7 +111,9 @@ class ServerDatabase:
             self.admin.dispose()
             raise ConnectionError(f"{backend} at {admin_url}: {exc}") from exc
         migrated(self.url, workdir)
-        self.engine = create_engine(self.url)
+        # One connection between tests: emptying the tables needs no more, and
+        # every connection held here is one the tests' budget cannot use.
+        self.engine = create_engine(self.url, pool_size=1, max_overflow=0)
 
     def fresh(self, _directory: Path) -> str:
         with self.engine.begin() as conn:

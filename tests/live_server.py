@@ -59,7 +59,7 @@ class LiveServer:
     @contextmanager
     def service(self):
         """The server's LockService, in an app context of this (the test) thread."""
-        from app.locks.service import lock_service
+        from app.extensions import lock_service
 
         with self.app.app_context():
             yield lock_service()

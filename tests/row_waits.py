@@ -66,10 +66,10 @@ class RowHolder:
         self.resource = resource
 
     def __enter__(self) -> RowHolder:
-        self.conn = self.service._write_engine.connect()
+        self.conn = self.service.core.write_engine.connect()
         self.transaction = self.conn.begin()
-        self.row = self.service._transactional.lock_row(
-            self.conn, self.resource, self.service._now()
+        self.row = self.service.core.transactional.lock_row(
+            self.conn, self.resource, self.service.core.given_now()
         )
         return self
 

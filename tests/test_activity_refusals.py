@@ -14,9 +14,8 @@ from sqlalchemy import func, select
 from app.audit import refusals
 from app.audit.models import ActivityRefusals
 from app.dashboard import charts
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.errors import QuotaExceeded, ResourceFrozen
-from app.locks.service import lock_service
 from tests.dashboard_helpers import soup
 
 

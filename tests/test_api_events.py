@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 pytestmark = pytest.mark.usefixtures("backend")
+
+EVENTS = "/api/v1/events"
+FOLLOW = "/api/v1/events?follow=true"
 
 EVENT_FIELDS = {
     "id",
@@ -159,6 +164,48 @@ def test_bad_query_is_400_naming_the_parameter(api, path, field):
     assert response.status_code == 400, response.get_data(as_text=True)
     assert response.mimetype == "application/problem+json"
     assert field in [error["field"] for error in response.get_json()["errors"]]
+
+
+# Each is a digit to str.isdigit() or to int(); none is an ASCII integer.
+NOT_ASCII_INTEGERS = ["²", "1³", "١٢", "１", " 12", "1_2", "+12", "12\n"]
+
+
+def refused_field(api, path: str, **kwargs) -> str | None:
+    """The field a 400 names, or None for any other answer. A stream that opened
+    by mistake is closed unread (reading it would wait for events forever)."""
+    response = api.get(path, **kwargs)
+    try:
+        if response.status_code != 400:
+            return None
+        return response.get_json()["errors"][0]["field"]
+    finally:
+        response.close()
+
+
+# An HTTP header cannot carry a newline at all.
+@pytest.mark.parametrize("value", [v for v in NOT_ASCII_INTEGERS if "\n" not in v])
+def test_a_last_event_id_that_is_not_ascii_digits_is_a_400(api, value):
+    headers = {"Last-Event-ID": value}
+    assert refused_field(api, FOLLOW, headers=headers) == "Last-Event-ID"
+
+
+@pytest.mark.parametrize("value", NOT_ASCII_INTEGERS)
+def test_a_followed_cursor_that_is_not_ascii_digits_is_a_400(api, value):
+    query = {"follow": "true", "cursor": value}
+    assert refused_field(api, EVENTS, query_string=query) == "cursor"
+
+
+@pytest.mark.parametrize("value", NOT_ASCII_INTEGERS)
+def test_an_integer_query_parameter_that_is_not_ascii_digits_is_a_400(api, value):
+    assert refused_field(api, EVENTS, query_string={"limit": value}) == "limit"
+
+
+@pytest.mark.parametrize("position", ['{"id": "12"}', '{"id": 1.5}', '{"id": true}'])
+def test_a_followed_cursor_whose_event_id_is_not_a_json_integer_is_a_400(api, position):
+    """The id inside a followed cursor is read as every other cursor's is."""
+    cursor = base64.urlsafe_b64encode(position.encode()).decode().rstrip("=")
+    query = {"follow": "true", "cursor": cursor}
+    assert refused_field(api, EVENTS, query_string=query) == "cursor"
 
 
 def test_extreme_but_valid_time_range_is_accepted(api):

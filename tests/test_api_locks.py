@@ -71,7 +71,9 @@ def test_fractional_ttl_keeps_microseconds(api):
     lock = acquire(api, ttl=0.2505).get_json()["lock"]
     assert lock["expires_at"] == "2026-11-30T09:00:00.250500Z"
     assert RFC3339_Z.fullmatch(lock["acquired_at"])
-    assert lock["state"] == "expiring"
+    # Judged against its own ttl: a grant just made is not expiring, however
+    # short that ttl.
+    assert lock["state"] == "held"
 
 
 def test_acquire_of_lock_held_by_another_is_409_naming_the_holder(api, clock):
@@ -300,10 +302,11 @@ def resources(page: dict) -> list[str]:
 
 @pytest.fixture
 def three_states(api, clock):
-    """stale:1 expired, expiring:1 with 10 s left, held:1 with 60 s left."""
+    """stale:1 expired, expiring:1 with 6 s of its 16 s left, held:1 with 60 s
+    left."""
     acquire(api, resource="stale:1", ttl=5)
+    acquire(api, resource="expiring:1", owner="w-2", ttl=16)
     clock.advance(10)
-    acquire(api, resource="expiring:1", owner="w-2", ttl=10)
     acquire(api, resource="held:1", ttl=60)
     return api
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from lockkeeper_client import FenceRejected, LockClient, LockFrozen
 
-from app.locks.service import lock_service
+from app.extensions import lock_service
 
 LOCK = "/api/v1/locks/billing:42"
 

@@ -118,7 +118,7 @@ def test_filters_in_the_url_select_the_events(viewer, history, query, expected):
     found = {
         (
             tr.select_one("td.resource").get_text(strip=True),
-            tr.select("td")[2].get_text(strip=True),
+            tr.select_one("td.action").get_text(strip=True),
         )
         for tr in page.select("tr[data-event-id]")
     }
@@ -131,7 +131,8 @@ def test_filters_are_shown_back_in_the_form(viewer, history):
     )
     assert page.select_one("#f-prefix")["value"] == "job:"
     assert page.select_one("#f-action option[selected]")["value"] == "released"
-    assert page.select_one("#f-since")["value"] == "2026-11-30T09:00:00"
+    assert page.select_one("#f-since")["value"] == "2026-11-30T09:00Z"
+    assert page.select_one("#f-since-read").get_text() == "from 2026-11-30 09:00:00Z"
 
 
 @pytest.mark.parametrize(
@@ -140,10 +141,14 @@ def test_filters_are_shown_back_in_the_form(viewer, history):
         "action=stolen",
         "resource=has%20space",
         "owner=%00",
-        "since=yesterday",
+        "since=someday",
         "since=2026-12-01T00:00Z&until=2026-11-01T00:00Z",
         "limit=many",
         "limit=0",
+        # int() takes these; no client means them as a number of rows.
+        "limit=%D9%A1%D9%A2",
+        "limit=%2B12",
+        "limit=1_2",
         "cursor=garbage",
     ],
 )
@@ -184,7 +189,7 @@ def test_htmx_aiming_at_the_results_gets_the_fragment_and_vary(viewer, history):
 
 
 def test_bad_filters_in_the_fragment_are_a_400_naming_the_field(viewer, history):
-    response = viewer.get("/audit?since=yesterday", headers=RESULTS)
+    response = viewer.get("/audit?since=someday", headers=RESULTS)
     assert response.status_code == 400
     fragment = soup(response)
     assert fragment.body is None
@@ -270,7 +275,7 @@ def renewed(service, clock):
 
 
 def actions_of(response) -> list[str]:
-    return [tr.select("td")[2].get_text() for tr in rows(response)]
+    return [tr.select_one("td.action").get_text() for tr in rows(response)]
 
 
 def test_audit_shows_ownership_changes_with_renewals_folded_by_default(viewer, renewed):
@@ -317,7 +322,85 @@ def test_audit_page_shows_the_token_of_each_event(viewer, service):
     service.acquire("job:9", "w-9", ttl=60, actor="deploy-bot", token="deploy-bot")
     service.force_release("job:9", actor="alice", reason="stuck")
     cells = [
-        (tr.select("td")[6].get_text(strip=True), tr.select_one("td.token").get_text())
+        tr.select_one("td.actor").get_text(" ", strip=True)
         for tr in rows(viewer.get("/audit"))
     ]
-    assert cells == [("alice", "deploy-bot"), ("deploy-bot", "deploy-bot")]
+    # The token where it is another name than the actor's, not a repeat.
+    assert cells == ["alice · token deploy-bot", "deploy-bot"]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("since=-20s", {"released", "acquired", "force released"}),
+        ("since=20%20s%20ago", {"released", "acquired", "force released"}),
+        ("since=2026-11-30%2009:00:45&until=2026-11-30T09:00:50", {
+            "released", "acquired"}),
+        ("since=2026-11-30", {"acquired", "released", "force released"}),
+        ("since=yesterday&until=today", set()),
+        ("since=today&until=now", {"acquired", "released", "force released"}),
+        ("since=-1h&until=2026-11-30T09:00:01Z", {"acquired"}),
+    ],
+)  # fmt: skip
+def test_from_and_until_read_what_people_type(viewer, history, clock, query, expected):
+    """yesterday, today, now, -20s, "20 s ago", a date, a time without seconds
+    or offset (UTC): each read, and the page says what it read."""
+    clock.advance(10)  # now 09:01:00, the events at 09:00:00, :45 and :50
+    response = viewer.get(f"/audit?rows=all&{query}")
+    assert response.status_code == 200, soup(response).select_one("[role=alert]")
+    assert {tr.select_one("td.action").get_text() for tr in rows(response)} == expected
+    assert soup(response).select_one("#f-since-read") is not None
+
+
+def test_a_from_that_cannot_be_read_says_what_it_takes(viewer, history):
+    response = viewer.get("/audit?since=last%20tuesday")
+    assert response.status_code == 400
+    error = soup(response).select_one("#since-error").get_text()
+    assert error == (
+        "must be a date and time, not 'last tuesday': type yesterday, -24h, "
+        "2026-11-29 or 2026-11-29 09:00 (UTC)"
+    )
+    assert soup(response).select_one("#f-since")["value"] == "last tuesday"
+
+
+def test_quick_ranges_go_back_a_week_and_to_yesterday(viewer, history):
+    links = {
+        a.get_text(): a["href"]
+        for a in soup(viewer.get("/audit")).select(".quick-ranges a")
+    }
+    assert list(links) == ["15 min", "1 h", "24 h", "7 d", "yesterday"]
+    assert "since=2026-11-23T09:00:50Z" in links["7 d"]
+    assert "since=yesterday&until=today" in links["yesterday"]
+
+
+def test_held_for_reads_as_a_duration_never_a_float():
+    from datetime import timedelta
+
+    from app.dashboard.audit import held_for
+
+    assert held_for(timedelta(seconds=0.00703)) == "7 ms"
+    assert held_for(timedelta(seconds=0.25)) == "250 ms"
+    assert held_for(timedelta(seconds=2.54)) == "2.5 s"
+    assert held_for(timedelta(seconds=45.2)) == "45 s"
+    assert held_for(timedelta(seconds=200)) == "3 min 20 s"
+
+
+def test_an_event_past_a_day_shows_its_date_beside_how_long_ago(viewer, history, clock):
+    clock.advance(2 * 86400)
+    [newest, *_] = rows(viewer.get("/audit"))
+    when = newest.select_one("td.when").get_text(" ", strip=True)
+    assert when.endswith("ago 2026-11-30 09:00Z"), when
+
+
+def test_the_owner_column_names_a_previous_owner_only_where_it_differs(
+    viewer, service, clock
+):
+    service.acquire("job:t", "w-1", ttl=5)
+    clock.advance(10)
+    service.acquire("job:t", "w-2", ttl=60)  # a take-over of a stale lock
+    service.release("job:t", "w-2")
+    owners = [
+        tr.select_one("td.owner").get_text(" ", strip=True)
+        for tr in rows(viewer.get("/audit"))
+    ]
+    assert owners == ["w-2", "w-2 was w-1", "w-1"]

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def collected(*files: str) -> set[str]:
     """The test ids pytest collects from ``files`` on all three databases."""
     found = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist"]
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0"]
         + ["--backends", "sqlite,postgresql,mariadb", *files],
         cwd=ROOT,
         capture_output=True,
@@ -75,7 +75,7 @@ def test_a_case_is_collected_only_on_the_databases_it_applies_to(
 def test_a_backend_the_marker_leaves_out_is_not_collected_however_chosen():
     """Chosen with --backends, a marker's database still narrows a case."""
     found = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist"]
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0"]
         + ["--backends", "sqlite", "tests/test_driver_seam.py"],
         cwd=ROOT,
         capture_output=True,

@@ -10,7 +10,7 @@ import pytest
 
 from app.audit.service import EventFilter, iter_events, list_events
 from app.cli.locks import operator_actor
-from app.locks.service import lock_service
+from app.extensions import lock_service
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ def env(database_url, tmp_path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_help_db_current_and_users_create_bootstrap_nothing(env, database_url):
     for args, stdin in (
         (("--help",), None),
@@ -122,9 +123,11 @@ def test_a_development_server_creates_the_default_sqlite_file_private(tmp_path):
         server.wait(timeout=10)
     database = instance / "lockkeeper.sqlite3"
     assert database.stat().st_mode & 0o777 == 0o600
+    assert (instance / "secret_key").stat().st_mode & 0o777 == 0o600
     assert instance.stat().st_mode & 0o777 == 0o700
 
 
+@pytest.mark.slow
 def test_every_command_on_locks_users_tokens_names_its_database(
     env, databases, tmp_path
 ):
@@ -139,9 +142,12 @@ def test_every_command_on_locks_users_tokens_names_its_database(
         assert "s3cret" not in result.stderr + result.stdout
 
 
+@pytest.mark.slow
 def test_the_sqlite_default_nobody_created_is_refused_not_used(tmp_path):
     env = {"LOCKKEEPER_INSTANCE_PATH": str(tmp_path / "instance")}
     assert run_cli("--help", env=env).returncode == 0
+    # Nor a secret key: no command but a server's start needs one written.
+    assert not (tmp_path / "instance" / "secret_key").exists()
     for args in (("locks", "list"), ("users", "list"), ("db", "current")):
         result = run_cli(*args, env=env)
         assert result.returncode == 1, (args, result.stderr)
@@ -181,13 +187,15 @@ def test_the_env_file_option_loads_the_services_environment(env, tmp_path):
 
 
 def test_version_is_lockkeepers_and_flask_internals_are_not_offered():
-    from importlib import metadata
+    from app.ops.schema import required_revisions
+    from app.ops.version import RELEASE
 
     runner = build_cli()
     from click.testing import CliRunner
 
     version = CliRunner().invoke(runner, ["--version"])
-    assert version.output.strip() == f"lockkeeper {metadata.version('lockkeeper')}"
+    (head,) = required_revisions()
+    assert version.output.strip() == f"lockkeeper {RELEASE} (schema {head})"
     assert "Flask" not in version.output
     helped = CliRunner().invoke(
         runner, ["--help"], env={"LOCKKEEPER_INSTANCE_PATH": "/nonexistent/x"}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from lockkeeper_client import (
     AccessDenied,
+    AlreadyHeld,
     AuthenticationFailed,
     InvalidRequest,
     LockClient,
@@ -440,9 +441,15 @@ def test_retry_after_bounds_the_backoff_so_the_waiter_is_back_at_expiry(
 
 def test_force_release_mid_block_sets_lost_and_calls_on_lost_once(live_server, worker):
     calls = []
-    with worker.lock("job:42", ttl=1, wait=1, on_lost=calls.append) as lock:
-        live_server.force_release("job:42", reason="stuck job")
-        assert lock.lost.wait(2)
+    lock = worker.lock("job:42", ttl=1, wait=1, on_lost=calls.append)
+
+    def block():
+        with lock:
+            live_server.force_release("job:42", reason="stuck job")
+            assert lock.lost.wait(30)  # a deadline: set within a renewal or the ttl
+
+    with pytest.raises(LockLost, match="job:42"):
+        block()
     # Leaving the block joined the renewal thread: no later call can come.
     assert calls == [lock]
     assert "job:42" in lock.lost_reason
@@ -451,11 +458,166 @@ def test_force_release_mid_block_sets_lost_and_calls_on_lost_once(live_server, w
 
 
 def test_takeover_after_loss_is_not_released_by_the_old_holder(live_server, worker):
-    with worker.lock("job:42", ttl=1, wait=1) as lock:
-        live_server.force_release("job:42")
-        assert worker.acquire("job:42", "new-owner", ttl=30).acquired
-        assert lock.lost.wait(2)
+    lock = worker.lock("job:42", ttl=1, wait=1)
+
+    def block():
+        with lock:
+            live_server.force_release("job:42")
+            assert worker.acquire("job:42", "new-owner", ttl=30).acquired
+            assert lock.lost.wait(30)  # a deadline: set within a renewal or the ttl
+
+    with pytest.raises(LockLost):
+        block()
     assert worker.get("job:42").owner == "new-owner"
+
+
+def test_leaving_a_lost_lock_raises_lock_lost_even_if_no_renew_noticed_it(
+    live_server, worker
+):
+    """python-redis-lock raises NotAcquired, pottery ReleaseUnlockedLock: the block
+    ran unprotected, so its end must not look like success. Here the renewer had
+    no turn yet (renew every 20 s): the release finds the lock gone."""
+    lock = worker.lock("job:42", ttl=30, wait=1, renew_every=20)
+
+    def block():
+        with lock:
+            live_server.force_release("job:42", reason="stuck")
+            assert worker.acquire("job:42", "new-owner", ttl=30).acquired
+
+    with pytest.raises(LockLost, match="job:42") as caught:
+        block()
+    assert lock.lost.is_set()
+    assert caught.value.resource == "job:42"
+    assert worker.get("job:42").owner == "new-owner"
+
+
+def test_raise_on_lost_false_keeps_the_loss_in_lost_and_the_log(live_server, worker):
+    with worker.lock("job:42", ttl=30, wait=1, raise_on_lost=False) as lock:
+        live_server.force_release("job:42")
+    assert lock.lost.is_set()
+    assert "job:42" in lock.lost_reason
+
+
+def test_check_raises_lock_lost_once_the_lock_is_lost(live_server, worker):
+    # A ttl no loaded machine lets run out before the check (1 s did, starved
+    # renewals on a CI-like load), renewed often so the loss is seen soon.
+    lock = worker.lock("job:42", ttl=30, renew_every=0.2, wait=10, raise_on_lost=False)
+    with lock:
+        lock.check()  # held: nothing to say
+        live_server.force_release("job:42")
+        assert lock.lost.wait(30)
+        with pytest.raises(LockLost, match="job:42"):
+            lock.check()
+
+
+def test_extend_and_locked_on_a_held_lock_by_the_servers_clock(live_server, worker):
+    """python-redis-lock's extend() and pottery's locked() (time left)."""
+    with worker.lock("job:42", ttl=5, wait=1, raise_on_lost=False) as lock:
+        assert 0 < lock.locked() <= 5
+        lock.extend(120)
+        assert 60 < lock.locked() <= 120
+        assert worker.get("job:42").ttl_remaining > 60
+        assert lock.fence == worker.get("job:42").fence
+        live_server.force_release("job:42")
+        assert lock.locked() == 0.0
+        with pytest.raises(LockLost):
+            lock.extend()
+        assert lock.lost.is_set()
+
+
+def test_wait_none_waits_until_granted(make_client, live_server, worker):
+    """As leadership(wait=None) does; it was a TypeError."""
+    worker.acquire("job:42", "holder", ttl=30)
+    granted = threading.Event()
+
+    def take() -> None:
+        with (
+            make_client(live_server.url, live_server.token) as waiter,
+            waiter.lock("job:42", ttl=5, wait=None),
+        ):
+            granted.set()
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    wait_until(lambda: worker.get("job:42").waiters == 1, "the waiter in line")
+    assert not granted.is_set()
+    worker.release("job:42", "holder")
+    taker.join(30)
+    assert granted.is_set()
+
+
+def test_synchronized_runs_each_call_holding_the_lock(live_server):
+    with LockClient(live_server.url, live_server.token) as client:
+        seen = []
+
+        @client.synchronized("job:sync", ttl=5, wait=1)
+        def job(n: int) -> int:
+            """A job."""
+            seen.append(client.get("job:sync").owner)
+            return n * 2
+
+        assert job(21) == 42
+        assert job.__doc__ == "A job."
+        assert len(seen) == 1
+        with pytest.raises(LockMissing):
+            client.get("job:sync")  # released after the call
+        client.acquire("job:sync", "someone", ttl=30)
+        with pytest.raises(LockNotAcquired):
+            job(1)
+
+
+def test_a_nested_lock_of_the_same_owner_is_refused_not_dropped_on_exit(worker):
+    """Before: the inner block re-acquired the same grant and its exit released
+    it, leaving the outer block unprotected without a word."""
+    with worker.lock("job:42", ttl=30, wait=1, owner="w-1") as outer:
+        with (
+            pytest.raises(AlreadyHeld, match="not re-entrant"),
+            worker.lock("job:42", ttl=30, wait=1, owner="w-1"),
+        ):
+            pass
+        assert worker.get("job:42").fence == outer.fence  # still held
+        # Another owner (the default) is another holder: it waits its turn.
+        with pytest.raises(LockNotAcquired):
+            worker.lock("job:42", ttl=30, wait=0).acquire()
+    # Once released, the same owner takes it again.
+    with worker.lock("job:42", ttl=30, wait=1, owner="w-1"):
+        pass
+
+
+@pytest.mark.parametrize("renew_every", [0, 5, 7.5])
+def test_renew_every_must_leave_room_to_renew(worker, renew_every):
+    with pytest.raises(ValueError, match="renew_every.*below the ttl"):
+        worker.lock("job:42", ttl=5, renew_every=renew_every)
+
+
+def test_lost_is_set_by_the_local_clock_when_the_lock_expires_unrenewed(
+    make_client, live_server
+):
+    """Every renew hangs (a wedged proxy): no answer ever comes, yet ``lost`` is
+    set at the lock's expiry by the local clock, not when a request gives up."""
+    with make_client(live_server.url, live_server.token, timeout=30) as client:
+        held = client.lock("job:42", ttl=1, wait=1, renew_every=0.5)
+        held.acquire()
+        hang = threading.Event()
+        front = live_server.app.wsgi_app
+
+        def wedged(environ, start_response):
+            if environ["REQUEST_METHOD"] == "PATCH":
+                hang.wait(10)
+            return front(environ, start_response)
+
+        live_server.app.wsgi_app = wedged
+        try:
+            started = time.monotonic()
+            assert held.lost.wait(3)
+            assert time.monotonic() - started < 1.5
+            assert "expired" in held.lost_reason
+        finally:
+            hang.set()
+            live_server.app.wsgi_app = front
+        with pytest.raises(LockLost):
+            held.check()
+        held.release()
 
 
 def test_service_gone_mid_block_sets_lost_by_the_time_the_lock_expires(

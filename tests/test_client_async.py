@@ -10,7 +10,7 @@ import asyncio
 import time
 
 import pytest
-from lockkeeper_client import AsyncLockClient, LockMissing, LockNotAcquired
+from lockkeeper_client import AsyncLockClient, LockLost, LockMissing, LockNotAcquired
 
 
 @pytest.fixture
@@ -47,11 +47,17 @@ async def test_sixteen_tasks_of_one_loop_take_turns_and_never_overlap(
 @pytest.mark.anyio
 async def test_lost_is_an_asyncio_event_a_task_can_await(live_server):
     async with AsyncLockClient(live_server.url, live_server.token) as client:
-        async with client.lock("job:42", ttl=1, renew_every=0.05) as lock:
-            assert isinstance(lock.lost, asyncio.Event)
-            await asyncio.to_thread(live_server.force_release, "job:42")
-            await asyncio.wait_for(lock.lost.wait(), 5)
-            assert "job:42" in lock.lost_reason
+        lock = client.lock("job:42", ttl=1, renew_every=0.05)
+
+        async def block():
+            async with lock:
+                assert isinstance(lock.lost, asyncio.Event)
+                await asyncio.to_thread(live_server.force_release, "job:42")
+                await asyncio.wait_for(lock.lost.wait(), 5)
+                assert "job:42" in lock.lost_reason
+
+        with pytest.raises(LockLost, match="job:42"):
+            await block()
 
 
 @pytest.mark.anyio
@@ -111,3 +117,16 @@ async def test_a_request_of_the_async_client_imports_nothing(live_server):
         finally:
             sys.meta_path.remove(recorder)
     assert recorder.asked == []
+
+
+@pytest.mark.anyio
+async def test_synchronized_decorates_a_coroutine_function(live_server):
+    async with AsyncLockClient(live_server.url, live_server.token) as client:
+
+        @client.synchronized("job:async-sync", ttl=5, wait=1)
+        async def job(n: int) -> str:
+            return (await client.get("job:async-sync")).owner + f":{n}"
+
+        assert (await job(3)).endswith(":3")
+        with pytest.raises(LockMissing):
+            await client.get("job:async-sync")

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
-from lockkeeper_client import LockClient
+from lockkeeper_client import LockClient, LockLost, LockNotAcquired
 
 from app.paths import PROJECT_ROOT
 from tests import celery_tasks
@@ -197,3 +197,93 @@ def test_a_killed_workers_lock_is_taken_over_after_its_ttl(
     assert not [
         e for e in events if e["action"] == "released" and e["fence"] == first_fence
     ]
+
+
+def test_a_task_whose_lock_is_taken_over_sees_it_and_fails_with_lock_lost(
+    live_server, start_worker, queue, tmp_path
+):
+    start_worker("w1")
+    started, log = tmp_path / "started", tmp_path / "seen.jsonl"
+    result = celery_tasks.report_until_lost.apply_async(
+        args=("2026-09", str(started), str(log)), queue=queue
+    )
+    _wait_for(started.exists, "the task holding the lock")
+    live_server.force_release("report:2026-09", reason="stuck")
+    with LockClient(live_server.url, live_server.token) as other:
+        assert other.acquire("report:2026-09", "other-worker", ttl=30).acquired
+        with pytest.raises(LockLost, match="report:2026-09") as caught:
+            result.get(timeout=30)
+        assert caught.value.resource == "report:2026-09"
+        assert result.state == "FAILURE"
+        (seen,) = [json.loads(line) for line in log.read_text().splitlines()]
+        assert seen["lost"] is True
+        # The loss was the body's only: the new holder keeps its lock.
+        assert other.get("report:2026-09").owner == "other-worker"
+
+
+def test_a_task_raising_lock_not_acquired_is_caught_by_type_in_the_caller(
+    live_server, start_worker, queue
+):
+    start_worker("w1")
+    with LockClient(live_server.url, live_server.token) as holder:
+        assert holder.acquire("report:2026-10", "cron-host", ttl=30).acquired
+        result = celery_tasks.take_without_waiting.apply_async(
+            args=("report:2026-10",), queue=queue
+        )
+        with pytest.raises(LockNotAcquired, match="cron-host") as caught:
+            result.get(timeout=30)
+    assert caught.value.resource == "report:2026-10"
+    assert "report:2026-10" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"LOCKKEEPER_URL": None}, "LOCKKEEPER_URL"),
+        ({"LOCKKEEPER_TOKEN": ""}, "token is empty"),
+        ({"LOCKKEEPER_URL": "locks.internal:8000"}, "http://locks.internal:8000"),
+    ],
+)
+def test_a_worker_without_its_lockkeeper_settings_refuses_to_start(
+    live_server, queue, tmp_path, settings, says
+):
+    """It would run @locked tasks it cannot lock, and celery-once/-singleton tasks
+    whose locks it cannot clear (held for their whole ttl, 24 h by default)."""
+    env = {
+        **os.environ,
+        "LOCKKEEPER_URL": live_server.url,
+        "LOCKKEEPER_TOKEN": live_server.token,
+        "LOCKKEEPER_TEST_CELERY_QUEUE": queue,
+        "LOCKKEEPER_TEST_CELERY_READY": str(tmp_path / "ready"),
+    }
+    for name, value in settings.items():
+        if value is None:
+            del env[name]
+        else:
+            env[name] = value
+    worker = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.celery_tasks",
+            "worker",
+            "--pool=solo",
+            "-Q",
+            queue,
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert worker.returncode != 0
+    assert "cannot start" in worker.stderr
+    assert says in worker.stderr
+    assert "celery-once" in worker.stderr  # the backends' settings are named too
+    assert not (tmp_path / "ready").exists()

@@ -20,6 +20,7 @@ from lockkeeper_client.celery_backends import (
 )
 
 from tests import celery_tasks
+from tests.live_server import serve
 from tests.test_client_celery import _events, _wait_for, queue, start_worker
 
 __all__ = ["queue", "start_worker"]  # fixtures, used by name
@@ -71,6 +72,9 @@ def test_celery_once_queues_a_key_once_until_the_worker_clears_it(
         args=("2026-09", str(log), 0.0), queue=queue
     )
     assert third.get(timeout=60) == "2026-09"
+    # The task's result comes before the worker clears its key (celery_once
+    # releases in after_return): wait for that release before reading them.
+    _wait_for(lambda: _free(live_server, resource), "the worker's second clear")
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["month"] for r in runs if r["event"] == "start"].count("2026-09") == 2
     # By the lock's history: each take had an owner of its own, released by it.
@@ -122,19 +126,26 @@ def test_celery_singleton_runs_one_task_per_key_and_names_it(
 
 
 def test_a_clear_never_removes_the_take_that_replaced_the_one_it_read(
-    live_server, producer
+    make_app, clock, monkeypatch
 ):
     """The race a read-then-delete by key would lose: the clear reads the key's
     holder, that lock expires and another producer takes the key, then the
     clear's release comes. It names the old owner, so it is refused and the new
-    take stays."""
+    take stays. (The server's clock is a fake one the test moves: the expiry
+    comes after the read however slowly the machine runs.)"""
     key = f"qo_race_{uuid.uuid4().hex}"
     resource = resource_for(key)
-    once = CeleryOnce({})
-    once.raise_or_lock(key, timeout=0.3)
-    with LockClient(live_server.url, live_server.token) as client:
+    with (
+        serve(make_app(LOCKKEEPER_CLOCK=clock)) as live,
+        LockClient(live.url, live.token) as client,
+    ):
+        monkeypatch.setenv("LOCKKEEPER_URL", live.url)
+        monkeypatch.setenv("LOCKKEEPER_TOKEN", live.token)
+        once = CeleryOnce({})
+        once.raise_or_lock(key, timeout=30)
         read = client.get(resource)  # what the clear read
-        _wait_for(lambda: _free(live_server, resource), "the first take's expiry")
+        clock.advance(31)  # the first take expires
+        assert _free(live, resource)
         once.raise_or_lock(key, timeout=30)  # another producer's take
         replaced = client.get(resource)
         assert replaced.owner != read.owner

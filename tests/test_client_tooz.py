@@ -39,6 +39,10 @@ def test_the_driver_is_found_by_its_url_scheme(live_server):
         coordinator.stop()
 
 
+# The driver speaks HTTP: the database behind the server changes nothing it sees
+# (each database's semantics have the server's own tests), so tooz's suite runs
+# once, on the database of multi-instance deployments.
+@pytest.mark.backends("postgresql")
 def test_toozs_own_coordination_tests_pass_against_lockkeeper(
     live_server, backend, tmp_path, record_property
 ):

@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from app.audit.service import EventFilter, list_events
+from app.dashboard import timeline
 from app.locks.errors import LockNotFound
 from app.locks.state import Action
 from tests.dashboard_helpers import HTMX, csrf_token, poller_version, post, soup
@@ -44,7 +45,7 @@ def test_overview_is_a_full_page_with_nav_csrf_meta_and_vendored_htmx(operator):
     assert "HX-Request" in response.vary
     assert page.body is not None
     nav = {a["href"] for a in page.select("nav[aria-label=Main] a")}
-    assert nav == {"/", "/audit", "/freezes"}
+    assert nav == {"/", "/audit", "/sessions", "/freezes"}
     assert page.find("meta", attrs={"name": "csrf-token"})["content"]
     scripts = [script["src"].partition("?")[0] for script in page.find_all("script")]
     assert "/static/vendor/htmx-4.0.1.min.js" in scripts
@@ -589,7 +590,8 @@ def test_lock_page_shows_row_history_and_timeline(operator, service, clock):
     acquired = page.select_one("#lock-summary dl time[data-age]")
     assert acquired["title"] == "2026-11-30T09:00:10.000Z"
     actions = [
-        row.select("td")[1].get_text() for row in page.select("#history tbody tr")
+        row.select_one("td.action").get_text()
+        for row in page.select("#history tbody tr")
     ]
     # Renewals are folded into the grant they extend.
     assert actions == ["took over · renewed 1×, last 0 s ago", "acquired"]
@@ -600,14 +602,81 @@ def test_lock_page_shows_row_history_and_timeline(operator, service, clock):
     assert when[1]["title"] == "2026-11-30T09:00:00.000Z"
     every = soup(operator.get(page.select_one("#history .rows-shown a")["href"]))
     actions = [
-        row.select("td")[1].get_text() for row in every.select("#history tbody tr")
+        row.select_one("td.action").get_text()
+        for row in every.select("#history tbody tr")
     ]
     assert actions == ["renewed", "took over", "acquired"]
     svg = page.select_one("svg.timeline")
-    assert svg["role"] == "img"
+    # A group, not an image: its bars are links that zoom to their grant.
+    assert svg["role"] == "group"
     assert svg.find("title").get_text() == "Who held job:1 when"
     assert len(svg.select("rect.tenure")) == 2
     assert svg.select("path.marker-took_over")
+
+
+def test_lock_page_history_says_who_held_it_and_for_how_long(operator, service, clock):
+    """Who held job:42 yesterday, and for how long: each grant's row says how
+    long it was held and how it ended, with its date beside its age."""
+    service.acquire("job:42", "w-1", ttl=600)
+    clock.advance(125)
+    service.release("job:42", "w-1")
+    clock.advance(0.25)
+    service.acquire("job:42", "w-2", ttl=600)
+    clock.advance(0.0075)
+    service.release("job:42", "w-2")
+    clock.advance(86400 + 3600)
+    rows = soup(operator.get("/locks/job:42")).select("#history tbody tr")
+    held = [row.select_one("td.held").get_text(" ", strip=True) for row in rows]
+    assert held == [
+        "ended w-2's hold of 8 ms",
+        "8 ms until released",
+        "ended w-1's hold of 2 min 5 s",
+        "2 min 5 s until released",
+    ]
+    when = rows[-1].select_one("td.when").get_text(" ", strip=True)
+    assert when == "1 d 1 h ago 2026-11-30 09:00Z"
+
+
+def test_the_timeline_zooms_to_one_tenure_of_a_week(operator, service, clock):
+    """A 2 min hold yesterday is a 2 px sliver of a week's timeline: its bar
+    and its history row zoom the drawing to it, which then fills most of the
+    plot; "Show the whole range" goes back; a zoom that is not a fence is a
+    400 that says so."""
+    service.acquire("job:42", "w-0", ttl=60)
+    service.release("job:42", "w-0")
+    clock.advance(6 * 86400)
+    fence = service.acquire("job:42", "w-1", ttl=600).lock.fence
+    clock.advance(125)
+    service.release("job:42", "w-1")
+    clock.advance(86400)
+    page = soup(operator.get("/locks/job:42"))
+    whole = {
+        bar.find("title").get_text().split(":")[0]: float(bar["width"])
+        for bar in page.select("svg.timeline rect.tenure")
+    }
+    assert whole["w-1, fence " + str(fence)] <= 3
+    link = page.select_one(f"svg.timeline a.zoom[href*='zoom={fence}']")
+    row_link = page.select_one(f"#history a.zoom-link[href*='zoom={fence}']")
+    assert link["href"] == row_link["href"]
+
+    zoomed = soup(operator.get(link["href"]))
+    assert f"fence {fence}" in zoomed.find(id="timeline-zoom").get_text()
+    bars = zoomed.select("svg.timeline rect.tenure")
+    assert len(bars) == 1, "the other grants lie outside the zoomed range"
+    plot = timeline.WIDTH - timeline.LABEL_WIDTH - timeline.RIGHT_PAD
+    assert float(bars[0]["width"]) >= 0.8 * plot
+    assert zoomed.select_one("svg.timeline a.zoom") is None
+    back = zoomed.find(id="timeline-zoom").find("a")["href"]
+    assert "zoom" not in back
+    assert soup(operator.get(back)).find(id="timeline-zoom") is None
+    # Polls keep the zoom.
+    assert f"zoom={fence}" in zoomed.select_one("[hx-get*='live=']")["hx-get"]
+
+    refused = operator.get("/locks/job:42?zoom=yesterday")
+    assert refused.status_code == 400
+    assert "zoom must be the fence" in refused.get_data(as_text=True)
+    unknown = soup(operator.get("/locks/job:42?zoom=999999"))
+    assert unknown.find(id="timeline-zoom") is None  # the whole range
 
 
 def test_lock_page_shows_the_last_run_a_release_reported(operator, service, clock):
@@ -661,7 +730,9 @@ def test_a_lock_renewed_200_times_shows_its_acquire_on_page_one(
         service.renew("job:1", "w", ttl=100)
     page = soup(operator.get("/locks/job:1"))
     [row] = page.select("#history tbody tr")
-    assert row.select("td")[1].get_text() == "acquired · renewed 200×, last 0 s ago"
+    assert row.select_one("td.action").get_text() == (
+        "acquired · renewed 200×, last 0 s ago"
+    )
     audit = soup(operator.get("/audit?resource=job:1"))
     [row] = audit.select("#audit-results tbody tr")
     assert "acquired · renewed 200×" in row.get_text()

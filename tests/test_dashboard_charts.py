@@ -157,9 +157,45 @@ def test_untouched_rows_on_each_side_of_the_windows_edges_count_as_classify(stor
         expected = {state: 0 for state in LockState}
         for minutes in EDGE_EXPIRIES:
             left = (minutes_ago(minutes) - sample.at).total_seconds()
-            expected[classify(left, 120)] += 1
+            # No event left: granted for its whole span (acquired to expiry).
+            ttl = (300 - minutes) * 60
+            expected[classify(left, 120, ttl=ttl)] += 1
         found = (sample.held, sample.expiring, sample.stale)
         assert found == tuple(expected.values()), sample.at
+
+
+def test_a_short_ttl_renewed_on_time_is_held_at_every_past_moment(stored):
+    """Expiring in the past as in the table: against each grant's own ttl. A
+    15 s lock renewed every 5 s has 10-15 s left at every moment, within the
+    15 s window but never past half its ttl: held, not expiring (the window
+    alone said expiring, all hour). Renewed last 10 s after minute 10, it has
+    5 s left then: expiring."""
+    renewals = [
+        event("renewed", 30 - k * 5 / 60, ttl_minutes=0.25) for k in range(1, 238)
+    ]
+    last = event("renewed", 10 + 10 / 60, ttl_minutes=0.25)
+    sampled = stored(
+        [event("acquired", 30, ttl_minutes=0.25), *renewals, last], within=15
+    )
+    assert at_minute(sampled, 31) == (0, 0, 0)
+    for minute in range(30, 11, -1):
+        assert at_minute(sampled, minute) == (1, 0, 0), minute
+    assert at_minute(sampled, 10) == (0, 1, 0)
+    assert at_minute(sampled, 9) == (0, 0, 1)
+
+
+def test_an_untouched_row_near_the_windows_start_is_judged_by_its_ttl(stored):
+    """A row no event of the hour touched, renewed for 15 s just before the
+    hour: 12 s left at its first moment, held (more than half its ttl); a row
+    on a long ttl with as little left is expiring."""
+    short = event("renewed", 60 + 3 / 60, resource="job:short", ttl_minutes=0.25)
+    rows = [
+        row("job:short", "w", 90, 60 - 12 / 60),
+        row("job:long", "w", 90, 60 - 12 / 60),  # no event: 30 min ttl
+    ]
+    sampled = stored([short], rows, within=15)
+    assert at_minute(sampled, 60) == (1, 1, 0)
+    assert at_minute(sampled, 59) == (0, 0, 2)
 
 
 def test_rows_touched_in_the_hour_count_once_from_their_events_on_every_side(stored):
@@ -214,7 +250,8 @@ def test_events_per_minute_and_the_drawing(app, backend):
         drawn.states.plot_right,
     )
     chart = drawn.states
-    for points in chart.lines.values():
+    for runs in chart.lines.values():
+        [points] = runs  # everything counted: one line
         xs = [float(point.split(",")[0]) for point in points.split()]
         assert (xs[0], xs[-1]) == (chart.plot_left, chart.plot_right)
         assert xs == sorted(xs)
@@ -230,9 +267,11 @@ def test_a_flat_stretch_of_a_series_is_drawn_by_its_ends(app, backend):
         db.session.commit()
         app.extensions.get("lockkeeper.activity", {}).clear()
         changed = charts.build(NOW + timedelta(seconds=1), 15)
-    for points in [*quiet.states.lines.values(), *quiet.refusals.lines.values()]:
+    for runs in [*quiet.states.lines.values(), *quiet.refusals.lines.values()]:
+        [points] = runs  # everything counted: one line
         assert len(points.split()) == 2
-    held = changed.states.lines["held"].split()
+    [held] = changed.states.lines["held"]
+    held = held.split()
     # Flat at 0, up at the acquire (the point before it and the point at it),
     # flat after: four points.
     assert len(held) == 4
@@ -243,7 +282,7 @@ def test_a_flat_stretch_of_a_series_is_drawn_by_its_ends(app, backend):
 def test_overview_loads_the_last_hour_after_its_table_and_polls_it_once_a_minute(
     operator, fake_app, clock
 ):
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     with fake_app.app_context():
         lock_service().acquire("job:1", "w", ttl=600)
@@ -274,7 +313,7 @@ def test_a_quiet_hours_chart_poll_is_a_204_and_a_new_event_redraws_it(
     """Nothing happened for an hour: a minute later the charts would draw the
     same (axes say how long ago), so the poll gets no body. An event in that
     minute changes them: the poll gets the new drawing."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     with fake_app.app_context():
         lock_service().acquire("job:1", "w", ttl=3 * 3600)
@@ -311,7 +350,7 @@ def test_a_steady_rate_redraws_the_charts_as_their_bars_name_new_minutes(
     """One renewal a minute for an hour: a minute later every bucket counts the
     same, but each bar is another minute (its hover names it), so the poll
     gets the new drawing."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     def a_minute_and_a_renewal():
         clock.advance(60)
@@ -336,7 +375,7 @@ def test_a_steady_rate_redraws_the_charts_as_their_bars_name_new_minutes(
 def test_the_charts_are_drawn_once_a_minute(operator, fake_app, clock):
     """Within a minute a poll reuses the minute's drawing; the next minute
     counts again."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     def held_now():
         page = soup(operator.get("/activity"))
@@ -677,7 +716,7 @@ def test_stored_rows_older_than_the_widest_range_are_deleted(app, backend):
 
 def _charts_now_and_cards(fake_app, clock):
     """The charts' last point (now) and the cards' counts, at the clock's now."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     with fake_app.app_context():
         service = lock_service()
@@ -691,6 +730,32 @@ def _charts_now_and_cards(fake_app, clock):
     )
 
 
+def test_the_charts_now_judges_short_ttls_as_the_cards_do(backend, fake_app, clock):
+    """The charts' last point and the cards agree on "expiring" by each grant's
+    ttl: a lock renewed for 20 s with 12 s left is held (within the 15 s
+    window, not past half its ttl), one acquired or renewed for 60 s with 8 s
+    left is expiring."""
+    from app.extensions import lock_service
+
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("job:short", "w", ttl=20)
+        service.acquire("job:renewed-short", "w", ttl=300)
+        service.acquire("job:renewed-long", "w", ttl=300)
+        clock.advance(40)
+        service.acquire("job:long", "w", ttl=60)
+        service.renew("job:renewed-short", "w", ttl=20)
+        service.renew("job:renewed-long", "w", ttl=60)
+    clock.advance(8)  # job:short ran out; 12 s left of 20, 52 of 60
+    charted, cards = _charts_now_and_cards(fake_app, clock)
+    assert cards == (3, 0, 1)
+    assert charted == cards
+    clock.advance(44)  # 8 s left of 60; the 20 s ones ran out
+    charted, cards = _charts_now_and_cards(fake_app, clock)
+    assert cards == (0, 2, 2)
+    assert charted == cards
+
+
 def test_the_charts_count_a_place_held_resource_once_as_the_cards_do(
     backend, fake_app, clock
 ):
@@ -700,7 +765,7 @@ def test_the_charts_count_a_place_held_resource_once_as_the_cards_do(
     again by the later one, and gone once every grant ran out. Acquired in the
     window (their events tell) and untouched for longer than the window (their
     rows tell) alike."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     hour = 3600
     with fake_app.app_context():
@@ -858,3 +923,202 @@ def test_a_request_counts_a_bounded_number_of_events_and_says_what_it_has_not(
     assert len(again.select("rect.event-bar")) == 60
     with fake_app.app_context():
         assert drawn(clock.now(), 15, charts.DEFAULT_SPAN) == whole
+
+
+EVENTS_PER_SECOND = 12
+
+
+def write_traffic(app, since: datetime, until: datetime) -> None:
+    """``EVENTS_PER_SECOND`` acquires and releases from ``since`` to ``until``,
+    in order (their ids follow their instants, as events written as they
+    happen)."""
+    seconds = (until - since).total_seconds()
+    count = round(seconds * EVENTS_PER_SECOND)
+    rows = []
+    for n in range(count):
+        at = since + timedelta(seconds=n / EVENTS_PER_SECOND)
+        acquired = n % 2 == 0
+        rows.append(
+            {
+                "resource": f"job:{n // 2 % 40}",
+                "action": "acquired" if acquired else "released",
+                "owner": "w" if acquired else None,
+                "previous_owner": None if acquired else "w",
+                "fence": 1,
+                "acquired_at": at,
+                "expires_at": at + timedelta(seconds=30),
+                "occurred_at": at,
+            }
+        )
+    with app.app_context():
+        db.session.execute(LockEvent.__table__.insert(), rows)
+        db.session.commit()
+
+
+@pytest.mark.parametrize("name", list(charts.SPANS))
+def test_under_steady_traffic_every_range_shows_its_events_within_a_minute(
+    backend, operator, fake_app, clock, monkeypatch, name
+):
+    """Twelve events a second written as time passes, one range's charts
+    polled every ten seconds from a cold start (nothing stored, seven minutes of
+    traffic before it) for 80 s: it never says "0 in the range" for
+    what it has not counted, and from the second poll on (the background count
+    of the cold start done) it shows the count of every event in it.
+    Above about 8 events a second the minute just ended was never counted (it
+    cannot be stored until a minute after it ends, and the budget reached only
+    the open minute): 24 h and 7 d said "0 events in the range" on every poll,
+    1 h showed the current minute only."""
+    built: dict[str, charts.Activity] = {}
+    build = charts.build
+
+    def recorded(now, within, shown=charts.DEFAULT_SPAN, budget=None):
+        drawing = build(now, within, shown, budget)
+        built[shown.name] = drawing
+        return drawing
+
+    monkeypatch.setattr(charts, "build", recorded)
+    # Mid-minute, minutes into the open bucket of the day's and the week's.
+    clock.current = NOW + timedelta(minutes=7, seconds=17)
+    written_until = clock.now() - timedelta(minutes=7)
+    for poll in range(8):  # across a minute's end, at 10:08:07
+        write_traffic(fake_app, written_until, clock.now())
+        written_until = clock.now()
+        page = soup(operator.get(f"/activity?range={name}"))
+        for thread in charts.counting_in_background(fake_app):
+            thread.join(timeout=60)
+        caption = page.select("figure.chart figcaption")[1].get_text()
+        drawing = built[name]
+        with fake_app.app_context():
+            events_in_range = db.session.scalar(
+                select(func.count()).where(
+                    LockEvent.occurred_at >= drawing.start,
+                    LockEvent.occurred_at < drawing.end,
+                )
+            )
+        assert events_in_range > 0
+        if poll == 0:
+            # The cold start: its newest minutes, the rest said uncounted.
+            assert page.select_one("#activity-counting") is not None
+            assert "in the range" not in caption or "counted part" in caption
+            assert " 0 in the " not in caption, caption
+        else:
+            assert page.select_one("#activity-counting") is None, poll
+            assert f"{events_in_range} in the range" in caption, (poll, caption)
+        clock.advance(10)
+
+
+def test_a_bucket_not_counted_yet_leaves_the_stored_ones_drawn(
+    backend, operator, fake_app, clock, monkeypatch
+):
+    """The day's buckets are stored up to the open one, whose older minutes
+    are neither stored nor within a request's budget: that bucket alone is
+    hatched and the caption counts the rest as "the counted part" (every
+    bucket before an uncounted one was drawn as not counted, and the range
+    said "0 events in the range")."""
+    day = charts.SPANS["24h"]
+    with fake_app.app_context():
+        for minute in range(60):  # one a minute in the hour before 10:00
+            db.session.add(event("acquired", 60 - minute, f"job:{minute}"))
+        db.session.flush()
+        for minute in range(15):  # three a minute since
+            for n in range(3):
+                db.session.add(event("renewed", -minute - n / 4, f"job:{n}"))
+        db.session.commit()
+        # A drawing at 10:01:30 stored every bucket before 10:00.
+        charts.samples(NOW + timedelta(seconds=90), 15, day)
+        charts.per_minute(NOW + timedelta(seconds=90), day)
+    monkeypatch.setattr(rollup, "EVENTS_PER_DRAWING", 5)
+    monkeypatch.setattr(charts, "_count_the_rest", lambda *args: None)
+    clock.current = NOW + timedelta(minutes=15, seconds=30)
+    page = soup(operator.get("/activity?range=24h"))
+    caption = page.select("figure.chart figcaption")[1].get_text()
+    assert "60 in the counted part of the range" in caption
+    assert len(page.select("rect.uncounted")) == 1  # the open bucket's events
+    assert page.select_one("#activity-counting") is not None
+    assert len(page.select("rect.event-bar")) == 3  # 09:00, 09:20, 09:40
+
+
+def placed_event(action, minutes, resource, owner, fence, ttl_minutes=60.0, mode=None):
+    """An event of one holder of a resource held by places (its own fence)."""
+    at = minutes_ago(minutes)
+    ends = action in ("released", "force_released")
+    return LockEvent(
+        resource=resource,
+        action=action,
+        owner=owner,
+        previous_owner=owner if ends else None,
+        fence=fence,
+        acquired_at=at,
+        expires_at=at if ends else at + timedelta(minutes=ttl_minutes),
+        occurred_at=at,
+        mode=mode or "exclusive",
+    )
+
+
+def test_overlapping_holders_in_the_past_each_hold_their_resource(stored):
+    """Two holders at once, in the past: a semaphore's places (a from 50 min
+    ago and on, b from 40 to 30 min ago) and two readers (r1 from 55 min ago,
+    renewed at 35 until 5 min ago; r2 from 45 to 25 min ago). Each holder is
+    read from its own events, so a resource is held while any of its grants
+    is, once (as the cards count it), and expiring as its grant that ends
+    first: not freed by another holder's release, nor renewed by another's
+    renewal."""
+    a_ends = minutes_ago(-10)
+    semaphore = DistributedLock(
+        resource="sem:2",
+        owner=None,
+        fence=1,
+        acquired_at=minutes_ago(50),
+        expires_at=minutes_ago(50),
+        holder_limit=2,
+        places_until=a_ends,
+    )
+    place_a = LockHolder(
+        resource="sem:2",
+        owner="a",
+        token="t",
+        mode="exclusive",
+        fence=11,
+        acquired_at=minutes_ago(50),
+        expires_at=a_ends,
+    )
+    readers = DistributedLock(
+        resource="rw:1",
+        owner=None,
+        fence=1,
+        acquired_at=minutes_ago(55),
+        expires_at=minutes_ago(55),
+        holder_limit=1,
+        places_until=minutes_ago(5),
+    )
+    r1 = LockHolder(
+        resource="rw:1",
+        owner="r1",
+        token="t",
+        mode=SHARED,
+        fence=21,
+        acquired_at=minutes_ago(35),
+        expires_at=minutes_ago(5),
+    )
+    sampled = stored(
+        events=[
+            placed_event("acquired", 55, "rw:1", "r1", 21, 30, SHARED),
+            placed_event("acquired", 50, "sem:2", "a", 11),
+            placed_event("acquired", 45, "rw:1", "r2", 22, 60, SHARED),
+            placed_event("acquired", 40, "sem:2", "b", 12),
+            placed_event("renewed", 35, "rw:1", "r1", 21, 30, SHARED),
+            placed_event("released", 30, "sem:2", "b", 12),
+            placed_event("released", 25, "rw:1", "r2", 22, mode=SHARED),
+        ],
+        rows=[semaphore, place_a, readers, r1],
+        within=120,
+    )
+    assert at_minute(sampled, 58) == (0, 0, 0)
+    assert at_minute(sampled, 52) == (1, 0, 0)  # r1
+    assert at_minute(sampled, 42) == (2, 0, 0)  # a and b; r1 and r2
+    assert at_minute(sampled, 38) == (2, 0, 0)
+    assert at_minute(sampled, 26) == (2, 0, 0)  # a; r1 (r2 left at 25)
+    assert at_minute(sampled, 20) == (2, 0, 0)  # a alone; r1 alone
+    assert at_minute(sampled, 6) == (1, 1, 0)  # r1: 1 min left
+    assert at_minute(sampled, 4) == (1, 0, 0)  # r1 ran out: free
+    assert at_minute(sampled, 0) == (1, 0, 0)

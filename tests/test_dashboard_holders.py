@@ -1,6 +1,8 @@
 """The lock page of a resource held by places (a semaphore's, or shared grants)
-lists every live holder: owner, token, time left, fence and mode, each with its
-own force-release (a reason, the fence seen), on every database."""
+says what holds it ("3 of 4 places", "2 readers") and lists every live holder:
+owner, token, time left, fence and time held, each with its own force-release
+(a reason, the fence seen) and, bound to a session, its own "End session…"; no
+claim is offered on a full semaphore; on every database."""
 
 from __future__ import annotations
 
@@ -26,31 +28,71 @@ def test_the_lock_page_lists_a_semaphores_holders(operator, service, clock):
         result = service.acquire("sem:build", owner, ttl=ttl, limit=4, token="ci")
         assert result.acquired
         fences.append(result.lock.fence)
+        clock.advance(1)
     clock.advance(10)
     page = soup(operator.get("/locks/sem:build"))
-    assert page.find(id="holders-used").get_text(strip=True) == "3 / 4"
+    assert page.find(id="holders-used").get_text(strip=True) == "3 of 4 places"
     assert page.find(id="holders-mode") is None
-    # The one that ends first first; time left as every coming instant.
+    assert page.find(id="holders-full") is None
+    # The summary names no holder as *the* owner: it says what holds it.
+    summary = page.find(id="lock-summary")
+    assert summary.find(id="lock-held-by").get_text(strip=True) == "3 of 4 places"
+    assert "Owner" not in [dt.get_text() for dt in summary.find_all("dt")]
+    assert summary.find(id="lock-claim"), "a free place can be claimed"
+    # The one that ends first first; time left as every coming instant; time
+    # held since each one's own grant.
     assert holder_rows(page) == [
-        ["w-1", "ci", "20 s", str(fences[0]), "exclusive"],
-        ["w-3", "ci", "35 s", str(fences[2]), "exclusive"],
-        ["w-2", "ci", "50 s", str(fences[1]), "exclusive"],
+        ["w-1", "ci", "17 s", str(fences[0]), "13 s"],
+        ["w-3", "ci", "34 s", str(fences[2]), "11 s"],
+        ["w-2", "ci", "48 s", str(fences[1]), "12 s"],
     ]
     remaining = page.select_one(f"#holder-{fences[1]} .ttl")
-    assert remaining["data-ttl"] == "50.000"
+    assert remaining["data-ttl"] == "48.000"
     assert remaining["title"].startswith("expires 2026-")
+    held = page.select_one(f"#holder-{fences[1]} td.held-for time")
+    assert held["data-age"] == "12.000"
 
 
-def test_shared_holders_show_their_mode(viewer, service):
+def test_a_full_semaphore_offers_no_claim(operator, service):
+    for owner in ("w-1", "w-2"):
+        assert service.acquire("sem:full", owner, ttl=30, limit=2).acquired
+    page = soup(operator.get("/locks/sem:full"))
+    assert page.find(id="holders-used").get_text(strip=True) == "2 of 2 places"
+    assert page.find(id="holders-full")
+    assert page.find(id="lock-claim") is None
+    assert "all 2 places are held" in page.find(id="lock-claim-full").get_text()
+    # The claim form, reached anyway, says so before anyone fills it in.
+    form = soup(operator.get("/locks/sem:full/claim"))
+    assert "All 2 of its places are held" in form.get_text(" ", strip=True)
+
+
+def test_a_session_bound_holder_can_have_its_session_ended_from_its_row(
+    operator, service
+):
+    session = service.sessions.create("w-1", 30, token="ci")
+    bound = service.acquire(
+        "sem:s", "w-1", token="ci", limit=3, session=session.id
+    ).lock
+    free = service.acquire("sem:s", "w-2", ttl=30, limit=3).lock
+    page = soup(operator.get("/locks/sem:s"))
+    link = page.find(id=f"holder-{bound.fence}-end-session")
+    assert link["href"].startswith(f"/sessions/{session.id}/end")
+    assert "(session)" in page.select_one(f"#holder-{bound.fence} td.held-for").text
+    assert page.find(id=f"holder-{free.fence}-end-session") is None
+    form = soup(operator.get(link["href"]))
+    assert form.find("textarea", attrs={"name": "reason"})
+
+
+def test_shared_holders_say_they_are_readers(viewer, service):
     for owner in ("r-1", "r-2"):
         assert service.acquire("cache", owner, ttl=30, mode="shared").acquired
     page = soup(viewer.get("/locks/cache"))
-    assert page.find(id="holders-used").get_text(strip=True) == "2"
-    assert page.find(id="holders-mode").get_text(strip=True) == "shared"
+    assert page.find(id="holders-used").get_text(strip=True) == "2 readers"
+    assert page.find(id="holders-mode").get_text(strip=True) == "(shared)"
+    assert page.find(id="lock-held-by").get_text(strip=True) == "2 readers (shared)"
     rows = holder_rows(page)
     assert [row[0] for row in rows] == ["r-1", "r-2"]
     assert {row[1] for row in rows} == {"none"}
-    assert {row[4] for row in rows} == {"shared"}
 
 
 def test_an_exclusive_lock_shows_no_holders_list(operator, service):
@@ -117,7 +159,7 @@ def test_the_audit_filters_by_mode(viewer, service):
         return sorted(
             (
                 tr.select_one("td.resource").get_text(strip=True),
-                tr.select("td")[2].get_text(strip=True),
+                tr.select_one("td.action").get_text(strip=True),
             )
             for tr in page.select("tr[data-event-id]")
         )
@@ -206,9 +248,10 @@ def test_the_groupings_count_places(viewer, service):
     def groups(view):
         page = soup(viewer.get(f"/?group={view}"))
         return {
-            row.find("td").get_text(" ", strip=True): row.find_all("td")[-1].get_text(
-                strip=True
-            )
+            # Its All column (a last seen follows on the owner and host views).
+            row.find("td").get_text(" ", strip=True): row.select("td.number")[
+                -1
+            ].get_text(strip=True)
             for row in page.select("#groups-table tbody tr")
         }
 

@@ -59,6 +59,60 @@ def test_unchanged_overview_poll_is_204_and_a_change_is_a_new_fragment(
     } == {"job:1", "job:2"}
 
 
+def test_a_renewal_moves_the_rows_time_left_without_the_table(operator, service, clock):
+    """The fleet renewing changes the newest event on every poll; with the
+    same rows in the same order and states, a poll gets each row's time left
+    (swapped in its row) and the poller's new version, not the table again. A
+    change elsewhere (a lock not on the page renewed) gets the poller alone."""
+    for n in range(25):
+        service.acquire(f"job:{n:02d}", f"w-{n}", ttl=600)
+    service.acquire("zz:later", "w-z", ttl=3600)  # not on page 1 (urgent first)
+    page = soup(operator.get("/"))
+    version = shown_version(page)
+    poll_url = page.select_one(".poller")["hx-get"]
+    rows = page.select("#locks-table tbody tr[id]")
+    assert len(rows) == 25
+    first = rows[0]
+    assert first.select_one("td.resource").get_text(strip=True) == "job:00"
+
+    clock.advance(5)
+    service.renew("job:00", "w-0", ttl=600)  # ends last of the page now
+    service.renew("job:01", "w-1", ttl=30)  # ends first: the order moves
+    table = poll(operator, poll_url, "live", version)
+    assert table.status_code == 200
+    assert soup(table).select_one("#locks-table") is not None
+
+    version = shown_version(soup(table))
+    clock.advance(5)
+    service.renew("job:01", "w-1", ttl=30)  # same place in the order
+    moved = poll(operator, poll_url, "live", version)
+    assert moved.status_code == 200
+    fragment = soup(moved)
+    assert fragment.select("table, tr, #live") == []
+    left = {el["hx-swap-oob"]: el for el in fragment.select("span.ttl[hx-swap-oob]")}
+    job_01 = soup(operator.get("/")).select("#locks-table tbody tr[id]")[0]
+    assert job_01.select_one("td.resource").get_text(strip=True) == "job:01"
+    assert len(left) == 25
+    swapped = f"outerHTML:#{job_01['id']} td.remaining .ttl"
+    assert left[swapped]["data-ttl"] == "30.000"
+    poller = fragment.select_one(".poller[hx-swap-oob]")
+    assert poller["id"] == "live-poller"
+    assert poller["hx-get"] == poll_url
+    new_version = poller_version(poller)
+    assert new_version != version
+    assert len(moved.get_data()) * 3 < len(table.get_data())
+    assert poll(operator, poll_url, "live", new_version).status_code == 204
+
+    clock.advance(5)
+    service.renew("zz:later", "w-z", ttl=3600)  # an event, nothing shown moves
+    elsewhere = poll(operator, poll_url, "live", new_version)
+    assert elsewhere.status_code == 200
+    fragment = soup(elsewhere)
+    assert fragment.select("[hx-swap-oob]") == fragment.select(".poller")
+    new_version = poller_version(fragment.select_one(".poller"))
+    assert poll(operator, poll_url, "live", new_version).status_code == 204
+
+
 def test_a_lock_that_crosses_into_expiring_or_stale_changes_the_version(
     operator, service, clock
 ):
@@ -89,7 +143,7 @@ def test_unchanged_lock_page_poll_is_204_until_the_lock_changes(
     changed = poll(operator, poll_url, "lock-live", version)
     assert changed.status_code == 200
     actions = [
-        row.select("td")[1].get_text()
+        row.select_one("td.action").get_text()
         for row in soup(changed).select("#history tbody tr")
     ]
     assert actions[0].startswith("acquired · renewed 1×")

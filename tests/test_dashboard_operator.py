@@ -178,7 +178,7 @@ def test_release_selected_rows_leaves_a_lock_that_changed_hands_and_reports_it(
     response = post(
         operator,
         "/release-many",
-        {"lock": shown, "reason": "batch-07 died", "next": "/"},
+        {"lock": shown, "reason": "batch-07 died", "confirm_count": "3", "next": "/"},
     )
     assert response.status_code == 303
     text = soup(operator.get("/")).select_one("#messages").get_text()
@@ -222,3 +222,72 @@ def test_release_many_needs_a_reason_and_real_rows(operator, service):
     bad = post(operator, "/release-many", {"lock": "x:job:1", "reason": "r"})
     assert bad.status_code == 400
     assert operator.get("/release-many").status_code == 200  # nothing chosen
+
+
+def test_an_unfiltered_tab_offers_no_release_of_all_and_refuses_one(operator, service):
+    """The Held tab alone is not a set chosen on purpose: no "Release the N
+    matching…" on it (one dialog and one reason released every held lock),
+    and asking for it anyway is a 400 that names what narrows, releasing
+    nothing. Selected rows stay the way to release a few of the tab."""
+    for n in range(3):
+        service.acquire(f"job:{n}", f"w-{n}", ttl=600)
+    for tab in ("/", "/?state=held"):
+        page = soup(operator.get(tab))
+        assert page.select_one("#bulk-form button") is not None
+        assert not page.select("#live a[href*='matching=1']"), tab
+    refused = operator.get("/release-many?matching=1&state=held")
+    assert refused.status_code == 400
+    page = soup(refused)
+    assert page.find("h2").get_text() == "Nothing to release yet"
+    assert "search for a prefix or an owner" in page.select_one("#locks-error").text
+    assert not page.select("form input[name=lock]")
+    searched = soup(operator.get("/?state=held&prefix=job:"))
+    [link] = searched.select("#live a[href*='matching=1']")
+    assert link.get_text() == "Release the 3 matching…"
+    assert "danger" in link["class"]
+
+
+def test_more_matching_than_one_confirmation_names_says_how_to_narrow(
+    operator, service, monkeypatch
+):
+    """Above the limit the overview says to narrow the search instead of
+    offering a dialog that could only say "Force release 0 locks?"."""
+    from app.dashboard import forms
+
+    monkeypatch.setattr(forms, "BULK_LIMIT", 3)
+    for n in range(4):
+        service.acquire(f"job:{n}", f"w-{n}", ttl=600)
+    page = soup(operator.get("/?prefix=job:"))
+    assert not page.select("#live a[href*='matching=1']")
+    note = page.select_one(".bulk-note").get_text()
+    assert note == "4 match: narrow the search to 3 or fewer to release them together."
+    refused = soup(operator.get("/release-many?matching=1&prefix=job:"))
+    assert refused.find("h2").get_text() == "Nothing to release yet"
+    assert "more than 3 locks match: narrow the search" in refused.text
+    assert refused.find("a", string="Back to the locks") is not None
+
+
+def test_a_bulk_release_is_confirmed_by_typing_its_count(operator, service):
+    """More than one grant: the count typed, or a 400 that changes nothing."""
+    chosen = []
+    for n in range(2):
+        service.acquire(f"job:{n}", f"w-{n}", ttl=600)
+        chosen.append(f"{service.get(f'job:{n}').fence}:job:{n}")
+    confirm = soup(
+        operator.get("/release-many?" + "&".join(f"lock={c}" for c in chosen))
+    )
+    assert confirm.select_one("label[for=confirm-count]").text == "Type 2 to confirm"
+    for typed in (None, "", "3", "two"):
+        form = {"lock": chosen, "reason": "r"}
+        if typed is not None:
+            form["confirm_count"] = typed
+        response = post(operator, "/release-many", form, htmx=True)
+        assert response.status_code == 400, typed
+        error = soup(response).select_one("#confirm_count-error").get_text()
+        assert error == "type 2, the number released, to confirm"
+        assert service.get("job:0").owner == "w-0"
+    form = {"lock": chosen, "reason": "r", "confirm_count": " 2 "}
+    response = post(operator, "/release-many", form, htmx=True)
+    assert "Force-released 2 locks." in soup(response).get_text(" ", strip=True)
+    with pytest.raises(LockNotFound):
+        service.get("job:0")

@@ -76,3 +76,88 @@ def test_a_viewer_cannot_end_a_session(viewer, bound, service):
     assert post(viewer, f"/sessions/{bound.id}/end", {"reason": "x"}).status_code == 403
     assert service.counts()["stale"] == 0
     assert sum(service.counts().values()) == 3
+
+
+def test_the_sessions_page_finds_an_overdue_session_and_ends_it(
+    operator, service, clock, bound
+):
+    """A worker stopped sending heartbeats 40 s ago on a 15 s session: the page
+    lists it first, overdue by 1.7 × ttl with its 3 bound locks; the live one
+    after it. "End session…" ends it (CSRF, operator, reason, audit) and the
+    row goes; the overview marks session-bound rows."""
+    clock.advance(40 - 4)  # the bound session's last heartbeat: 40 s ago
+    live = service.sessions.create("w-8", 60, token="worker")
+    assert service.acquire("job:live", "w-8", session=live.id, token="worker").acquired
+    page = soup(operator.get("/sessions"))
+    rows = page.select("#sessions-table tbody tr")
+    assert [row["id"] for row in rows] == [f"session-{bound.id}", f"session-{live.id}"]
+    stuck = rows[0].get_text(" ", strip=True)
+    assert "w-7" in stuck
+    assert "worker" in stuck
+    assert "overdue by 1.7 × ttl" in stuck
+    assert "40 s ago" in stuck
+    assert rows[0].select_one("td.number").get_text(strip=True) == "3"
+    assert "overdue" not in rows[1].get_text(" ", strip=True)
+    overview = soup(operator.get("/"))
+    marks = overview.select("#locks-table .session-mark")
+    assert len(marks) == 4  # job:1-3 (stale) and job:live
+    assert marks[0]["href"].startswith("/sessions#session-")
+
+    end = rows[0].select_one("a[id$='-end']")
+    form = soup(operator.get(end["href"]))
+    assert form.find("textarea", attrs={"name": "reason"})
+    done = post(
+        operator,
+        f"/sessions/{bound.id}/end",
+        {"reason": "worker wedged", "next": "/sessions"},
+        htmx=True,
+    )
+    assert done.status_code == 200
+    assert "Ended the session of w-7: it had expired" in soup(done).get_text()
+    after = soup(
+        operator.get(
+            "/sessions", headers={"HX-Request": "true", "HX-Target": "sessions"}
+        )
+    )
+    assert [row["id"] for row in after.select("#sessions-table tbody tr")] == [
+        f"session-{live.id}"
+    ]
+    # Its grants ended as of its expiry, one event each; the locks are free.
+    assert service.counts() == {"held": 1, "expiring": 0, "stale": 0}
+    with db.engine.connect() as conn:
+        ends = conn.execute(
+            select(LockEvent.resource, LockEvent.occurred_at).where(
+                LockEvent.action == "released"
+            )
+        ).all()
+    assert sorted(resource for resource, _ in ends) == ["job:1", "job:2", "job:3"]
+    assert {at for _, at in ends} == {bound.expires_at}
+
+
+def test_ending_a_live_session_from_its_page_releases_its_locks(
+    operator, service, bound
+):
+    page = soup(operator.get("/sessions"))
+    end = page.select_one(f"#session-{bound.id}-end")
+    assert end.get_text(" ", strip=True) == "End session… of w-7"
+    done = post(
+        operator,
+        f"/sessions/{bound.id}/end",
+        {"reason": "worker wedged", "next": "/sessions"},
+        htmx=True,
+    )
+    assert "Ended the session of w-7: released 3 locks." in soup(done).get_text()
+    assert service.counts() == {"held": 0, "expiring": 0, "stale": 0}
+    with db.engine.connect() as conn:
+        actors = conn.execute(
+            select(LockEvent.actor, LockEvent.reason).where(
+                LockEvent.action == "force_released"
+            )
+        ).all()
+    assert {tuple(a) for a in actors} == {("olga", "worker wedged")}
+
+
+def test_a_viewer_sees_the_sessions_but_no_end(viewer, bound):
+    page = soup(viewer.get("/sessions"))
+    assert len(page.select("#sessions-table tbody tr")) == 1
+    assert not page.select("a[id$='-end']")

@@ -351,6 +351,20 @@ def test_a_session_bound_grant_ends_with_its_session_not_its_recorded_expiry():
         "ended at 40 s": [("a", at(40), "expired"), ("b", at(70), "held")],
         "purged": [("a", at(15), "expired_unknown"), ("b", at(70), "held")],
     }
+    # A take-over that recorded the expiry it took (migration 0032 on
+    # PostgreSQL) ends it then, its session's row there or not.
+    took = replace(
+        events[1],
+        details={
+            "previous_token": "",
+            "previous_expires_at": at(40).isoformat(timespec="microseconds"),
+        },
+    )
+    for sessions in ({"s-1": at(40)}, {}):
+        assert [
+            (s.owner, s.held_until, s.ended_by)
+            for s in derive([events[0], took], at(70), sessions=sessions)
+        ] == [("a", at(40), "expired"), ("b", at(70), "held")]
     # A place bound to a live session is held, whatever other grants came.
     places = [
         replace(event("acquired", 0, "a", ttl=15, fence=1), details=bound),

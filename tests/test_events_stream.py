@@ -17,9 +17,8 @@ import pytest
 from sqlalchemy import insert, select, text
 
 from app.audit import follow
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.models import LockEvent
-from app.locks.service import lock_service
 from tests.live_server import serve
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -245,6 +244,7 @@ def test_past_the_cap_a_stream_is_answered_503_with_retry_after(make_app):
             refused = httpx.get(server.url + FOLLOW, headers=server.auth_headers)
             assert refused.status_code == 503
             assert refused.headers["content-type"] == "application/problem+json"
+            assert refused.json()["setting"] == "LOCKKEEPER_MAX_STREAMS"
             assert int(refused.headers["Retry-After"]) >= 1
         finally:
             first.close()
@@ -257,6 +257,44 @@ def test_past_the_cap_a_stream_is_answered_503_with_retry_after(make_app):
             ),
             what="the freed place",
         )
+
+
+def test_one_token_holds_at_most_its_share_of_the_streams(make_app):
+    """A token (even a read-only, prefix-scoped one) past its share gets a 503
+    naming the setting, and another token still gets a stream."""
+    app = make_app(
+        LOCKKEEPER_MAX_STREAMS=4,
+        LOCKKEEPER_MAX_STREAMS_PER_TOKEN=2,
+        LOCKKEEPER_STREAM_KEEPALIVE=0.2,
+    )
+    with serve(app) as server:
+        reader = create_token_in(app, "reader")
+        mine = [Stream(server, token=reader) for _ in range(2)]
+        try:
+            for stream in mine:
+                wait_until(lambda s=stream: "open" in s.comments, what="a stream")
+            refused = httpx.get(
+                server.url + FOLLOW, headers={"Authorization": f"Bearer {reader}"}
+            )
+            assert refused.status_code == 503
+            assert refused.json()["setting"] == "LOCKKEEPER_MAX_STREAMS_PER_TOKEN"
+            assert "LOCKKEEPER_MAX_STREAMS_PER_TOKEN" in refused.json()["detail"]
+            assert int(refused.headers["Retry-After"]) >= 1
+            other = Stream(server)
+            try:
+                wait_until(lambda: "open" in other.comments, what="another token's")
+            finally:
+                other.close()
+        finally:
+            for stream in mine:
+                stream.close()
+
+
+def create_token_in(app, name: str) -> str:
+    from app.auth.service import create_token
+
+    with app.app_context():
+        return create_token(name, read_only=True, prefixes=["reports:"])
 
 
 def test_a_bad_last_event_id_is_a_400_problem(server):
@@ -468,6 +506,27 @@ def test_an_id_rolled_back_holds_a_stream_back_only_briefly(server):
         grant(server, "after:rollback")
         wait_until(lambda: stream.messages, timeout=follow.HOLE_GRACE + 10)
         assert [e["resource"] for _, e in stream.messages] == ["after:rollback"]
+    finally:
+        stream.close()
+
+
+@pytest.mark.backends("mariadb")
+def test_a_long_run_of_missing_ids_holds_a_stream_back_once(server):
+    """Ids that will never come (an empty table whose counter stands far ahead,
+    as after a prune, or after the tests before this one) are one hole, waited
+    out once: the first event comes after one grace, not a grace per thousand
+    missing ids."""
+    with server.app.app_context(), db.engine.begin() as conn:
+        newest = conn.scalar(text("SELECT COALESCE(MAX(id), 0) FROM lock_events"))
+        conn.execute(
+            text(f"ALTER TABLE lock_events AUTO_INCREMENT = {newest + 50_000}")
+        )
+    stream = Stream(server)
+    try:
+        wait_until(lambda: "open" in stream.comments, what="the stream to open")
+        grant(server, "after:a:gap")
+        wait_until(lambda: stream.messages, timeout=follow.HOLE_GRACE + 10)
+        assert [e["resource"] for _, e in stream.messages] == ["after:a:gap"]
     finally:
         stream.close()
 

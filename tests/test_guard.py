@@ -20,9 +20,8 @@ from alembic import command
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from app.extensions import db, migrate
+from app.extensions import db, lock_service, migrate
 from app.factory import upgrade_schema
-from app.locks.service import lock_service
 from app.locks.values import Ask
 from tests.clock import FakeClock
 from tests.row_waits import RowHolder, run_blocked
@@ -168,6 +167,105 @@ def test_a_fence_never_granted_on_the_resource_is_never_held(guarded_app):
             assert message.startswith("lockkeeper_guard: never held:")
 
 
+NOWAIT = "SELECT id FROM distributed_locks WHERE resource = :r FOR UPDATE NOWAIT"
+
+
+def row_is_free(resource: str) -> bool:
+    """Whether another transaction can lock ``resource``'s row at once."""
+    with db.engine.connect() as other:
+        try:
+            other.execute(text(NOWAIT), {"r": resource})
+        except DBAPIError:
+            return False
+        finally:
+            other.rollback()
+    return True
+
+
+def failed_guard(conn, resource: str, fence: int) -> str:
+    """The SQLSTATE of a guard that fails; the caller's transaction stays
+    open (on PostgreSQL, aborted: only a rollback ends it)."""
+    with pytest.raises(DBAPIError) as failed:
+        guard(conn, resource, fence)
+    if conn.dialect.name == "postgresql":
+        return failed.value.orig.sqlstate
+    conn.exec_driver_sql("GET DIAGNOSTICS CONDITION 1 @state = RETURNED_SQLSTATE")
+    return conn.exec_driver_sql("SELECT @state").scalar()
+
+
+def test_any_live_grants_fence_passes_and_holds_the_row(guarded_app, clock):
+    service = lock_service()
+    readers = [
+        service.acquire("guard:rw", owner, ttl=30, mode="shared").lock
+        for owner in ("r-1", "r-2")
+    ]
+    place = service.acquire("guard:sem", "s-1", ttl=30, limit=3).lock
+    exclusive = service.acquire(RESOURCE, "w-1", ttl=30).lock
+    for resource, fence in [
+        ("guard:rw", readers[0].fence),
+        ("guard:rw", readers[1].fence),
+        ("guard:sem", place.fence),
+        (RESOURCE, exclusive.fence),
+    ]:
+        with db.engine.connect() as conn:
+            guard(conn, resource, fence)
+            # Nothing may change that grant's resource until this commits.
+            assert not row_is_free(resource), (resource, fence)
+            conn.commit()
+        assert row_is_free(resource)
+    # Another shared holder guards beside it (shared locks coexist).
+    with db.engine.connect() as first, db.engine.connect() as second:
+        guard(first, "guard:rw", readers[0].fence)
+        guard(second, "guard:rw", readers[1].fence)
+        first.rollback()
+        second.rollback()
+    # A place released is lost; one past its ttl (the database's clock) is
+    # expired; a demoted grant's fence is its shared grant's now.
+    service.release("guard:rw", "r-1")
+    with db.engine.connect() as conn:
+        assert refusal(conn, "guard:rw", readers[0].fence)[0] == "LK001"
+    demoted = service.acquire(RESOURCE, "w-1", ttl=30, mode="shared").lock
+    assert demoted.fence == exclusive.fence
+    with db.engine.connect() as conn:
+        guard(conn, RESOURCE, exclusive.fence)
+        conn.rollback()
+    with db.engine.connect() as conn:
+        conn.execute(
+            text("UPDATE lock_holders SET expires_at = :past WHERE fence = :f"),
+            {"past": datetime.now(UTC) - timedelta(seconds=5), "f": place.fence},
+        )
+        conn.commit()
+        assert refusal(conn, "guard:sem", place.fence)[0] == "LK002"
+
+
+@pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ"])
+def test_a_refused_fence_leaves_the_row_free(guarded_app, clock, isolation):
+    # A guard locked the row before it looked: a wrong fence kept it locked
+    # until the caller's transaction ended (on MariaDB a failed CALL does not
+    # end it), and the holder's renewal waited behind it.
+    service = lock_service()
+    lost = service.acquire(RESOURCE, "w-1", ttl=30).lock
+    clock.advance(31)
+    held = service.acquire(RESOURCE, "w-2", ttl=30).lock
+    place = service.acquire("guard:sem", "s-1", ttl=30, limit=2).lock
+    service.release("guard:sem", "s-1")
+    service.acquire("guard:sem", "s-2", ttl=30, limit=2)
+    refused = [(RESOURCE, lost.fence, "LK001"), ("guard:sem", place.fence, "LK001")]
+    if isolation == "READ COMMITTED":
+        # Under a snapshot a fence newer than any it knows may be a grant made
+        # since: PostgreSQL fails it with 40001, MariaDB looks under the lock
+        # (migration 0030).
+        refused.append((RESOURCE, held.fence + 1000, "LK003"))
+    for resource, fence, state in refused:
+        with db.engine.connect().execution_options(isolation_level=isolation) as conn:
+            conn.exec_driver_sql("SELECT 1")  # the transaction (and snapshot) begins
+            assert failed_guard(conn, resource, fence) == state
+            assert row_is_free(resource), (isolation, resource, fence)
+            conn.rollback()
+    renewed = service.renew(RESOURCE, "w-2", ttl=30)
+    assert renewed.fence == held.fence
+
+
 def test_outside_a_transaction_mariadb_refuses_and_postgresql_holds_nothing(
     guarded_app, backend
 ):
@@ -209,8 +307,8 @@ def test_the_guard_waits_for_a_take_over_in_flight_and_then_is_lost(guarded_app,
     with RowHolder(service, RESOURCE) as held, db.engine.connect() as conn:
         checking = run_blocked(service, lambda: refusal(conn, RESOURCE, first.fence))
         held.finish(
-            lambda c: service._transactional.acquire(
-                c, Ask(RESOURCE, "w-2", None, 30, "worker"), service._now()
+            lambda c: service.core.transactional.acquire(
+                c, Ask(RESOURCE, "w-2", None, 30, "worker"), service.core.given_now()
             )
         )
         assert checking.result(timeout=30)[0] == "LK001"

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from app.config import normalize_database_url
-from app.locks.service import lock_service
+from app.extensions import lock_service
 from tests.clock import FakeClock
 
 SERVERS = ("postgresql", "mariadb")

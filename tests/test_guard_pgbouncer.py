@@ -11,8 +11,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from app.config import normalize_database_url
-from app.extensions import db
-from app.locks.service import lock_service
+from app.extensions import db, lock_service
 from bench.pgbouncer import PgBouncer, find_pgbouncer
 from tests.clock import FakeClock
 from tests.databases import SERVER_URLS, unavailable
@@ -86,4 +85,8 @@ def test_guarded_writes_and_a_waiting_take_over_through_pgbouncer(
     finally:
         worker.dispose()
         with app.app_context():
+            # The table is the worker's own, not the schema's: it must not stay
+            # in the database the next test on this xdist worker takes as fresh.
+            with db.engine.begin() as conn:
+                conn.exec_driver_sql("DROP TABLE IF EXISTS bounced_notes")
             db.engine.dispose()

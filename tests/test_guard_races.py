@@ -22,8 +22,7 @@ from lockkeeper_client import GuardRefused, guard
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from app.extensions import db
-from app.locks.service import lock_service
+from app.extensions import db, lock_service
 from tests.row_waits import run_blocked
 
 SERVERS = ("postgresql", "mariadb")

@@ -226,6 +226,48 @@ def test_a_revoked_token_is_refused_at_the_place_grant(fake_app, service):
     assert places_of("tok:sem") == []
 
 
+def rows_of(resource: str) -> list[DistributedLock]:
+    db.session.rollback()
+    return list(
+        db.session.scalars(
+            select(DistributedLock).where(DistributedLock.resource == resource)
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "shape", [{"mode": "shared"}, {"limit": 3}], ids=["shared", "semaphore"]
+)
+def test_a_refused_place_of_a_new_resource_writes_nothing(fake_app, service, shape):
+    # Over its quota (429), frozen (423), its token ended: no row, no place,
+    # no event, for a resource that had none (the places path inserted a free
+    # row before it decided).
+    service.acquire("full:x", "w", ttl=10, token="q", max_locks=1)
+    with pytest.raises(QuotaExceeded):
+        service.acquire("new:quota", "w", ttl=10, token="q", max_locks=1, **shape)
+    service.freeze("new:froz", actor="op", reason="maintenance")
+    with pytest.raises(ResourceFrozen):
+        service.acquire("new:frozen", "w", ttl=10, **shape)
+    ApiClient(fake_app, "ended")
+    db.session.execute(
+        update(ApiToken)
+        .where(ApiToken.name == "ended")
+        .values(revoked_at=datetime.now(UTC))
+    )
+    db.session.commit()
+    with pytest.raises(TokenEnded):
+        service.acquire("new:ended", "w", ttl=10, token="ended", **shape)
+    for resource in ("new:quota", "new:frozen", "new:ended"):
+        assert rows_of(resource) == []
+        assert places_of(resource) == []
+        assert events_of(resource) == []
+    # The first grant writes the row with its place.
+    granted = service.acquire("new:quota", "w", ttl=10, token="q2", **shape)
+    assert granted.acquired
+    assert [row.owner for row in rows_of("new:quota")] == [None]
+    assert [place.owner for place in places_of("new:quota")] == ["w"]
+
+
 def test_holders_of_another_token_are_other_holders(service):
     service.acquire("tk:sem", "w", ttl=10, token="t1", limit=2)
     other = service.acquire("tk:sem", "w", ttl=10, token="t2", limit=2)

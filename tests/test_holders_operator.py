@@ -10,6 +10,7 @@ import time
 import pytest
 
 from app.auth.service import create_token
+from app.extensions import lock_service
 from app.locks.errors import (
     InvalidInput,
     LockChanged,
@@ -18,7 +19,6 @@ from app.locks.errors import (
     QuotaExceeded,
     ResourceFrozen,
 )
-from app.locks.service import lock_service
 from app.locks.state import Action
 from tests.dashboard_helpers import post, soup
 from tests.test_holders import events_of, places_of
@@ -431,7 +431,10 @@ def test_release_the_matching_of_a_host_releases_its_places_and_shared_grants(
     service.release("sem:h", "batch-07:2:b", token="ci")
     newer = grant(service, "sem:h", "web-3:1:f", limit=3, token="ci")
     response = post(
-        operator, "/release-many", {"lock": shown, "reason": "host died"}, htmx=True
+        operator,
+        "/release-many",
+        {"lock": shown, "reason": "host died", "confirm_count": "4"},
+        htmx=True,
     )
     assert response.status_code == 200
     text = soup(response).get_text(" ", strip=True)
@@ -468,7 +471,10 @@ def test_release_many_counts_the_grants_and_the_locks_it_released(operator, serv
     exclusive = grant(service, "job:count", "w-3")
     chosen = [f"{g.fence}:{g.resource}" for g in (*places, exclusive)]
     response = post(
-        operator, "/release-many", {"lock": chosen, "reason": "r"}, htmx=True
+        operator,
+        "/release-many",
+        {"lock": chosen, "reason": "r", "confirm_count": "3"},
+        htmx=True,
     )
     assert response.status_code == 200
     text = soup(response).get_text(" ", strip=True)
@@ -501,6 +507,7 @@ def test_release_many_checks_every_selected_grant_before_it_changes_any(
                 f"1:{'x' * 300}",
             ],
             "reason": "r",
+            "confirm_count": "3",
         },
     )
     assert bad.status_code == 400

@@ -27,13 +27,16 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.errors import LockNotFound
 from app.locks.models import LockEvent
-from app.locks.service import lock_service
 
+# This process's pool (16 + 4), the two children's (8 + 4 each), and the
+# waiting line's listener of each of the three apps.
+CONNECTIONS = 48
 pytestmark = [
-    pytest.mark.usefixtures("backend", "many_connections"),
+    pytest.mark.usefixtures("backend"),
+    pytest.mark.connections(CONNECTIONS),
     pytest.mark.slow,
 ]
 

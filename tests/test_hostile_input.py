@@ -160,7 +160,7 @@ def test_login_form_next_with_control_characters_goes_home(fake_app, target):
 
 
 def test_action_next_with_control_characters_goes_to_the_lock_page(app):
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
     from tests.dashboard_helpers import csrf_token
 
     make_user(app, "olga")
@@ -286,10 +286,11 @@ DASHBOARD_PAGES = ["/", "/activity", "/audit", "/freezes", "/locks/job:1"]
 QUERY_NAMES = ["cursor", "sort", "state", "prefix", "owner", "q", "next", "tab"]
 
 
+@pytest.mark.slow
 def test_every_dashboard_form_and_filter_refuses_hostile_text_without_a_500(
     operator, fake_app, clock
 ):
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     with fake_app.app_context():
         lock_service().acquire("job:old", "w-1", ttl=1, token="worker")

@@ -306,7 +306,7 @@ def test_get_hides_stale_locks_unless_asked(service, clock):
 
 def test_list_filters_by_state_prefix_and_owner(service, clock):
     service.acquire("job:1", "w-1", ttl=100)
-    service.acquire("job:2", "w-2", ttl=10)
+    service.acquire("job:2", "w-2", ttl=3)  # past half its ttl after 2 s
     service.acquire("report:x", "w-1", ttl=1)
     clock.advance(2)
     by_state = {
@@ -342,8 +342,9 @@ def test_counts_leave_out_free_rows_whatever_their_release_time(service, clock):
     service.acquire("old:1", "w", ttl=100)
     service.release("old:1", "w")  # free, its expiry before the instant
     service.acquire("stale:1", "w", ttl=1)
+    service.acquire("job:2", "w", ttl=4)  # 2 s of its 4 s left: expiring
     clock.advance(2)
-    for name, ttl in [("job:1", 100), ("job:2", 5), ("gone:1", 100), ("gone:2", 100)]:
+    for name, ttl in [("job:1", 100), ("gone:1", 100), ("gone:2", 100)]:
         service.acquire(name, "w", ttl=ttl)
     instant = service.now()
     clock.advance(3)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.models import LockEvent, LockSession
-from app.locks.service import lock_service
 from tests.test_api_locks import assert_problem
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -11,8 +11,8 @@ from openapi_spec_validator import validate
 
 from app.api.openapi import openapi_document
 from app.config import DEFAULTS
+from app.extensions import lock_service
 from app.locks.pagination import DEFAULT_PAGE, MAX_PAGE
-from app.locks.service import lock_service
 from app.locks.state import Action, LockState
 from app.locks.validation import MAX_NAME, RESOURCE_PATTERN
 
@@ -90,6 +90,8 @@ def test_schema_enums_and_limits_match_the_code(document):
     limit = document["components"]["parameters"]["Limit"]["schema"]
     assert (limit["maximum"], limit["default"]) == (MAX_PAGE, DEFAULT_PAGE)
     assert schemas["Owner"]["maxLength"] == MAX_NAME
+    for bounded in ("SetMembers", "SetResources"):
+        assert schemas[bounded]["maxItems"] == DEFAULTS["LOCKKEEPER_MAX_SET_SIZE"]
 
 
 def test_served_document_carries_the_configured_limits_and_requests_obey_it(
@@ -190,6 +192,14 @@ def test_responses_of_every_operation_conform_to_the_document(api, clock, docume
     call("POST", "/api/v1/locks/sem:1", json={"owner": "w-2", "limit": 3})
     call("POST", "/api/v1/locks/sem:1", json={"owner": "w-2", "limit": "x"})
     call("GET", "/api/v1/locks/sem:1/holders")
+    both = [{"resource": "acct:1"}, {"resource": "acct:2", "mode": "shared"}]
+    call("POST", "/api/v1/sets", json={"owner": "w-1", "members": both})
+    call("POST", "/api/v1/sets", json={"owner": "w-2", "members": both[:1]})
+    call("POST", "/api/v1/sets", json={"owner": "w-2", "members": both * 2})
+    names = ["acct:1", "acct:2"]
+    call("PATCH", "/api/v1/sets", json={"owner": "w-1", "resources": names})
+    call("PATCH", "/api/v1/sets", json={"owner": "w-2", "resources": names})
+    call("DELETE", "/api/v1/sets", json={"owner": "w-1", "resources": names})
     call("GET", "/api/v1/events?action=renewed")
     call("GET", "/api/v1/events?since=never")
     fence = call("GET", lock).get_json()["fence"]

@@ -239,7 +239,7 @@ def test_freeze_input_is_checked(service):
 def test_release_stale_releases_every_stale_lock_matching_with_one_event_each(
     service, clock, monkeypatch
 ):
-    monkeypatch.setattr("app.locks.service.RELEASE_BATCH", 3)
+    monkeypatch.setattr("app.locks.operator.RELEASE_BATCH", 3)
     for i in range(7):
         service.acquire(f"job:{i}", "w-1", ttl=10)
     service.acquire("job:other", "w-2", ttl=10)

@@ -8,10 +8,9 @@ import time
 import pytest
 from sqlalchemy import select
 
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.errors import LockChanged
 from app.locks.models import LockEvent
-from app.locks.service import lock_service
 from app.locks.values import Ask
 from tests.faults.checker import grant_order_violations
 from tests.row_waits import RowHolder, run_blocked
@@ -57,8 +56,10 @@ def test_force_release_refused_when_the_lock_changed_hands_while_it_waited(app):
                 ),
             )
             held.finish(
-                lambda conn: service._transactional.acquire(
-                    conn, Ask("race:op", "w-2", None, 30, "worker"), service._now()
+                lambda conn: service.core.transactional.acquire(
+                    conn,
+                    Ask("race:op", "w-2", None, 30, "worker"),
+                    service.core.given_now(),
                 )
             )
         with pytest.raises(LockChanged) as refused:
@@ -91,8 +92,10 @@ def test_claim_refused_when_the_lock_changed_hands_while_it_waited(app):
                 ),
             )
             held.finish(
-                lambda conn: service._transactional.acquire(
-                    conn, Ask("race:claim", "w-2", None, 30, "worker"), service._now()
+                lambda conn: service.core.transactional.acquire(
+                    conn,
+                    Ask("race:claim", "w-2", None, 30, "worker"),
+                    service.core.given_now(),
                 )
             )
         with pytest.raises(LockChanged) as refused:
@@ -127,8 +130,8 @@ def test_a_grant_that_waited_for_a_release_is_recorded_after_it(app, backend):
                 ),
             )
             held.finish(
-                lambda conn: service._transactional.release(
-                    conn, "race:order", "w-1", None, "worker", service._now()
+                lambda conn: service.core.transactional.release(
+                    conn, "race:order", "w-1", None, "worker", service.core.given_now()
                 )
             )
         assert waiting.result(timeout=30).acquired
@@ -152,9 +155,11 @@ def test_a_take_over_that_waited_for_a_force_release_is_recorded_after_it(app):
                 ),
             )
             held.finish(
-                lambda conn: service._transactional.force_remove(
+                lambda conn: service.core.transactional.force_remove(
                     conn,
-                    *service._transactional.locked(conn, "race:forced", service._now()),
+                    *service.core.transactional.locked(
+                        conn, "race:forced", service.core.given_now()
+                    ),
                     actor="alice",
                     reason="stuck",
                 )

@@ -19,18 +19,23 @@ import pytest
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.extensions import lock_service
 from app.locks.errors import LockExpired, LockNotFound, NotOwner
-from app.locks.service import lock_service
 from app.ops.request_log import LOGGER_NAME, render_line
+from app.ops.schema import required_revisions, shown_revisions
+from app.ops.version import RELEASE
 from app.paths import PROJECT_ROOT
 from bench.ports import free_port
 
 # -- helpers ----------------------------------------------------------------
 
 
-def scrape(client) -> dict[tuple[str, tuple], float]:
-    """GET /metrics and parse it: {(sample name, sorted labels): value}."""
-    response = client.get("/metrics")
+FLEET = "/metrics/fleet"
+
+
+def scrape(client, path: str = "/metrics") -> dict[tuple[str, tuple], float]:
+    """GET ``path`` and parse it: {(sample name, sorted labels): value}."""
+    response = client.get(path)
     assert response.status_code == 200
     assert response.content_type.startswith("text/plain")
     return parse(response.get_data(as_text=True))
@@ -92,10 +97,15 @@ def test_metrics_report_the_database_down_instead_of_failing(make_app):
         LOCKKEEPER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{free_port()}/x"
     )
 
-    samples = scrape(app.test_client())
+    samples = scrape(app.test_client(), FLEET)
 
     assert value(samples, "lockkeeper_database_up") == 0
-    assert not any(name == "lockkeeper_locks" for name, _ in samples)
+    # Every gauge is there, reading 0, rather than vanishing from the graphs.
+    for state in ("held", "expiring", "stale"):
+        assert ("lockkeeper_locks", (("state", state),)) in samples
+    for gauge in ("lockkeeper_queued_waiters", "lockkeeper_live_sessions"):
+        assert samples[(gauge, ())] == 0
+    assert value(samples, "lockkeeper_database_schema_info", revision="none") == 1
 
 
 # -- /metrics: lock operations ----------------------------------------------
@@ -181,16 +191,16 @@ def test_lock_gauges_follow_held_expiring_and_stale_at_scrape_time(fake_app, clo
     with fake_app.app_context():
         service = lock_service()
         service.acquire("old", "w1", ttl=1)
-        clock.advance(2)
+        service.acquire("short", "w1", ttl=16)
+        clock.advance(10)  # 6 s of its 16 s left: expiring
         service.acquire("long", "w1", ttl=300)
-        service.acquire("short", "w1", ttl=10)
 
-        first = scrape(client)
+        first = scrape(client, FLEET)
         service.release("long", "w1")
+        clock.advance(3)
+        second = scrape(client, FLEET)
         clock.advance(5)
-        second = scrape(client)
-        clock.advance(5)
-        third = scrape(client)
+        third = scrape(client, FLEET)
 
     def states(samples):
         return {
@@ -240,7 +250,7 @@ _WORKER = textwrap.dedent(
     """
     import sys
     from app import create_app
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     url, instance, prefix, count, render = sys.argv[1:6]
     app = create_app({
@@ -256,6 +266,7 @@ _WORKER = textwrap.dedent(
     assert client.get("/healthz").status_code == 200
     if render == "render":
         sys.stdout.write(client.get("/metrics").get_data(as_text=True))
+        sys.stdout.write(client.get("/metrics/fleet").get_data(as_text=True))
     """
 )
 
@@ -296,8 +307,12 @@ def test_metrics_of_several_processes_add_up(database_url, tmp_path):
     assert value(samples, acquisitions, outcome="held") == 2
     requests = "lockkeeper_http_requests_total"
     assert value(samples, requests, method="GET", route="/healthz", status="200") == 2
-    # Scrape-time gauges come from the database, once, not summed per process.
+    # Scrape-time gauges come from the database (its own target), once, not
+    # summed per process.
     assert value(samples, "lockkeeper_locks", state="held") == 5
+    schema = shown_revisions(required_revisions())
+    info = value(samples, "lockkeeper_build_info", version=RELEASE, schema=schema)
+    assert info == 1
     # The test process reads the same files and gets the same sums.
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))
@@ -311,6 +326,7 @@ def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
 ):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    head = shown_revisions(required_revisions())
     env = {
         **os.environ,
         "LOCKKEEPER_DATABASE_URL": database_url,
@@ -372,7 +388,13 @@ def test_gunicorn_with_two_workers_serves_summed_metrics_and_stops_cleanly(
                 == healthy
                 == 41
             )
-            assert value(samples, "lockkeeper_database_up") == 1
+            assert (
+                value(samples, "lockkeeper_build_info", version=RELEASE, schema=head)
+                == 1
+            )
+        with urllib.request.urlopen(f"{base}/metrics/fleet", timeout=30) as reply:
+            fleet = parse(reply.read().decode())
+        assert value(fleet, "lockkeeper_database_up") == 1
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -439,7 +461,11 @@ def test_gunicorn_finishes_requests_in_flight_on_sigterm(tmp_path):
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(f"{base}/ready", timeout=5).close()
+                # gunicorn's master listens before its worker has loaded the
+                # app: a request waits in the backlog until then, up to the
+                # deadline, not a guessed few seconds.
+                left = max(deadline - time.monotonic(), 1)
+                urllib.request.urlopen(f"{base}/ready", timeout=left).close()
                 break
             except (urllib.error.URLError, ConnectionError):
                 assert server.poll() is None, server.communicate()[1]
@@ -568,7 +594,7 @@ def test_api_request_log_names_the_token_not_the_token_itself(app, caplog):
 
 @pytest.mark.usefixtures("backend")
 def test_sessions_and_heartbeats_are_counted_and_live_sessions_gauged(fake_app, clock):
-    from app.locks.sessions import SessionExpired
+    from app.locks.errors import SessionExpired
 
     client = fake_app.test_client()
     with fake_app.app_context():
@@ -577,16 +603,17 @@ def test_sessions_and_heartbeats_are_counted_and_live_sessions_gauged(fake_app, 
         sessions.create("w-2", 30, token="ops")
         sessions.heartbeat(first.id, token="ops")
         sessions.heartbeat(first.id, token="ops")
-        assert value(scrape(client), "lockkeeper_live_sessions") == 2
+        assert value(scrape(client, FLEET), "lockkeeper_live_sessions") == 2
         clock.advance(20)
         with pytest.raises(SessionExpired):
             sessions.heartbeat(first.id, token="ops")
         samples = scrape(client)
+        fleet = scrape(client, FLEET)
     total = "lockkeeper_sessions_total"
     assert value(samples, total, outcome="created") == 2
     assert value(samples, total, outcome="heartbeat") == 2
     assert value(samples, total, outcome="heartbeat_expired") == 1
-    assert value(samples, "lockkeeper_live_sessions") == 1
+    assert value(fleet, "lockkeeper_live_sessions") == 1
 
 
 @pytest.mark.usefixtures("backend")
@@ -598,11 +625,85 @@ def test_places_used_of_their_limit_and_shared_grants_are_gauged(fake_app, clock
         service.acquire("m:sem", "b", ttl=30, limit=4)
         service.acquire("m:two", "a", ttl=30, limit=2)
         service.acquire("m:rw", "r", ttl=30, mode="shared")
-        samples = scrape(client)
+        samples = scrape(client, FLEET)
         assert value(samples, "lockkeeper_places_used") == 3
         assert value(samples, "lockkeeper_places_limit") == 6
         assert value(samples, "lockkeeper_shared_grants") == 1
         clock.advance(20)
-        samples = scrape(client)
+        samples = scrape(client, FLEET)
     assert value(samples, "lockkeeper_places_used") == 2
     assert value(samples, "lockkeeper_places_limit") == 6
+
+
+# -- /metrics: by prefix family, build info, the fleet's own target ----------
+
+
+@pytest.mark.usefixtures("backend")
+def test_lost_locks_and_hold_times_are_counted_by_prefix_family(make_app, clock):
+    app = make_app(LOCKKEEPER_CLOCK=clock, LOCKKEEPER_METRICS_PREFIXES="job:,billing:")
+    client = app.test_client()
+    with app.app_context():
+        service = lock_service()
+        service.acquire("job:1", "w1", ttl=10)
+        service.acquire("zzz:1", "w1", ttl=10)
+        clock.advance(4)
+        service.release("job:1", "w1")
+        service.release("zzz:1", "w1")
+        service.acquire("billing:1", "w1", ttl=1)
+        clock.advance(2)
+        with pytest.raises(LockExpired):
+            service.renew("billing:1", "w1", ttl=10)
+        service.acquire("billing:1", "w2", ttl=10)  # took over the lapsed lock
+        with pytest.raises(NotOwner):
+            service.renew("billing:1", "w1", ttl=10)
+        samples = scrape(client)
+    lost = "lockkeeper_lost_locks_total"
+    assert value(samples, lost, family="billing:", how="expired") == 1
+    assert value(samples, lost, family="billing:", how="taken_over") == 1
+    # Families with nothing lost are there, at 0, not absent.
+    assert (lost, (("family", "job:"), ("how", "expired"))) in samples
+    assert value(samples, "lockkeeper_took_over_total", family="billing:") == 1
+    held = "lockkeeper_hold_seconds"
+    assert value(samples, f"{held}_count", family="job:") == 1
+    assert value(samples, f"{held}_sum", family="job:") == pytest.approx(4, abs=0.01)
+    assert value(samples, f"{held}_count", family="other") == 1
+    assert value(samples, f"{held}_bucket", family="job:", le="5.0") == 1
+    assert value(samples, f"{held}_bucket", family="job:", le="1.0") == 0
+
+
+def test_a_semaphore_place_and_a_session_grant_record_their_hold_time(fake_app, clock):
+    client = fake_app.test_client()
+    with fake_app.app_context():
+        service = lock_service()
+        service.acquire("sem:1", "a", ttl=30, limit=2)
+        session = service.sessions.create("s", 30, token="ops")
+        service.acquire("ses:1", "s", session=session.id, token="ops")
+        clock.advance(3)
+        service.release("sem:1", "a")
+        service.sessions.end(session.id, token="ops", actor="ops")
+        samples = scrape(client)
+    held = "lockkeeper_hold_seconds"
+    assert value(samples, f"{held}_count", family="other") == 2
+    assert value(samples, f"{held}_sum", family="other") == pytest.approx(6, abs=0.02)
+
+
+def test_build_info_names_the_version_and_the_schema_the_code_needs(client):
+    samples = scrape(client)
+    (schema,) = required_revisions()
+    assert value(samples, "lockkeeper_build_info", version=RELEASE, schema=schema) == 1
+    # Per instance, not the database's gauges: those are /metrics/fleet's.
+    assert not any(name == "lockkeeper_locks" for name, _ in samples)
+    fleet = scrape(client, FLEET)
+    assert value(fleet, "lockkeeper_database_schema_info", revision=schema) == 1
+    assert not any(name.startswith("lockkeeper_http") for name, _ in fleet)
+
+
+@pytest.mark.parametrize(
+    "prefixes",
+    [",".join(f"p{n}:" for n in range(51)), "job:,job:", "other", "x" * 65],
+)
+def test_a_prefix_family_list_past_its_bounds_is_refused(make_app, prefixes):
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match="LOCKKEEPER_METRICS_PREFIXES"):
+        make_app(LOCKKEEPER_METRICS_PREFIXES=prefixes)

@@ -9,10 +9,9 @@ from alembic import command
 from sqlalchemy import text
 
 from app import create_app
-from app.extensions import db, migrate
+from app.extensions import db, lock_service, migrate
 from app.factory import upgrade_schema
 from app.locks.errors import LockNotFound
-from app.locks.service import lock_service
 from tests.databases import ServerDatabase, unavailable
 
 # 0007's hot path, and 0008's guard (tests/test_guard.py), all gone at 0006.

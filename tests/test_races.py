@@ -17,13 +17,16 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.errors import LockNotFound
 from app.locks.models import LockEvent
-from app.locks.service import lock_service
 
+# At most: this process's pool (10 + 30 overflow), or its idle ten beside the
+# four children's eight each, and the waiting line's listener of each app.
+CONNECTIONS = 46
 pytestmark = [
-    pytest.mark.usefixtures("backend", "many_connections"),
+    pytest.mark.usefixtures("backend"),
+    pytest.mark.connections(CONNECTIONS),
     pytest.mark.slow,
 ]
 
@@ -37,6 +40,10 @@ WORKERS = 8
 # test run one worker can be refused for most of its tries.
 TARGET_GRANTS = 800
 CYCLE_DEADLINE = 120.0
+# The cycling tests: WORKERS threads or processes, one request each at a time
+# (PostgreSQL, measured: at most 18 connections at once, 8 processes and the
+# test's own app); not the contenders' 46, which made them wait for the budget.
+CYCLE_CONNECTIONS = 24
 RESOURCES = [f"race:{i}" for i in range(4)]
 
 
@@ -264,6 +271,7 @@ def _check_cycle_history(app, grants):
     assert granted_events == sorted(grants)
 
 
+@pytest.mark.connections(CYCLE_CONNECTIONS)
 def test_threads_cycling_over_few_resources_never_overlap(app):
     holding, guard, violations, grants = {}, threading.Lock(), [], []
     granted = {"count": 0}
@@ -292,6 +300,7 @@ def _cycle_process(database_url, instance, worker, shared, results):
         db.engine.dispose()
 
 
+@pytest.mark.connections(CYCLE_CONNECTIONS)
 def test_processes_cycling_over_few_resources_never_overlap(app, database_url):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()

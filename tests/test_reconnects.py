@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-import app.database as app_database
+import app.locks.engine as lock_engine
 from app.config import normalize_database_url
 from app.database import autocommit
 from app.extensions import db
@@ -213,7 +213,7 @@ def test_an_uncached_token_on_a_connection_that_died_unseen_is_looked_up_again(
     assert api.post("/api/v1/locks/warm", json={"owner": "w"}).status_code == 200
     fresh = api.with_token("fresh")  # created, never looked up: not cached
     fill_pools(app)
-    monkeypatch.setattr(app_database, "connection_is_dead", lambda _conn: False)
+    monkeypatch.setattr(lock_engine, "connection_is_dead", lambda _conn: False)
     if server == "postgresql":
         assert terminate_backends(url.split("?")[0], APP_NAME) >= 8
     else:

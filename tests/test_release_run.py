@@ -9,6 +9,9 @@ import subprocess
 import pytest
 from lockkeeper_client import LockClient
 
+from app.locks.errors import InvalidInput
+from app.locks.validation import CONTROL_MESSAGE
+from tests.dashboard_helpers import soup
 from tests.test_api_locks import acquire, assert_problem, events_of
 from tests.test_exec import LOCKKEEPER, child, exec_environment
 
@@ -44,6 +47,10 @@ def test_a_place_of_a_semaphore_released_with_a_run_keeps_it_too(api):
         {"duration": 1.0},
         {"exit_status": 0, "duration": -1},
         {"exit_status": 0, "host": "a\u0000b"},
+        # Direction-reversing and zero-width: an owner refuses them, so a host does.
+        {"exit_status": 0, "host": "batch\u202e70"},
+        {"exit_status": 0, "host": "batch\u200b07"},
+        {"exit_status": 0, "host": ""},
         {"exit_status": 0, "extra": 1},
         {"exit_status": 999},
     ],
@@ -53,6 +60,40 @@ def test_a_malformed_run_is_a_400_and_releases_nothing(api, run):
     refused = api.delete("/api/v1/locks/job:42", json={"owner": "w-1", "run": run})
     assert_problem(refused, 400)
     assert api.get("/api/v1/locks/job:42").status_code == 200
+
+
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize(
+    "run",
+    [
+        {"exit_status": 0},
+        {"exit_status": -9, "host": "batch-07"},
+        {"exit_status": 255, "duration": 0},
+        {"exit_status": 1, "duration": 31536000, "host": "h" * 255},
+    ],
+)
+def test_every_run_the_schema_accepts_renders_on_the_lock_page(api, operator, run):
+    """``duration`` and ``host`` are optional: a run without them still shows."""
+    assert acquire(api).status_code == 200
+    released = api.delete("/api/v1/locks/job:42", json={"owner": "w-1", "run": run})
+    assert released.status_code == 204
+    page = operator.get("/locks/job:42")
+    assert page.status_code == 200
+    text = soup(page).select_one("#last-run").get_text(" ", strip=True)
+    assert f"exit {run['exit_status']}" in text
+    assert ("after" in text) == ("duration" in run)
+    assert (" on " in text) == ("host" in run)
+
+
+def test_the_service_refuses_a_run_whose_host_is_not_printable(service):
+    """Every face reaches the rule, not only the API's schema."""
+    service.acquire("job:42", "w-1", ttl=30)
+    with pytest.raises(InvalidInput) as refused:
+        service.release(
+            "job:42", "w-1", details={"run": {"exit_status": 0, "host": "a\u2066b"}}
+        )
+    assert refused.value.errors == [("run.host", CONTROL_MESSAGE)]
+    assert service.get("job:42").owner == "w-1"
 
 
 def test_exec_reports_how_its_command_ended_with_the_release(

@@ -15,10 +15,9 @@ from sqlalchemy import func, select, update
 
 from app.auth.models import ApiToken
 from app.auth.service import revoke_token
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.errors import TokenEnded
 from app.locks.models import DistributedLock
-from app.locks.service import lock_service
 from tests.conftest import ApiClient
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -12,8 +12,7 @@ import pytest
 from sqlalchemy import event, text
 
 from app.database import autocommit
-from app.extensions import db
-from app.locks.service import lock_service
+from app.extensions import db, lock_service
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -183,9 +182,11 @@ def test_a_full_semaphore_refuses_without_locking_or_writing(fake_app, clock):
 # statement on PostgreSQL, whatever the number of grants.
 HEARTBEAT = {
     "postgresql": (1, 0),
-    # locking read of the session, clock, update of the session, of its grants,
-    # of its places' resources (places_until), of its places
-    "mariadb": (6, 1),
+    # locking read of the session, clock, update of the session, its
+    # resources (a plain read of its grants' and of its places'), their rows
+    # locked in resource order (the lock order), update of its grants, of its
+    # places' resources (places_until), of its places
+    "mariadb": (9, 1),
     # BEGIN IMMEDIATE and the same, the host's clock read in Python
     "sqlite": (6, 1),
 }
@@ -210,7 +211,9 @@ def test_a_heartbeat_of_fifty_grants_is_one_round_trip_on_postgresql(app, backen
 
 # The places path (a semaphore's places, shared grants): on PostgreSQL one
 # statement (migration 0021); elsewhere one transaction, before which a plain
-# read refuses a semaphore already full of others (and inserts a missing row).
+# read refuses a semaphore already full of others. A resource with no row yet
+# gets it with its first grant (migration 0029): the transaction reads its line
+# (no row carries it) and inserts the row, where the plain read inserted it.
 # (statements, commits) per operation.
 PLACES_EXPECTED = {
     # the function: its plain look, then the row lock and the decision
@@ -231,13 +234,13 @@ PLACES_EXPECTED = {
     # release: the exclusive attempt a transaction of its own (2 statements),
     # then the place's: locking read, clock, places, update, update, event.
     "mariadb": {
-        "place first grant": (12, 1),
+        "place first grant": (13, 1),  # the line's read, the row's insert
         "place grant": (12, 1),
         "place reacquire": (8, 1),
         "place refused (full)": (2, 0),
         "place renew": (8, 2),
         "place release": (8, 2),
-        "shared grant": (12, 1),
+        "shared grant": (13, 1),  # a first grant too
     },
     # SQLite's clock is the host's; BEGIN IMMEDIATE counts
     "sqlite": {
@@ -310,7 +313,7 @@ def test_an_overview_reads_the_clock_once_and_the_place_held_twice(app, backend)
         service.acquire("rt:rw", "w-3", mode="shared", **TOKEN)
         # The statement the service reads the database's clock with (none on
         # SQLite).
-        read_now = getattr(service._transactional, "_read_now", None)
+        read_now = getattr(service.core.transactional, "_read_now", None)
         clock_sql = (
             None
             if read_now is None
@@ -341,3 +344,39 @@ def test_an_overview_reads_the_clock_once_and_the_place_held_twice(app, backend)
         "place-held reads": sum("live_places" in statement for statement in sent),
     }
     assert measured == OVERVIEW_EXPECTED[backend]
+
+
+# A set of three (exclusive, shared, a semaphore's place) on rows that exist:
+# (statements, commits) of its acquire and of its release, per database.
+SET_EXPECTED = {
+    # The rows locked in one statement, the clock, the token's row, then each
+    # member's one statement (lockkeeper_acquire_place) in the set's
+    # transaction; a release: each member's release statement (a place's
+    # after the exclusive one that found none).
+    "postgresql": {"acquire set of 3": (6, 1), "release set of 3": (5, 1)},
+    # The transactional places path for each member (about 8 statements).
+    "mariadb": {"acquire set of 3": (31, 1), "release set of 3": (20, 1)},
+    "sqlite": {"acquire set of 3": (31, 1), "release set of 3": (16, 1)},
+}
+
+
+def test_a_set_of_three_costs_as_documented(app, backend):
+    from app.locks.values import Member
+
+    members = [Member("rt:a"), Member("rt:b", 1, "shared"), Member("rt:c", 3)]
+    names = [m.resource for m in members]
+    with app.app_context():
+        service = lock_service()
+        # The rows exist (a first grant inserts them).
+        assert service.acquire_set(members, "w-1", **TOKEN).acquired
+        service.release_set(names, "w-1", token="rt")
+        trips = RoundTrips(db.engine)
+        measured = {
+            "acquire set of 3": trips.measure(
+                lambda: service.acquire_set(members, "w-1", **TOKEN)
+            ),
+            "release set of 3": trips.measure(
+                lambda: service.release_set(names, "w-1", token="rt")
+            ),
+        }
+    assert measured == SET_EXPECTED[backend]

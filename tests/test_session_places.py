@@ -13,10 +13,13 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from app.extensions import db
+from app.extensions import db, lock_service
+from app.locks.errors import SessionExpired
 from app.locks.models import LockEvent, LockHolder
-from app.locks.service import lock_service
+from app.locks.state import Action
 from app.locks.statements.common import locks
+from app.locks.values import Ask
+from tests.row_waits import DEADLINE, RowHolder, run_blocked
 from tests.test_api_locks import assert_problem
 from tests.test_lock_sessions import bind, start
 
@@ -324,3 +327,68 @@ def test_a_bound_exclusive_grant_is_not_demoted_on_its_own(api, fake_app):
     assert (lock["mode"], lock["expires_at"]) == ("shared", session["expires_at"])
     read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
     assert [lock["resource"] for lock in read["locks"]] == ["rw:1"]
+
+
+def test_a_bound_exclusive_grant_where_a_semaphore_ran_out_sets_the_limit_to_1(
+    api, clock
+):
+    """Once a semaphore's places have all run out the resource is free, and the
+    next grant sets its kind: a session's exclusive grant too, not a place of
+    the old limit that would let another holder in beside it."""
+    other = api.with_token("other")
+    semaphore = {"owner": "x", "ttl": 5, "limit": 2}
+    assert other.post("/api/v1/locks/sem:was", json=semaphore).status_code == 200
+    clock.advance(10)
+    session = start(api, ttl=15)
+    assert bind(api, session, "sem:was").status_code == 200
+    found = api.get("/api/v1/locks/sem:was/holders").get_json()
+    assert (found["limit"], found["mode"]) == (1, "exclusive")
+    refused = other.post("/api/v1/locks/sem:was", json={"owner": "y", "ttl": 5})
+    assert refused.status_code == 409
+
+
+@pytest.mark.backends("postgresql", "mariadb")
+def test_a_heartbeat_that_waited_past_its_sessions_expiry_renews_nothing(app):
+    """A heartbeat waiting for the row of its session's place while the
+    session runs out, and the place is taken over meanwhile (the taker holds
+    the row, reads a later clock and finds the session expired): the heartbeat
+    reads its clock once it holds that row, so it is refused, rather than
+    answering a new expiry for a session whose place is gone (the fault run's
+    session-bound workload believed three places of a semaphore of 2). The
+    database's own clock throughout: a fake one is read before any lock."""
+    resource = "sem:beat"
+    with app.app_context():
+        service = lock_service()
+        service.acquire(resource, "other", ttl=600, token="t", limit=2)
+        # The heartbeat must be waiting for the row before the session runs
+        # out: a loaded machine gets a longer session.
+        for ttl in (1.0, 2.0, 4.0, 8.0):
+            session = service.sessions.create("o", ttl, token="t")
+            bound = service.acquire(
+                resource, "o", session=session.id, token="t", limit=2
+            )
+            assert bound.acquired
+            with RowHolder(service, resource) as held:
+                beat = run_blocked(
+                    service,
+                    lambda id_=session.id: service.sessions.heartbeat(id_, token="t"),
+                )
+                if service.now() >= session.expires_at:
+                    continue  # it reached the row too late to show anything
+                deadline = time.monotonic() + DEADLINE
+                while service.now() <= session.expires_at:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+                taken = held.finish(
+                    lambda conn: service.core.transactional.acquire_place(
+                        conn, Ask(resource, "taker", "t", 60, limit=2), None
+                    )
+                )
+                assert (taken.done, taken.action) == (True, Action.TOOK_OVER)
+                with pytest.raises(SessionExpired):
+                    beat.result(timeout=DEADLINE)
+                break
+        else:
+            raise AssertionError("no heartbeat waited before its session ran out")
+        owners, _ = places(app, resource)
+        assert sorted(owner for owner, _, _ in owners) == ["other", "taker"]

@@ -1,8 +1,10 @@
 """The history of a session-bound grant, on every database: its event names
 its session, and its heartbeat (which writes no event) moves its expiry, so
 the audit page and the timeline read its end from its session: held while the
-session lives, ran out at the session's expiry once it ended, and ran out at
-a time not known once the session's row is gone."""
+session lives, ran out at the session's expiry once it ended, and, once the
+session's row is gone, ran out when the event that ended it recorded (a
+take-over, an operator's force-release or claim, a grant that cleared it, the
+session's end or purge)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ from sqlalchemy import func, select
 
 from app.audit.service import EventFilter, list_events, tenures
 from app.audit.tenures import ENDINGS, GRANTS
+from app.extensions import lock_service
 from app.locks.errors import LockChanged
 from app.locks.models import DistributedLock as LockRow
 from app.locks.models import LockHolder
-from app.locks.service import lock_service
 from app.locks.state import Action
 from tests.dashboard_helpers import soup
 from tests.test_lock_sessions import bind, count, start
@@ -74,19 +76,26 @@ def test_a_session_bound_place_is_held_while_its_session_lives_and_ends_with_it(
     assert "09:00:35" in title
     assert title.endswith("(expired)")
 
-    # The session's row purged, its expiry is known no more: it ran out, when
-    # is not recorded (not the 15 s its grant's event said).
+    # The session's row purged: the grant at 50 s that cleared the expired
+    # place recorded that it ran out at its session's expiry (not the 15 s
+    # its grant's event said, nor "time unknown").
     with fake_app.app_context():
         clock.advance(86400 * 8)
         lock_service().purge_stale(timedelta(days=7))
     page, found = page_of(fake_app, "sem:s")
-    unknown = found.started[grant.id]
-    assert unknown.ended_by == "expired_unknown"
+    ran_out = found.started[grant.id]
+    assert (ran_out.held_for, ran_out.ended_by) == (timedelta(seconds=35), "expired")
+    [recorded] = [e for e in page.items if e.id == ran_out.end_id]
+    assert (recorded.action, recorded.details) == (
+        Action.RELEASED,
+        {"session": session["id"], "session_expired": True},
+    )
     [title] = bar_titles(viewer, "sem:s", "w-7")
-    assert title.endswith("(expired, time unknown)")
+    assert "09:00:35" in title
+    assert title.endswith("(expired)")
     html = soup(viewer.get("/audit?resource=sem:s"))
     held = html.select_one(f"#event-{grant.id} td.held").get_text(" ", strip=True)
-    assert "until it expired, time unknown" in held
+    assert "time unknown" not in held
 
 
 def test_a_session_bound_exclusive_grant_released_by_its_session_end(
@@ -229,3 +238,119 @@ def test_a_purge_removes_a_sessions_place_beside_a_live_one(api, clock, fake_app
     assert [e.action for e in ends] == [Action.RELEASED]
     grant = next(e for e in page.items if e.fence == fence and e.action in GRANTS)
     assert found.started[grant.id].ended_by == "expired"
+
+
+def places_of(app, resource):
+    return count(
+        app,
+        select(func.count())
+        .select_from(LockHolder)
+        .where(LockHolder.resource == resource),
+    )
+
+
+def ran_out_unseen(api, clock, resource, **extra):
+    """A grant bound to a session whose heartbeat at 10 s moved its expiry to
+    25 s (no event says so); returns the session and the grant's fence, at
+    30 s."""
+    session = start(api, ttl=15)
+    bound = bind(api, session, resource, **extra)
+    assert bound.status_code == 200, bound.get_data(as_text=True)
+    clock.advance(10)
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    clock.advance(20)
+    return session, bound.get_json()["lock"]["fence"]
+
+
+def assert_ran_out_at_25_s_once_purged(app, clock, resource, ended_by):
+    with app.app_context():
+        clock.advance(86400 * 8)
+        lock_service().purge_stale(timedelta(days=7))
+    page, found = page_of(app, resource)
+    grant = next(e for e in page.items if e.owner == "w-7" and e.action in GRANTS)
+    ran_out = found.started[grant.id]
+    assert (ran_out.held_for, ran_out.ended_by) == (timedelta(seconds=25), "expired")
+    [end] = [e for e in page.items if e.id == ran_out.end_id]
+    assert end.action is ended_by
+
+
+def test_an_operators_force_release_records_when_a_session_bound_grant_ran_out(
+    api, clock, fake_app
+):
+    ran_out_unseen(api, clock, "job:forced")
+    with fake_app.app_context():
+        lock_service().force_release("job:forced", actor="alice", reason="stuck")
+    assert_ran_out_at_25_s_once_purged(
+        fake_app, clock, "job:forced", Action.FORCE_RELEASED
+    )
+
+
+def test_an_operators_release_of_stale_locks_records_when_they_ran_out(
+    api, clock, fake_app
+):
+    ran_out_unseen(api, clock, "job:stale")
+    with fake_app.app_context():
+        lock_service().release_stale(actor="alice", reason="sweep", prefix="job:")
+    assert_ran_out_at_25_s_once_purged(
+        fake_app, clock, "job:stale", Action.FORCE_RELEASED
+    )
+
+
+def test_an_operators_claim_records_when_a_session_bound_grant_ran_out(
+    api, clock, fake_app
+):
+    ran_out_unseen(api, clock, "job:claimed")
+    with fake_app.app_context():
+        lock_service().claim("job:claimed", "ops", 600, actor="alice", reason="mine")
+    assert_ran_out_at_25_s_once_purged(fake_app, clock, "job:claimed", Action.CLAIMED)
+
+
+def test_an_operators_force_release_of_a_session_bound_place_records_its_expiry(
+    api, clock, fake_app
+):
+    _, fence = ran_out_unseen(api, clock, "sem:forced", limit=3)
+    with fake_app.app_context():
+        lock_service().force_release_place(
+            "sem:forced", fence, actor="alice", reason="stuck"
+        )
+    assert_ran_out_at_25_s_once_purged(
+        fake_app, clock, "sem:forced", Action.FORCE_RELEASED
+    )
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["place", "shared"])
+def test_an_exclusive_grant_over_run_out_places_records_when_they_ran_out(
+    api, clock, fake_app, shared
+):
+    """A resource a session's place (or shared grant) held, run out, granted
+    exclusive: the grant clears the place's row and records, before its own
+    event, that it ran out at its session's expiry; the session's late end
+    finds nothing left to record."""
+    extra = {"mode": "shared"} if shared else {"limit": 3}
+    session, fence = ran_out_unseen(api, clock, "job:was-sem", **extra)
+    taken = api.with_token("other").post(
+        "/api/v1/locks/job:was-sem", json={"owner": "x", "ttl": 600}
+    )
+    assert taken.status_code == 200, taken.get_data(as_text=True)
+    assert places_of(fake_app, "job:was-sem") == 0
+    assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
+    page, _ = page_of(fake_app, "job:was-sem")
+    ends = [e for e in page.items if e.fence == fence and e.action in ENDINGS]
+    assert [e.action for e in ends] == [Action.RELEASED]
+    grant = next(e for e in page.items if e.owner == "x")
+    assert ends[0].id < grant.id
+    assert_ran_out_at_25_s_once_purged(fake_app, clock, "job:was-sem", Action.RELEASED)
+
+
+def test_an_operators_claim_over_run_out_places_records_when_they_ran_out(
+    api, clock, fake_app
+):
+    ran_out_unseen(api, clock, "job:claimed-sem", limit=3)
+    with fake_app.app_context():
+        lock_service().claim(
+            "job:claimed-sem", "ops", 600, actor="alice", reason="mine"
+        )
+    assert places_of(fake_app, "job:claimed-sem") == 0
+    assert_ran_out_at_25_s_once_purged(
+        fake_app, clock, "job:claimed-sem", Action.RELEASED
+    )

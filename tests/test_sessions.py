@@ -9,8 +9,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from app.auth.models import UserSession
-from app.extensions import db
-from app.locks.service import lock_service
+from app.extensions import db, lock_service
 from tests.dashboard_helpers import PASSWORD, csrf_token, log_in, make_user
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from app.audit.service import EventFilter, list_events, tenures
-from app.locks.service import lock_service
+from app.extensions import lock_service
 from app.locks.state import Action
 from tests.test_lock_sessions import bind, start
 
@@ -99,10 +99,14 @@ def test_a_take_over_of_a_place_ends_that_tokens_grant_not_its_owners_other(
 
 def test_a_take_over_records_the_end_of_a_session_bound_grant(api, clock, fake_app):
     """Its session gone, a session-bound grant's end is the take-over that
-    names it (it ran out before, when is not recorded)."""
+    names it, which recorded when it ran out: its session's expiry (moved by
+    a heartbeat that wrote no event), not the expiry its grant's event
+    recorded, nor "time unknown"."""
     session = start(api, ttl=15)
     assert bind(api, session, "job:s").status_code == 200
-    clock.advance(20)
+    clock.advance(10)
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    clock.advance(20)  # 30 s: the session ran out at 25 s
     other = api.with_token("other")
     assert (
         other.post("/api/v1/locks/job:s", json={"owner": "x", "ttl": 10}).status_code
@@ -113,7 +117,46 @@ def test_a_take_over_records_the_end_of_a_session_bound_grant(api, clock, fake_a
         lock_service().purge_stale(timedelta(days=7))
     items, found = history(fake_app, "job:s")
     grant, taken = only(items, Action.ACQUIRED), only(items, Action.TOOK_OVER)
-    assert taken.details == {"previous_token": "worker"}
+    ran_out_at = grant.occurred_at + timedelta(seconds=25)
+    assert taken.details == {
+        "previous_token": "worker",
+        "previous_expires_at": ran_out_at.isoformat(timespec="microseconds"),
+    }
     ran_out = found.started[grant.id]
-    assert (ran_out.ended_by, ran_out.end_id) == ("expired_unknown", taken.id)
+    assert (ran_out.ended_by, ran_out.held_until, ran_out.end_id) == (
+        "expired",
+        ran_out_at,
+        taken.id,
+    )
     assert found.ended[taken.id] == ran_out
+
+
+def test_a_take_over_of_a_session_bound_place_records_when_it_ran_out(
+    api, clock, fake_app
+):
+    session = start(api, ttl=15)
+    assert bind(api, session, "sem:s", limit=2).status_code == 200
+    other = api.with_token("other")
+    place = {"owner": "x", "ttl": 600, "limit": 2}
+    assert other.post("/api/v1/locks/sem:s", json=place).status_code == 200
+    clock.advance(10)
+    assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
+    clock.advance(20)  # 30 s: the session ran out at 25 s; the semaphore is full
+    third = api.with_token("third")
+    assert (
+        third.post("/api/v1/locks/sem:s", json={**place, "owner": "y"}).status_code
+        == 200
+    )
+    with fake_app.app_context():
+        clock.advance(86400 * 8)
+        lock_service().purge_stale(timedelta(days=7))
+    items, found = history(fake_app, "sem:s")
+    taken = only(items, Action.TOOK_OVER)
+    assert taken.previous_owner == "w-7"
+    grant = next(e for e in items if e.owner == "w-7")
+    ran_out = found.started[grant.id]
+    assert (ran_out.ended_by, ran_out.held_for, ran_out.end_id) == (
+        "expired",
+        timedelta(seconds=25),
+        taken.id,
+    )

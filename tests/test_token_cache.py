@@ -55,15 +55,23 @@ def test_revocation_reaches_another_worker_within_the_bound_in_real_time(make_ap
     bound = 0.5
     app = make_app(LOCKKEEPER_TOKEN_CACHE_SECONDS=bound)
     api = ApiClient(app)
-    assert _locks(api) == 200
+    assert _locks(api) == 200  # looked up and cached before the revocation
     _revoke_elsewhere(make_app, "worker")
     revoked_at = time.monotonic()
-    deadline = revoked_at + bound + 5
-    while _locks(api) == 200:
-        assert time.monotonic() < deadline, "a revoked token kept working"
+    last_pass_sent = None
+    while True:
+        sent = time.monotonic()
+        if _locks(api) != 200:
+            break
+        last_pass_sent = sent
+        assert sent < revoked_at + 60, "a revoked token kept working"
         time.sleep(0.02)
-    # Requests take time on a loaded machine; the bound itself is the cache's.
-    assert time.monotonic() - revoked_at < bound + 1.0
+    # A request sent once the bound has passed since the lookup (which was before
+    # the revocation) looks the token up again, however long it then takes to be
+    # answered on a loaded machine: no pass may have been sent that late. (On a
+    # slow machine the bound may pass before the first request: no pass at all.)
+    if last_pass_sent is not None:
+        assert last_pass_sent < revoked_at + bound
 
 
 @pytest.mark.usefixtures("backend")

@@ -12,10 +12,9 @@ from sqlalchemy import select, update
 
 from app import create_app
 from app.auth.service import create_token
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.errors import LockHeld, NotOwner, QuotaExceeded
 from app.locks.models import DistributedLock, LockEvent
-from app.locks.service import lock_service
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -254,7 +253,7 @@ ROUNDS = 10
 PER_TOKEN = 4
 
 
-@pytest.mark.usefixtures("many_connections")
+@pytest.mark.connections(32)  # the pool (10 + 20) and the listener
 def test_two_tokens_with_one_owner_string_race_and_one_wins(database_url, tmp_path):
     """Threads of two tokens send the same owner at once, on a free, then a stale
     lock: exactly one token holds it after each round, the other's acquires,
@@ -340,7 +339,7 @@ def _wait_until_stale(service, deadline_seconds: float = 5.0) -> None:
     raise AssertionError("the lock did not go stale")
 
 
-@pytest.mark.usefixtures("many_connections")
+@pytest.mark.connections(32)  # the pool (10 + 20) and the listener
 def test_quota_refusals_under_a_race_write_nothing(database_url, tmp_path):
     """Many threads of one capped token acquire different resources at once: at
     least the quota is granted, every refusal is a QuotaExceeded that wrote

@@ -15,10 +15,9 @@ import pytest
 from sqlalchemy import event, func, insert, select, text
 
 from app.database import autocommit
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.errors import QuotaExceeded
 from app.locks.models import DistributedLock
-from app.locks.service import lock_service
 from tests.conftest import ApiClient
 from tests.row_waits import DEADLINE, lock_waits
 

@@ -228,7 +228,7 @@ def test_tokens_create_refuses_bad_options(make_app, args):
 
 
 def test_a_scoped_token_lists_only_the_freezes_over_its_resources(api, fake_app):
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     with fake_app.app_context():
         for prefix, reason in [

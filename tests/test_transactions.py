@@ -240,7 +240,9 @@ def test_no_retries_means_one_try(waits):
 
 @pytest.fixture
 def quick_service(service, waits):
-    service._runner = TransactionRunner(service.settings.retries, sleep=waits.append)
+    service.core.runner = TransactionRunner(
+        service.settings.retries, sleep=waits.append
+    )
     return service
 
 

@@ -18,9 +18,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select, text
 
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.locks.models import LockEvent
-from app.locks.service import lock_service
 from bench.ports import free_port
 from tests.conftest import ApiClient
 from tests.dashboard_helpers import poller_version
@@ -212,6 +211,8 @@ def test_past_the_cap_a_waiting_acquire_gets_503(make_app):
         assert second.status_code == 503
         assert second.headers["Retry-After"] == "1"
         assert second.content_type == "application/problem+json"
+        assert second.get_json()["setting"] == "LOCKKEEPER_MAX_WAITERS"
+        assert "(LOCKKEEPER_MAX_WAITERS)" in second.get_json()["detail"]
         # A non-waiting acquire is never capped.
         assert api.post("/api/v1/locks/q:8", json={"owner": "x"}).status_code == 409
         released = api.delete("/api/v1/locks/q:8", json={"owner": "holder"})
@@ -239,6 +240,8 @@ def test_one_token_takes_no_more_than_its_share_of_the_waiting_places(make_app):
         third = greedy.post("/api/v1/locks/q:16", json={"owner": "g-3", "wait": 5})
         assert third.status_code == 503
         assert "share" in third.get_json()["detail"]
+        assert third.get_json()["setting"] == "LOCKKEEPER_MAX_WAITERS_PER_TOKEN"
+        assert third.get_json()["limit"] == 2
         # Another token still has places to wait in.
         fair = pool.submit(
             other.post, "/api/v1/locks/q:16", json={"owner": "o", "wait": 20}
@@ -439,7 +442,8 @@ def test_waits_show_in_the_metrics(app, locks):
     text = app.test_client().get("/metrics").get_data(as_text=True)
     assert 'lockkeeper_wait_seconds_count{outcome="timeout"} 1.0' in text
     assert "lockkeeper_waiting_requests 1.0" in text
-    assert "lockkeeper_queued_waiters 1.0" in text
+    fleet = app.test_client().get("/metrics/fleet").get_data(as_text=True)
+    assert "lockkeeper_queued_waiters 1.0" in fleet
     locks.release("q:11", "holder")
     waiters.join()
     text = app.test_client().get("/metrics").get_data(as_text=True)
@@ -554,6 +558,42 @@ def test_a_client_turned_away_by_a_full_waiting_room_joins_the_line_later(make_a
     assert later.granted == ["later"]
 
 
+def test_a_wait_turned_away_by_its_tokens_share_says_which_cap_it_hit(make_app):
+    """Past its token's share a waiting acquire is turned away: its client
+    polls from the place the server kept for it. A wait that runs out so says
+    which cap turned it away, rather than only that the lock stayed held."""
+    from lockkeeper_client import LockClient, LockNotAcquired
+
+    app = make_app(LOCKKEEPER_MAX_WAITERS_PER_TOKEN=1)
+    with serve(app) as server, app.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:17", "holder", ttl=30).acquired
+        granted: list[str] = []
+
+        def first_in_line() -> None:
+            with (
+                LockClient(server.url, server.token) as client,
+                client.lock("q:17", ttl=30, wait=20, owner="first"),
+            ):
+                granted.append("first")
+
+        first = threading.Thread(target=first_in_line, daemon=True)
+        first.start()
+        wait_until(lambda: line(locks, "q:17") == ["first"], what="first in line")
+        with (
+            LockClient(server.url, server.token) as client,
+            pytest.raises(LockNotAcquired) as refused,
+            client.lock("q:17", ttl=30, wait=1, owner="second"),
+        ):
+            pass
+        message = str(refused.value)
+        assert "LOCKKEEPER_MAX_WAITERS_PER_TOKEN" in message
+        assert "place in line was kept" in message
+        locks.release("q:17", "holder")
+        first.join(30)
+    assert granted == ["first"]
+
+
 @pytest.mark.parametrize(
     ("message", "expected"),
     [
@@ -635,3 +675,149 @@ def test_the_dashboard_shows_who_waits(fake_app, clock):
     changed = browser.get("/", headers={**HTMX_POLL, **overview_poll})
     assert changed.status_code == 200
     assert "3 waiting" in changed.get_data(as_text=True)
+
+
+def test_a_turned_away_acquire_keeps_its_place_for_its_retry(make_app, monkeypatch):
+    """A waiting acquire that asks for it (``place``: 0) keeps its place in line
+    when the room turns it away: the 503 names the place, and the retry that
+    presents it waits from there. Another owner or token presenting it joins
+    the end instead."""
+    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
+    app = make_app(LOCKKEEPER_MAX_WAITERS=1)
+    api = ApiClient(app)
+    other = api.with_token("other")
+    path = "/api/v1/locks/q:45"
+    assert api.post(path, json={"owner": "holder"}).status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(
+            api.app.test_client().post,
+            path,
+            json={"owner": "first", "wait": 20},
+            headers={"Authorization": f"Bearer {api.token}"},
+        )
+        with app.app_context():
+            wait_until(lambda: line(lock_service(), "q:45") == ["first"])
+        turned = api.post(path, json={"owner": "second", "wait": 5, "place": 0})
+        assert turned.status_code == 503
+        place = turned.get_json()["place"]
+        assert turned.get_json()["setting"] == "LOCKKEEPER_MAX_WAITERS"
+        # Not asked: no place kept, as before.
+        plain = api.post(path, json={"owner": "third", "wait": 5})
+        assert plain.status_code == 503
+        assert "place" not in plain.get_json()
+        # Presented by another token, or another owner: a place of its own.
+        for client, owner in ((other, "second"), (api, "thief")):
+            stolen = client.post(path, json={"owner": owner, "wait": 5, "place": place})
+            assert stolen.status_code == 503
+            assert stolen.get_json()["place"] > place
+        # The owner's own retry, turned away again, keeps the same place.
+        again = api.post(path, json={"owner": "second", "wait": 5, "place": place})
+        assert again.get_json()["place"] == place
+        with app.app_context():
+            assert line(lock_service(), "q:45") == [
+                "first",
+                "second",
+                "second",
+                "thief",
+            ]
+        assert api.delete(path, json={"owner": "holder"}).status_code == 204
+        assert first.result(timeout=30).status_code == 200
+    assert api.delete(path, json={"owner": "first"}).status_code == 204
+    # The room is free again: the retry waits from its place, first in line.
+    granted = api.post(path, json={"owner": "second", "wait": 5, "place": place})
+    assert granted.status_code == 200
+    assert granted.get_json()["lock"]["owner"] == "second"
+    with app.app_context():
+        assert line(lock_service(), "q:45") == ["second", "thief"]
+
+
+def test_a_client_turned_away_is_not_overtaken_by_a_later_waiter(make_app):
+    """The worker client asks for its place to be kept and presents it: a wait
+    the full room turned away is served before one that came after it (on a
+    server that kept no places, the later one, in line, went first)."""
+    from lockkeeper_client import LockClient
+
+    crowded = make_app(LOCKKEEPER_MAX_WAITERS=1)
+    elsewhere = make_app()  # another instance: a waiting room of its own
+    with serve(crowded) as server, elsewhere.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:46", "holder", ttl=30).acquired
+        line_at_grant: dict[str, list[str]] = {}
+
+        def take(owner: str, transport=None):
+            with (
+                LockClient(server.url, server.token, transport=transport) as client,
+                client.lock("q:46", ttl=30, wait=30, owner=owner),
+            ):
+                line_at_grant[owner] = line(locks, "q:46")
+
+        first = threading.Thread(target=take, args=("first",), daemon=True)
+        first.start()
+        wait_until(lambda: line(locks, "q:46") == ["first"], what="first in line")
+        answers = StatusLog()
+        second = threading.Thread(target=take, args=("second", answers), daemon=True)
+        second.start()
+        wait_until(lambda: 503 in answers.statuses, what="the full room's 503")
+        wait_until(
+            lambda: line(locks, "q:46") == ["first", "second"], what="a kept place"
+        )
+        later = Waiters(locks, "q:46")
+        later.start("later")
+        wait_until(
+            lambda: line(locks, "q:46") == ["first", "second", "later"], what="later"
+        )
+        locks.release("q:46", "holder")
+        first.join(30)
+        second.join(30)
+        later.join()
+    assert line_at_grant["second"] == ["later"]  # served before the later one
+    assert later.granted == ["later"]
+
+
+def test_waits_past_a_full_room_are_served_in_order_of_arrival(make_app):
+    """The race: six clients of one token loop on one lock through a server
+    whose token share lets two of them wait at once, so most of their waits are
+    turned away. Kept places keep the line: while one wait goes on, no more
+    than twice the others' number of grants go to others (the line's bound is
+    clients - 1). Without them the two in the room took turns and the others
+    polled: waits saw dozens of grants go by."""
+    from lockkeeper_client import LockClient
+
+    clients, rounds = 6, 8
+    app = make_app(LOCKKEEPER_MAX_WAITERS_PER_TOKEN=2)
+    waits: list[tuple[float, float]] = []  # (began, granted)
+    record = threading.Lock()
+    failures: list[BaseException] = []
+    with serve(app) as server, app.app_context():
+        start = threading.Barrier(clients)
+
+        def run(index: int) -> None:
+            try:
+                with LockClient(server.url, server.token) as client:
+                    start.wait(30)
+                    for _ in range(rounds):
+                        began = time.monotonic()
+                        with client.lock("q:47", ttl=30, wait=60, owner=f"c-{index}"):
+                            granted = time.monotonic()
+                        with record:
+                            waits.append((began, granted))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        threads = [
+            threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+            assert not thread.is_alive()
+        assert line(lock_service(), "q:47") == []
+    assert not failures, failures
+    grants = sorted(granted for _, granted in waits)
+    overtaken = [
+        sum(1 for other in grants if began < other < granted)
+        for began, granted in waits
+    ]
+    assert len(waits) == clients * rounds
+    assert max(overtaken) <= 2 * (clients - 1), sorted(overtaken)[-5:]

@@ -177,6 +177,33 @@ def test_polls_keep_focus_and_selection(operator_page: Page, site: Site):
     assert page.evaluate("getSelection().toString()") == "worker-2"
 
 
+def test_rows_hold_their_order_while_the_pointer_is_on_the_table(
+    operator_page: Page, site: Site
+):
+    """Ordered by time left, the first lock renewed for longer belongs last:
+    while the pointer rests on the table, the poll updates its time left in
+    place and the rows keep their order, with a note that says so; "Re-sort
+    now" puts it last."""
+    for n, name in enumerate("abcde"):
+        site.acquire(f"job:{name}", "w", ttl=100 * (n + 1))
+    page = operator_page
+    page.goto(site.url + "/?sort=remaining")
+
+    def names():
+        return page.locator("#locks-table tbody tr[id] td.resource").all_inner_texts()
+
+    assert names() == [f"job:{name}" for name in "abcde"]
+    lock_row(page, "job:c").locator("td.resource").hover()
+    site.acquire("job:a", "w", ttl=3000)
+    note = page.locator("#order-held")
+    expect(note).to_contain_text("5 rows would move", timeout=POLL_WAIT_MS)
+    assert names() == [f"job:{name}" for name in "abcde"]
+    expect(lock_row(page, "job:a").locator(".ttl")).to_contain_text("49 min")
+    note.get_by_role("button", name="Re-sort now").click()
+    expect(note).to_have_count(0)
+    assert names() == [f"job:{name}" for name in "bcdea"]
+
+
 def test_lock_page_is_live_and_shows_an_action_at_once(operator_page: Page, site: Site):
     site.acquire("job:live", "worker-1", ttl=600)
     page = operator_page
@@ -374,14 +401,27 @@ def test_audit_tails_new_events_in_place_but_not_while_the_reader_scrolled(
     )
 
 
-@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize(
+    ("scheme", "width"),
+    [("light", 1280), ("dark", 1280), ("light", 390), ("light", 1440), ("light", 1920)],
+)
 def test_axe_finds_no_serious_violation_on_any_page(
-    operator_page: Page, site: Site, scheme: str
+    operator_page: Page, site: Site, scheme: str, width: int
 ):
     site.acquire("job:held", "worker-1", ttl=600)
     site.acquire("job:expiring", "worker-2", ttl=10)
     site.acquire("job:stale", "worker-3", ttl=0.2)
+    from app.extensions import lock_service
+
+    with site.server.app.app_context():
+        service = lock_service()
+        for n in range(2):
+            service.acquire("sem:pool", f"host-{n}:1:p", ttl=600, limit=3)
+            service.acquire("cfg:main", f"host-{n}:1:r", ttl=600, mode="shared")
+        session = service.sessions.create("host-7:1:s", 600, token="w")
+        service.acquire("leader:main", "host-7:1:s", session=session.id, token="w")
     page = operator_page
+    page.set_viewport_size({"width": width, "height": 900})
     page.emulate_media(color_scheme=scheme)
     axe = Axe()
     found = {}
@@ -401,7 +441,11 @@ def test_axe_finds_no_serious_violation_on_any_page(
         "/?prefix=job:",
         "/?state=stale&sort=expires",
         "/?group=host",
+        "/?group=prefix",
         "/locks/job:held",
+        "/locks/sem:pool",
+        "/locks/cfg:main",
+        "/locks/leader:main",
         "/locks/job:held/release",
         "/locks/job:stale/claim",
         "/audit",
@@ -409,7 +453,8 @@ def test_axe_finds_no_serious_violation_on_any_page(
         "/freezes",
         "/freezes/new",
         "/activity",
-        "/release-many?matching=1",
+        "/release-many?matching=1&prefix=job:",
+        "/sessions",
     ):
         page.goto(site.url + url)
         check(url)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.browser
 
 def wait_in_line(site: Site, resource: str, count: int = 1) -> None:
     """Places in ``resource``'s line, as waiting acquires leave them."""
-    from app.locks.service import lock_service
+    from app.extensions import lock_service
 
     with site.server.app.app_context():
         for n in range(count):

@@ -23,7 +23,7 @@ def test_one_of_three_holders_force_released_by_its_own_button(
         fences.append(response.json()["lock"]["fence"])
     page = operator_page
     page.goto(f"{site.url}/locks/sem:b")
-    expect(page.locator("#holders-used")).to_have_text("3 / 3")
+    expect(page.locator("#holders-used")).to_have_text("3 of 3 places")
     expect(page.locator("#holders-table tbody tr")).to_have_count(3)
 
     page.locator(f"#holder-{fences[1]}-release").click()
@@ -34,7 +34,7 @@ def test_one_of_three_holders_force_released_by_its_own_button(
     dialog.get_by_role("button", name=f"Release fence {fences[1]}").click()
 
     # The page shows the new holders before the next poll could.
-    expect(page.locator("#holders-used")).to_have_text("2 / 3", timeout=2_000)
+    expect(page.locator("#holders-used")).to_have_text("2 of 3 places", timeout=2_000)
     rows = page.locator("#holders-table tbody tr")
     expect(rows).to_have_count(2)
     expect(page.locator(f"#holder-{fences[1]}")).to_have_count(0)

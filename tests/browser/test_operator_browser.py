@@ -10,6 +10,9 @@ from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import OPERATOR, Site, row_action
 
+# "By host"'s release of batch-07's locks, by its name.
+RELEASE_BATCH_07 = re.compile(r"^Release its 26 locks of batch-07 ?…$")
+
 pytestmark = pytest.mark.browser
 
 
@@ -65,7 +68,7 @@ def test_releasing_all_stale_locks_from_the_stale_tab(operator_page: Page, site:
         assert latest["reason"] == "workers died in the outage"
 
 
-def test_a_dead_hosts_26_locks_released_in_four_actions_one_event_each(
+def test_a_dead_hosts_26_locks_released_in_five_actions_one_event_each(
     operator_page: Page, site: Site
 ):
     for i in range(26):
@@ -73,12 +76,16 @@ def test_a_dead_hosts_26_locks_released_in_four_actions_one_event_each(
     site.acquire("job:alive", "web-1:1:y", ttl=3600)
     page = operator_page
     page.reload()
-    # 1: By host. 2: the host's release. 3: the reason. 4: confirm.
+    # 1: By host. 2: the host's release. 3: the reason. 4: the count typed.
+    # 5: confirm.
     page.get_by_role("link", name="By host").click()
-    page.get_by_role("link", name="Release its 26… locks of batch-07").click()
+    page.get_by_role(
+        "link", name=re.compile(r"^Release its 26 locks of batch-07 ?…$")
+    ).click()
     panel = page.locator("#action-panel")
     expect(panel.get_by_role("heading")).to_contain_text("Force release 26 locks?")
     panel.get_by_label("Reason").fill("batch-07 is dead")
+    panel.get_by_label("Type 26 to confirm").fill("26")
     panel.get_by_role("button", name="Release 26 locks").click()
     expect(page.locator("#messages .message-success")).to_contain_text(
         "Force-released 26 locks."
@@ -103,13 +110,16 @@ def test_a_bulk_release_leaves_alone_a_lock_that_changed_hands_during_its_confir
     page = operator_page
     page.reload()
     page.get_by_role("link", name="By host").click()
-    page.get_by_role("link", name="Release its 26… locks of batch-07").click()
+    page.get_by_role(
+        "link", name=re.compile(r"^Release its 26 locks of batch-07 ?…$")
+    ).click()
     panel = page.locator("#action-panel")
     expect(panel.get_by_role("heading")).to_contain_text("Force release 26 locks?")
 
     site.release("job:b5", "batch-07:5:x")
     taken = site.acquire("job:b5", "web-2:1:z", ttl=3600)
     panel.get_by_label("Reason").fill("batch-07 is dead")
+    panel.get_by_label("Type 26 to confirm").fill("26")
     panel.get_by_role("button", name="Release 26 locks").click()
 
     message = page.locator("#messages .message-success")
@@ -170,3 +180,47 @@ def test_focus_after_a_release_is_on_the_next_row_and_keys_move_between_rows(
     expect(
         page.locator("#locks-table tbody tr").nth(1).locator("td.resource a")
     ).to_be_focused()
+    # And it stays there through the table's next refresh (it went to <body>
+    # a second after a release when the table was swapped): a lock acquired
+    # elsewhere makes the next poll swap the table in.
+    site.acquire("job:d", "worker-2", ttl=600)
+    expect(page.locator("#locks-table tbody tr")).to_have_count(3, timeout=12_000)
+    expect(page.locator("#locks-table td.resource a[title='job:c']")).to_be_focused()
+
+
+def test_a_stuck_session_is_found_and_ended_from_the_sessions_page_in_four_actions(
+    operator_page: Page, site: Site
+):
+    """A worker's 2 s session stopped its heartbeats: 1 Sessions, 2 its "End
+    session…", 3 the reason, 4 confirm; its locks are free and focus is on
+    the next row."""
+    stuck = site.api.post("/api/v1/sessions", json={"owner": "w-stuck", "ttl": 2})
+    assert stuck.status_code == 201, stuck.text
+    stuck_id = stuck.json()["id"]
+    for name in ("job:s1", "job:s2"):
+        response = site.api.post(
+            f"/api/v1/locks/{name}", json={"owner": "w-stuck", "session": stuck_id}
+        )
+        assert response.status_code == 200, response.text
+    alive = site.api.post("/api/v1/sessions", json={"owner": "w-alive", "ttl": 600})
+    deadline = time.monotonic() + 10
+    while site.api.get(f"/api/v1/sessions/{stuck_id}").json()["ttl_remaining"] > 0:
+        assert time.monotonic() < deadline, "the session did not run out"
+        time.sleep(0.2)  # polled to a deadline: its 2 s ttl runs out
+    page = operator_page
+    page.get_by_role("link", name="Sessions").click()
+    row = page.locator(f"#session-{stuck_id}")
+    expect(row).to_contain_text("overdue by", timeout=5_000)
+    row.get_by_role("link", name="End session… of w-stuck").click()
+    panel = page.locator("#action-panel")
+    panel.get_by_label("Reason").fill("worker wedged")
+    panel.get_by_role("button", name="End the session and release its locks").click()
+    expect(page.locator("#messages .message-success")).to_contain_text(
+        "Ended the session of w-stuck"
+    )
+    expect(row).to_have_count(0)
+    next_row = f"session-{alive.json()['id']}-end"
+    expect(page.locator(f"#{next_row}")).to_be_focused()
+    for name in ("job:s1", "job:s2"):
+        [latest, *_] = site.events(name)
+        assert latest["action"] == "released"

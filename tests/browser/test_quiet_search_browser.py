@@ -31,8 +31,8 @@ def test_a_searchs_counters_count_its_rows_and_its_idle_poll_is_a_204(
     for n in range(4):
         site.acquire(f"job:dead-{n}", f"web-{n}:1:a", ttl=1)
     site.acquire("billing:dead", "db-1:1:a", ttl=1)
+    site.acquire("billing:soon", "db-2:1:a", ttl=9)  # 4 s of its 9 s left: expiring
     site_clock.advance(5)  # those ran out: stale
-    site.acquire("billing:soon", "db-2:1:a", ttl=10)  # expiring
     for n in range(2):
         site.acquire(f"billing:{n}", f"db-{n}:1:a", ttl=3600)
     for n in range(20):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import random
 import shutil
 import sys
@@ -35,8 +34,12 @@ from app.config import normalize_database_url
 from app.locks.models import DistributedLock, LockEvent
 from tests.faults.checker import FAILOVER_RECOVERY, Report, check, check_failovers
 from tests.faults.cluster import MariaDBServer, PostgresCluster
+from tests.faults.forks import worker_context
+from tests.faults.galera import GaleraCluster
 from tests.faults.instances import AppInstance, base_env, lockkeeper_cli
 from tests.faults.patroni import PatroniCluster
+from tests.faults.stall import StallCanary
+from tests.faults.watcher import AuditWatcher
 from tests.faults.worker import WorkerConfig, worker_main
 
 HOT_RESOURCES = [f"hot:{n}" for n in range(4)]
@@ -44,18 +47,25 @@ HOT_RESOURCES = [f"hot:{n}" for n in range(4)]
 # (shared grants) and written (exclusive ones).
 SEMAPHORES = {"sem:0": 2}
 READ_WRITE = ("rw:0",)
+# A Galera run's database on the cluster (another may be the tests').
+GALERA_DATABASE = "lk_faults"
 CHECKED_RESOURCES = [*HOT_RESOURCES, *SEMAPHORES, *READ_WRITE]
+# The share of a holder worker's jobs run in a session (its grants bound to it,
+# kept by its heartbeat): places, shared grants and exclusive ones of its own
+# resources, and an exclusive grant of a hot resource the other workers take.
+SESSION_SHARE = 0.3
 
 
 def is_holder_worker(index: int) -> bool:
     """Three workers in eight take the holder resources (waiting ones among
-    them: see ``waits``), the others the exclusive hot ones."""
+    them: see ``waits``; sessions: ``SESSION_SHARE``), the others the exclusive
+    hot ones."""
     return index % 8 in (1, 3, 6)
 
 
 @dataclass
 class RunConfig:
-    database: str = "postgresql"  # or "mariadb", "patroni"
+    database: str = "postgresql"  # or "mariadb", "patroni", "galera"
     duration: float = 45.0
     workers: int = 24
     instances: int = 3
@@ -72,6 +82,17 @@ class RunConfig:
     # a waiter in line across a primary change is held to it, not to its wait.
     failover_recovery: float = FAILOVER_RECOVERY
     keep: bool = False  # keep the work directory (logs, histories)
+    # galera: how many nodes take writes, instance n on node n % writers. 1:
+    # every instance on node 0 (single writer), and node faults hit the others.
+    galera_writers: int = 3
+
+
+# How long an outage probe waits for its 503. The instance answers at once
+# (its database refuses the connection), but its request queue is shared with
+# 24 workers retrying on 503, and on a CI machine whose CPUs are ~96 % busy one
+# probe waited more than 5 s in that queue (the injector then crashed the run).
+# A hang is still caught: a probe with no answer is a violation.
+OUTAGE_PROBE_TIMEOUT = 30.0
 
 
 class FaultInjector(threading.Thread):
@@ -121,17 +142,25 @@ class FaultInjector(threading.Thread):
             victim.start()
             victim.wait_ready()
 
+    def take_database_down(self, restart: dict) -> list[AppInstance]:
+        """Stop the database; the instances that lose it."""
+        self.cluster.stop("immediate")
+        return self.instances
+
+    def bring_database_up(self, restart: dict) -> None:
+        self.cluster.start()
+
     def restart_database(self) -> None:
         for instance in self.instances:
             instance.wait_ready()
         restart = {"down_at": time.time()}
         self.outage.setdefault("restarts", []).append(restart)
-        self.cluster.stop("immediate")
+        affected = self.take_database_down(restart)
         down_until = time.monotonic() + self.config.outage
         headers = {"Authorization": f"Bearer {self.token}"}
         with httpx.Client(timeout=5) as http:
             while time.monotonic() < down_until:
-                for instance in self.instances:
+                for instance in affected:
                     for method, path, body in (
                         ("GET", "/healthz", None),
                         (
@@ -141,23 +170,32 @@ class FaultInjector(threading.Thread):
                         ),
                         ("GET", "/api/v1/locks", None),
                     ):
-                        response = http.request(
-                            method, instance.url + path, json=body, headers=headers
-                        )
-                        self.outage["probes"].append(
-                            {
-                                "url": instance.url + path,
-                                "method": method,
-                                "status": response.status_code,
-                                "content_type": response.headers.get("content-type"),
-                            }
-                        )
+                        probe = {"url": instance.url + path, "method": method}
+                        try:
+                            response = http.request(
+                                method,
+                                instance.url + path,
+                                json=body,
+                                headers=headers,
+                                timeout=OUTAGE_PROBE_TIMEOUT,
+                            )
+                        except httpx.TimeoutException:
+                            # No answer at all: the checker's violation (a 503
+                            # is due), not the injector's crash.
+                            probe.update(status=None, content_type=None)
+                            probe["error"] = f"no answer in {OUTAGE_PROBE_TIMEOUT} s"
+                        else:
+                            probe.update(
+                                status=response.status_code,
+                                content_type=response.headers.get("content-type"),
+                            )
+                        self.outage["probes"].append(probe)
                 time.sleep(0.2)
-            self.cluster.start()
+            self.bring_database_up(restart)
             restart["up_at"] = time.time()
             self.database_restarts += 1
             back = time.monotonic()
-            pending = {instance.name: instance for instance in self.instances}
+            pending = {instance.name: instance for instance in affected}
             while pending and time.monotonic() - back < 30:
                 for name, instance in list(pending.items()):
                     if self._serves(http, instance, headers):
@@ -181,6 +219,30 @@ class FaultInjector(threading.Thread):
         except httpx.TransportError:
             return False
         return health.status_code == 200 and acquire.status_code in (200, 409)
+
+
+class GaleraInjector(FaultInjector):
+    """For a Galera cluster, with instance n on node n: a "database restart" is
+    a SIGKILL of one node (its instance's database goes; the others serve on),
+    which rejoins once it has been down ``config.outage`` seconds, receiving
+    what it missed from a donor's cache (IST) or, failing that, a full state
+    transfer (SST): which one is noted."""
+
+    def take_database_down(self, restart: dict) -> list[AppInstance]:
+        nodes = self.cluster.nodes
+        writers = self.config.galera_writers
+        # A single writer's node stays up (no proxy fails it over here).
+        index = self.rng.randrange(0 if writers > 1 else 1, len(nodes))
+        restart["node"] = nodes[index].name
+        self.cluster.kill(nodes[index])
+        return [i for n, i in enumerate(self.instances) if n % writers == index]
+
+    def bring_database_up(self, restart: dict) -> None:
+        node = next(n for n in self.cluster.nodes if n.name == restart["node"])
+        started = time.monotonic()
+        self.cluster.restart_node(node)
+        restart["rejoin_s"] = round(time.monotonic() - started, 3)
+        restart["transfer"] = self.cluster.last_transfer(node)
 
 
 class FailoverInjector(FaultInjector):
@@ -346,6 +408,8 @@ def read_histories(directory: Path) -> list[dict]:
 def make_cluster(config: RunConfig):
     if config.database == "mariadb":
         return MariaDBServer()
+    if config.database == "galera":
+        return GaleraCluster()
     if config.database == "patroni":
         return PatroniCluster(
             synchronous=config.synchronous,
@@ -356,33 +420,71 @@ def make_cluster(config: RunConfig):
     return PostgresCluster()
 
 
-def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
+def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Report:
+    """``galera``: a started ``GaleraCluster`` to run on (in a database of its
+    own, ``lk_faults``), left running; else a Galera run starts its own."""
     workdir = Path(tempfile.mkdtemp(prefix="lk-faults-"))
-    cluster = make_cluster(config)
+    given = galera is not None
+    cluster = galera if given else make_cluster(config)
     patroni = config.database == "patroni"
+    on_galera = config.database == "galera"
     instances: list[AppInstance] = []
     processes = []
+    watcher: AuditWatcher | None = None
+    # The machine's own scheduling delay while the workers run, credited to the
+    # liveness bounds by the checker (see ``stall``).
+    canary = StallCanary(workdir / "stalls.txt")
     started = time.monotonic()
     try:
-        cluster.start()
-        env = base_env(cluster.url, workdir / "cli")
+        if on_galera:
+            if not given:
+                cluster.start()
+            with cluster.nodes[0].connect(database=None) as conn, conn.cursor() as cur:
+                cur.execute(
+                    f"CREATE DATABASE {GALERA_DATABASE}"
+                    " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                )
+            urls = [
+                cluster.url(n % config.galera_writers, database=GALERA_DATABASE)
+                for n in range(config.instances)
+            ]
+        else:
+            cluster.start()
+            urls = [cluster.url] * config.instances
+        database_url = urls[0]
+        env = base_env(database_url, workdir / "cli")
         lockkeeper_cli(env, "db", "upgrade")
         token = lockkeeper_cli(env, "tokens", "create", "faults").strip().splitlines()
         token = token[-1]
         for n in range(config.instances):
             skew = config.skew if n == config.instances - 1 else None
-            instances.append(AppInstance(f"app{n}", cluster.url, workdir, skew=skew))
+            # A thread for every worker: when the others are down, one instance
+            # serves them all, and a waiter queued in front of the server for a
+            # free thread would be charged with the time it was never in line.
+            instances.append(
+                AppInstance(
+                    f"app{n}", urls[n], workdir, skew=skew, threads=config.workers
+                )
+            )
         for instance in instances:
             instance.start()
         for instance in instances:
             instance.wait_ready()
         log(f"setup took {time.monotonic() - started:.1f} s; workdir {workdir}")
+        # Across failovers: a default watch() of the whole log, on an instance
+        # that is killed and restarted like the others.
+        if patroni:
+            watcher = AuditWatcher(instances[0].url, token)
+            watcher.start()
 
         histories = workdir / "histories"
         histories.mkdir()
-        start_at = time.time() + 3 + config.workers * 0.25
+        canary.start()
+        # Forked from a server with the worker's code imported: they start in
+        # milliseconds, not a third of a second of CPU each.
+        context = worker_context()
+        start_at = time.time() + 3 + config.workers * 0.1
         deadline = start_at + config.duration
-        context = multiprocessing.get_context("spawn")
         for index in range(config.workers):
             holder = is_holder_worker(index)
             worker = WorkerConfig(
@@ -392,6 +494,10 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
                 resources=[*SEMAPHORES, *READ_WRITE] if holder else HOT_RESOURCES,
                 limits=SEMAPHORES if holder else None,
                 shared=READ_WRITE if holder else (),
+                session_share=SESSION_SHARE if holder else 0.0,
+                session_resources=(
+                    (HOT_RESOURCES[index % len(HOT_RESOURCES)],) if holder else ()
+                ),
                 start_at=start_at,
                 deadline=deadline,
                 history=str(histories / f"worker-{index:02d}.jsonl"),
@@ -406,6 +512,8 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
             injector = FailoverInjector(
                 config, instances, cluster, token, deadline, before_kill=before_kill
             )
+        elif on_galera:
+            injector = GaleraInjector(config, instances, cluster, token, deadline)
         else:
             injector = FaultInjector(config, instances, cluster, token, deadline)
         injector.start()
@@ -413,6 +521,7 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
             process.join(timeout=max(deadline - time.time(), 0) + 60)
         injector.halt()
         injector.join(timeout=60)
+        stalls = canary.stop()
         if injector.failure is not None:
             raise RuntimeError("the fault injector failed") from injector.failure
         hung = [p.pid for p in processes if p.exitcode is None]
@@ -420,30 +529,49 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
             raise RuntimeError(f"workers {hung} did not finish")
 
         records = read_histories(histories)
-        events = [
-            e for e in read_events(cluster.url) if e["resource"] in CHECKED_RESOURCES
-        ]
+        every_event = read_events(database_url)
+        events = [e for e in every_event if e["resource"] in CHECKED_RESOURCES]
+        if config.keep:  # the audit log beside the histories: the database goes
+            with open(workdir / "events.jsonl", "w", encoding="utf-8") as out:
+                out.writelines(json.dumps(e, default=str) + "\n" for e in events)
         failovers = injector.failovers if patroni else []
+        outage = None if patroni else injector.outage
+        recovery = config.failover_recovery
+        if on_galera and config.galera_writers == 1:
+            # No instance loses its node: nothing to probe, but a node's crash
+            # holds every commit until the others evict it.
+            failovers = [
+                {"killed_at": r["down_at"], "promoted_at": r["up_at"]}
+                for r in injector.outage.get("restarts", [])
+                if "up_at" in r
+            ]
+            outage, recovery = None, 5.0
         report = check(
             records,
             events,
-            None if patroni else injector.outage,
+            outage,
             failovers=failovers,
-            failover_recovery=config.failover_recovery,
+            failover_recovery=recovery,
             limits=SEMAPHORES,
+            stalls=stalls,
         )
+        if watcher is not None:
+            ids = [e["id"] for e in every_event]
+            watcher.finish(ids[-1] if ids else 0, report)
+            watcher.check(ids, report)
         if patroni:
             check_failovers(
                 records,
                 events,
                 [
                     r
-                    for r in read_final_locks(cluster.url)
+                    for r in read_final_locks(database_url)
                     if r["resource"] in HOT_RESOURCES
                 ],
                 failovers,
                 report,
                 max_recovery=config.failover_recovery,
+                stalls=stalls,
             )
             report.stats.update(
                 failovers=sum(1 for f in failovers if f["kind"] == "failover"),
@@ -484,6 +612,17 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
                     report.violation(
                         f"switchover failed: {failover['switchover_error']}"
                     )
+        if on_galera:
+            restarts = injector.outage.get("restarts", [])
+            report.stats.update(
+                node_kills=[
+                    {k: r.get(k) for k in ("node", "rejoin_s", "transfer")}
+                    for r in restarts
+                ],
+                worst_rejoin_s=max(
+                    (r.get("rejoin_s", 0) for r in restarts), default=None
+                ),
+            )
         report.stats.update(
             database=config.database,
             duration_s=config.duration,
@@ -513,13 +652,20 @@ def run(config: RunConfig, log=print, *, before_kill=None) -> Report:
             report.violation(f"{report.stats['crashed_workers']} workers crashed")
         return report
     finally:
+        canary.stop()
+        if watcher is not None:
+            watcher.close()
         for process in processes:
             if process.is_alive():
                 process.kill()
             process.join()
         for instance in instances:
             instance.stop()
-        cluster.close()
+        if not given:
+            cluster.close()
+        elif on_galera:
+            with cluster.nodes[0].connect(database=None) as conn, conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS {GALERA_DATABASE}")
         if not config.keep:
             shutil.rmtree(workdir, ignore_errors=True)
         log(f"run took {time.monotonic() - started:.1f} s")
@@ -529,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
     parser.add_argument(
         "--database",
-        choices=["postgresql", "mariadb", "patroni"],
+        choices=["postgresql", "mariadb", "patroni", "galera"],
         default=RunConfig.database,
     )
     parser.add_argument(
@@ -550,6 +696,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--database-restarts", type=int, default=RunConfig.database_restarts
     )
+    parser.add_argument(
+        "--galera-writers",
+        type=int,
+        default=RunConfig.galera_writers,
+        help="galera: nodes that take writes (1: every instance on node 0)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep logs, histories")
     parser.add_argument("--report", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -563,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         failovers=args.failovers,
         synchronous=not args.asynchronous,
         keep=args.keep,
+        galera_writers=args.galera_writers,
     )
     report = run(config)
     result = {

@@ -8,10 +8,14 @@ the fault run prove nothing.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import signal
+import stat
+import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from tests.faults.checker import (
 )
 from tests.faults.instances import LIBFAKETIME
 from tests.faults.patroni import patroni_prerequisites
+from tests.faults.stall import StallCanary, stalled
 
 T0 = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
 
@@ -230,6 +235,187 @@ def test_checker_finds_a_reader_beside_a_writer():
         and "while w02-1 (fence 3) held it" in v
         for v in violations
     )
+
+
+def started(session, owner, ttl, start):
+    return {
+        "kind": "session",
+        "session": session,
+        "owner": owner,
+        "ttl": ttl,
+        "expires_at": at(start + ttl).isoformat(),
+    }
+
+
+def beat(session, owner, ttl, when):
+    """A heartbeat of ``session`` answered at ``when``."""
+    return {
+        "kind": "heartbeat",
+        "session": session,
+        "owner": owner,
+        "expires_at": at(when + ttl).isoformat(),
+        "last_heartbeat": at(when).isoformat(),
+    }
+
+
+def lost_beat(session, owner):
+    """A heartbeat whose reply was lost."""
+    return {
+        "kind": "unknown",
+        "op": "heartbeat",
+        "resource": None,
+        "owner": owner,
+        "session": session,
+    }
+
+
+def ended(session, owner):
+    return {"kind": "session_ended", "session": session, "owner": owner}
+
+
+def bound(record_or_event, session):
+    """A grant record or event bound to ``session`` (an event names it in its
+    details, as the service writes them)."""
+    if "id" in record_or_event:
+        return {**record_or_event, "details": json.dumps({"session": session})}
+    return {**record_or_event, "session": session}
+
+
+def released_at(id_, owner, fence, when, resource):
+    return {
+        **holder_event(id_, "released", owner, fence, 0, when, resource),
+        "occurred_at": at(when),
+    }
+
+
+def session_history():
+    """Session S1 (ttl 1) holds rw:0 exclusive from t=0; its heartbeats at 0.6
+    and 1.2 move its expiry to 2.2, writing no event; its end at 2.0 releases
+    it. A plain grant takes rw:0 at 2.5. Session S2 holds a place of sem:0
+    from t=0, answered to 1.6 by a heartbeat and moved further by one whose
+    reply was lost; a plain place comes beside it at 1.8, and S2's end at 2.0
+    releases its place."""
+    records = [
+        started("S1", "w01-s1", 1.0, 0),
+        bound(holder_grant("w01-s1", 1, 0, 1, "rw:0"), "S1"),
+        beat("S1", "w01-s1", 1.0, 0.6),
+        beat("S1", "w01-s1", 1.0, 1.2),
+        ended("S1", "w01-s1"),
+        holder_grant("w02-1", 2, 2.5, 3, "rw:0"),
+        started("S2", "w03-s2", 1.0, 0),
+        bound(holder_grant("w03-s2", 3, 0, 1, "sem:0", limit=2), "S2"),
+        beat("S2", "w03-s2", 1.0, 0.6),
+        lost_beat("S2", "w03-s2"),
+        ended("S2", "w03-s2"),
+        holder_grant("w04-1", 4, 1.8, 3, "sem:0", limit=2),
+    ]
+    events = [
+        bound(holder_event(1, "acquired", "w01-s1", 1, 0, 1, "rw:0"), "S1"),
+        bound(holder_event(2, "acquired", "w03-s2", 3, 0, 1, "sem:0"), "S2"),
+        holder_event(3, "acquired", "w04-1", 4, 1.8, 3, "sem:0"),
+        released_at(4, "w01-s1", 1, 2, "rw:0"),
+        released_at(5, "w03-s2", 3, 2, "sem:0"),
+        holder_event(6, "took_over", "w02-1", 2, 2.5, 3, "rw:0"),
+    ]
+    return records, events
+
+
+def test_checker_holds_session_bound_grants_by_their_heartbeats():
+    records, events = session_history()
+    report = check(records, events, limits={"sem:0": 2})
+    assert report.violations == []
+    stats = report.stats
+    assert stats["session_grants"] == 2
+    assert stats["session_grants_by_kind"] == {"exclusive": 1, "place": 1}
+    assert stats["session_grants_released"] == 2
+    assert stats["heartbeats"] == 3
+
+
+def test_checker_finds_two_session_bound_holders_believed_at_once():
+    """Session S5 takes rw:0 at 1.8 while S1 (which here never ends) holds it:
+    S1's heartbeat had moved its grant to 2.2. No event says so (a heartbeat
+    writes none), yet each check finds it."""
+    records, events = session_history()
+    records = [
+        r for r in records if r["kind"] != "session_ended" and r["owner"] != "w02-1"
+    ]
+    records += [
+        started("S5", "w05-s5", 1.0, 1.8),
+        bound(holder_grant("w05-s5", 5, 1.8, 2.8, "rw:0"), "S5"),
+    ]
+    events = [e for e in events if e["resource"] != "rw:0" or e["id"] == 1]
+    events.append(
+        bound(holder_event(7, "took_over", "w05-s5", 5, 1.8, 2.8, "rw:0"), "S5")
+    )
+    violations = check(records, events, limits={"sem:0": 2}).violations
+    until = at(2.2).isoformat()
+    assert violations == [
+        f"rw:0: w05-s5 (fence 5) granted exclusive at {at(1.8).isoformat()} while "
+        f"w01-s1 (fence 1) held it, w01-s1 (fence 1) until {until}",
+        f"event 7: rw:0 took_over by w05-s5 at {at(1.8).isoformat()} while w01-s1 "
+        f"held it until {until}",
+        f"event 7: rw:0 took_over (fence 5) recorded at {at(1.8).isoformat()}, "
+        f"before the expiry of fence 1 at {until}",
+    ]
+
+
+def test_checker_finds_a_heartbeat_that_revived_an_expired_session():
+    records, events = session_history()
+    late = beat("S1", "w01-s1", 1.0, 2.3)
+    records.insert(4, late)
+    violations = check(records, events, limits={"sem:0": 2}).violations
+    assert (
+        f"session S1 of w01-s1: a heartbeat at {at(2.3).isoformat()} renewed it "
+        f"after it expired at {at(2.2).isoformat()}"
+    ) in violations
+    # After a heartbeat whose reply was lost, the expiry is not known: a later
+    # heartbeat may find it moved.
+    records.insert(4, lost_beat("S1", "w01-s1"))
+    assert not any(
+        "renewed it after it expired" in v
+        for v in check(records, events, limits={"sem:0": 2}).violations
+    )
+
+
+def test_checker_finds_a_session_end_that_ended_no_grant():
+    """S1's end answered 204, but its grant has no release event, and nothing
+    took rw:0 after it ran out."""
+    records, events = session_history()
+    records = [r for r in records if r.get("owner") != "w02-1"]
+    events = [e for e in events if e["owner"] != "w02-1" and e["id"] != 4]
+    violations = check(records, events, limits={"sem:0": 2}).violations
+    assert violations == [
+        "rw:0: w01-s1 (fence 1) of session S1 has no end in the audit log, "
+        "though its session's end answered 204"
+    ]
+
+
+def test_checker_takes_an_expired_sessions_late_release_only_as_of_its_expiry():
+    """A reader's session S6 runs out at 1 (its worker paused); a writer takes
+    rw:0 at 1.5, leaving the expired shared grant's row behind; S6's end then
+    records that grant's end as of its expiry, later in the log. Recorded as
+    of an instant after the writer's grant, it would end a grant twice."""
+    records = [
+        started("S6", "w06-s6", 1.0, 0),
+        bound(holder_grant("w06-s6", 1, 0, 1, "rw:0", mode="shared"), "S6"),
+        {"kind": "session_lost", "op": "heartbeat", "session": "S6",
+         "owner": "w06-s6", "status": 409},
+        ended("S6", "w06-s6"),
+        holder_grant("w07-1", 2, 1.5, 3, "rw:0"),
+    ]  # fmt: skip
+    events = [
+        bound(holder_event(1, "acquired", "w06-s6", 1, 0, 1, "rw:0", "shared"), "S6"),
+        holder_event(2, "took_over", "w07-1", 2, 1.5, 3, "rw:0"),
+        released_at(3, "w06-s6", 1, 1, "rw:0"),
+    ]
+    assert check(records, events).violations == []
+    events[2] = released_at(3, "w06-s6", 1, 1.7, "rw:0")
+    assert check(records, events).violations == [
+        f"rw:0: w07-1 (fence 2) granted exclusive at {at(1.5).isoformat()} while "
+        f"w06-s6 (fence 1) held it, w06-s6 (fence 1) until {at(1.7).isoformat()}",
+        f"event 3: rw:0 fence 1 released at {at(1.7).isoformat()}, after an "
+        f"exclusive grant at {at(1.5).isoformat()} followed it",
+    ]
 
 
 def test_checker_finds_a_waiter_stuck_past_its_wait():
@@ -478,6 +664,100 @@ def test_a_waiter_in_line_across_a_database_restart_is_held_to_its_recovery():
     assert [v.split(" ")[0] for v in tighter] == ["w01-held", "w02-stuck", "w03-after"]
 
 
+# -- the machine's own stalls ---------------------------------------------------
+
+
+def test_stalled_counts_only_the_stall_inside_an_interval():
+    stalls = [(1.0, 2.0), (3.0, 3.5), (9.0, 10.0)]
+    assert stalled(stalls, 0.0, 20.0) == pytest.approx(2.5)
+    assert stalled(stalls, 1.5, 3.25) == pytest.approx(0.75)
+    assert stalled(stalls, 4.0, 8.0) == 0.0
+
+
+def test_a_waiter_late_by_the_machines_stall_is_credited_a_stuck_one_is_not():
+    """Due within 1.0 + WAIT_SLACK = 5.5 s, it answered in 6.0 s: the 0.6 s the
+    canary was kept from running while it waited make up for it; 0.3 s do not,
+    nor a stall outside its interval, nor a stall to a waiter held for 9 s."""
+    records, events = clean_history()
+    late = waited(10.0, 1.0 + WAIT_SLACK + 0.5, owner="w01-late")
+    records.append(late)
+    report = check(records, events, stalls=[(12.0, 12.6)])
+    assert report.violations == []
+    assert report.stats["waits_past_due_in_stalls"] == [
+        "w01-late: 6.0 s, due 5.5 s + 0.600 s the machine stalled"
+    ]
+    assert report.stats["machine_stall_s"] == pytest.approx(0.6)
+    assert check(records, events, stalls=[(12.0, 12.3)]).violations == [
+        "w01-late waited 6.0 s for hot:0 with wait=1.0 (granted; due within 5.5 s"
+        " + 0.300 s the machine stalled)"
+    ]
+    assert check(records, events, stalls=[(30.0, 35.0)]).violations == [
+        "w01-late waited 6.0 s for hot:0 with wait=1.0 (granted; due within 5.5 s)"
+    ]
+    records[-1] = waited(10.0, 9.0, owner="w02-stuck")
+    assert check(records, events, stalls=[(12.0, 12.6)]).violations == [
+        "w02-stuck waited 9.0 s for hot:0 with wait=1.0 (granted; due within 5.5 s"
+        " + 0.600 s the machine stalled)"
+    ]
+
+
+def test_a_recovery_late_by_the_machines_stall_is_credited_a_slow_one_is_not():
+    """The database is back at t=23; limit 5 s. app0 serves after 5.4 s with
+    0.5 s of stall inside them: credited. app1 after 7.5 s: too slow still."""
+    records, events = clean_history()
+    probe = {"url": "http://x/healthz", "method": "GET"}
+    outage = {
+        "probes": [
+            {**probe, "status": 503, "content_type": "application/problem+json"}
+        ],
+        "recovery": {"app0#1": 5.4, "app1#1": 7.5},
+        "restarts": [{"down_at": 20.0, "up_at": 23.0}],
+    }
+    report = check(records, events, outage, stalls=[(24.0, 24.5)])
+    assert report.violations == [
+        "app1#1 took 7.5 s to serve again after the database came back "
+        "(limit 5.0 s + 0.500 s the machine stalled)"
+    ]
+    assert report.stats["recoveries_past_limit_in_stalls"] == [
+        "app0#1: 5.4 s + 0.500 s the machine stalled"
+    ]
+    # Without the stall, or with one before the database came back, app0 fails.
+    for stalls in ([], [(21.0, 22.9)]):
+        violations = check(records, events, outage, stalls=stalls).violations
+        assert [v.split(" ")[0] for v in violations] == ["app0#1", "app1#1"]
+
+
+def test_a_failover_recovery_late_by_the_machines_stall_is_credited():
+    records, events, failover = failover_history()
+    failover["recovery"] = {"app0": FAILOVER_RECOVERY + 0.4}
+    assert len(failover_violations(records, events, [], failover)) == 1
+    report = Report()
+    check_failovers(records, events, [], [failover], report, stalls=[(13.0, 13.5)])
+    assert report.violations == []
+
+
+def test_the_canary_records_the_time_it_was_kept_from_running(tmp_path):
+    """Stopped (SIGSTOP) for 0.3 s, as a process the machine does not schedule
+    is: the canary notes a stall of that length, and only one that long."""
+    canary = StallCanary(tmp_path / "stalls.txt")
+    canary.start()
+    try:
+        os.kill(canary.process.pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        # The stimulus: a stall of a known length (not a wait for a condition).
+        time.sleep(0.3)
+        os.kill(canary.process.pid, signal.SIGCONT)
+        resumed_at = time.time()
+        deadline = time.monotonic() + 10
+        while stalled(canary.read(), stopped_at, resumed_at + 1) < 0.25:
+            assert time.monotonic() < deadline, canary.read()
+            time.sleep(0.01)
+    finally:
+        stalls = canary.stop()
+    longest = max(end - start for start, end in stalls)
+    assert 0.25 < longest < resumed_at - stopped_at + 1.0, stalls
+
+
 # -- the bounded run -------------------------------------------------------------
 
 
@@ -501,11 +781,13 @@ def harness_prerequisites(database: str = "postgresql") -> str | None:
 def test_bounded_fault_run_finds_no_violation(database):
     """3 instances (one 5 minutes fast), 24 workers (a third of them waiting in
     the server's line half the time; three in eight on a semaphore of 2 and a
-    resource read and written), SIGKILLs every few seconds, one database
-    restart: never two holders of an exclusive lock, no more than the limit of
-    a semaphore, no shared grant beside an exclusive one, nothing lost or
-    invented, no 500, no waiter answering past its wait. MariaDB's waiters poll
-    where PostgreSQL's listen."""
+    resource read and written, and in sessions for a share of their jobs),
+    SIGKILLs every few seconds, one database restart: never two holders of an
+    exclusive lock, no more than the limit of a semaphore, no shared grant
+    beside an exclusive one, a session-bound grant held until its session's
+    last answered heartbeat and over with its end, nothing lost or invented,
+    no 500, no waiter answering past its wait. MariaDB's waiters poll where
+    PostgreSQL's listen."""
     missing = harness_prerequisites(database)
     if missing:
         unavailable(f"fault harness: {missing}")
@@ -513,6 +795,7 @@ def test_bounded_fault_run_finds_no_violation(database):
 
     report = run(RunConfig(database=database, duration=45.0), log=lambda message: None)
     stats = report.stats
+    print_stalls(stats)
     assert report.violations == [], stats
     # The run must have exercised what it claims to.
     assert stats["grants_believed"] >= 20
@@ -530,6 +813,30 @@ def test_bounded_fault_run_finds_no_violation(database):
     assert stats["most_believed_at_once"]["sem:0"] == 2
     assert stats["most_believed_at_once"]["rw:0"] >= 2
     assert stats["events_by_mode"]["shared"] >= 5
+    assert_sessions_exercised(stats)
+
+
+def print_stalls(stats) -> None:
+    """What the machine's own stalls were, and what they were credited with
+    (shown with -s, or with a failure)."""
+    keys = ("machine_stalls", "machine_stall_s", "machine_worst_stall_s")
+    print(", ".join(f"{key} {stats.get(key)}" for key in keys))
+    for key in ("waits_past_due_in_stalls", "recoveries_past_limit_in_stalls"):
+        for line in stats.get(key, []):
+            print(f"credited: {line}")
+
+
+def assert_sessions_exercised(stats) -> None:
+    """Grants of every kind were bound to sessions and kept by heartbeats, and
+    some sessions ran out under a paused worker. The bounds hold at a load
+    average of 30 on 2 cores, where most sessions run out before a heartbeat
+    (MariaDB: 15 sessions, 2 heartbeats, 10 lost)."""
+    assert stats["session_grants"] >= 5, stats
+    for kind in ("exclusive", "shared", "place"):
+        assert stats["session_grants_by_kind"].get(kind, 0) >= 1, stats
+    assert stats["heartbeats"] >= 1, stats
+    assert stats["sessions_lost"] >= 1, stats
+    assert stats["sessions_ended"] >= 5, stats
 
 
 # -- the bounded failover run (Patroni + etcd) ---------------------------------------
@@ -546,7 +853,9 @@ def test_bounded_failover_run_loses_nothing():
     """A three-member Patroni cluster in strict synchronous mode: the primary's
     PostgreSQL SIGKILLed, then a planned switchover, each with an app instance
     SIGKILLed at the same moment. Nothing acknowledged is lost, no fence comes
-    back, 503 problems (never 500) while no primary answers, recovery timed."""
+    back, 503 problems (never 500) while no primary answers, recovery timed; a
+    default watch() of the audit log, on an instance killed and restarted like
+    the others, sees every event once across both primary changes."""
     require_patroni()
     from tests.faults.run import RunConfig, run
 
@@ -555,6 +864,7 @@ def test_bounded_failover_run_loses_nothing():
         log=lambda message: None,
     )
     stats = report.stats
+    print_stalls(stats)
     assert report.violations == [], stats
     assert stats["failovers"] == 1
     assert stats["switchovers"] == 1
@@ -562,6 +872,21 @@ def test_bounded_failover_run_loses_nothing():
     assert stats["failover_503s"] >= 1  # the window without a primary was probed
     assert stats["instance_kills"] >= 2
     assert stats["worst_recovery_from_promotion_s"] is not None
+    # The same mixed workload as the plain run: sessions across the failovers.
+    assert_sessions_exercised(stats)
+    assert stats["watch_events"] >= stats["grants_believed"]
+    assert stats["watch_missed"] == stats["watch_repeated"] == 0
+
+
+@pytest.fixture
+def closed_folder(monkeypatch, tmp_path_factory) -> Iterator[Path]:
+    """The working directory is a folder that only its owner (root) may enter."""
+    closed = Path(tempfile.mkdtemp(prefix="lk-closed-clone-"))
+    assert stat.S_IMODE(closed.stat().st_mode) == 0o700
+    monkeypatch.chdir(closed)
+    yield closed
+    monkeypatch.undo()
+    os.rmdir(closed)
 
 
 # Fences of the hot resources the primary granted after the stall and no standby
@@ -627,11 +952,14 @@ def stall_standbys(cluster):
 
 
 @pytest.mark.slow
-def test_asynchronous_replication_with_a_lagging_standby_is_caught():
+def test_asynchronous_replication_with_a_lagging_standby_is_caught(closed_folder):
     """The misconfiguration: synchronous_mode off and a standby behind when the
     primary dies. Patroni promotes it (within maximum_lag_on_failover), and the
     grants it never received are lost and their fences handed out again. The
-    checker must say so: this is what synchronous_mode_strict prevents."""
+    checker must say so: this is what synchronous_mode_strict prevents.
+
+    Run from a folder only root may enter (a clone in ``mktemp -d`` or root's
+    home): the members must not inherit it as their working directory."""
     require_patroni()
     from tests.faults.run import RunConfig, run
 
@@ -640,6 +968,7 @@ def test_asynchronous_replication_with_a_lagging_standby_is_caught():
         log=lambda message: None,
         before_kill=stall_standbys,
     )
+    assert report.stats["failovers"] == 1, report.violations
     caught = [
         v
         for v in report.violations

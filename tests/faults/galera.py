@@ -1,0 +1,333 @@
+"""A private MariaDB Galera cluster for one harness run: three nodes on loopback.
+
+Everything in one temporary directory and on free ports, beside the shared
+MariaDB on 3306 (never touched): each node has its own data directory (made by
+``mariadb-install-db``), SQL port and socket, Galera replication (gcomm) port,
+IST port and SST port. The first node bootstraps the cluster
+(``--wsrep-new-cluster``); the others join it and receive its state by SST over
+rsync (``wsrep_sst_rsync``: rsync is a Debian package, ``mariabackup`` another).
+As root the nodes run as the ``mysql`` OS user, as ``cluster.MariaDBServer`` does.
+
+Galera's own defaults stay as a user would have them: ``wsrep_auto_increment_control``
+gives each node its own auto-increment offset, ``wsrep_sync_wait`` is 0 (a read may
+not have seen what another node committed). ``url(node)`` points a client at one node.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pymysql
+
+from bench.ports import free_port
+from tests.faults.cluster import ClusterError
+
+PROVIDER = Path("/usr/lib/galera/libgalera_smm.so")
+DATABASE = "lockkeeper"
+
+
+def galera_prerequisites() -> str | None:
+    """What is missing to run a Galera cluster here, or None."""
+    if not PROVIDER.exists():
+        return f"{PROVIDER} missing (apt-get install galera-4)"
+    for tool in ("mariadbd", "mariadb-install-db", "rsync", "wsrep_sst_rsync"):
+        if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
+            return f"{tool} missing (apt-get install mariadb-server galera-4 rsync)"
+    return None
+
+
+class Node:
+    def __init__(self, name: str, root: Path):
+        self.name = name
+        self.dir = root / name
+        self.data = self.dir / "data"
+        self.socket = self.dir / "mysqld.sock"
+        self.log = self.dir / "mariadbd.log"
+        self.port = free_port()
+        self.gcomm_port = free_port()
+        self.ist_port = free_port()
+        self.sst_port = free_port()
+        self.process: subprocess.Popen | None = None
+        self.log_start = 0  # where the log of its latest start begins
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def connect(self, *, database: str | None = DATABASE, timeout: int = 2):
+        return pymysql.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user="root",
+            database=database,
+            connect_timeout=timeout,
+            autocommit=True,
+        )
+
+    def status(self, name: str) -> str | None:
+        """A ``wsrep_*`` status variable as this node reports it, or None when
+        the node does not answer."""
+        try:
+            with self.connect(database=None, timeout=1) as conn, conn.cursor() as cur:
+                cur.execute("SHOW STATUS LIKE %s", (name,))
+                row = cur.fetchone()
+        except pymysql.err.MySQLError:
+            return None
+        return row[1] if row else None
+
+    def url(self, database: str = DATABASE) -> str:
+        return f"mariadb://root@127.0.0.1:{self.port}/{database}"
+
+
+class GaleraCluster:
+    """``start()``, ``nodes``, ``url(node)``; ``close()`` removes everything."""
+
+    def __init__(self, *, nodes: int = 3, user: str = "mysql"):
+        self.root = Path(tempfile.mkdtemp(prefix="lk-faults-galera-"))
+        self.nodes = [Node(f"galera{n}", self.root) for n in range(nodes)]
+        self.user = user
+        owner = None
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(user)
+            owner = (entry.pw_uid, entry.pw_gid)
+            os.chown(self.root, *owner)
+        self._as_user = [f"--user={user}"] if owner else []
+        for node in self.nodes:
+            node.dir.mkdir()
+            if owner:
+                os.chown(node.dir, *owner)
+        # Only the first node needs system tables: the others receive the
+        # whole data directory by SST.
+        self._install(self.nodes[0])
+        for node in self.nodes[1:]:
+            node.data.mkdir()
+            if owner:
+                os.chown(node.data, *owner)
+        self.address = "gcomm://" + ",".join(
+            f"127.0.0.1:{node.gcomm_port}" for node in self.nodes
+        )
+
+    def url(self, node: Node | int = 0, *, database: str = DATABASE) -> str:
+        if isinstance(node, int):
+            node = self.nodes[node]
+        return node.url(database)
+
+    def _install(self, node: Node) -> None:
+        install = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
+        result = subprocess.run(
+            [
+                install,
+                "--no-defaults",
+                *self._as_user,
+                f"--datadir={node.data}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+            cwd=node.dir,
+        )
+        if result.returncode != 0:
+            raise ClusterError(
+                f"{node.name}: mariadb-install-db failed: {result.stderr[-2000:]}"
+            )
+
+    def _arguments(self, node: Node, *, bootstrap: bool) -> list[str]:
+        provider_options = ";".join(
+            [
+                f"gmcast.listen_addr=tcp://127.0.0.1:{node.gcomm_port}",
+                f"ist.recv_addr=127.0.0.1:{node.ist_port}",
+                # Short timeouts: a killed node leaves the view within seconds.
+                "evs.suspect_timeout=PT3S",
+                "evs.inactive_timeout=PT6S",
+                "evs.install_timeout=PT6S",
+                "gcache.size=64M",
+            ]
+        )
+        return [
+            shutil.which("mariadbd") or "/usr/sbin/mariadbd",
+            "--no-defaults",
+            *self._as_user,
+            f"--datadir={node.data}",
+            f"--port={node.port}",
+            "--bind-address=127.0.0.1",
+            f"--socket={node.socket}",
+            f"--pid-file={node.dir / 'mysqld.pid'}",
+            "--skip-name-resolve",
+            "--innodb-buffer-pool-size=32M",
+            "--innodb-log-file-size=16M",
+            "--max-connections=300",
+            "--character-set-server=utf8mb4",
+            # What Galera requires.
+            "--binlog-format=ROW",
+            "--innodb-autoinc-lock-mode=2",
+            "--default-storage-engine=InnoDB",
+            "--wsrep-on=ON",
+            f"--wsrep-provider={PROVIDER}",
+            "--wsrep-cluster-name=lockkeeper-faults",
+            f"--wsrep-cluster-address={self.address}",
+            f"--wsrep-node-name={node.name}",
+            f"--wsrep-node-address=127.0.0.1:{node.gcomm_port}",
+            f"--wsrep-node-incoming-address=127.0.0.1:{node.port}",
+            f"--wsrep-provider-options={provider_options}",
+            "--wsrep-sst-method=rsync",
+            f"--wsrep-sst-receive-address=127.0.0.1:{node.sst_port}",
+            "--wsrep-slave-threads=2",
+            *(["--wsrep-new-cluster"] if bootstrap else []),
+        ]
+
+    # -- life cycle --------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Bootstrap the first node, then join the others one by one (a donor
+        serves one SST at a time); return once every node is Synced in one
+        primary component of all nodes, with the database created."""
+        self.start_node(self.nodes[0], bootstrap=True)
+        self.wait_synced(self.nodes[0], size=1, timeout=timeout)
+        with self.nodes[0].connect(database=None) as conn, conn.cursor() as cur:
+            cur.execute(
+                f"CREATE DATABASE IF NOT EXISTS {DATABASE} "
+                "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+            )
+        for count, node in enumerate(self.nodes[1:], start=2):
+            self.start_node(node)
+            self.wait_synced(node, size=count, timeout=timeout)
+
+    def recovered_position(self, node: Node) -> str | None:
+        """The position (``uuid:seqno``) of the last transaction ``node``
+        committed, read from its storage (``mariadbd --wsrep-recover``, what
+        ``galera_recovery`` does before systemd starts a node): after a crash its
+        ``grastate.dat`` says -1, and a node started without its position asks
+        for a whole copy (SST) instead of the writesets it missed (IST)."""
+        recover_log = node.dir / "recover.log"
+        recover_log.unlink(missing_ok=True)
+        subprocess.run(
+            [
+                *self._arguments(node, bootstrap=False),
+                "--wsrep-recover",
+                f"--log-error={recover_log}",
+            ],
+            capture_output=True,
+            timeout=120,
+            check=False,
+            cwd=node.dir,
+        )
+        try:
+            text = recover_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+        found = re.search(r"WSREP: Recovered position: (\S+:-?\d+)", text)
+        if found is None or found[1].endswith(":-1"):
+            return None
+        return found[1]
+
+    def restart_node(self, node: Node, timeout: float = 120.0) -> None:
+        """Start a node that was killed from its recovered position, so that it
+        rejoins by IST when a donor's cache still holds what it missed; return
+        once it is Synced with every node."""
+        position = self.recovered_position(node)
+        self.start_node(node, position=position)
+        self.wait_synced(node, size=len(self.nodes), timeout=timeout)
+
+    def start_node(
+        self, node: Node, *, bootstrap: bool = False, position: str | None = None
+    ) -> None:
+        log = open(node.log, "ab")  # noqa: SIM115
+        node.log_start = log.tell()
+        start = [f"--wsrep-start-position={position}"] if position else []
+        node.process = subprocess.Popen(
+            [*self._arguments(node, bootstrap=bootstrap), *start],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # The SST script runs in the server's working directory as mysql.
+            cwd=node.dir,
+        )
+        log.close()
+
+    def raise_if_broken(self) -> None:
+        """Raise at once, with its log tail, when a started node has exited."""
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            code = node.process.poll()
+            if code is not None:
+                raise ClusterError(
+                    f"{node.name}: mariadbd exited with {code}:\n{node.log_tail()}"
+                )
+
+    def wait_synced(self, node: Node, *, size: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        state = size_seen = None
+        while time.monotonic() < deadline:
+            self.raise_if_broken()
+            state = node.status("wsrep_local_state_comment")
+            size_seen = node.status("wsrep_cluster_size")
+            if (
+                state == "Synced"
+                and size_seen == str(size)
+                and node.status("wsrep_cluster_status") == "Primary"
+                and node.status("wsrep_ready") == "ON"
+            ):
+                return
+            time.sleep(0.1)
+        raise ClusterError(
+            f"{node.name}: not synced after {timeout} s (state {state}, cluster "
+            f"size {size_seen}):\n{node.log_tail()}"
+        )
+
+    def last_transfer(self, node: Node) -> str:
+        """How ``node`` received the state at its latest start: "IST" (the
+        writesets it missed, from a donor's cache), "SST" (a whole copy of the
+        data directory) or "none"."""
+        with open(node.log, "rb") as log:
+            log.seek(node.log_start)
+            text = log.read().decode(errors="replace")
+        # The rsync script runs for both, and says which it was.
+        if "IST completed on joiner" in text:
+            return "IST"
+        if "SST completed on joiner" in text:
+            return "SST"
+        return "none"
+
+    def kill(self, node: Node) -> None:
+        """SIGKILL a node (a crash)."""
+        if node.process is None:
+            return
+        try:
+            os.killpg(node.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it had exited (a failed start)
+        node.process.wait()
+        node.process = None
+
+    def close(self) -> None:
+        try:
+            for node in self.nodes:
+                self.kill(node)
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> GaleraCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

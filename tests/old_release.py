@@ -1,0 +1,135 @@
+"""The code of an earlier release, served from this repository's history.
+
+A release is named by its schema head: the code is the last commit of main
+whose migration scripts ended at that revision (the parent of the commit that
+added the next migration). Its tree is read with ``git archive`` and served by a
+subprocess whose ``sys.path`` starts with it, so the old ``app`` (and its
+worker client) is imported, not this one: the rolling-upgrade tests run the
+previous release's requests against a database this code migrates.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+from app.paths import PROJECT_ROOT
+
+VERSIONS = "app/migrations/versions"
+# What a server of the old tree needs to import and render.
+TREE_PATHS = ("app", "client/src", "templates", "static")
+
+SERVE = """
+import json, sys
+from werkzeug.serving import make_server
+from app import create_app
+from app.auth.service import create_token
+
+app = create_app()
+with app.app_context():
+    token = create_token("traffic")
+server = make_server("127.0.0.1", 0, app, threaded=True)
+print(json.dumps({"port": server.server_port, "token": token}), flush=True)
+server.serve_forever()
+"""
+
+
+def _git(*args: str) -> bytes:
+    return subprocess.run(
+        ["git", "-C", str(PROJECT_ROOT), *args], check=True, capture_output=True
+    ).stdout
+
+
+def _down_revision(source: bytes) -> str | None:
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "down_revision" for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def release_commit(revision: str) -> str:
+    """The last commit whose migrations ended at ``revision``."""
+    for path in _git("ls-tree", "--name-only", "HEAD", f"{VERSIONS}/").split():
+        name = path.decode()
+        if not name.endswith(".py") or name.endswith("__init__.py"):
+            continue
+        added = _git("log", "--diff-filter=A", "--format=%H", "--", name).split()
+        if not added:
+            continue
+        first = added[-1].decode()
+        if _down_revision(_git("show", f"{first}:{name}")) == revision:
+            return _git("rev-parse", f"{first}^").decode().strip()
+    raise LookupError(f"no commit of this history ends its migrations at {revision}")
+
+
+def release_tree(revision: str, into: Path) -> Path:
+    """The code of that release, extracted under ``into`` (once)."""
+    tree = into / f"release-{revision}"
+    if not tree.exists():
+        archive = _git("archive", release_commit(revision), *TREE_PATHS)
+        partial = into / f".release-{revision}.{os.getpid()}"
+        with tarfile.open(fileobj=BytesIO(archive)) as tar:
+            tar.extractall(partial, filter="data")
+        partial.rename(tree)
+    return tree
+
+
+@dataclass
+class OldServer:
+    url: str
+    token: str
+    process: subprocess.Popen
+
+
+@contextmanager
+def serving(tree: Path, database_url: str, instance: Path) -> Iterator[OldServer]:
+    """The old release's app on a threaded HTTP server, an API token of its own."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'client' / 'src'}",
+        "LOCKKEEPER_DATABASE_URL": database_url,
+        "LOCKKEEPER_INSTANCE_PATH": str(instance),
+        "LOCKKEEPER_SECRET_KEY": "old-release",
+        "LOCKKEEPER_BOOTSTRAP": "false",
+        "LOCKKEEPER_AUTO_MIGRATE": "false",
+        "LOCKKEEPER_REFUSALS_FLUSH_SECONDS": "0",
+    }
+    log = (instance.parent / f"{tree.name}.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVE],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()  # "" once it exits
+        if not line:
+            log.flush()
+            raise RuntimeError(
+                "the old release did not start: " + Path(log.name).read_text()[-2000:]
+            )
+        started = json.loads(line)
+        yield OldServer(
+            f"http://127.0.0.1:{started['port']}", started["token"], process
+        )
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()

@@ -1,0 +1,114 @@
+"""The JSON API of sets: ``/api/v1/sets`` (acquire, renew, release as one)."""
+
+from __future__ import annotations
+
+from app.extensions import lock_service
+from tests.conftest import ApiClient
+
+MEMBERS = [
+    {"resource": "acct:2"},
+    {"resource": "acct:1", "mode": "shared"},
+    {"resource": "pool:x", "limit": 3},
+]
+
+
+def test_a_set_is_acquired_renewed_and_released_as_one(api, clock):
+    granted = api.post("/api/v1/sets", json={"owner": "w-1", "members": MEMBERS})
+    assert granted.status_code == 200, granted.get_json()
+    body = granted.get_json()
+    assert body["acquired"] is True
+    resources = [lock["resource"] for lock in body["locks"]]
+    assert resources == ["acct:2", "acct:1", "pool:x"]
+    assert [(lock["mode"], lock["limit"]) for lock in body["locks"]] == [
+        ("exclusive", 1),
+        ("shared", 1),
+        ("exclusive", 3),
+    ]
+    assert len({lock["fence"] for lock in body["locks"]}) == 3
+    names = ["acct:1", "acct:2", "pool:x"]
+    renewed = api.patch(
+        "/api/v1/sets", json={"owner": "w-1", "ttl": 90, "resources": names}
+    )
+    assert renewed.status_code == 200, renewed.get_json()
+    assert [lock["ttl_remaining"] for lock in renewed.get_json()["locks"]] == [90] * 3
+    released = api.delete(
+        "/api/v1/sets",
+        json={"owner": "w-1", "resources": [*names, "acct:none"]},
+    )
+    assert released.status_code == 200, released.get_json()
+    body = released.get_json()
+    assert [lock["resource"] for lock in body["released"]] == names
+    assert body["not_held"] == ["acct:none"]
+
+
+def test_a_refused_set_names_its_member_and_the_grant_in_the_way(api, fake_app):
+    other = api.with_token("other")
+    assert other.post("/api/v1/locks/acct:1", json={"owner": "w-2"}).status_code == 200
+    refused = api.post("/api/v1/sets", json={"owner": "w-1", "members": MEMBERS})
+    assert refused.status_code == 409
+    body = refused.get_json()
+    assert (body["acquired"], body["refused"]) == (False, "acct:1")
+    assert body["lock"]["owner"] == "w-2"
+    assert int(refused.headers["Retry-After"]) >= 1
+    with fake_app.app_context():
+        # Nothing of the set was granted.
+        assert lock_service().holders("acct:2").holders == []
+
+
+def test_a_frozen_member_is_a_423_naming_it(api, fake_app):
+    with fake_app.app_context():
+        lock_service().freeze("pool:", actor="op", reason="maintenance")
+    refused = api.post("/api/v1/sets", json={"owner": "w-1", "members": MEMBERS})
+    assert refused.status_code == 423
+    assert refused.mimetype == "application/problem+json"
+    assert "'pool:x'" in refused.get_json()["detail"]
+
+
+def test_every_member_must_be_in_the_tokens_scope(api):
+    scoped = api.with_token("acct-only", prefixes=["acct:"])
+    refused = scoped.post("/api/v1/sets", json={"owner": "w-1", "members": MEMBERS})
+    assert refused.status_code == 403
+    assert "pool:x" not in refused.get_data(as_text=True)
+    for method in ("PATCH", "DELETE"):
+        answer = scoped.open(
+            method, "/api/v1/sets", json={"owner": "w", "resources": ["pool:x"]}
+        )
+        assert answer.status_code == 403
+    inside = [m for m in MEMBERS if m["resource"].startswith("acct:")]
+    granted = scoped.post("/api/v1/sets", json={"owner": "w-1", "members": inside})
+    assert granted.status_code == 200
+
+
+def test_a_set_past_the_bound_is_a_clear_400(make_app, clock):
+    app = make_app(LOCKKEEPER_CLOCK=clock, LOCKKEEPER_MAX_SET_SIZE=2)
+    api = ApiClient(app)
+    refused = api.post("/api/v1/sets", json={"owner": "w-1", "members": MEMBERS})
+    assert refused.status_code == 400
+    assert refused.get_json()["errors"] == [
+        {
+            "field": "members",
+            "message": "must hold at most 2 items (LOCKKEEPER_MAX_SET_SIZE)",
+        }
+    ]
+    # The document served says the bound this server holds.
+    document = app.test_client().get("/api/v1/openapi.json").get_json()
+    assert document["components"]["schemas"]["SetMembers"]["maxItems"] == 2
+
+
+def test_a_resource_named_twice_is_a_400(api):
+    twice = [{"resource": "acct:1"}, {"resource": "acct:1", "mode": "shared"}]
+    refused = api.post("/api/v1/sets", json={"owner": "w-1", "members": twice})
+    assert refused.status_code == 400
+    assert refused.get_json()["errors"] == [
+        {"field": "members[1].resource", "message": "names a resource already named"}
+    ]
+
+
+def test_renewing_a_set_with_a_lost_member_is_refused_whole(api, clock):
+    api.post("/api/v1/sets", json={"owner": "w-1", "ttl": 5, "members": MEMBERS[:1]})
+    api.post("/api/v1/sets", json={"owner": "w-1", "ttl": 60, "members": MEMBERS[1:]})
+    clock.advance(10)
+    names = ["acct:1", "acct:2", "pool:x"]
+    refused = api.patch("/api/v1/sets", json={"owner": "w-1", "resources": names})
+    assert refused.status_code == 409
+    assert "'acct:2'" in refused.get_json()["detail"]

@@ -1,0 +1,166 @@
+"""The lock core stands alone: a worker's own process (the embedded mode) runs
+it on a plain SQLAlchemy engine where Flask cannot even be imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from app.paths import PROJECT_ROOT
+
+# Run as its own interpreter: a finder first on ``sys.meta_path`` refuses Flask,
+# every Flask extension and Werkzeug, as a worker without them installed would.
+WORKER = textwrap.dedent(
+    """
+    import json
+    import sys
+
+
+    class NoWebStack:
+        def find_spec(self, name, path=None, target=None):
+            top = name.partition(".")[0]
+            if top in ("flask", "werkzeug") or top.startswith("flask_"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+
+    sys.meta_path.insert(0, NoWebStack())
+
+    from sqlalchemy import create_engine
+
+    from app.locks.clock import SystemClock
+    from app.locks.engine import install_engine_events
+    from app.locks.service import LockService, LockSettings
+
+    engine = create_engine(sys.argv[1])
+    install_engine_events(engine)
+    service = LockService(engine, SystemClock(), LockSettings())
+    acquired = service.acquire("embedded:job", "worker-1", 30)
+    held = service.get("embedded:job")
+    released = service.release("embedded:job", "worker-1")
+    engine.dispose()
+    web = sorted(
+        name
+        for name in sys.modules
+        if name.partition(".")[0] in ("flask", "werkzeug")
+        or name.startswith("flask_")
+    )
+    print(
+        json.dumps(
+            {
+                "acquired": acquired.acquired,
+                "fence": acquired.lock.fence,
+                "held_by": held.owner,
+                "released_fence": released.fence,
+                "web_modules": web,
+            }
+        )
+    )
+    """
+)
+
+
+def test_the_core_acquires_and_releases_without_flask(backend, app, tmp_path):
+    """The app migrates the database; the worker process then takes and gives
+    back a lock through the core alone, on its own plain engine (made without
+    the autocommit twin the server's engines get: the core attaches it, else
+    on PostgreSQL and MariaDB every grant was silently rolled back)."""
+    url = app.config["SQLALCHEMY_DATABASE_URI"]
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    finished = subprocess.run(
+        [sys.executable, str(script), url],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr
+    seen = json.loads(finished.stdout)
+    assert seen["acquired"] is True
+    assert seen["held_by"] == "worker-1"
+    assert seen["released_fence"] == seen["fence"]
+    assert seen["web_modules"] == []
+
+
+def test_the_worker_process_really_cannot_import_flask(tmp_path):
+    """The blocker itself works: without it the test above proves nothing."""
+    blocker = WORKER.split("from sqlalchemy")[0]
+    script = tmp_path / "blocked.py"
+    script.write_text(blocker + "import flask_sqlalchemy\n")
+    finished = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert finished.returncode != 0
+    assert "No module named 'flask_sqlalchemy'" in finished.stderr
+
+
+# The embedded mode's whole path: the worker client on the in-process
+# transport, where the web stack cannot be imported.
+CLIENT_WORKER = WORKER.split("from sqlalchemy")[0] + textwrap.dedent(
+    """
+    from lockkeeper_client import LockClient
+
+    from app.locks.embedded import EmbeddedTransport
+
+    transport = EmbeddedTransport(sys.argv[1])
+    with LockClient("http://embedded", sys.argv[2], transport=transport) as client:
+        with client.lock("embedded:client", ttl=30) as held:
+            fence = held.fence
+            holder = client.get("embedded:client").owner
+    web = sorted(
+        name
+        for name in sys.modules
+        if name.partition(".")[0] in ("flask", "werkzeug", "gunicorn")
+        or name.startswith("flask_")
+    )
+    print(json.dumps({"fence": fence, "holder": holder, "web_modules": web}))
+    """
+)
+
+
+def test_the_client_locks_in_process_without_flask(app, tmp_path):
+    from app.auth.service import create_token
+
+    with app.app_context():
+        token = create_token("alone")
+    script = tmp_path / "client_worker.py"
+    script.write_text(CLIENT_WORKER)
+    finished = subprocess.run(
+        [sys.executable, str(script), app.config["SQLALCHEMY_DATABASE_URI"], token],
+        cwd=tmp_path,
+        env={
+            "PYTHONPATH": f"{PROJECT_ROOT}:{PROJECT_ROOT / 'client' / 'src'}",
+            "PATH": "/usr/bin:/bin",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr
+    seen = json.loads(finished.stdout)
+    assert seen["fence"] >= 1
+    assert seen["holder"]
+    assert seen["web_modules"] == []
+
+
+def test_the_cores_schema_check_reads_the_migrations_heads_as_alembic_does():
+    """Read from the scripts' text (importing them needs Flask): the same
+    heads and revisions as Alembic's own reading."""
+    from app.locks import schema
+    from app.ops.schema import required_revisions, scripts
+
+    assert schema.required_revisions() == required_revisions()
+    assert set(schema._known_revisions()) == {
+        script.revision for script in scripts().walk_revisions()
+    }

@@ -1,0 +1,269 @@
+"""Sets raced by real threads on every database: workers take random
+overlapping sets of 2-5 resources, named in random orders, in random modes.
+
+While they run, a reader reads every grant in one statement (one snapshot)
+again and again: no reading ever shows part of a set (each set's owner is its
+own, so a set is whole when every member shows it), two exclusive grants of one
+resource, an exclusive grant beside a shared one, or a semaphore past its
+limit. The history afterwards says the same: every set's grant events come
+together, each member once. On PostgreSQL and MariaDB the servers' own
+deadlock counters do not move (``tests/test_deadlock_race.Deadlocks``).
+
+The dining philosophers (5 workers, 5 forks, each taking its two neighbours
+as one set) all finish their meals on PostgreSQL and MariaDB.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+
+import pytest
+from sqlalchemy import literal, select, union_all
+
+from app.extensions import db, lock_service
+from app.locks.models import EXCLUSIVE, SHARED, LockEvent
+from app.locks.statements.common import holders, locks
+from app.locks.values import Member
+from tests.test_deadlock_race import RACERS, Deadlocks
+
+# The racers, the reader, the test's own reads and the counter's connection.
+WORKERS = 8
+CONNECTIONS = 16
+SECONDS = float(os.environ.get("LOCKKEEPER_SET_RACE_SECONDS", "20"))
+# Six locks of limit 1 (taken exclusive or shared) and two semaphores of 2.
+PLAIN = [f"set:r{i}" for i in range(6)]
+SEMAPHORES = {f"set:s{i}": 2 for i in range(2)}
+RESOURCES = PLAIN + list(SEMAPHORES)
+TTL = 60.0
+
+pytestmark = [
+    pytest.mark.usefixtures("backend"),
+    pytest.mark.connections(CONNECTIONS),
+    pytest.mark.slow,
+]
+
+
+@pytest.fixture
+def set_app(make_app, backend):
+    options = {"pool_size": WORKERS + 4, "max_overflow": 0}
+    if backend == "postgresql":
+        options["connect_args"] = {"application_name": RACERS}
+    return make_app(SQLALCHEMY_ENGINE_OPTIONS=options)
+
+
+def _random_set(rng: random.Random) -> list[Member]:
+    chosen = rng.sample(RESOURCES, rng.randint(2, 5))  # in a random order
+    return [
+        Member(r, SEMAPHORES[r], EXCLUSIVE)
+        if r in SEMAPHORES
+        else Member(r, 1, rng.choice((EXCLUSIVE, SHARED)))
+        for r in chosen
+    ]
+
+
+class Reader:
+    """Reads every live grant (exclusive or a place) in one statement, one
+    snapshot, over and over, and keeps what broke the rules."""
+
+    def __init__(self, sets: dict[str, set[str]], lock: threading.Lock):
+        self.sets = sets  # owner -> its set's resources (once granted)
+        self.lock = lock
+        self.broken: list[str] = []
+        self.reads = 0
+
+    def read_once(self) -> None:
+        exclusive = select(
+            locks.c.resource,
+            locks.c.owner,
+            locks.c.expires_at,
+            locks.c.holder_limit.label("limit"),
+            literal(EXCLUSIVE).label("mode"),
+        ).where(locks.c.owner.is_not(None))
+        places = select(
+            holders.c.resource,
+            holders.c.owner,
+            holders.c.expires_at,
+            locks.c.holder_limit.label("limit"),
+            holders.c.mode,
+        ).join(locks, locks.c.resource == holders.c.resource)
+        with db.engine.connect() as conn:
+            rows = conn.execute(union_all(exclusive, places)).all()
+        self.reads += 1
+        by_owner = defaultdict(set)
+        by_resource = defaultdict(list)
+        for row in rows:
+            # Grants of this race live for TTL: none expires while it runs.
+            by_owner[row.owner].add(row.resource)
+            by_resource[row.resource].append(row)
+        with self.lock:
+            known = {owner: set(self.sets.get(owner, ())) for owner in by_owner}
+        for owner, seen in by_owner.items():
+            # Each worker records its set before it asks.
+            if seen != known[owner]:
+                self.broken.append(f"partial set of {owner}: {seen} of {known[owner]}")
+        for resource, grants in by_resource.items():
+            modes = Counter(g.mode for g in grants)
+            limit = grants[0].limit or 1
+            if modes[EXCLUSIVE] and modes[SHARED]:
+                self.broken.append(f"{resource}: exclusive beside shared {grants}")
+            if modes[EXCLUSIVE] > limit:
+                self.broken.append(f"{resource}: {modes[EXCLUSIVE]} > {limit}")
+
+
+def _race(app, workers: int, seconds: float) -> dict:
+    """``workers`` threads take random sets for ``seconds``; a reader reads."""
+    sets: dict[str, set[str]] = {}
+    record = threading.Lock()
+    reader = Reader(sets, record)
+    stop = threading.Event()
+    counts = Counter()
+    failures: list[BaseException] = []
+    start = threading.Barrier(workers + 1)
+
+    def worker(n: int) -> None:
+        rng = random.Random(n)
+        with app.app_context():
+            service = lock_service()
+            start.wait(timeout=30)
+            i = 0
+            while not stop.is_set():
+                i += 1
+                owner = f"w{n}-{i}"
+                members = _random_set(rng)
+                with record:
+                    # Recorded before the ask: a reader that sees any member
+                    # of it judges it against the whole set.
+                    sets[owner] = {m.resource for m in members}
+                result = service.acquire_set(members, owner, ttl=TTL)
+                if not result.acquired:
+                    counts["refused"] += 1
+                    continue
+                counts["granted"] += 1
+                counts[f"size {len(members)}"] += 1
+                released = service.release_set(
+                    [m.resource for m in reversed(members)], owner
+                )
+                assert released.not_held == [], released
+                assert len(released.released) == len(members)
+
+    def read() -> None:
+        with app.app_context():
+            start.wait(timeout=30)
+            while not stop.is_set():
+                reader.read_once()
+
+    def guarded(target, *args):
+        try:
+            target(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=guarded, args=(worker, n)) for n in range(workers)
+    ]
+    threads.append(threading.Thread(target=guarded, args=(read,)))
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not stop.is_set():
+        stop.wait(0.1)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a racer hung"
+    assert not failures, failures
+    assert not reader.broken, reader.broken[:5]
+    counts["reads"] = reader.reads
+    return {"counts": counts, "sets": sets}
+
+
+def _history_is_whole(app, sets: dict[str, set[str]]) -> int:
+    """Every set's grant events: each member once, or none at all."""
+    with app.app_context():
+        rows = db.session.execute(
+            select(LockEvent.owner, LockEvent.resource, LockEvent.action).where(
+                LockEvent.action.in_(("acquired", "took_over"))
+            )
+        ).all()
+    granted = defaultdict(list)
+    for owner, resource, _action in rows:
+        granted[owner].append(resource)
+    for owner, resources in granted.items():
+        assert sorted(resources) == sorted(sets[owner]), owner
+    return len(granted)
+
+
+def test_random_overlapping_sets_never_show_a_partial_set_nor_deadlock(
+    set_app, backend, monkeypatch
+):
+    deadlocks = Deadlocks(set_app, monkeypatch) if backend != "sqlite" else None
+    # SQLite: one writer at a time, each waiting its turn by sleeps (its busy
+    # handler, not a queue): four writers, so none waits past its timeout.
+    workers = 4 if backend == "sqlite" else WORKERS
+    found = _race(set_app, workers, SECONDS)
+    counts = found["counts"]
+    assert counts["granted"] >= 10, counts
+    assert counts["refused"] >= 1, counts  # the sets met
+    assert counts["reads"] >= 20, counts
+    whole = _history_is_whole(set_app, found["sets"])
+    assert whole == counts["granted"]
+    if deadlocks is not None:
+        assert deadlocks.counted() == 0, deadlocks.conflicts
+        assert not deadlocks.conflicts
+    print(f"{backend}: {dict(counts)}")
+
+
+MEALS = 15
+PHILOSOPHERS = 5
+
+
+@pytest.mark.backends("postgresql", "mariadb")
+def test_the_dining_philosophers_all_eat(set_app, backend, monkeypatch):
+    """Each philosopher takes the forks on either side as one set, in the
+    order of its own hands (the last one's are the other way round): none
+    holds one fork waiting for the other, so none starves the table."""
+    deadlocks = Deadlocks(set_app, monkeypatch)
+    forks = [f"fork:{i}" for i in range(PHILOSOPHERS)]
+    meals = Counter()
+    failures: list[BaseException] = []
+    start = threading.Barrier(PHILOSOPHERS)
+    deadline = time.monotonic() + 120
+
+    def philosopher(n: int) -> None:
+        rng = random.Random(n)
+        hands = [forks[n], forks[(n + 1) % PHILOSOPHERS]]
+        with set_app.app_context():
+            service = lock_service()
+            start.wait(timeout=30)
+            while meals[n] < MEALS:
+                assert time.monotonic() < deadline, f"philosopher {n} starved"
+                owner = f"p{n}"
+                got = service.acquire_set([Member(f) for f in hands], owner, ttl=TTL)
+                if not got.acquired:
+                    # Poll with a short random backoff: sets do not wait in line.
+                    time.sleep(rng.uniform(0.001, 0.01))
+                    continue
+                meals[n] += 1
+                service.release_set(hands, owner)
+
+    def guarded(n):
+        try:
+            philosopher(n)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(n,)) for n in range(PHILOSOPHERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=150)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not failures, failures
+    assert all(meals[n] == MEALS for n in range(PHILOSOPHERS)), meals
+    assert deadlocks.counted() == 0, deadlocks.conflicts
+    assert not deadlocks.conflicts

@@ -1,0 +1,226 @@
+"""Sets: several locks acquired, renewed and released as one, on every database.
+
+A set is granted whole in one transaction or refused whole (naming the member
+that refused) with nothing written; each member has its own fence and event;
+a set counts as its members against a quota; freezes and limits are decided
+for every member.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from app.auth.service import create_token
+from app.extensions import db
+from app.locks.errors import (
+    InvalidInput,
+    LimitMismatch,
+    LockExpired,
+    NotOwner,
+    QuotaExceeded,
+    ResourceFrozen,
+)
+from app.locks.models import (
+    EXCLUSIVE,
+    SHARED,
+    DistributedLock,
+    LockEvent,
+    LockHolder,
+)
+from app.locks.state import Action
+from app.locks.values import Member
+
+pytestmark = pytest.mark.usefixtures("backend")
+
+
+def snapshot():
+    """Every row a grant writes (locks, places, events)."""
+    db.session.expire_all()
+    with db.engine.connect() as conn:
+        return [
+            sorted(tuple(row) for row in conn.execute(select(table.__table__)).all())
+            for table in (DistributedLock, LockHolder, LockEvent)
+        ]
+
+
+def events_of(resource: str) -> list[LockEvent]:
+    db.session.expire_all()
+    return list(
+        db.session.scalars(
+            select(LockEvent)
+            .where(LockEvent.resource == resource)
+            .order_by(LockEvent.id)
+        )
+    )
+
+
+MIXED = [
+    Member("set:b", 1, EXCLUSIVE),
+    Member("set:a", 1, SHARED),
+    Member("set:c", 3, EXCLUSIVE),
+]
+
+
+def test_a_set_is_granted_whole_each_member_with_its_fence_and_event(service, clock):
+    result = service.acquire_set(MIXED, "w-1", ttl=30, token="t")
+    assert result.acquired
+    # In the order asked, each as asked.
+    assert [lock.resource for lock in result.locks] == ["set:b", "set:a", "set:c"]
+    assert [(lock.limit, lock.mode) for lock in result.locks] == [
+        (1, EXCLUSIVE),
+        (1, SHARED),
+        (3, EXCLUSIVE),
+    ]
+    fences = [lock.fence for lock in result.locks]
+    assert len(set(fences)) == 3
+    for lock in result.locks:
+        assert lock.owner == "w-1"
+        assert lock.expires_at == clock.now() + timedelta(seconds=30)
+        (event,) = events_of(lock.resource)
+        assert (event.action, event.fence, event.mode) == (
+            Action.ACQUIRED.value,
+            lock.fence,
+            lock.mode,
+        )
+    # Each member is a grant like any other: its holders, its fence check.
+    for lock in result.locks:
+        (holder,) = service.holders(lock.resource).holders
+        assert holder.fence == lock.fence
+        assert service.check_fence(lock.resource, lock.fence).fence == lock.fence
+
+
+def test_a_set_is_refused_whole_naming_the_member_and_writes_nothing(service):
+    held = service.acquire("set:c", "w-2", ttl=30).lock
+    before = snapshot()
+    result = service.acquire_set(
+        [Member("set:a"), Member("set:new"), Member("set:c")], "w-1", ttl=30
+    )
+    assert not result.acquired
+    assert result.locks == []
+    assert result.refused == "set:c"
+    assert (result.lock.owner, result.lock.fence) == ("w-2", held.fence)
+    # Not even the free row of the member that had none.
+    assert snapshot() == before
+
+
+def test_overlapping_sets_in_either_order_meet_on_their_first_shared_member(service):
+    first = service.acquire_set([Member("set:a"), Member("set:b")], "w-1", ttl=30)
+    second = service.acquire_set([Member("set:b"), Member("set:a")], "w-2", ttl=30)
+    assert first.acquired
+    assert not second.acquired
+    assert second.refused == "set:a"  # the lock order's first, whatever the order asked
+
+
+def test_a_set_again_by_its_holder_keeps_its_fences(service):
+    first = service.acquire_set(MIXED, "w-1", ttl=30)
+    again = service.acquire_set(MIXED, "w-1", ttl=60)
+    assert again.acquired
+    assert [lock.fence for lock in again.locks] == [lock.fence for lock in first.locks]
+    assert events_of("set:b")[-1].action == Action.REACQUIRED.value
+
+
+def test_a_frozen_member_refuses_the_set(service):
+    service.freeze("set:c", actor="op", reason="maintenance")
+    before = snapshot()
+    with pytest.raises(ResourceFrozen) as refused:
+        service.acquire_set(MIXED, "w-1", ttl=30)
+    assert refused.value.resource == "set:c"
+    assert snapshot() == before
+
+
+def test_a_member_in_use_with_another_limit_refuses_the_set(service):
+    service.acquire("set:c", "w-2", ttl=30, limit=2)
+    before = snapshot()
+    with pytest.raises(LimitMismatch) as refused:
+        service.acquire_set(MIXED, "w-1", ttl=30)
+    assert (refused.value.resource, refused.value.limit) == ("set:c", 2)
+    assert snapshot() == before
+
+
+def test_a_set_counts_as_its_members_against_the_quota(service):
+    create_token("quota-2", max_locks=2)
+    before = snapshot()
+    with pytest.raises(QuotaExceeded):
+        service.acquire_set(MIXED, "w-1", ttl=30, token="quota-2", max_locks=2)
+    assert snapshot() == before
+    two = [Member("set:a"), Member("set:b")]
+    granted = service.acquire_set(two, "w-1", ttl=30, token="quota-2", max_locks=2)
+    assert granted.acquired
+
+
+def test_a_set_waits_for_no_one_but_respects_the_line(service):
+    """A set does not wait, and does not pass others in line either: a
+    member with a live waiter refuses it."""
+    service.acquire("set:a", "w-2", ttl=30)
+    result = service.acquire_set([Member("set:a"), Member("set:b")], "w-1", ttl=30)
+    assert (result.acquired, result.refused) == (False, "set:a")
+
+
+def test_a_set_is_renewed_as_one(service, clock):
+    service.acquire_set(MIXED, "w-1", ttl=30)
+    clock.advance(10)
+    renewed = service.renew_set(["set:b", "set:a", "set:c"], "w-1", ttl=60)
+    assert [lock.resource for lock in renewed] == ["set:b", "set:a", "set:c"]
+    for lock in renewed:
+        assert lock.expires_at == clock.now() + timedelta(seconds=60)
+        assert events_of(lock.resource)[-1].action == Action.RENEWED.value
+
+
+def test_a_renewal_of_a_set_with_a_lost_member_renews_nothing(service, clock):
+    service.acquire_set([Member("set:a"), Member("set:b", 2)], "w-1", ttl=30)
+    service.acquire_set([Member("set:c")], "w-1", ttl=5)
+    clock.advance(10)
+    before = snapshot()
+    with pytest.raises(LockExpired) as refused:
+        service.renew_set(["set:a", "set:b", "set:c"], "w-1", ttl=60)
+    assert refused.value.resource == "set:c"
+    assert snapshot() == before
+
+
+def test_a_renewal_of_a_set_partly_anothers_is_refused(service):
+    service.acquire_set([Member("set:a")], "w-1", ttl=30)
+    service.acquire("set:b", "w-2", ttl=30)
+    with pytest.raises(NotOwner):
+        service.renew_set(["set:a", "set:b"], "w-1", ttl=60)
+
+
+def test_a_set_is_released_as_one_naming_what_it_no_longer_held(service, clock):
+    service.acquire_set(MIXED, "w-1", ttl=30)
+    service.acquire("set:lost", "w-1", ttl=1)
+    clock.advance(2)
+    released = service.release_set(
+        ["set:b", "set:a", "set:c", "set:lost"], "w-1", token=None
+    )
+    assert [lock.resource for lock in released.released] == ["set:b", "set:a", "set:c"]
+    assert released.not_held == ["set:lost"]
+    for resource in ("set:a", "set:b", "set:c"):
+        assert service.holders(resource).holders == []
+        assert events_of(resource)[-1].action == Action.RELEASED.value
+
+
+def test_a_set_past_the_bound_or_naming_a_resource_twice_is_invalid(make_app):
+    app = make_app(LOCKKEEPER_MAX_SET_SIZE=2)
+    from app.extensions import lock_service
+
+    with app.app_context():
+        service = lock_service()
+        with pytest.raises(InvalidInput) as bound:
+            service.acquire_set(MIXED, "w-1")
+        assert bound.value.errors[0][0] == "members"
+        assert "LOCKKEEPER_MAX_SET_SIZE" in bound.value.errors[0][1]
+        with pytest.raises(InvalidInput) as twice:
+            service.acquire_set([Member("set:a"), Member("set:a", 1, SHARED)], "w-1")
+        assert twice.value.errors == [
+            ("members[1].resource", "names a resource already named")
+        ]
+        with pytest.raises(InvalidInput) as bad:
+            service.acquire_set([Member("set:a", 0), Member("bad name")], "w-1")
+        assert [field for field, _ in bad.value.errors] == [
+            "members[0].limit",
+            "members[1].resource",
+        ]
+        with pytest.raises(InvalidInput):
+            service.acquire_set([], "w-1")
