@@ -41,6 +41,7 @@ SAMPLES: dict[type, errors.LockClientError] = {
     errors.UnexpectedResponse: errors.UnexpectedResponse("job:42", "odd", 500),
     errors.GuardRefused: errors.GuardRefused("job:42", "guard", "expired", 7, "LK002"),
     errors.GuardOutsideTransaction: errors.GuardOutsideTransaction("job:42", "tx"),
+    errors.GuardNotInstalled: errors.GuardNotInstalled("job:42", "no routine"),
     errors.ConfigurationError: errors.ConfigurationError("the API token is empty"),
     errors.SessionBoundLock: errors.SessionBoundLock("job:42", "bound", 409),
     errors.AlreadyHeld: errors.AlreadyHeld("job:42", "held here"),

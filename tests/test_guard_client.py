@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime
 
 import psycopg
 import pymysql
 import pytest
-from lockkeeper_client import GuardOutsideTransaction, GuardRefused, LockLost, guard
+from lockkeeper_client import (
+    ConfigurationError,
+    GuardNotInstalled,
+    GuardOutsideTransaction,
+    GuardRefused,
+    LockLost,
+    guard,
+)
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -21,6 +29,7 @@ from sqlalchemy.orm import Session
 from app.config import normalize_database_url
 from app.extensions import lock_service
 from tests.clock import FakeClock
+from tests.databases import SERVER_URLS
 
 SERVERS = ("postgresql", "mariadb")
 RESOURCE = "guard:client"
@@ -226,3 +235,41 @@ class _Lock:
     def __init__(self, resource: str, fence: int):
         self.resource = resource
         self.fence = fence
+
+
+@pytest.fixture
+def unmigrated_engine(server):
+    """An empty database beside the lock service's: no guard routine in it."""
+    admin_url = make_url(normalize_database_url(SERVER_URLS[server]))
+    name = f"lk_noguard_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    engine = create_engine(admin_url.set(database=name))
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE {name}")
+        admin.dispose()
+
+
+def test_a_database_without_the_guard_is_named_not_passed_on_raw(unmigrated_engine):
+    """A connection to a database the lock service never migrated (another
+    database, or one behind on its schema): the client says what to do, through
+    SQLAlchemy and through the driver alike, instead of the driver's raw error."""
+    engine = unmigrated_engine
+    lock = _Lock(RESOURCE, 1)
+    with engine.connect() as conn, pytest.raises(GuardNotInstalled) as through_core:
+        guard(conn, lock)
+    raw = engine.raw_connection()
+    try:
+        with pytest.raises(GuardNotInstalled) as through_driver:
+            guard(raw.driver_connection, lock)
+        raw.rollback()
+    finally:
+        raw.close()
+    for refused in (through_core.value, through_driver.value):
+        assert "lockkeeper db upgrade" in str(refused)
+        assert isinstance(refused, ConfigurationError)

@@ -218,3 +218,13 @@ class GuardOutsideTransaction(LockClientError):
     the row lock would end with the call and guard nothing. Open a transaction
     first. On MariaDB the database says so (SQLSTATE LK004); on PostgreSQL,
     which cannot tell, the client does before it calls."""
+
+
+class GuardNotInstalled(ConfigurationError):
+    """``guard`` found no ``lockkeeper_guard`` routine in the connection's
+    database: the connection is to another database than the lock service's,
+    or that database's schema predates the guard (``lockkeeper db upgrade``)."""
+
+    def __init__(self, resource: str, message: str) -> None:
+        LockClientError.__init__(self, resource, message)
+        self.args = (resource, message)

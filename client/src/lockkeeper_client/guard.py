@@ -26,7 +26,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from lockkeeper_client.errors import GuardOutsideTransaction, GuardRefused
+from lockkeeper_client.errors import (
+    GuardNotInstalled,
+    GuardOutsideTransaction,
+    GuardRefused,
+)
 
 # SQLSTATE -> reason, as the guard raises them; the message starts with
 # ``lockkeeper_guard: <reason>:`` too (PyMySQL shows the message, not the state).
@@ -39,6 +43,9 @@ SQLSTATES = {
 _PREFIX = "lockkeeper_guard: "
 # MySQL's error number of a SIGNAL with a user-defined SQLSTATE.
 _SIGNAL_ERRNO = 1644
+# No such routine: PostgreSQL's undefined_function, MariaDB's ER_SP_DOES_NOT_EXIST.
+_UNDEFINED_FUNCTION = "42883"
+_NO_SUCH_PROCEDURE_ERRNO = 1305
 
 _SQL = {
     "postgresql": "SELECT lockkeeper_guard(%s::varchar, %s::bigint)",
@@ -61,6 +68,7 @@ def guard(conn: Any, lock: Guardable) -> None:
 
     :raise GuardRefused: the grant is lost, expired or was never held; roll back.
     :raise GuardOutsideTransaction: ``conn`` is in autocommit.
+    :raise GuardNotInstalled: ``conn``'s database has no guard routine.
     """
     resource, fence = lock.resource, int(lock.fence)
     if hasattr(conn, "exec_driver_sql"):  # SQLAlchemy Connection
@@ -138,9 +146,16 @@ def _raise_refusal(
     other error (the caller re-raises it as it is)."""
     state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
     message = _message(error)
+    args = getattr(error, "args", ())
+    if state == _UNDEFINED_FUNCTION or (args and args[0] == _NO_SUCH_PROCEDURE_ERRNO):
+        raise GuardNotInstalled(
+            resource,
+            f"guard on {resource!r}: this database has no lockkeeper_guard "
+            f"({message}); connect to the lock service's database, or run "
+            "`lockkeeper db upgrade` on it",
+        ) from raised
     reason = SQLSTATES.get(state or "")
     if reason is None and message.startswith(_PREFIX):
-        args = getattr(error, "args", ())
         if args and args[0] == _SIGNAL_ERRNO:
             reason = message[len(_PREFIX) :].split(":", 1)[0]
             state = next((s for s, r in SQLSTATES.items() if r == reason), None)
