@@ -114,6 +114,9 @@ def test_a_terminated_connection_is_dropped_and_retried(make_app, pg_url):
                 text(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                     " WHERE application_name = :name"
+                    # This test's database only: parallel workers name their
+                    # connections alike.
+                    " AND datname = current_database()"
                 ),
                 {"name": APP_NAME},
             ).scalar()

@@ -61,27 +61,34 @@ def hundred_requests(api: ApiClient) -> list[tuple[int, str, int]]:
 
 
 def terminate_backends(admin_url: str, application_name: str) -> int:
-    admin = create_engine(normalize_database_url(admin_url))
+    """End the backends of ``application_name`` on the database of ``admin_url``
+    and wait until they are gone; how many were ended.
+
+    Only this test's database: the tests run in parallel, each worker on a
+    database of its own, and every test here names its connections alike. Ending
+    them on the whole server ended other workers' connections too, in the middle
+    of their statements. Autocommit: within one transaction PostgreSQL shows the
+    same snapshot of ``pg_stat_activity`` throughout, so the wait below would
+    never see a backend go."""
+    admin = create_engine(
+        normalize_database_url(admin_url), isolation_level="AUTOCOMMIT"
+    )
+    mine = "application_name = :name AND datname = current_database()"
     try:
         with admin.connect() as conn:
             ended = conn.execute(
                 text(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                    " WHERE application_name = :name"
+                    f" WHERE {mine}"
                 ),
                 {"name": application_name},
             ).scalar()
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                left = conn.execute(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity"
-                        " WHERE application_name = :name"
-                    ),
-                    {"name": application_name},
-                ).scalar()
-                if not left:
-                    break
+            deadline = time.monotonic() + 30
+            while conn.execute(
+                text(f"SELECT count(*) FROM pg_stat_activity WHERE {mine}"),
+                {"name": application_name},
+            ).scalar():
+                assert time.monotonic() < deadline, "terminated backends still there"
                 time.sleep(0.02)
     finally:
         admin.dispose()
