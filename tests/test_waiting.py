@@ -731,12 +731,18 @@ def test_a_turned_away_acquire_keeps_its_place_for_its_retry(make_app, monkeypat
         assert line(lock_service(), "q:45") == ["second", "thief"]
 
 
-def test_a_client_turned_away_is_not_overtaken_by_a_later_waiter(make_app):
+def test_a_client_turned_away_is_not_overtaken_by_a_later_waiter(make_app, monkeypatch):
     """The worker client asks for its place to be kept and presents it: a wait
     the full room turned away is served before one that came after it (on a
-    server that kept no places, the later one, in line, went first)."""
+    server that kept no places, the later one, in line, went first).
+
+    The place is kept for as long as the client waits (30 s), not 2 s: under
+    load one of the client's polls came more than 2 s after the one before, and
+    the later waiter rightly went first. What is proven here is the order while
+    the place is presented, not how fast this machine answers."""
     from lockkeeper_client import LockClient
 
+    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)
     crowded = make_app(LOCKKEEPER_MAX_WAITERS=1)
     elsewhere = make_app()  # another instance: a waiting room of its own
     with serve(crowded) as server, elsewhere.app_context():
