@@ -8,10 +8,12 @@ for every member.
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
 
 from app.auth.service import create_token
 from app.extensions import db
@@ -31,7 +33,8 @@ from app.locks.models import (
     LockHolder,
 )
 from app.locks.state import Action
-from app.locks.values import Member
+from app.locks.values import Ask, Member
+from tests.row_waits import DEADLINE, RowHolder, lock_waits
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -149,6 +152,55 @@ def test_a_set_counts_as_its_members_against_the_quota(service):
     two = [Member("set:a"), Member("set:b")]
     granted = service.acquire_set(two, "w-1", ttl=30, token="quota-2", max_locks=2)
     assert granted.acquired
+
+
+@pytest.mark.backends("mariadb")
+def test_two_sets_making_a_deleted_row_again_at_once_take_turns(service):
+    """A refused set deletes the free row it made (``_forget_rows``); two sets
+    then make it again at once (``_create_rows``), while a third holds the
+    row after it in the name's index. The deleted row's index entry stays
+    until InnoDB purges it (here an older read view keeps it): two ``INSERT
+    IGNORE`` each took a shared lock on the next entry and each waited for
+    the other's to insert before it, a deadlock. The second must wait for the
+    first and find its row."""
+    sets = service.sets
+
+    def ask(resource: str) -> Ask:
+        return Ask(resource, "w-1", None, 30.0)
+
+    made = sets._create_rows([ask("set:f3"), ask("set:f4")])
+    assert len(made) == 2
+    keeper = create_engine(db.engine.url, isolation_level="REPEATABLE READ")
+    pool = ThreadPoolExecutor(2)
+    try:
+        with keeper.connect() as view:
+            view.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            sets._forget_rows([made[0]])  # deleted, its entry not purged
+            with RowHolder(service, "set:f4") as held:
+                again = [
+                    pool.submit(sets._create_rows, [ask("set:f3")]) for _ in range(2)
+                ]
+                deadline = time.monotonic() + DEADLINE
+                while True:
+                    with db.engine.connect() as conn:
+                        if lock_waits(conn) >= 2:
+                            break
+                    if any(future.done() for future in again):
+                        [future.result(timeout=0) for future in again]
+                        raise AssertionError("a maker did not wait for the row")
+                    assert time.monotonic() < deadline, "the makers never waited"
+                    time.sleep(0.01)
+                held.finish(lambda conn: None)
+                remade = [future.result(timeout=DEADLINE) for future in again]
+            view.rollback()
+    finally:
+        pool.shutdown(wait=False)
+        keeper.dispose()
+    # One made it, the other found it.
+    assert sorted(len(ids) for ids in remade) == [0, 1]
+    with db.engine.connect() as conn:
+        names = conn.scalars(select(DistributedLock.resource)).all()
+    assert sorted(names) == ["set:f3", "set:f4"]
 
 
 def test_a_set_waits_for_no_one_but_respects_the_line(service):

@@ -24,7 +24,14 @@ overlapping sets (or a set and any single operation) never deadlock:
 A member with no row yet gets a free one first, in a statement of its own
 before the transaction (SQLite, one writer at a time: inside it), so every row
 the transaction locks it locks in the order above; a refused set deletes the
-free rows it made unless a grant has used them since.
+free rows it made unless a grant has used them since. On MariaDB that
+statement is an upsert, not ``INSERT IGNORE``: the deleted row's index entry
+stays until InnoDB purges it, and two ``INSERT IGNORE`` of its name at once
+each take a shared lock on the entry after it (their duplicate check), then
+each wait for the other's to insert before it: a deadlock, which a third
+transaction holding that next row (another set's member) makes certain. The
+upsert's duplicate check locks exclusively: the second waits for the first
+and then finds its row (``_create_rows``).
 
 A set counts as its members against the token's quota (each grant's count
 sees the set's grants before it); rights are checked by the face for every
@@ -47,7 +54,8 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
+from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from app.locks import validation
@@ -246,7 +254,14 @@ class Sets:
     def _create_rows(self, asks: list[Ask]) -> list[int]:
         """Insert the free row of each resource of ``asks`` that has none, one
         autocommit statement each (holding nothing else meanwhile), in the
-        lock order; the ids of the rows this call inserted."""
+        lock order; the ids of the rows this call inserted.
+
+        MariaDB: ``ON DUPLICATE KEY UPDATE id = id`` (which changes nothing),
+        so that two of these making one name at once take turns: its
+        duplicate check locks the name's index entries (a deleted row's
+        too) and the one after them exclusively, where ``INSERT IGNORE``
+        takes shared locks, which both hold before either inserts (see the
+        module's docstring). The insert id is 0 when a row was there."""
         core = self.core
         at = core.now()
         made = []
@@ -270,10 +285,12 @@ class Sets:
                     ).first()
                     made_id = inserted.id if inserted is not None else None
                 else:
-                    ignored = conn.execute(
-                        insert(locks).values(**values).prefix_with("IGNORE")
+                    upserted = conn.execute(
+                        mysql_insert(locks)
+                        .values(**values)
+                        .on_duplicate_key_update(id=locks.c.id)
                     )
-                    made_id = ignored.lastrowid if ignored.rowcount == 1 else None
+                    made_id = upserted.lastrowid or None
                 if made_id is not None:
                     made.append(made_id)
         return made
