@@ -203,6 +203,59 @@ def test_two_sets_making_a_deleted_row_again_at_once_take_turns(service):
     assert sorted(names) == ["set:f3", "set:f4"]
 
 
+@pytest.mark.backends("mariadb")
+def test_a_refused_sets_row_is_deleted_in_the_lock_order(service):
+    """The delete of a free row a refused set made (``_forget_rows``) and
+    another set's locking read of it (``_lock_rows``) meet. Queued in that
+    order behind a transaction holding the row alone (by its primary key),
+    a delete by primary key took the row, then waited for its name's index
+    entry, which the read had locked and waited for the row with: a
+    deadlock. Found by name, the delete locks the entry first; the read
+    waits for it and finds no row."""
+    sets = service.sets
+    (made,) = sets._create_rows([Ask("set:d", "w-1", None, 30.0)])
+    pool = ThreadPoolExecutor(2)
+
+    def read_locked():
+        core = service.core
+        with core.write_engine.connect() as conn, conn.begin():
+            return core.transactional.lock_row(conn, made, core.given_now())
+
+    def waits(count: int, futures) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            with db.engine.connect() as conn:
+                if lock_waits(conn) >= count:
+                    return
+            if any(future.done() for future in futures):
+                [future.result(timeout=0) for future in futures]
+                raise AssertionError("a call did not wait for the row")
+            assert time.monotonic() < deadline, "the calls never waited"
+            time.sleep(0.01)
+
+    try:
+        with db.engine.connect() as conn:
+            row_id = conn.scalar(
+                select(DistributedLock.id).where(DistributedLock.resource == made)
+            )
+        with db.engine.connect() as holder, holder.begin():
+            holder.execute(
+                select(DistributedLock.id)
+                .where(DistributedLock.id == row_id)
+                .with_for_update()
+            )
+            forgotten = pool.submit(sets._forget_rows, [made])
+            waits(1, [forgotten])
+            read = pool.submit(read_locked)
+            waits(2, [forgotten, read])
+        assert forgotten.result(timeout=DEADLINE) is None
+        assert read.result(timeout=DEADLINE) is None
+    finally:
+        pool.shutdown(wait=False)
+    with db.engine.connect() as conn:
+        assert conn.scalars(select(DistributedLock.resource)).all() == []
+
+
 def test_a_set_waits_for_no_one_but_respects_the_line(service):
     """A set does not wait, and does not pass others in line either: a
     member with a live waiter refuses it."""

@@ -54,7 +54,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -76,6 +76,15 @@ from app.locks.state import holds
 from app.locks.statements.common import Outcome, locks
 from app.locks.transactions import Raced
 from app.locks.values import Ask, Member
+
+# ``Sets._forget_rows`` on MariaDB: one free row by name, through the names'
+# unique index (the multi-table form takes an index hint).
+_FORGET_BY_NAME = text(
+    "DELETE distributed_locks FROM distributed_locks"
+    " FORCE INDEX (uq_distributed_locks_resource)"
+    " WHERE resource = :resource AND owner IS NULL AND fence = 0"
+    " AND places_until IS NULL AND session_id IS NULL"
+)
 
 
 class _Missing(Exception):
@@ -183,7 +192,7 @@ class Sets:
         ordered = [asks[resource] for resource in sorted(asks)]
 
         def attempt() -> SetResult:
-            created: list[int] = []
+            created: list[str] = []
             try:
                 outcomes = self._granted_whole(ordered, token, max_locks, created)
             except _Refused as refused:
@@ -224,11 +233,11 @@ class Sets:
         ordered: list[Ask],
         token: str | None,
         max_locks: int | None,
-        created: list[int],
+        created: list[str],
     ) -> dict[str, Outcome]:
         """The set's transaction; on a server database, first the free rows
         of the members that have none, each in a statement of its own
-        (``created``: the ids of those this call made; ``_forget_rows``).
+        (``created``: the names of those this call made; ``_forget_rows``).
 
         A row inserted inside the transaction would be a lock taken out of
         the lock order: on MariaDB an insert whose resource another
@@ -251,10 +260,10 @@ class Sets:
             self._forget_rows(created)
             raise
 
-    def _create_rows(self, asks: list[Ask]) -> list[int]:
+    def _create_rows(self, asks: list[Ask]) -> list[str]:
         """Insert the free row of each resource of ``asks`` that has none, one
         autocommit statement each (holding nothing else meanwhile), in the
-        lock order; the ids of the rows this call inserted.
+        lock order; the names of the rows this call inserted.
 
         MariaDB: ``ON DUPLICATE KEY UPDATE id = id`` (which changes nothing),
         so that two of these making one name at once take turns: its
@@ -264,7 +273,7 @@ class Sets:
         module's docstring). The insert id is 0 when a row was there."""
         core = self.core
         at = core.now()
-        made = []
+        names = []
         with core.reads.connect() as conn:
             for ask in sorted(asks, key=lambda ask: ask.resource):
                 values = {
@@ -283,29 +292,41 @@ class Sets:
                         .on_conflict_do_nothing(index_elements=["resource"])
                         .returning(locks.c.id)
                     ).first()
-                    made_id = inserted.id if inserted is not None else None
+                    made = inserted is not None
                 else:
                     upserted = conn.execute(
                         mysql_insert(locks)
                         .values(**values)
                         .on_duplicate_key_update(id=locks.c.id)
                     )
-                    made_id = upserted.lastrowid or None
-                if made_id is not None:
-                    made.append(made_id)
-        return made
+                    made = bool(upserted.lastrowid)
+                if made:
+                    names.append(ask.resource)
+        return names
 
-    def _forget_rows(self, ids: list[int]) -> None:
+    def _forget_rows(self, names: list[str]) -> None:
         """Delete the free rows a refused set made, unless a grant has used
-        them since (one autocommit statement each, by primary key: it locks
-        that row alone): a refused set leaves nothing behind."""
-        if not ids:
+        them since (one autocommit statement each): a refused set leaves
+        nothing behind.
+
+        Found by name, through the names' unique index, as every locking read
+        of a lock's row finds it: its index entry is locked first, then the
+        row. A delete by primary key locks them the other way round (the row,
+        then the entry it marks deleted), and deadlocked on MariaDB with a set
+        that had locked the entry and waited for the row. MariaDB is told the
+        index: on a table of a few rows its optimizer picks another (the one
+        on ``session_id``, which the conditions name too)."""
+        if not names:
             return
+        mariadb = self.core.dialect != "postgresql"
         with self.core.reads.connect() as conn:
-            for row_id in ids:
+            for name in names:
+                if mariadb:
+                    conn.execute(_FORGET_BY_NAME, {"resource": name})
+                    continue
                 conn.execute(
                     delete(locks).where(
-                        locks.c.id == row_id,
+                        locks.c.resource == name,
                         locks.c.owner.is_(None),
                         locks.c.fence == 0,
                         locks.c.places_until.is_(None),
