@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+from sqlalchemy import create_engine
+
+from app.locks.engine import autocommit
 from app.paths import PROJECT_ROOT
 
 # Run as its own interpreter: a finder first on ``sys.meta_path`` refuses Flask,
@@ -164,3 +168,24 @@ def test_the_cores_schema_check_reads_the_migrations_heads_as_alembic_does():
     assert set(schema._known_revisions()) == {
         script.revision for script in scripts().walk_revisions()
     }
+
+
+@pytest.mark.backends("postgresql", "mariadb")  # SQLite's run on the engine itself
+def test_a_worker_engines_single_statements_connect_as_the_engine_does(backend, app):
+    """The core's autocommit twin of a worker's own engine (made without one)
+    connects with that engine's connect_args, not with its URL alone: a TLS or
+    timeout setting of the worker's holds for every statement the core runs."""
+    url = app.config["SQLALCHEMY_DATABASE_URI"]
+    if backend == "postgresql":
+        args, probe = {"application_name": "lk-worker-probe"}, "SHOW application_name"
+    else:
+        args, probe = (
+            {"init_command": "SET @lk_probe = 'lk-worker-probe'"},
+            ("SELECT @lk_probe"),
+        )
+    engine = create_engine(url, connect_args=args)
+    try:
+        with autocommit(engine).connect() as conn:
+            assert conn.exec_driver_sql(probe).scalar() == "lk-worker-probe"
+    finally:
+        engine.dispose()

@@ -221,7 +221,11 @@ def autocommit(engine: Engine) -> Engine:
         # an execution option would not do, since the hot path checks out the
         # driver's connection itself, which skips SQLAlchemy's isolation level:
         # its single statements would run in a transaction nobody commits.
-        attach_autocommit_engine(engine, core_engine_options(engine.dialect.name))
+        # Its connections are made as the engine's own are: the pool's creator
+        # carries the worker's connect_args (TLS, timeouts) or its own creator,
+        # which the engine's URL alone does not.
+        options = core_engine_options(engine.dialect.name)
+        attach_autocommit_engine(engine, {**options, "creator": engine.pool._creator})
         return engine._lockkeeper_autocommit  # type: ignore[attr-defined]
     # SQLite: not SQLAlchemy's AUTOCOMMIT level, whose reset on checkin would
     # hand the driver back its own implicit (lossy) transaction handling.
