@@ -1,5 +1,5 @@
-"""Every outcome of the lock API (README's table), through the test client, on every
-database, on a fake clock."""
+"""Every outcome of the lock API (docs/api.md's table), through the test client,
+on every database, on a fake clock."""
 
 from __future__ import annotations
 

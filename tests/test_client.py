@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -645,20 +646,21 @@ def test_exception_inside_block_propagates_and_the_lock_is_released(worker):
         worker.get("job:42")
 
 
-def readme_block(section: str, language: str) -> str:
-    """The first ``language`` code block under the README heading ``section``."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    body = readme.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+def doc_block(document: str, section: str, language: str) -> str:
+    """The first ``language`` code block under the ``## section`` heading of
+    ``document`` (a path from the repository's root)."""
+    text = (Path(__file__).parents[1] / document).read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     return body.split(f"```{language}\n", 1)[1].split("```", 1)[0]
 
 
-def test_readme_worker_example_runs_as_written(live_server):
+def test_the_client_docs_worker_example_runs_as_written(live_server):
     env = {
         **os.environ,
         "LOCKKEEPER_URL": live_server.url,
         "LOCKKEEPER_TOKEN": live_server.token,
     }
-    code = readme_block("Using Lockkeeper from a worker", "python")
+    code = doc_block("docs/client.md", "Using Lockkeeper from a worker", "python")
     result = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
@@ -673,3 +675,26 @@ def test_readme_worker_example_runs_as_written(live_server):
         pytest.raises(LockMissing),
     ):
         worker.get("report:nightly")
+
+
+def test_the_readme_first_minutes_python_example_runs_as_written(live_server):
+    env = {
+        **os.environ,
+        "LOCKKEEPER_URL": live_server.url,
+        "LOCKKEEPER_TOKEN": live_server.token,
+    }
+    code = doc_block("README.md", "A worker's first five minutes", "python")
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"job:42 is mine, fence [1-9][0-9]*\n", result.stdout)
+    with (
+        LockClient(live_server.url, live_server.token) as worker,
+        pytest.raises(LockMissing),
+    ):
+        worker.get("job:42")

@@ -1,5 +1,5 @@
-"""The deployment docs run as written: their blocks are extracted and checked
-where a machine can check them. The `pgbouncer.ini` loads in the installed
+"""The docs (README.md, docs/*.md) run as written: their blocks are extracted and
+checked where a machine can check them. The `pgbouncer.ini` loads in the installed
 PgBouncer and carries connections; the systemd unit passes `systemd-analyze
 verify`; no ini block has an inline comment; every `lockkeeper` and `gunicorn`
 command line in a shell block names commands and flags that exist; the changelog
@@ -35,7 +35,16 @@ from bench.ports import free_port
 from tests.databases import SERVER_URLS, unavailable
 from tests.live_server import serve
 
-DOCS = (PROJECT_ROOT / "docs" / "deploy.md", PROJECT_ROOT / "README.md")
+# deploy.md first: the blocks of its own that the tests below look up.
+DOCS = (
+    PROJECT_ROOT / "docs" / "deploy.md",
+    PROJECT_ROOT / "README.md",
+    *sorted(
+        path
+        for path in (PROJECT_ROOT / "docs").glob("*.md")
+        if path.name != "deploy.md"
+    ),
+)
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
@@ -261,8 +270,7 @@ def test_the_changelog_lists_every_migration_and_setting():
     versions = PROJECT_ROOT / "app" / "migrations" / "versions"
     for script in versions.glob("[0-9]*.py"):
         assert f"`{script.stem}`" in changelog, f"{script.stem} not in CHANGELOG.md"
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    section = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
     settings = set(re.findall(r"^\| `(LOCKKEEPER_[A-Z_]+)`", section, re.M))
     assert len(settings) > 20
     missing = sorted(s for s in settings if f"`{s}`" not in changelog)

@@ -389,9 +389,9 @@ def test_unreachable_server_exits_75(run_exec, exec_env, untouched):
     assert not untouched.exists()
 
 
-def test_readme_cron_example_runs_as_written(exec_env, tmp_path):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("## Using Lockkeeper from cron\n", 1)[1]
+def test_the_cron_docs_example_runs_as_written(exec_env, tmp_path):
+    cron = (Path(__file__).parents[1] / "docs" / "cron.md").read_text()
+    section = cron.split("# Using Lockkeeper from cron\n", 1)[1]
     script = section.split("```sh\n", 1)[1].split("```", 1)[0]
     exec_env["PATH"] = f"{Path(LOCKKEEPER).parent}{os.pathsep}{exec_env['PATH']}"
     result = subprocess.run(

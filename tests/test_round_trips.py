@@ -1,7 +1,7 @@
 """How many statements and commits each hot-path operation sends, per database.
 
-These numbers are the README's round-trip table; a change that adds a query to
-acquire, renew or release fails here first.
+These numbers are the round-trip tables of docs/locking.md; a change that adds a
+query to acquire, renew or release fails here first.
 """
 
 from __future__ import annotations
