@@ -110,6 +110,9 @@ class FaultInjector(threading.Thread):
         self.outage: dict = {"probes": [], "recovery": {}}
         self.kills = 0
         self.database_restarts = 0
+        # Seconds each scheduled fault (restart, primary change) began after
+        # it was due.
+        self.fault_delays: list[float] = []
         self.failure: BaseException | None = None
         self._halt = threading.Event()
 
@@ -123,17 +126,38 @@ class FaultInjector(threading.Thread):
             self.failure = exc
 
     def _loop(self) -> None:
-        started, restarts = time.time(), self.config.database_restarts
-        outages_due = [
-            started + self.config.duration * (k + 0.4) / restarts
-            for k in range(restarts)
-        ]
+        restarts = self.config.database_restarts
+        self._schedule(
+            [(k + 0.4) / restarts for k in range(restarts)], self.restart_database
+        )
+
+    def _schedule(self, fractions: list[float], fault) -> None:
+        """Run ``fault()`` once at each of ``fractions`` of the run (the first
+        due at ``fractions[0] * duration`` from now) and, between them, SIGKILL
+        an instance every ``kill_every`` seconds and restart it.
+
+        A fault is never held up by the wait for a kill: that wait ends when a
+        fault is due, so a fault starts on time, or at worst once the instance
+        killed before it serves again. (It used to be looked at only between
+        kill cycles: on a loaded machine, where an instance takes seconds to
+        serve, a cycle that began just before the fault was due took it past
+        the next one, and a 20 s run ended with its one restart never made.)
+        Each fault's delay is noted in ``fault_delays``."""
+        started = time.time()
+        due = [started + self.config.duration * fraction for fraction in fractions]
         while not self._halt.is_set() and time.time() < self.stop_at - 1:
-            if outages_due and time.time() >= outages_due[0]:
-                outages_due.pop(0)
-                self.restart_database()
+            if due and time.time() >= due[0]:
+                self.fault_delays.append(round(time.time() - due.pop(0), 3))
+                fault()
                 continue
-            if self._halt.wait(self.rng.uniform(*self.config.kill_every)):
+            gap = self.rng.uniform(*self.config.kill_every)
+            kill_at = time.time() + gap
+            if due and due[0] < kill_at:
+                # The fault's turn: the kill is drawn again after it.
+                if self._halt.wait(due[0] - time.time()):
+                    return
+                continue
+            if self._halt.wait(gap):
                 return
             victim = self.rng.choice(self.instances)
             victim.kill()
@@ -261,22 +285,13 @@ class FailoverInjector(FaultInjector):
         self.before_kill = before_kill
 
     def _loop(self) -> None:
-        started, count = time.time(), self.config.failovers
-        due = [started + self.config.duration * (k + 0.3) / count for k in range(count)]
-        while not self._halt.is_set() and time.time() < self.stop_at - 1:
-            if due and time.time() >= due[0]:
-                due.pop(0)
-                kind = "failover" if len(self.failovers) % 2 == 0 else "switchover"
-                self.change_primary(kind)
-                continue
-            if self._halt.wait(self.rng.uniform(*self.config.kill_every)):
-                return
-            victim = self.rng.choice(self.instances)
-            victim.kill()
-            self.kills += 1
-            self._halt.wait(self.rng.uniform(0.2, 1.0))
-            victim.start()
-            victim.wait_ready()
+        count = self.config.failovers
+        self._schedule([(k + 0.3) / count for k in range(count)], self._next_change)
+
+    def _next_change(self) -> None:
+        self.change_primary(
+            "failover" if len(self.failovers) % 2 == 0 else "switchover"
+        )
 
     def change_primary(self, kind: str) -> None:
         for instance in self.instances:
@@ -631,6 +646,7 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
             skew=config.skew,
             instance_kills=injector.kills,
             database_restarts=injector.database_restarts,
+            fault_delays_s=injector.fault_delays,
             outage_probes=len(injector.outage["probes"]),
             recovery_s=injector.outage["recovery"],
             crashed_workers=sum(1 for p in processes if p.exitcode != 0),

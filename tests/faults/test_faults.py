@@ -758,6 +758,54 @@ def test_the_canary_records_the_time_it_was_kept_from_running(tmp_path):
     assert 0.25 < longest < resumed_at - stopped_at + 1.0, stalls
 
 
+class SlowInstance:
+    """An app instance that is killed and started at once, and takes
+    ``ready_s`` seconds to serve after a start (one on a loaded machine)."""
+
+    def __init__(self, ready_s: float):
+        self.ready_s = ready_s
+
+    def kill(self) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def wait_ready(self) -> float:
+        # The stimulus: a start of a known length (not a wait for a condition).
+        time.sleep(self.ready_s)
+        return self.ready_s
+
+
+def test_a_scheduled_restart_is_made_when_due_however_slow_the_instance_kills():
+    """The injector's one database restart is due at 40 % of the run (1.4 s of
+    3.5 s). Its first kill cycle ends at 1.24 s (the seed's gap 0.34 s, pause
+    0.4 s, 0.5 s until the instance serves). The restart used to be looked at
+    only between kill cycles, and the next one ended at 2.77 s, past the loop's
+    end (1 s before the run's): no restart, what a 20 s Galera run saw in CI
+    with instances that took seconds to serve. The wait for the next kill ends
+    when the restart is due."""
+    from tests.faults.run import FaultInjector, RunConfig
+
+    class Injector(FaultInjector):
+        def restart_database(self) -> None:
+            self.database_restarts += 1
+
+    config = RunConfig(duration=3.5, kill_every=(0.3, 0.6), database_restarts=1)
+    instances = [SlowInstance(0.5) for _ in range(config.instances)]
+    injector = Injector(config, instances, None, "token", time.time() + 3.5)
+    injector.start()
+    injector.join(timeout=30)
+    assert not injector.is_alive()
+    assert injector.failure is None
+    assert injector.database_restarts == 1, injector.fault_delays
+    assert injector.kills >= 1
+    # At worst the kill cycle in progress is finished first (a pause of up to
+    # 1 s, then the instance's start), with room for the machine's own delays.
+    (delay,) = injector.fault_delays
+    assert delay < 1.0 + 0.5 + 1.0
+
+
 # -- the bounded run -------------------------------------------------------------
 
 
