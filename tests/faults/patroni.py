@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,10 @@ from bench.ports import free_port
 from tests.faults.cluster import ClusterError, postgres_bin
 
 SCOPE = "lockkeeper-faults"
+# A line of PostgreSQL's server log with its default prefix (``%m [%p] ``):
+# "2026-12-07 02:30:59.846 UTC [15813] LOG:  listening on ...". Patroni's own
+# lines have a comma before their milliseconds and no process id.
+SERVER_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] ")
 
 
 def patroni_prerequisites() -> str | None:
@@ -68,6 +73,26 @@ class Member:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def server_log_tail(self, lines: int = 30) -> str:
+        """The last lines PostgreSQL itself wrote. Its server log is its stderr,
+        which it shares with Patroni (``patroni.log``), where a failed start's
+        cause (e.g. ``could not bind IPv4 address``) comes well before the
+        traceback and retries that end Patroni's own log."""
+        server = [
+            line for line in self.log_text().splitlines() if SERVER_LINE.match(line)
+        ]
+        return "\n".join(server[-lines:])
+
+    def logs(self) -> str:
+        """What to show of a member that failed: PostgreSQL's server log, then
+        Patroni's."""
+        return (
+            f"--- {self.name}: PostgreSQL's server log (tail) ---\n"
+            f"{self.server_log_tail() or '(nothing yet)'}\n"
+            f"--- {self.name}: Patroni's log (tail, {self.log}) ---\n"
+            f"{self.log_tail()}"
+        )
 
     def log_has_traceback(self) -> bool:
         return "Traceback (most recent call last)" in self.log_text()
@@ -282,12 +307,10 @@ class PatroniCluster:
             code = member.process.poll()
             if code is not None:
                 raise ClusterError(
-                    f"{member.name}: patroni exited with {code}:\n{member.log_tail()}"
+                    f"{member.name}: patroni exited with {code}:\n{member.logs()}"
                 )
             if tracebacks and member.log_has_traceback():
-                raise ClusterError(
-                    f"{member.name}: patroni failed:\n{member.log_tail()}"
-                )
+                raise ClusterError(f"{member.name}: patroni failed:\n{member.logs()}")
 
     def cluster_state(self) -> dict:
         """Patroni's ``/cluster`` from the first member that answers."""
@@ -342,7 +365,8 @@ class PatroniCluster:
                 return found, time.monotonic()
             time.sleep(0.05)
         raise ClusterError(
-            f"no writable primary after {timeout} s: {self.cluster_state()}"
+            f"no writable primary after {timeout} s: {self.cluster_state()}\n"
+            f"{self.logs()}"
         )
 
     def wait_healthy(self, timeout: float = 120.0, bootstrapping: bool = False) -> None:
@@ -373,7 +397,13 @@ class PatroniCluster:
             if ok and self.writable() is not None:
                 return
             time.sleep(0.2)
-        raise ClusterError(f"cluster not healthy after {timeout} s: {state}")
+        raise ClusterError(
+            f"cluster not healthy after {timeout} s: {state}\n{self.logs()}"
+        )
+
+    def logs(self) -> str:
+        """The log tails of every member that was started."""
+        return "\n".join(m.logs() for m in self.members if m.process is not None)
 
     # -- faults ------------------------------------------------------------------
 

@@ -80,3 +80,30 @@ def test_a_member_with_a_broken_configuration_ends_the_start_at_once():
         assert time.monotonic() - started < 60, "waited for the deadline"
     finally:
         cluster.close()
+
+
+def test_a_member_whose_postgresql_did_not_start_shows_its_server_log(
+    unstarted_cluster,
+):
+    """PostgreSQL's server log is its stderr, in Patroni's log; why it did not
+    start comes before Patroni's retries and traceback, which filled the tail
+    a failure showed ("postmaster is not running", and no cause)."""
+    member = unstarted_cluster.members[0]
+    server = (
+        "2026-12-07 02:32:55.024 UTC [18723] LOG:  could not bind IPv4 address"
+        ' "127.0.0.1": Address already in use\n'
+        "2026-12-07 02:32:55.024 UTC [18723] FATAL:  could not create any TCP/IP"
+        " sockets\n"
+    )
+    chatter = "2026-12-07 02:32:56,647 INFO: bootstrap in progress\n" * 60
+    member.log.write_text(
+        server + chatter + "2026-12-07 02:32:59,143 ERROR: postmaster is not running\n"
+    )
+    member.process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    member.process.wait()
+    with pytest.raises(ClusterError, match="pg0: patroni exited with 1") as failure:
+        unstarted_cluster.raise_if_broken(tracebacks=True)
+    message = str(failure.value)
+    assert "FATAL:  could not create any TCP/IP sockets" in message
+    assert "Address already in use" in message
+    assert "postmaster is not running" in message
