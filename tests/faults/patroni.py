@@ -102,10 +102,17 @@ class Member:
         return f"http://127.0.0.1:{self.rest_port}"
 
     def postgres_pids(self) -> list[int]:
-        """The postmaster and every process it started (backends, walsenders...)."""
+        """The postmaster and every process it started (backends, walsenders...).
+
+        Only a process that runs in this data directory (PostgreSQL works in
+        it): a ``postmaster.pid`` a crash left names a process long gone, and
+        with the kernel's 32768 process ids its number may be anybody's now,
+        such as another cluster's PostgreSQL that is just starting."""
         try:
             postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
         except (FileNotFoundError, ValueError, IndexError):
+            return []
+        if not self._works_here(postmaster):
             return []
         pids = [postmaster]
         for entry in Path("/proc").iterdir():
@@ -118,6 +125,12 @@ class Member:
             if int(fields[1]) == postmaster:  # the parent pid
                 pids.append(int(entry.name))
         return pids
+
+    def _works_here(self, pid: int) -> bool:
+        try:
+            return Path(os.readlink(f"/proc/{pid}/cwd")) == self.data.resolve()
+        except OSError:  # gone, or not ours to look at
+            return False
 
 
 class PatroniCluster:

@@ -107,3 +107,17 @@ def test_a_member_whose_postgresql_did_not_start_shows_its_server_log(
     assert "FATAL:  could not create any TCP/IP sockets" in message
     assert "Address already in use" in message
     assert "postmaster is not running" in message
+
+
+def test_a_stale_postmaster_pid_names_no_process_to_kill(unstarted_cluster):
+    """After a crash ``postmaster.pid`` names a process long gone, whose id
+    another process may have now: the cluster's kills must pass it by."""
+    member = unstarted_cluster.members[0]
+    member.data.mkdir()
+    stranger = running_stand_in()
+    try:
+        (member.data / "postmaster.pid").write_text(f"{stranger.pid}\n")
+        assert member.postgres_pids() == []
+    finally:
+        stranger.kill()
+        stranger.wait()
