@@ -242,3 +242,37 @@ def test_a_free_port_is_below_the_ephemeral_range_and_takes_a_listener():
     for port in ports:
         with socket.create_server(("127.0.0.1", port)):
             pass
+
+
+def test_a_free_port_is_handed_out_once_though_nothing_bound_it_yet():
+    """A cluster picks all its ports before its servers bind any (a Galera
+    node binds its IST port only when it rejoins): two picks that both found
+    one port free gave two of its servers the same port, and the second to
+    start failed ("could not bind", "postmaster is not running")."""
+    from bench import ports
+
+    narrow = (ports.LOWEST_PORT, ports.LOWEST_PORT + 40)
+    real = ports._share
+    ports._share = lambda low, top: narrow
+    try:
+        picked = [ports.free_port() for _ in range(30)]
+    finally:
+        ports._share = real
+    assert len(set(picked)) == len(picked), sorted(picked)
+
+
+def test_each_test_worker_picks_ports_from_its_own_share(monkeypatch):
+    from bench.ports import LOWEST_PORT, _share
+
+    top = 32768
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    shares = []
+    for worker in range(4):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{worker}")
+        shares.append(_share(LOWEST_PORT, top))
+    assert shares[0][0] == LOWEST_PORT
+    assert shares[-1][1] <= top
+    for (_, end), (start, _) in zip(shares, shares[1:], strict=False):
+        assert end <= start  # disjoint
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert _share(LOWEST_PORT, top) == (LOWEST_PORT, top)  # not under xdist
