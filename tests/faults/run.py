@@ -134,37 +134,57 @@ class FaultInjector(threading.Thread):
     def _schedule(self, fractions: list[float], fault) -> None:
         """Run ``fault()`` once at each of ``fractions`` of the run (the first
         due at ``fractions[0] * duration`` from now) and, between them, SIGKILL
-        an instance every ``kill_every`` seconds and restart it.
+        an instance every ``kill_every`` seconds and start it again.
 
-        A fault is never held up by the wait for a kill: that wait ends when a
-        fault is due, so a fault starts on time, or at worst once the instance
-        killed before it serves again. (It used to be looked at only between
-        kill cycles: on a loaded machine, where an instance takes seconds to
-        serve, a cycle that began just before the fault was due took it past
-        the next one, and a 20 s run ended with its one restart never made.)
+        A fault is not held up by the kills: the wait for the next kill ends
+        when a fault is due, and a kill whose instance could not be serving
+        again by then (judged by the slowest start seen) is left for after the
+        fault, when the fault needs every instance serving (``needs_instances``).
+        One that does not (a Galera node kill with no instance on that node)
+        does not wait for an instance's start at all. (Kill cycles used to end
+        with the wait until the instance served, and the schedule was looked at
+        only between them: on a loaded machine, where an instance took 3-10 s
+        to serve, a cycle that began before a fault was due carried it past the
+        next, and a 20 s Galera run ended with its one restart never made.)
         Each fault's delay is noted in ``fault_delays``."""
         started = time.time()
         due = [started + self.config.duration * fraction for fraction in fractions]
+        starting: AppInstance | None = None  # killed last, maybe not serving yet
         while not self._halt.is_set() and time.time() < self.stop_at - 1:
             if due and time.time() >= due[0]:
                 self.fault_delays.append(round(time.time() - due.pop(0), 3))
                 fault()
                 continue
             gap = self.rng.uniform(*self.config.kill_every)
-            kill_at = time.time() + gap
-            if due and due[0] < kill_at:
+            pause = self.rng.uniform(0.2, 1.0)
+            if due and time.time() + gap + self._kill_takes(pause) > due[0]:
                 # The fault's turn: the kill is drawn again after it.
                 if self._halt.wait(due[0] - time.time()):
-                    return
+                    break
                 continue
             if self._halt.wait(gap):
-                return
+                break
+            if starting is not None:  # one instance down at a time
+                starting.wait_ready()
             victim = self.rng.choice(self.instances)
             victim.kill()
             self.kills += 1
-            self._halt.wait(self.rng.uniform(0.2, 1.0))
+            self._halt.wait(pause)
             victim.start()
-            victim.wait_ready()
+            starting = victim
+        if starting is not None:  # an instance that cannot start is a failure
+            starting.wait_ready()
+
+    # Whether a scheduled fault needs every instance serving when it begins
+    # (it probes them, or kills one).
+    needs_instances = True
+
+    def _kill_takes(self, pause: float) -> float:
+        """Seconds from a kill until its instance serves again, as far as a
+        fault due after it is concerned."""
+        if not self.needs_instances:
+            return pause
+        return pause + max(instance.slowest_start for instance in self.instances)
 
     def take_database_down(self, restart: dict) -> list[AppInstance]:
         """Stop the database; the instances that lose it."""
@@ -175,8 +195,9 @@ class FaultInjector(threading.Thread):
         self.cluster.start()
 
     def restart_database(self) -> None:
-        for instance in self.instances:
-            instance.wait_ready()
+        if self.needs_instances:
+            for instance in self.instances:
+                instance.wait_ready()
         restart = {"down_at": time.time()}
         self.outage.setdefault("restarts", []).append(restart)
         affected = self.take_database_down(restart)
@@ -252,6 +273,12 @@ class GaleraInjector(FaultInjector):
     what it missed from a donor's cache (IST) or, failing that, a full state
     transfer (SST): which one is noted."""
 
+    @property
+    def needs_instances(self) -> bool:
+        # A single writer's node is never killed: no instance loses its
+        # database, none is probed.
+        return self.config.galera_writers > 1
+
     def take_database_down(self, restart: dict) -> list[AppInstance]:
         nodes = self.cluster.nodes
         writers = self.config.galera_writers
@@ -294,11 +321,13 @@ class FailoverInjector(FaultInjector):
         )
 
     def change_primary(self, kind: str) -> None:
+        began = time.monotonic()
         for instance in self.instances:
             instance.wait_ready()
         self.cluster.wait_healthy()
         victim = self.rng.choice(self.instances)
         entry: dict = {"kind": kind, "victim": victim.name, "probes": []}
+        entry["healthy_s"] = round(time.monotonic() - began, 3)
         after_kill = None
         if kind == "failover" and self.before_kill is not None:
             after_kill = self.before_kill(self.cluster)
@@ -351,6 +380,7 @@ class FailoverInjector(FaultInjector):
                 time.sleep(0.05)
             for name in pending:
                 entry["recovery"][name] = None
+        entry["took_s"] = round(time.monotonic() - began, 3)
         self.failovers.append(entry)
 
     def _switchover(self, entry: dict) -> None:
@@ -599,7 +629,9 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
                             "old",
                             "new",
                             "victim",
+                            "healthy_s",
                             "promotion_s",
+                            "took_s",
                             "recovery",
                         )
                     }
