@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -149,6 +150,27 @@ def test_offline_banner_within_one_poll_and_recovery_shown(
             problems.lines
         )
         problems.lines.clear()
+
+
+def test_slow_charts_are_waited_for_not_taken_for_a_lost_connection(
+    operator_page: Page, site: Site
+):
+    """On a busy service the charts take seconds to count while the table's
+    polls are answered at once: they come late, and the page stays online."""
+    app = site.server.app
+    answer = app.wsgi_app
+
+    def slow_charts(environ, start_response):
+        if environ["PATH_INFO"] == "/activity":
+            time.sleep(5.5)  # longer than a poll's timeout (4 s)
+        return answer(environ, start_response)
+
+    app.wsgi_app = slow_charts
+    page = operator_page
+    page.reload()
+    expect(page.locator("#activity svg").first).to_be_visible(timeout=POLL_WAIT_MS)
+    expect(page.locator("#connection")).to_be_hidden()
+    expect(page.locator("html.offline")).to_have_count(0)
 
 
 def test_polls_keep_focus_and_selection(operator_page: Page, site: Site):
