@@ -19,8 +19,9 @@ Two strategies give the same answers:
     and its event. MariaDB has no ``UPDATE ... RETURNING`` nor data-modifying CTEs,
     so one statement cannot both decide and report; the row lock makes the
     sequence atomic instead. A first insert that loses a race to a concurrent
-    insert raises ``IntegrityError`` and the service retries: it then sees the
-    winner and is refused.
+    insert raises ``IntegrityError`` (MariaDB: its upsert finds the winner's
+    row and raises ``Raced``, ``insert_lock_row``) and the service retries: it
+    then sees the winner and is refused.
 
 Both take ``now`` = None to read the database's clock once the row lock is held
 (see ``TransactionalStatements``, and for PostgreSQL migration 0007), or a datetime
@@ -35,7 +36,13 @@ in this order, and a row it may need later it takes in order or not at all:
    session's heartbeat and end, a stale release or purge). A resource with no
    row yet gets it with its first grant, after the token's row: that insert is
    the last lock its transaction may wait for (what follows only inserts new
-   rows or deletes the grant's own waiter);
+   rows or deletes the grant's own waiter). On MariaDB the insert
+   of a name whose deleted row InnoDB has not purged yet checks for a
+   duplicate under next-key locks on that entry and the next name's: an
+   upsert, which takes them exclusive, so two such first grants take turns
+   (``insert_lock_row``). The next name's lock comes after the token's row;
+   its holder waits for no token's row a first grant holds unless both are
+   new tenures of one token near its quota (FOR UPDATE);
 3. the API token's row (``api_tokens``), by a new tenure only, once its
    resource's row is held (FOR SHARE; FOR UPDATE near the token's quota);
    a new session's create takes it FOR UPDATE holding nothing else (its

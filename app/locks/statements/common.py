@@ -12,11 +12,13 @@ from sqlalchemy import (
     bindparam,
     exists,
     func,
+    insert,
     literal,
     or_,
     select,
     update,
 )
+from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.sql import column, table
 from sqlalchemy.types import Integer, String
 
@@ -32,6 +34,7 @@ from app.locks.models import (
     LockWaiter,
 )
 from app.locks.state import Action
+from app.locks.transactions import Raced
 
 locks = DistributedLock.__table__
 events = LockEvent.__table__
@@ -133,6 +136,38 @@ def clear_exclusive_grant(row_ids, ended_at: datetime | None = None):
     if ended_at is not None:
         values["expires_at"] = ended_at
     return update(locks).where(locks.c.id.in_(row_ids)).values(**values)
+
+
+# A first grant's insert of a resource's row found the row there after all: a
+# concurrent first grant made it since this transaction's locking read.
+LOST_FIRST_INSERT = "a concurrent first grant made the resource's row"
+
+
+def insert_lock_row(conn, values: dict[str, Any]) -> int:
+    """Insert a resource's row (``values``, ``resource`` among them) on a
+    SQLAlchemy connection, after the transaction's locking read found none;
+    returns its id.
+
+    MariaDB: ``INSERT ... ON DUPLICATE KEY UPDATE id = id`` (which changes
+    nothing), not a plain insert. A deleted row's entry in the unique index of
+    names stays, delete-marked, until InnoDB purges it; an insert of that name
+    checks for a duplicate under next-key locks on that entry and on the next
+    name's. A plain insert takes them shared: two first grants of the name
+    both hold them before either inserts, then each waits for the other's to
+    insert before the next entry, a deadlock (certain while a third
+    transaction holds the next name's row). The upsert takes them exclusive:
+    the second waits for the first, then finds its row (insert id 0) and
+    raises ``Raced``, as a plain insert's duplicate key error would have: the
+    service tries again and decides on the winner's row. Elsewhere a plain
+    insert (a lost race: a unique violation, retried the same way)."""
+    if conn.dialect.name in ("mariadb", "mysql"):
+        made = conn.execute(
+            mysql_insert(locks).values(**values).on_duplicate_key_update(id=locks.c.id)
+        ).lastrowid
+        if not made:
+            raise Raced(LOST_FIRST_INSERT)
+        return made
+    return conn.execute(insert(locks).values(**values)).inserted_primary_key[0]
 
 
 def live_locks(now_column):

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.locks.statements.common import LOST_FIRST_INSERT
+from app.locks.transactions import Raced
+
 _INSERT_LOCK_SQL = """INSERT INTO distributed_locks
     (resource, owner, token, fence, acquired_at, expires_at)
 VALUES (:resource, :owner, :token, :fence, :acquired_at, :expires_at)"""
+# MariaDB: an upsert that changes nothing when the row is there (its insert id
+# is then 0): see ``insert_lock_row``.
+UPSERT_LOCK_SQL = _INSERT_LOCK_SQL + "\nON DUPLICATE KEY UPDATE id = id"
 _UPDATE_LOCK_SQL = """UPDATE distributed_locks
 SET owner = :owner, token = :token, fence = :fence, acquired_at = :acquired_at,
     expires_at = :expires_at
@@ -63,7 +69,12 @@ class DriverWrites:
 
     def _write_grant(self, conn, row, resource, values, *, new_tenure=True) -> None:
         if row is None:
-            conn.execute(self._writes["insert_lock"], {"resource": resource, **values})
+            made = conn.execute(
+                self._writes["insert_lock"], {"resource": resource, **values}
+            ).lastrowid
+            if not made:
+                # MariaDB's upsert found the row a concurrent first grant made.
+                raise Raced(LOST_FIRST_INSERT)
         else:
             # A new tenure resets what places and sessions left on the row; a row
             # they never touched (the exclusive lock's usual case) needs only the

@@ -6,7 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from app.locks.driver import FixedSQL
-from app.locks.statements.driver_writes import DRIVER_WRITES, DriverWrites
+from app.locks.statements.driver_writes import (
+    DRIVER_WRITES,
+    UPSERT_LOCK_SQL,
+    DriverWrites,
+)
 from app.locks.statements.transaction import TransactionalStatements
 
 
@@ -22,7 +26,11 @@ class MariaDBStatements(DriverWrites, TransactionalStatements):
 
     # PyMySQL opens the transaction with the first statement; no BEGIN is sent.
     driver_transaction = ""
-    _writes = {name: FixedSQL.written(sql) for name, sql in DRIVER_WRITES.items()}
+    # A first grant's insert is an upsert (``insert_lock_row`` says why).
+    _writes = {
+        name: FixedSQL.written(sql)
+        for name, sql in {**DRIVER_WRITES, "insert_lock": UPSERT_LOCK_SQL}.items()
+    }
 
     def __init__(self, dialect_name: str = "mariadb") -> None:
         super().__init__(dialect_name)

@@ -11,8 +11,9 @@ row) and the audit event together. The row lock orders every grant, renewal and
 release of the resource's places one after another, and against the exclusive
 path, which locks the same row: N+1 contenders for N places never all commit.
 A resource with no row yet gets it with its first grant, after the token's row
-(a racing first grant's insert loses with an ``IntegrityError`` and the
-service tries again): a refused acquire writes nothing.
+(a racing first grant's insert loses with an ``IntegrityError``, on MariaDB
+its upsert with ``Raced``, and the service tries again): a refused acquire
+writes nothing.
 
 On PostgreSQL a grant with no session (``peek_place`` then ``acquire_place``),
 ``renew_place`` and ``release_place`` are one statement each instead, the
@@ -41,6 +42,7 @@ from app.locks.statements.common import (
     clear_exclusive_grant,
     events,
     holders,
+    insert_lock_row,
     live_locks,
     locks,
     queue_columns,
@@ -125,8 +127,9 @@ class PlacesStatements:
         """``row`` as a row of the table, locked: inserted free (after the
         token's row: the lock order) when it was not there yet (the insert
         holds it). A concurrent
-        first grant's insert that came first raises ``IntegrityError``; the
-        service tries again and finds its row."""
+        first grant's insert that came first raises ``IntegrityError`` (MariaDB:
+        ``Raced``, ``insert_lock_row``); the service tries again and finds its
+        row."""
         if row.id is not None:
             return row
         inserted = self._insert_free_row(conn, row.resource, now, row.holder_limit)
@@ -134,18 +137,20 @@ class PlacesStatements:
 
     @staticmethod
     def _insert_free_row(conn, resource, at, holder_limit) -> int:
-        """Insert ``resource``'s row, free; returns its id."""
-        return conn.execute(
-            insert(locks).values(
-                resource=resource,
-                owner=None,
-                token=None,
-                fence=0,
-                acquired_at=at,
-                expires_at=at,
-                holder_limit=holder_limit,
-            )
-        ).inserted_primary_key[0]
+        """Insert ``resource``'s row, free; returns its id (MariaDB: an upsert
+        that raises ``Raced`` when the row is there, ``insert_lock_row``)."""
+        return insert_lock_row(
+            conn,
+            {
+                "resource": resource,
+                "owner": None,
+                "token": None,
+                "fence": 0,
+                "acquired_at": at,
+                "expires_at": at,
+                "holder_limit": holder_limit,
+            },
+        )
 
     def _places_of(self, conn, resource) -> list[Any]:
         """Every place row of ``resource``, the one that ends first first."""

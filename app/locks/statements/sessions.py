@@ -51,6 +51,7 @@ from app.locks.statements.common import (
     api_tokens,
     clear_exclusive_grant,
     events,
+    insert_lock_row,
     locks,
     queue_columns,
     token_ended,
@@ -720,7 +721,7 @@ class SessionStatements:
             "session_id": session.id,
         }
         if row is None:
-            conn.execute(insert(locks).values(resource=resource, **values))
+            insert_lock_row(conn, {"resource": resource, **values})
         else:
             # The resource is free of places (``places_held`` above): the grant
             # sets its kind, as an unbound exclusive grant does, not the limit

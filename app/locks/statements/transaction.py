@@ -46,6 +46,7 @@ from app.locks.statements.common import (
     fence_counter,
     freezes,
     holders,
+    insert_lock_row,
     is_frozen,
     live_locks,
     locks,
@@ -435,7 +436,7 @@ class TransactionalStatements(StaleStatements, PlacesStatements):
         limit 1, held by no places and bound to no session (a previous tenure's
         session must not extend it)."""
         if row is None:
-            conn.execute(insert(locks).values(resource=resource, **values))
+            insert_lock_row(conn, {"resource": resource, **values})
         elif new_tenure:
             conn.execute(
                 update(locks)
