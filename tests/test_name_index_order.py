@@ -1,5 +1,6 @@
 """The lock order where InnoDB keeps a deleted name (MariaDB): a first grant's
-insert of a name whose row was deleted, set up deterministically (each call seen waiting before the next is let go).
+insert of a name whose row was deleted, and the stale purge's delete, set up
+deterministically (each call seen waiting before the next is let go).
 
 A deleted row's entry in the unique index of names stays, delete-marked, until
 InnoDB purges it (here an older read view keeps it). An insert of that name
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import create_engine, delete, select
@@ -119,3 +121,50 @@ def test_two_first_shared_grants_of_a_deleted_name_take_turns(service, conflicts
     with db.engine.connect() as conn:
         names = conn.scalars(select(DistributedLock.resource)).all()
     assert sorted(names) == ["one:f3", "one:f4"]
+
+
+def test_the_stale_purge_locks_by_name(service, clock, conflicts):
+    """The purge's delete and an acquire's locking read of the same row meet,
+    queued in that order behind a transaction holding the row alone (by its
+    primary key). Locked by primary key, the purge took the row, then waited
+    for its name's entry (to mark it deleted), which the acquire had locked and
+    waited for the row with: a deadlock. Locked by name, the purge takes the
+    entry first; the acquire waits for it, then finds no row and makes one."""
+    service.acquire("one:p", "w-0", ttl=30)
+    service.release("one:p", "w-0")
+    clock.advance(3600)
+    core = service.core
+    with db.engine.connect() as conn:
+        row_id = conn.scalar(
+            select(DistributedLock.id).where(DistributedLock.resource == "one:p")
+        )
+    cutoff = core.now() - timedelta(minutes=1)
+
+    def purge():
+        return core.run(
+            lambda conn: core.transactional.purge_stale_batch(conn, cutoff, 100)
+        )
+
+    pool = ThreadPoolExecutor(2)
+    try:
+        with db.engine.connect() as holder, holder.begin():
+            holder.execute(
+                select(DistributedLock.id)
+                .where(DistributedLock.id == row_id)
+                .with_for_update()
+            )
+            purged = pool.submit(purge)
+            _wait_for(1, [purged])
+            granted = pool.submit(service.acquire, "one:p", "w-1", ttl=30)
+            _wait_for(2, [purged, granted])
+        found, rows = purged.result(timeout=DEADLINE)
+        assert granted.result(timeout=DEADLINE).acquired
+    finally:
+        pool.shutdown(wait=False)
+    assert conflicts == [], "the purge and the acquire deadlocked"
+    assert (found, [row.resource for row in rows]) == (1, ["one:p"])
+    with db.engine.connect() as conn:
+        owners = conn.execute(
+            select(DistributedLock.resource, DistributedLock.owner)
+        ).all()
+    assert [tuple(row) for row in owners] == [("one:p", "w-1")]

@@ -36,7 +36,9 @@ in this order, and a row it may need later it takes in order or not at all:
    session's heartbeat and end, a stale release or purge). A resource with no
    row yet gets it with its first grant, after the token's row: that insert is
    the last lock its transaction may wait for (what follows only inserts new
-   rows or deletes the grant's own waiter). On MariaDB the insert
+   rows or deletes the grant's own waiter). A row is locked by name: the
+   name's entry in the unique index, then the row (a locking read or delete
+   of several, through that index: ``through_names``). On MariaDB the insert
    of a name whose deleted row InnoDB has not purged yet checks for a
    duplicate under next-key locks on that entry and the next name's: an
    upsert, which takes them exclusive, so two such first grants take turns

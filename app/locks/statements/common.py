@@ -170,6 +170,18 @@ def insert_lock_row(conn, values: dict[str, Any]) -> int:
     return conn.execute(insert(locks).values(**values)).inserted_primary_key[0]
 
 
+def through_names(query):
+    """``query`` (a locking read of ``distributed_locks`` by ``resource``) told,
+    on MariaDB, to find its rows through the unique index of names: every
+    locking read of a lock's row finds it by name, which locks the name's index
+    entry, then the row, in resource order. Found through another index (the
+    optimizer picks one its other conditions name, or the primary key on a
+    table of a few rows), a statement locks the rows first, then waits for
+    their names' entries when it deletes them: the other order."""
+    hint = "FORCE INDEX (uq_distributed_locks_resource)"
+    return query.with_hint(locks, hint, "mariadb").with_hint(locks, hint, "mysql")
+
+
 def live_locks(now_column):
     """How many live grants the token ``:quota_token`` holds (exclusive grants
     and places), each kind counted no further than ``:max_locks`` (index ranges

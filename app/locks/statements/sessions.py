@@ -54,6 +54,7 @@ from app.locks.statements.common import (
     insert_lock_row,
     locks,
     queue_columns,
+    through_names,
     token_ended,
     token_or_none,
 )
@@ -304,10 +305,12 @@ class SessionStatements:
         if not resources:
             return []
         return conn.execute(
-            select(locks, *columns)
-            .where(locks.c.resource.in_(sorted(resources)))
-            .order_by(locks.c.resource)
-            .with_for_update()
+            through_names(
+                select(locks, *columns)
+                .where(locks.c.resource.in_(sorted(resources)))
+                .order_by(locks.c.resource)
+                .with_for_update()
+            )
         ).all()
 
     def lock_session(

@@ -19,6 +19,7 @@ from app.locks.statements.common import (
     events,
     holders,
     locks,
+    through_names,
     token_or_none,
 )
 from app.locks.statements.details import ended_bound_grant
@@ -95,12 +96,18 @@ class StaleStatements:
         the last batch) and the (resource, owner) of those deleted, owner None
         for free rows.
 
-        The rows are locked first, so a row re-acquired meanwhile is not taken,
-        in resource order (the lock order): the oldest ``batch`` are found by
-        a plain read, then locked and read again.
+        The rows are locked first, so a row re-acquired meanwhile is not taken:
+        the oldest ``batch`` are found by a plain read, then locked by name and
+        read again, in resource order through the names' unique index (the
+        lock order, ``through_names``), as every locking read of a lock's row
+        takes it: its name's index entry, then the row. Locked by primary key,
+        the rows came first and their entries after (the delete marks them),
+        while an acquire of one of them held its entry and waited for its row:
+        a deadlock on MariaDB. Holding both, the delete by primary key waits
+        for nothing more.
         """
         oldest = conn.scalars(
-            select(locks.c.id)
+            select(locks.c.resource)
             .where(self.purgeable(cutoff))
             .order_by(locks.c.expires_at)
             .limit(batch)
@@ -108,10 +115,12 @@ class StaleStatements:
         if not oldest:
             return 0, []
         candidates = conn.execute(
-            select(locks.c.id, locks.c.resource, locks.c.owner)
-            .where(locks.c.id.in_(oldest), self.purgeable(cutoff))
-            .order_by(locks.c.resource)
-            .with_for_update()
+            through_names(
+                select(locks.c.id, locks.c.resource, locks.c.owner)
+                .where(locks.c.resource.in_(sorted(oldest)), self.purgeable(cutoff))
+                .order_by(locks.c.resource)
+                .with_for_update()
+            )
         ).all()
         self.delete_purged(conn, candidates)
         return len(oldest), candidates
