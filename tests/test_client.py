@@ -654,13 +654,15 @@ def doc_block(document: str, section: str, language: str) -> str:
     return body.split(f"```{language}\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_client_docs_worker_example_runs_as_written(live_server):
+def run_doc_example(live_server, document: str, section: str) -> str:
+    """Run the Python example under ``section`` of ``document`` as a worker
+    would, against ``live_server``; what it printed."""
     env = {
         **os.environ,
         "LOCKKEEPER_URL": live_server.url,
         "LOCKKEEPER_TOKEN": live_server.token,
     }
-    code = doc_block("docs/client.md", "Using Lockkeeper from a worker", "python")
+    code = doc_block(document, section, "python")
     result = subprocess.run(
         [sys.executable, "-c", code],
         env=env,
@@ -669,7 +671,14 @@ def test_the_client_docs_worker_example_runs_as_written(live_server):
         timeout=30,
     )
     assert result.returncode == 0, result.stderr
-    assert "writing summary with fence" in result.stdout
+    return result.stdout
+
+
+def test_the_client_docs_worker_example_runs_as_written(live_server):
+    printed = run_doc_example(
+        live_server, "docs/client.md", "Using Lockkeeper from a worker"
+    )
+    assert "writing summary with fence" in printed
     with (
         LockClient(live_server.url, live_server.token) as worker,
         pytest.raises(LockMissing),
@@ -678,21 +687,8 @@ def test_the_client_docs_worker_example_runs_as_written(live_server):
 
 
 def test_the_readme_first_minutes_python_example_runs_as_written(live_server):
-    env = {
-        **os.environ,
-        "LOCKKEEPER_URL": live_server.url,
-        "LOCKKEEPER_TOKEN": live_server.token,
-    }
-    code = doc_block("README.md", "A worker's first five minutes", "python")
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 0, result.stderr
-    assert re.fullmatch(r"job:42 is mine, fence [1-9][0-9]*\n", result.stdout)
+    printed = run_doc_example(live_server, "README.md", "A worker's first five minutes")
+    assert re.fullmatch(r"job:42 is mine, fence [1-9][0-9]*\n", printed)
     with (
         LockClient(live_server.url, live_server.token) as worker,
         pytest.raises(LockMissing),

@@ -128,7 +128,7 @@ def test_the_first_five_minutes_with_curl_answer_as_they_say(live_server, tmp_pa
     if curl is None:
         unavailable("curl missing (apt-get install curl)")
     if _curl_version(curl) < (7, 82):
-        pytest.skip("the walk-through's --json needs curl 7.82 or later")
+        unavailable("the walk-through's --json needs curl 7.82 or later")
     section = README.read_text().split("\n## A worker's first five minutes\n", 1)[1]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     create, export, *rest = block.splitlines()
