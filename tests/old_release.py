@@ -69,8 +69,26 @@ def release_commit(revision: str) -> str:
             continue
         first = added[-1].decode()
         if _down_revision(_git("show", f"{first}:{name}")) == revision:
-            return _git("rev-parse", f"{first}^").decode().strip()
+            commit = _git("rev-parse", f"{first}^").decode().strip()
+            # The next migration may have come in one commit with this one:
+            # then no commit of this history ends at ``revision``.
+            if _head_of(commit) == revision:
+                return commit
+            break
     raise LookupError(f"no commit of this history ends its migrations at {revision}")
+
+
+def _head_of(commit: str) -> str | None:
+    """The newest revision of ``commit``'s migrations (none points down to it)."""
+    revisions, downs = set(), set()
+    for path in _git("ls-tree", "--name-only", commit, f"{VERSIONS}/").split():
+        name = path.decode()
+        if not name.endswith(".py") or name.endswith("__init__.py"):
+            continue
+        revisions.add(name.rsplit("/", 1)[1].split("_", 1)[0])
+        downs.add(_down_revision(_git("show", f"{commit}:{name}")))
+    heads = revisions - downs
+    return heads.pop() if len(heads) == 1 else None
 
 
 def release_tree(revision: str, into: Path) -> Path:

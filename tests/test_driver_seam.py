@@ -18,6 +18,7 @@ from app.locks.statements import (
     TransactionalStatements,
     statements_for,
 )
+from app.locks.transactions import Raced
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -127,8 +128,12 @@ def test_a_transaction_refuses_a_naive_instant_and_writes_nothing(transactional)
 
 
 @pytest.mark.backends(*TRANSACTIONAL)
-def test_a_duplicate_insert_in_a_transaction_is_an_integrity_error(transactional):
+def test_a_duplicate_insert_in_a_transaction_is_a_lost_race(transactional):
+    """A second first insert of one name fails as the service retries it: a
+    unique violation (IntegrityError), or on MariaDB, whose first insert is an
+    upsert (no shared next-key locks to deadlock on), ``Raced`` itself."""
     statements, connection = transactional
+    lost = Raced if statements.dialect_name in ("mariadb", "mysql") else IntegrityError
     when = datetime(2026, 5, 1, tzinfo=UTC)
     values = {
         "owner": "w-1",
@@ -140,7 +145,7 @@ def test_a_duplicate_insert_in_a_transaction_is_an_integrity_error(transactional
     with connection.transaction(statements.driver_transaction) as conn:
         statements._write_grant(conn, None, "seam:4", values)
     with (
-        pytest.raises(IntegrityError),
+        pytest.raises(lost),
         connection.transaction(statements.driver_transaction) as conn,
     ):
         statements._write_grant(conn, None, "seam:4", values)

@@ -41,8 +41,9 @@ from app.paths import PROJECT_ROOT
 from tests.old_release import release_tree
 
 VERSIONS = PROJECT_ROOT / "app" / "migrations" / "versions"
-# The schema heads of the first release and of the last one.
-RELEASES = ("0007", "0028")
+# The schema heads of the first release and of the newest code this history
+# holds before the current work (0.2.0's own tree, 0028, is not in it).
+RELEASES = ("0007", "0027")
 # Run in the old release's tree: its own code migrates the database.
 MIGRATE_WITH_ITS_OWN_CODE = """
 from app.factory import create_app, upgrade_schema
