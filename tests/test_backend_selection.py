@@ -51,7 +51,7 @@ def seam_and_stream() -> set[str]:
             {"sqlite", "mariadb"},
         ),
         (
-            "test_a_duplicate_insert_in_a_transaction_is_an_integrity_error",
+            "test_a_duplicate_insert_in_a_transaction_is_a_lost_race",
             {"sqlite", "mariadb"},
         ),
         # NOTIFY: PostgreSQL only.

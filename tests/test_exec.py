@@ -622,7 +622,9 @@ def test_leader_runs_one_command_at_a_time_and_hands_over_when_it_exits(
 def test_leader_whose_session_ends_terminates_the_command_and_exits_76(
     start_exec, live_server, lock_client, tmp_path
 ):
-    process = start_exec("--leader", "job:lead", "--ttl", "1", "--", *child(TRAP_TERM))
+    # A ttl long enough that only the operator ends the session: at 1 s a
+    # loaded machine's late heartbeat let it expire before the test read it.
+    process = start_exec("--leader", "job:lead", "--ttl", "10", "--", *child(TRAP_TERM))
     wait_for(tmp_path / "started")
     with live_server.service() as locks:
         held = locks.get("job:lead")
