@@ -57,6 +57,11 @@ def pytest_generate_tests(metafunc):
         )
 
 
+# First: pytest-xdist's worker turns each item's ``xdist_group`` marker into its
+# node id's ``@group`` suffix in this same hook, and this conftest is loaded
+# before the worker registers it, so without ``tryfirst`` the markers of
+# ``schedule_for_workers`` came after that and no group was ever kept together.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """A case whose databases are none of the chosen ones is deselected, not
     skipped for an empty parameter set."""
