@@ -81,6 +81,14 @@ class WorkerConfig:
     # and ends the session.
     session_share: float = 0.0
     session_resources: tuple[str, ...] = ()
+    # A session lives longer than a plain grant: its job binds several grants
+    # (the first waiting in line) before its first heartbeat, which at a load
+    # average of 30 took longer than a plain grant's ttl, so no heartbeat was
+    # ever answered. Its first heartbeat is prompt; each later one is late past
+    # the ttl with this probability, which is how sessions are lost.
+    session_min_ttl: float = 2.0
+    session_max_ttl: float = 4.0
+    session_pause_probability: float = 0.35
 
 
 class Recorder:
@@ -315,7 +323,7 @@ class Worker:
         config = self.config
         self.attempt += 1
         owner = f"w{config.index:02d}-s{self.attempt}"
-        ttl = round(self.rng.uniform(max(config.min_ttl, 0.5), config.max_ttl), 3)
+        ttl = round(self.rng.uniform(config.session_min_ttl, config.session_max_ttl), 3)
         try:
             info = self.client.create_session(owner, ttl)
         except ServiceUnavailable as exc:
@@ -346,7 +354,7 @@ class Worker:
             limit, shared = self.kind_of(resource)
             wait = None
             if resource in config.session_resources and not bound:
-                wait = round(info.ttl * 0.4, 3)
+                wait = round(info.ttl * 0.25, 3)
             sent = time.monotonic()
             try:
                 result = self.client.acquire(
@@ -382,11 +390,11 @@ class Worker:
 
     def keep_alive(self, session: str, owner: str, ttl: float) -> None:
         """Heartbeat the session a few times, unless it is lost meanwhile or
-        the run is over."""
-        for _ in range(self.rng.randint(1, 4)):
+        the run is over; a heartbeat after the first may come too late."""
+        for beat in range(self.rng.randint(1, 4)):
             if self.past_deadline():
                 return
-            if self.rng.random() < self.config.pause_probability:
+            if beat and self.rng.random() < self.config.session_pause_probability:
                 self.record.count("pause", "taken")
                 time.sleep(ttl * self.rng.uniform(1.2, 2.5))
             else:
