@@ -430,9 +430,10 @@ def test_audit_tails_new_events_in_place_but_not_while_the_reader_scrolled(
     )
 
 
+# Each colour scheme at a desktop width, and the narrow layout (the stylesheet's
+# one breakpoint is 720 px: wider desktops lay out as 1280 does).
 @pytest.mark.parametrize(
-    ("scheme", "width"),
-    [("light", 1280), ("dark", 1280), ("light", 390), ("light", 1440), ("light", 1920)],
+    ("scheme", "width"), [("light", 1280), ("dark", 1280), ("light", 390)]
 )
 def test_axe_finds_no_serious_violation_on_any_page(
     operator_page: Page, site: Site, scheme: str, width: int
