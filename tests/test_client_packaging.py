@@ -16,6 +16,9 @@ from lockkeeper_client import LockClient, LockMissing
 from app.paths import PROJECT_ROOT
 
 pytest_plugins = ["tests.live_server"]
+# Both tests on one pytest-xdist worker: each worker would build its own
+# ``client_venv`` (a venv and a pip install, 15 s of CPU).
+pytestmark = pytest.mark.xdist_group("client-venv")
 
 # What the server needs and a worker must never be made to install.
 SERVER_ONLY = {
