@@ -335,6 +335,8 @@ def test_a_follower_on_one_node_misses_no_event_committed_late_on_another(galera
     # (what a stalled node, a flow-control pause or a slow commit do) while
     # node 2 goes on granting.
     drawn, go_on = threading.Event(), threading.Event()
+    # Shared by the apps of a process (``statements_for``): only the grant of
+    # ``galera:late`` is held.
     statements = slow.extensions["lockkeeper.locks"].statements
     insert_event = statements._insert_event
 
@@ -430,8 +432,11 @@ def test_a_semaphore_admits_no_more_places_than_its_limit_across_nodes(galera):
 
     def held_dequeue(conn, waiter):
         dequeue(conn, waiter)
-        admitted.set()
-        go_on.wait(timeout=60)
+        # The apps of a process share their dialect's statements
+        # (``statements_for``): only the first place, node 1's, is held open.
+        if not admitted.is_set():
+            admitted.set()
+            go_on.wait(timeout=60)
 
     statements._dequeue_place = held_dequeue
     results = {}

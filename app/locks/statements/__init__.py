@@ -77,6 +77,7 @@ re-acquire or renew.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -130,7 +131,11 @@ class LockStatements(Protocol):
     ) -> Outcome: ...
 
 
+@functools.cache
 def statements_for(dialect_name: str) -> LockStatements:
+    """One set per dialect and process: the statements are built from the
+    dialect alone and hold nothing of an engine, and building them cost each
+    app about 15 ms (a test session builds thousands of apps)."""
     if dialect_name == "postgresql":
         return PostgresStatements()
     if dialect_name == "sqlite":
