@@ -11,7 +11,6 @@ SIGSTOP past its ttl and resumed, on PostgreSQL and MariaDB, on the real clock.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
@@ -23,6 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from app.extensions import db, lock_service
+from tests.forks import worker_context
 from tests.row_waits import run_blocked
 
 SERVERS = ("postgresql", "mariadb")
@@ -124,7 +124,7 @@ class Holder:
     SIGSTOP and SIGCONT."""
 
     def __init__(self, url: str):
-        context = multiprocessing.get_context("spawn")
+        context = worker_context()
         self.pipe, theirs = context.Pipe()
         self.process = context.Process(target=holder, args=(url, theirs), daemon=True)
         self.process.start()

@@ -17,7 +17,6 @@ with its own app, engine and pool.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import threading
@@ -30,6 +29,7 @@ from app import create_app
 from app.extensions import db, lock_service
 from app.locks.errors import LockNotFound
 from app.locks.models import LockEvent
+from tests.forks import worker_context
 
 # This process's pool (16 + 4), the two children's (8 + 4 each), and the
 # waiting line's listener of each of the three apps.
@@ -240,7 +240,7 @@ def _clients_process(database_url, instance, client, numbers, run, barrier, resu
 def _race(app, database_url, client, count: int, seconds: float, target: int) -> Run:
     """Clients 0..count-1 race: the even ones threads of this process, the odd
     ones threads of PROCESSES child processes, all started together."""
-    context = multiprocessing.get_context("spawn")
+    context = worker_context()
     run = Run(context, seconds, target)
     barrier = context.Barrier(PROCESSES + 1)
     results = context.Queue()

@@ -7,7 +7,6 @@ threads and prove nothing.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from collections import defaultdict
@@ -20,6 +19,7 @@ from app import create_app
 from app.extensions import db, lock_service
 from app.locks.errors import LockNotFound
 from app.locks.models import LockEvent
+from tests.forks import worker_context
 
 # At most: this process's pool (10 + 30 overflow), or its idle ten beside the
 # four children's eight each, and the waiting line's listener of each app.
@@ -101,7 +101,7 @@ def _process_main(database_url, instance, owners, barrier, rounds, results):
 
 
 def _run_in_processes(database_url, instance, rounds, before_round):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = worker_context()
     barrier = ctx.Barrier(CONTENDERS + 1)
     results = ctx.Queue()
     per_process = CONTENDERS // PROCESSES
@@ -302,7 +302,7 @@ def _cycle_process(database_url, instance, worker, shared, results):
 
 @pytest.mark.connections(CYCLE_CONNECTIONS)
 def test_processes_cycling_over_few_resources_never_overlap(app, database_url):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = worker_context()
     results = ctx.Queue()
     # One overlap guard for every process: what one holds, the others see.
     manager = ctx.Manager()

@@ -50,7 +50,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from app.config import normalize_database_url
-from tests.faults.forks import worker_context
+from tests.forks import worker_context
 
 # Events that start a grant's tenure; a re-acquire or renew keeps the fence.
 GRANTS = {"acquired", "took_over", "claimed", "force_claimed"}

@@ -34,13 +34,13 @@ from app.config import normalize_database_url
 from app.locks.models import DistributedLock, LockEvent
 from tests.faults.checker import FAILOVER_RECOVERY, Report, check, check_failovers
 from tests.faults.cluster import MariaDBServer, PostgresCluster
-from tests.faults.forks import worker_context
 from tests.faults.galera import GaleraCluster
 from tests.faults.instances import AppInstance, base_env, lockkeeper_cli
 from tests.faults.patroni import PatroniCluster
 from tests.faults.stall import StallCanary
 from tests.faults.watcher import AuditWatcher
 from tests.faults.worker import WorkerConfig, worker_main
+from tests.forks import worker_context
 
 HOT_RESOURCES = [f"hot:{n}" for n in range(4)]
 # The holder workers' resources: a semaphore of 2 places, and one resource read
