@@ -22,12 +22,13 @@ from lockkeeper_client import (
     guard,
 )
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from app.config import normalize_database_url
 from app.extensions import lock_service
+from app.ops.upgrade import upgrade
 from tests.clock import FakeClock
 from tests.databases import SERVER_URLS
 
@@ -273,3 +274,68 @@ def test_a_database_without_the_guard_is_named_not_passed_on_raw(unmigrated_engi
     for refused in (through_core.value, through_driver.value):
         assert "lockkeeper db upgrade" in str(refused)
         assert isinstance(refused, ConfigurationError)
+
+
+def test_a_database_whose_schema_predates_the_guard_is_told_to_upgrade(
+    unmigrated_engine, make_app
+):
+    """The lock service's schema one revision before the guard (0007: its
+    tables, no routine): the same clear error, not the driver's."""
+    url = unmigrated_engine.url.render_as_string(hide_password=False)
+    upgrade(make_app(LOCKKEEPER_DATABASE_URL=url), "0007")
+    lock = _Lock(RESOURCE, 1)
+    with unmigrated_engine.connect() as conn:
+        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0007"
+        with pytest.raises(GuardNotInstalled) as through_core:
+            guard(conn, lock)
+    raw = unmigrated_engine.raw_connection()
+    try:
+        with pytest.raises(GuardNotInstalled) as through_driver:
+            guard(raw.driver_connection, lock)
+        raw.rollback()
+    finally:
+        raw.close()
+    for refused in (through_core.value, through_driver.value):
+        assert "run `lockkeeper db upgrade`" in str(refused)
+
+
+def _blind_connections(server, database_url):
+    """A Core connection and a driver connection that cannot see the migrated
+    database's routines: on MariaDB made without a database (the procedure is
+    looked for nowhere), on PostgreSQL with the lock schema off the search_path."""
+    url = make_url(normalize_database_url(database_url))
+    if server == "mariadb":
+        # Built anew: URL.set(database=None) keeps the database it had.
+        engine = create_engine(
+            URL.create(url.drivername, url.username, host=url.host, port=url.port)
+        )
+        core = engine.connect()
+        driver = pymysql.connect(host=url.host, port=url.port, user=url.username)
+    else:
+        engine = create_engine(url)
+        core = engine.connect()
+        core.exec_driver_sql("SET search_path TO pg_catalog")
+        driver = _dbapi(database_url, server)
+        with driver.cursor() as cursor:
+            cursor.execute("SET search_path TO pg_catalog")
+    return engine, core, driver
+
+
+def test_a_connection_that_cannot_see_the_lock_database_is_told_to_connect_to_it(
+    service, database_url, server
+):
+    lock = service.acquire(RESOURCE, "w-1", ttl=30).lock
+    engine, core, driver = _blind_connections(server, database_url)
+    try:
+        with pytest.raises(GuardNotInstalled) as through_core:
+            guard(core, lock)
+        core.rollback()
+        with pytest.raises(GuardNotInstalled) as through_driver:
+            guard(driver, lock)
+        driver.rollback()
+    finally:
+        core.close()
+        driver.close()
+        engine.dispose()
+    for refused in (through_core.value, through_driver.value):
+        assert "connect to the lock service's database" in str(refused)

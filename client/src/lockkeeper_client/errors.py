@@ -222,8 +222,10 @@ class GuardOutsideTransaction(LockClientError):
 
 class GuardNotInstalled(ConfigurationError):
     """``guard`` found no ``lockkeeper_guard`` routine in the connection's
-    database: the connection is to another database than the lock service's,
-    or that database's schema predates the guard (``lockkeeper db upgrade``)."""
+    database: the connection is to another database than the lock service's
+    (on MariaDB, or to none; on PostgreSQL, or with the lock schema off its
+    search_path), or that database's schema predates the guard (``lockkeeper db
+    upgrade``)."""
 
     def __init__(self, resource: str, message: str) -> None:
         LockClientError.__init__(self, resource, message)

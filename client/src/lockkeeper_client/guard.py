@@ -46,6 +46,9 @@ _SIGNAL_ERRNO = 1644
 # No such routine: PostgreSQL's undefined_function, MariaDB's ER_SP_DOES_NOT_EXIST.
 _UNDEFINED_FUNCTION = "42883"
 _NO_SUCH_PROCEDURE_ERRNO = 1305
+# MariaDB's ER_NO_DB_ERROR: a connection made without a database looks for the
+# procedure nowhere (PostgreSQL always has one: its miss is 42883).
+_NO_DATABASE_ERRNO = 1046
 
 _SQL = {
     "postgresql": "SELECT lockkeeper_guard(%s::varchar, %s::bigint)",
@@ -147,16 +150,31 @@ def _raise_refusal(
     state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
     message = _message(error)
     args = getattr(error, "args", ())
-    if state == _UNDEFINED_FUNCTION or (args and args[0] == _NO_SUCH_PROCEDURE_ERRNO):
+    errno = args[0] if args else None
+    if errno == _NO_DATABASE_ERRNO:
+        raise GuardNotInstalled(
+            resource,
+            f"guard on {resource!r}: the connection has no database selected "
+            f"({message}), so no lockkeeper_guard; connect to the lock "
+            "service's database",
+        ) from raised
+    if state == _UNDEFINED_FUNCTION or errno == _NO_SUCH_PROCEDURE_ERRNO:
+        # PostgreSQL looks the function up on the search_path: the lock
+        # schema's own database still misses it from another schema.
+        where = (
+            " with the schema it was migrated in on the search_path"
+            if state == _UNDEFINED_FUNCTION
+            else ""
+        )
         raise GuardNotInstalled(
             resource,
             f"guard on {resource!r}: this database has no lockkeeper_guard "
-            f"({message}); connect to the lock service's database, or run "
-            "`lockkeeper db upgrade` on it",
+            f"({message}); connect to the lock service's database{where}, or "
+            "run `lockkeeper db upgrade` on it",
         ) from raised
     reason = SQLSTATES.get(state or "")
     if reason is None and message.startswith(_PREFIX):
-        if args and args[0] == _SIGNAL_ERRNO:
+        if errno == _SIGNAL_ERRNO:
             reason = message[len(_PREFIX) :].split(":", 1)[0]
             state = next((s for s, r in SQLSTATES.items() if r == reason), None)
     if reason is None or state is None:
