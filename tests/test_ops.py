@@ -23,6 +23,7 @@ from app.extensions import lock_service
 from app.locks.errors import LockExpired, LockNotFound, NotOwner
 from app.ops.request_log import LOGGER_NAME, render_line
 from app.ops.schema import required_revisions, shown_revisions
+from app.ops.upgrade import upgrade
 from app.ops.version import RELEASE
 from app.paths import PROJECT_ROOT
 from bench.ports import free_port
@@ -106,6 +107,24 @@ def test_metrics_report_the_database_down_instead_of_failing(make_app):
     for gauge in ("lockkeeper_queued_waiters", "lockkeeper_live_sessions"):
         assert samples[(gauge, ())] == 0
     assert value(samples, "lockkeeper_database_schema_info", revision="none") == 1
+
+
+@pytest.mark.usefixtures("backend")
+def test_fleet_metrics_on_a_schema_behind_the_code_name_its_revision(
+    make_app, empty_url
+):
+    """This code on a database one migration behind it (an instance restarted
+    before ``lockkeeper db upgrade``): it cannot count there (0035's column is
+    missing), so ``lockkeeper_database_up`` is 0, but the database answers and
+    its revision is named, which tells the two apart (docs/runbook.md)."""
+    upgrade(make_app(LOCKKEEPER_DATABASE_URL=empty_url), "0034")
+    client = make_app(LOCKKEEPER_DATABASE_URL=empty_url).test_client()
+
+    samples = scrape(client, FLEET)
+
+    assert value(samples, "lockkeeper_database_up") == 0
+    assert value(samples, "lockkeeper_database_schema_info", revision="0034") == 1
+    assert value(samples, "lockkeeper_database_schema_info", revision="none") == 0
 
 
 # -- /metrics: lock operations ----------------------------------------------

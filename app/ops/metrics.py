@@ -273,15 +273,21 @@ class FleetCollector(Collector):
         yield from self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        # The revision is read on its own: code newer than the database's schema
+        # cannot count on it (its queries name columns not there yet), and the
+        # revision is then what tells that apart from a database that is down.
+        try:
+            revision = self._revision()
+        except SQLAlchemyError:
+            revision = None
         try:
             service = self.app.extensions["lockkeeper.locks"]
             counts = service.counts()
             queued = service.queue.queued()
             live_sessions = service.sessions.live()
             places = service.places_counts()
-            revision = self._revision()
         except (SQLAlchemyError, LockError):
-            counts = queued = live_sessions = places = revision = None
+            counts = queued = live_sessions = places = None
         yield from self._families(counts, queued, live_sessions, places, revision)
 
     def _revision(self) -> str:
@@ -309,7 +315,8 @@ class FleetCollector(Collector):
         up = GaugeMetricFamily(
             "lockkeeper_database_up",
             "1 when the lock database answered the scrape's count, else 0 (the "
-            "other gauges then read 0).",
+            "other gauges then read 0): not answering, or at a schema older than "
+            "this instance's code (lockkeeper_database_schema_info names it).",
             value=0 if counts is None else 1,
         )
         schema = GaugeMetricFamily(
