@@ -38,6 +38,15 @@ SCOPE = "lockkeeper-faults"
 # "2026-12-07 02:30:59.846 UTC [15813] LOG:  listening on ...". Patroni's own
 # lines have a comma before their milliseconds and no process id.
 SERVER_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] ")
+# A port is picked (``free_port``) seconds before the server binds it: PostgreSQL
+# binds its port only after initdb (a clone's, after its base backup). A test
+# process outside the suite's workers (``pytest -n 0`` beside a CI run) picks
+# from the whole range and can take it meanwhile. PostgreSQL then logs
+# 'could not bind IPv4 address "127.0.0.1": Address already in use', Patroni's
+# REST server "[Errno 98] Address already in use", etcd "bind: address already
+# in use"; the start tries again on new ports, this many times.
+PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
+PORT_RETRIES = 3
 
 
 def patroni_prerequisites() -> str | None:
@@ -64,6 +73,9 @@ class Member:
         self.config = self.dir / "patroni.yml"
         self.log = self.dir / "patroni.log"
         self.process: subprocess.Popen | None = None
+        # The PostgreSQL ports of starts given up because another process took
+        # a port of theirs first.
+        self.ports_taken: list[int] = []
 
     def log_text(self) -> str:
         try:
@@ -96,6 +108,10 @@ class Member:
 
     def log_has_traceback(self) -> bool:
         return "Traceback (most recent call last)" in self.log_text()
+
+    def port_taken(self) -> bool:
+        """Its PostgreSQL or its REST server found its port taken."""
+        return bool(PORT_TAKEN.search(self.log_text()))
 
     @property
     def rest(self) -> str:
@@ -162,21 +178,29 @@ class PatroniCluster:
             self._owner = None
         for member in self.members:
             member.dir.mkdir()
-            member.config.write_text(json.dumps(self._member_config(member), indent=1))
             if self._owner:
                 os.chown(member.dir, *self._owner)
-                os.chown(member.config, *self._owner)
+            self._write_config(member)
         if self._owner:
             os.chown(self.root, *self._owner)
+
+    @property
+    def url(self) -> str:
+        """Every member's port (a start may have moved one), read-write first."""
         hosts = "&".join(f"host=127.0.0.1:{m.port}" for m in self.members)
         # connect_timeout bounds a host that does not answer (a dead machine);
         # here a killed server refuses at once.
-        self.url = (
+        return (
             f"postgresql://postgres@/postgres?{hosts}"
             "&target_session_attrs=read-write&connect_timeout=3"
         )
 
     # -- configuration ---------------------------------------------------------
+
+    def _write_config(self, member: Member) -> None:
+        member.config.write_text(json.dumps(self._member_config(member), indent=1))
+        if self._owner:
+            os.chown(member.config, *self._owner)
 
     def _member_config(self, member: Member) -> dict:
         # Patroni reads YAML; JSON is YAML.
@@ -249,44 +273,7 @@ class PatroniCluster:
     # -- life cycle --------------------------------------------------------------
 
     def start(self, timeout: float = 180.0) -> None:
-        etcd_dir = self.root / "etcd"
-        self._etcd_log = open(self.root / "etcd.log", "ab")  # noqa: SIM115
-        client = f"http://127.0.0.1:{self.etcd_port}"
-        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
-        self.etcd = subprocess.Popen(
-            [
-                shutil.which("etcd") or "etcd",
-                "--name",
-                "etcd0",
-                "--data-dir",
-                str(etcd_dir),
-                "--listen-client-urls",
-                client,
-                "--advertise-client-urls",
-                client,
-                "--listen-peer-urls",
-                peer,
-                "--initial-advertise-peer-urls",
-                peer,
-                "--initial-cluster",
-                f"etcd0={peer}",
-                "--listen-metrics-urls",
-                f"http://127.0.0.1:{free_port()}",
-            ],
-            stdout=self._etcd_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(client + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if self.etcd.poll() is not None or time.monotonic() > deadline:
-                raise ClusterError(f"etcd did not start: see {self.root}/etcd.log")
-            time.sleep(0.1)
+        self._start_etcd()
         # The first member bootstraps alone; the others clone it once it leads.
         # Until the cluster is healthy no member has any reason to log a
         # traceback, so one ends the start at once.
@@ -295,6 +282,62 @@ class PatroniCluster:
         for member in self.members[1:]:
             self.start_member(member)
         self.wait_healthy(timeout=timeout, bootstrapping=True)
+
+    def _start_etcd(self) -> None:
+        etcd_dir = self.root / "etcd"
+        log_path = self.root / "etcd.log"
+        for attempt in range(PORT_RETRIES + 1):
+            self._etcd_log = open(log_path, "ab")  # noqa: SIM115
+            client = f"http://127.0.0.1:{self.etcd_port}"
+            peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+            self.etcd = subprocess.Popen(
+                [
+                    shutil.which("etcd") or "etcd",
+                    "--name",
+                    "etcd0",
+                    "--data-dir",
+                    str(etcd_dir),
+                    "--listen-client-urls",
+                    client,
+                    "--advertise-client-urls",
+                    client,
+                    "--listen-peer-urls",
+                    peer,
+                    "--initial-advertise-peer-urls",
+                    peer,
+                    "--initial-cluster",
+                    f"etcd0={peer}",
+                    "--listen-metrics-urls",
+                    f"http://127.0.0.1:{free_port()}",
+                ],
+                stdout=self._etcd_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(client + "/health", timeout=1).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if self.etcd.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            if self.etcd.poll() is None:
+                os.killpg(self.etcd.pid, signal.SIGKILL)
+                self.etcd.wait()
+            self._etcd_log.close()
+            log = log_path.read_text(errors="replace")
+            if not PORT_TAKEN.search(log) or attempt == PORT_RETRIES:
+                tail = "\n".join(log.splitlines()[-20:])
+                raise ClusterError(f"etcd did not start ({log_path}):\n{tail}")
+            # Its ports were taken before it bound them: new ones, a new log.
+            log_path.rename(self.root / f"etcd.{attempt}.log")
+            shutil.rmtree(etcd_dir, ignore_errors=True)
+            self.etcd_port, self.etcd_peer_port = free_port(), free_port()
+            for member in self.members:
+                self._write_config(member)
 
     def start_member(self, member: Member) -> None:
         log = open(member.log, "ab")  # noqa: SIM115
@@ -313,17 +356,61 @@ class PatroniCluster:
     def raise_if_broken(self, *, tracebacks: bool) -> None:
         """Raise at once, with the member's log tail, when a started member's
         Patroni has exited or (``tracebacks``) its log shows a Python traceback;
-        waiting out a deadline would only hide why."""
+        waiting out a deadline would only hide why. While the cluster starts
+        (``tracebacks``), a member whose port another process took first is
+        started again on new ports instead, up to ``PORT_RETRIES`` times."""
         for member in self.members:
             if member.process is None:
                 continue
             code = member.process.poll()
+            # The member that bootstraps is left to give up by itself: Patroni
+            # then removes the cluster's initialize key. Stopped mid-bootstrap,
+            # it would leave the key, and started again it would wait for a
+            # leader to clone from, forever.
+            bootstrapping = member is self.members[0] and code is None
+            if (
+                tracebacks
+                and not bootstrapping
+                and len(member.ports_taken) < PORT_RETRIES
+                and member.port_taken()
+            ):
+                self._restart_on_new_ports(member)
+                continue
             if code is not None:
                 raise ClusterError(
                     f"{member.name}: patroni exited with {code}:\n{member.logs()}"
                 )
             if tracebacks and member.log_has_traceback():
                 raise ClusterError(f"{member.name}: patroni failed:\n{member.logs()}")
+
+    def _restart_on_new_ports(self, member: Member) -> None:
+        """Stop ``member`` (its Patroni, and its PostgreSQL if one runs), keep
+        its log beside, and start it afresh on new ports."""
+        self._stop_member(member)
+        member.ports_taken.append(member.port)
+        member.log.rename(member.dir / f"patroni.{len(member.ports_taken)}.log")
+        for data in (member.data, member.data.with_name("data.failed")):
+            shutil.rmtree(data, ignore_errors=True)
+        member.port, member.rest_port = free_port(), free_port()
+        self._write_config(member)
+        self.start_member(member)
+
+    def _stop_member(self, member: Member) -> None:
+        if member.process is None:
+            return
+        if member.process.poll() is None:
+            # Patroni stops its PostgreSQL on SIGTERM.
+            os.killpg(member.process.pid, signal.SIGTERM)
+            try:
+                member.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(member.process.pid, signal.SIGKILL)
+                member.process.wait()
+        for pid in member.postgres_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def cluster_state(self) -> dict:
         """Patroni's ``/cluster`` from the first member that answers."""

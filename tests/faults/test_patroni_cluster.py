@@ -5,6 +5,7 @@ is cloned, a folder closed to postgres included, the lagging-standby run of
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -82,19 +83,34 @@ def test_a_member_with_a_broken_configuration_ends_the_start_at_once():
         cluster.close()
 
 
+SHARED_MEMORY = (
+    "2026-12-07 02:32:55.024 UTC [18723] FATAL:  could not create shared memory"
+    " segment: No space left on device\n"
+)
+PORT_TAKEN = (
+    "2026-12-07 02:32:55.024 UTC [18723] LOG:  could not bind IPv4 address"
+    ' "127.0.0.1": Address already in use\n'
+    "2026-12-07 02:32:55.024 UTC [18723] FATAL:  could not create any TCP/IP"
+    " sockets\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("server", "retried", "cause"),
+    [
+        (SHARED_MEMORY, 0, "FATAL:  could not create shared memory segment"),
+        # A port taken again after every retry.
+        (PORT_TAKEN, 3, "Address already in use"),
+    ],
+)
 def test_a_member_whose_postgresql_did_not_start_shows_its_server_log(
-    unstarted_cluster,
+    unstarted_cluster, server, retried, cause
 ):
     """PostgreSQL's server log is its stderr, in Patroni's log; why it did not
     start comes before Patroni's retries and traceback, which filled the tail
     a failure showed ("postmaster is not running", and no cause)."""
     member = unstarted_cluster.members[0]
-    server = (
-        "2026-12-07 02:32:55.024 UTC [18723] LOG:  could not bind IPv4 address"
-        ' "127.0.0.1": Address already in use\n'
-        "2026-12-07 02:32:55.024 UTC [18723] FATAL:  could not create any TCP/IP"
-        " sockets\n"
-    )
+    member.ports_taken = list(range(retried))
     chatter = "2026-12-07 02:32:56,647 INFO: bootstrap in progress\n" * 60
     member.log.write_text(
         server + chatter + "2026-12-07 02:32:59,143 ERROR: postmaster is not running\n"
@@ -104,8 +120,7 @@ def test_a_member_whose_postgresql_did_not_start_shows_its_server_log(
     with pytest.raises(ClusterError, match="pg0: patroni exited with 1") as failure:
         unstarted_cluster.raise_if_broken(tracebacks=True)
     message = str(failure.value)
-    assert "FATAL:  could not create any TCP/IP sockets" in message
-    assert "Address already in use" in message
+    assert cause in message
     assert "postmaster is not running" in message
 
 
@@ -121,3 +136,30 @@ def test_a_stale_postmaster_pid_names_no_process_to_kill(unstarted_cluster):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+@pytest.mark.slow
+def test_a_member_whose_port_was_taken_before_it_bound_starts_on_another():
+    """A port is picked seconds before PostgreSQL binds it (after initdb), and a
+    test process outside the suite's workers may take it meanwhile: once, the
+    first member's bootstrap failed so ("postmaster is not running", its data
+    directory renamed ``data.failed``). The start tries again on new ports, its
+    first log kept beside."""
+    require_patroni()
+    cluster = PatroniCluster(members=1, synchronous=False)
+    first = cluster.members[0]
+    taken = first.port
+    squatter = socket.socket()
+    try:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        cluster.start(timeout=120.0)
+        assert first.ports_taken == [taken]
+        assert first.port != taken
+        assert cluster.leader() is first
+        assert f"host=127.0.0.1:{first.port}" in cluster.url
+        given_up = (first.dir / "patroni.1.log").read_text()
+        assert "Address already in use" in given_up
+    finally:
+        squatter.close()
+        cluster.close()
