@@ -26,6 +26,7 @@ EVENT_FIELDS = {
     "occurred_at",
     "mode",
     "details",
+    "set",
 }
 
 

@@ -25,6 +25,8 @@ def test_a_set_is_acquired_renewed_and_released_as_one(api, clock):
         ("exclusive", 3),
     ]
     assert len({lock["fence"] for lock in body["locks"]}) == 3
+    set_id = body["set"]
+    assert set_id
     names = ["acct:1", "acct:2", "pool:x"]
     renewed = api.patch(
         "/api/v1/sets", json={"owner": "w-1", "ttl": 90, "resources": names}
@@ -39,6 +41,13 @@ def test_a_set_is_acquired_renewed_and_released_as_one(api, clock):
     body = released.get_json()
     assert [lock["resource"] for lock in body["released"]] == names
     assert body["not_held"] == ["acct:none"]
+    # Each member's events name the set: its grant, renewal and release.
+    history = api.get("/api/v1/locks/acct:1/events").get_json()["events"]
+    assert [(e["action"], e["set"]) for e in reversed(history)] == [
+        ("acquired", set_id),
+        ("renewed", set_id),
+        ("released", set_id),
+    ]
 
 
 def test_a_refused_set_names_its_member_and_the_grant_in_the_way(api, fake_app):

@@ -6,7 +6,8 @@ again and again: no reading ever shows part of a set (each set's owner is its
 own, so a set is whole when every member shows it), two exclusive grants of one
 resource, an exclusive grant beside a shared one, or a semaphore past its
 limit. The history afterwards says the same: every set's grant events come
-together, each member once. On PostgreSQL and MariaDB the servers' own
+together, each member once, and every grant and release event names the set
+its acquire answered, and no other. On PostgreSQL and MariaDB the servers' own
 deadlock counters do not move (``tests/test_deadlock_race.Deadlocks``).
 
 The dining philosophers (5 workers, 5 forks, each taking its two neighbours
@@ -117,6 +118,7 @@ class Reader:
 def _race(app, workers: int, seconds: float) -> dict:
     """``workers`` threads take random sets for ``seconds``; a reader reads."""
     sets: dict[str, set[str]] = {}
+    named: dict[str, str] = {}  # owner → the set id its acquire answered
     record = threading.Lock()
     reader = Reader(sets, record)
     stop = threading.Event()
@@ -144,6 +146,7 @@ def _race(app, workers: int, seconds: float) -> dict:
                     continue
                 counts["granted"] += 1
                 counts[f"size {len(members)}"] += 1
+                named[owner] = result.set_id
                 released = service.release_set(
                     [m.resource for m in reversed(members)], owner
                 )
@@ -179,22 +182,27 @@ def _race(app, workers: int, seconds: float) -> dict:
     assert not failures, failures
     assert not reader.broken, reader.broken[:5]
     counts["reads"] = reader.reads
-    return {"counts": counts, "sets": sets}
+    return {"counts": counts, "sets": sets, "named": named}
 
 
-def _history_is_whole(app, sets: dict[str, set[str]]) -> int:
-    """Every set's grant events: each member once, or none at all."""
+def _history_is_whole(app, sets: dict[str, set[str]], named: dict[str, str]) -> int:
+    """Every set's grant events: each member once, or none at all; each
+    grant and release event names its owner's set, as its acquire answered."""
     with app.app_context():
         rows = db.session.execute(
-            select(LockEvent.owner, LockEvent.resource, LockEvent.action).where(
-                LockEvent.action.in_(("acquired", "took_over"))
-            )
+            select(
+                LockEvent.owner, LockEvent.resource, LockEvent.action, LockEvent.set_id
+            ).where(LockEvent.action.in_(("acquired", "took_over", "released")))
         ).all()
     granted = defaultdict(list)
-    for owner, resource, _action in rows:
-        granted[owner].append(resource)
+    released = defaultdict(list)
+    for owner, resource, action, set_id in rows:
+        assert set_id is not None, (owner, action)
+        assert set_id == named.get(owner), (owner, action)
+        (released if action == "released" else granted)[owner].append(resource)
     for owner, resources in granted.items():
         assert sorted(resources) == sorted(sets[owner]), owner
+        assert sorted(released[owner]) == sorted(resources), owner
     return len(granted)
 
 
@@ -210,7 +218,7 @@ def test_random_overlapping_sets_never_show_a_partial_set_nor_deadlock(
     assert counts["granted"] >= 10, counts
     assert counts["refused"] >= 1, counts  # the sets met
     assert counts["reads"] >= 20, counts
-    whole = _history_is_whole(set_app, found["sets"])
+    whole = _history_is_whole(set_app, found["sets"], found["named"])
     assert whole == counts["granted"]
     if deadlocks is not None:
         assert deadlocks.counted() == 0, deadlocks.conflicts

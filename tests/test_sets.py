@@ -306,6 +306,64 @@ def test_a_set_is_released_as_one_naming_what_it_no_longer_held(service, clock):
         assert events_of(resource)[-1].action == Action.RELEASED.value
 
 
+def test_every_event_of_a_set_names_it_and_no_other_event_does(service, clock):
+    """The grant, renewal and release events of each member name the set its
+    grant was made by; a single grant's, before and after, name none."""
+    service.acquire("set:a", "w-1", ttl=30)
+    service.release("set:a", "w-1")
+    first = service.acquire_set(MIXED, "w-1", ttl=30, token="t")
+    other = service.acquire_set([Member("set:d")], "w-1", ttl=30, token="t")
+    assert first.set_id
+    assert other.set_id
+    assert first.set_id != other.set_id
+    clock.advance(5)
+    service.renew_set(["set:a", "set:b", "set:c"], "w-1", ttl=60, token="t")
+    # One release naming members of two sets: each event names its own.
+    service.release_set(["set:b", "set:d"], "w-1", token="t")
+    service.release_set(["set:a", "set:c"], "w-1", token="t")
+    service.acquire("set:a", "w-2", ttl=30)
+    named = {
+        resource: [(e.action, e.set_id) for e in events_of(resource)]
+        for resource in ("set:a", "set:b", "set:c", "set:d")
+    }
+    in_first = [
+        (Action.ACQUIRED.value, first.set_id),
+        (Action.RENEWED.value, first.set_id),
+        (Action.RELEASED.value, first.set_id),
+    ]
+    assert named == {
+        "set:a": [
+            (Action.ACQUIRED.value, None),
+            (Action.RELEASED.value, None),
+            *in_first,
+            (Action.ACQUIRED.value, None),
+        ],
+        "set:b": in_first,
+        "set:c": in_first,
+        "set:d": [
+            (Action.ACQUIRED.value, other.set_id),
+            (Action.RELEASED.value, other.set_id),
+        ],
+    }
+
+
+def test_a_member_acquired_again_on_its_own_leaves_the_set(service):
+    """Its newest grant event is its own: its release names no set."""
+    held = service.acquire_set([Member("set:a"), Member("set:b")], "w-1", ttl=30)
+    service.acquire("set:a", "w-1", ttl=30)
+    service.release_set(["set:a", "set:b"], "w-1")
+    assert [e.set_id for e in events_of("set:a")] == [held.set_id, None, None]
+    assert [e.set_id for e in events_of("set:b")] == [held.set_id, held.set_id]
+
+
+def test_a_refused_set_names_no_event(service):
+    service.acquire("set:c", "w-2", ttl=30)
+    result = service.acquire_set([Member("set:a"), Member("set:c")], "w-1", ttl=30)
+    assert not result.acquired
+    assert result.set_id is None
+    assert all(e.set_id is None for e in events_of("set:c"))
+
+
 def test_a_set_past_the_bound_or_naming_a_resource_twice_is_invalid(make_app):
     app = make_app(LOCKKEEPER_MAX_SET_SIZE=2)
     from app.extensions import lock_service

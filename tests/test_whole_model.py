@@ -119,6 +119,8 @@ class Grant:
     session: str | None = None
     # In the locks table (an exclusive lock of limit 1), not a place.
     row: bool = False
+    # The set whose acquire made it (or made it again): its events name it.
+    set_id: str | None = None
 
     def shown(self) -> tuple:
         return (self.owner, self.token, self.mode, self.fence, self.expires_at)
@@ -567,10 +569,30 @@ class WholeModel(RuleBasedStateMachine):
                 lock.fence,
                 lock.expires_at,
                 row=m.limit == 1 and m.mode == EXCLUSIVE,
+                set_id=result.set_id,
             )
         for fence in sorted(new_fences):
             self._new_fence(fence)
+        self._events_name_sets(
+            result.locks, {m.resource: result.set_id for m in members}
+        )
         WholeModel.seen["sets granted"] = 1
+
+    def _events_name_sets(self, locks, set_ids: dict[str, str | None]) -> None:
+        """The newest event of each grant (its resource and fence) names the
+        set the grant belongs to, or none."""
+        with db.engine.connect() as conn:
+            for lock in locks:
+                named = conn.execute(
+                    select(LockEvent.set_id)
+                    .where(
+                        LockEvent.resource == lock.resource,
+                        LockEvent.fence == lock.fence,
+                    )
+                    .order_by(LockEvent.id.desc())
+                    .limit(1)
+                ).scalar_one()
+                assert named == set_ids[lock.resource], (lock, named, set_ids)
 
     @rule(
         resources=st.lists(
@@ -617,6 +639,9 @@ class WholeModel(RuleBasedStateMachine):
             grant.expires_at = lock.expires_at
             expiry = self.now + timedelta(seconds=ttl)
             assert abs(lock.expires_at - expiry) <= timedelta(microseconds=1)
+        self._events_name_sets(
+            locks, {r: grant.set_id for r, grant in zip(resources, mine, strict=True)}
+        )
 
     @rule(
         resources=st.lists(
@@ -636,6 +661,9 @@ class WholeModel(RuleBasedStateMachine):
         for lock in found.released:
             assert lock.fence == held[lock.resource].fence
             del self.grants[lock.resource][(token, owner)]
+        self._events_name_sets(
+            found.released, {r: g.set_id for r, g in held.items() if g is not None}
+        )
 
     # -- sessions --------------------------------------------------------------
 

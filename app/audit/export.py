@@ -33,6 +33,7 @@ COLUMNS = (
     "reason",
     "mode",
     "details",
+    "set",
 )
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV
 # injection"): an owner like =HYPERLINK(...) would act in the auditor's sheet.
@@ -71,6 +72,7 @@ def event_record(event: Event) -> dict[str, Any]:
         "reason": event.reason,
         "mode": event.mode,
         "details": event.details,
+        "set": event.set_id,
     }
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -43,6 +44,8 @@ EXCLUSIVE = "exclusive"
 SHARED = "shared"
 MODES = (EXCLUSIVE, SHARED)
 SESSION_ID_LENGTH = 64
+# A set's id (``app.locks.sets``): secrets.token_urlsafe(12), 16 characters.
+SET_ID_LENGTH = 32
 
 
 class DistributedLock(Base):
@@ -113,9 +116,21 @@ class LockEvent(Base):
     # JSON a releasing worker reports (``lockkeeper exec``: exit status, duration,
     # host); NULL otherwise.
     details: Mapped[str | None] = mapped_column(Text)
+    # The set whose grant this event is of (its acquire, renewal, release or
+    # an operator's release of it, ``app.locks.sets``); NULL otherwise
+    # (migration 0037).
+    set_id: Mapped[str | None] = mapped_column(String(SET_ID_LENGTH))
 
     __table_args__ = (
         Index("ix_lock_events_resource_id", "resource", "id"),
+        # A set's events; only theirs where the database keeps a partial index.
+        Index(
+            "ix_lock_events_set_id_id",
+            "set_id",
+            "id",
+            postgresql_where=text("set_id IS NOT NULL"),
+            sqlite_where=text("set_id IS NOT NULL"),
+        ),
         Index("ix_lock_events_owner_id", "owner", "id"),
         Index("ix_lock_events_actor_id", "actor", "id"),
         Index("ix_lock_events_action_id", "action", "id"),

@@ -126,6 +126,8 @@ class Event:
     # What a releasing worker reported with its release (``lockkeeper exec``:
     # ``{"run": {"exit_status", "duration", "host"}}``); None otherwise.
     details: dict[str, Any] | None = None
+    # The set the grant belongs to (``app.locks.sets``); None otherwise.
+    set_id: str | None = None
 
     @classmethod
     def from_row(cls, row) -> Event:
@@ -145,6 +147,7 @@ class Event:
             token=row.token,
             mode=getattr(row, "mode", None),
             details=None if reported is None else json.loads(reported),
+            set_id=getattr(row, "set_id", None),
         )
 
 
@@ -181,6 +184,8 @@ class SetResult:
     refused: str | None = None
     lock: Lock | None = None
     waiters: int = 0
+    # The set's id, named by every member's event (None: refused).
+    set_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,19 +42,32 @@ transaction each. A renewal is all or nothing (a member lost refuses the
 whole renewal, naming it); a release ends every member still held and names
 those that were not.
 
+Every event of a set names it (``lock_events.set_id``, migration 0037): each
+member's grant event, and the events of the set's renewals and releases. The
+set's id is drawn at its acquire and written, in the set's transaction, on the
+newest event of each member's grant once the grants are made: the grant's
+event, found by its resource and fence (a fence is one grant's; the event is
+written under the member's row lock, which the transaction still holds, so no
+later event of that grant can be there). A renewal or release names the set
+that each member's grant was made by (the set on its newest grant event: a
+member acquired again on its own since is no longer the set's). The grants'
+statements are those of a single acquire, unchanged: the naming is two
+statements of the set's own (find the events, then name them).
+
 Sets do not wait in line (yet): an acquire is answered at once, and a client
 polls with backoff (the waiting line holds one resource per waiter).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import secrets
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, func, literal, select, text, union_all, update
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -72,8 +85,8 @@ from app.locks.errors import (
 from app.locks.instrumentation import held_for
 from app.locks.models import NO_TOKEN
 from app.locks.results import AcquireResult, Lock, SetRelease, SetResult
-from app.locks.state import holds
-from app.locks.statements.common import Outcome, locks
+from app.locks.state import Action, holds
+from app.locks.statements.common import Outcome, events, locks
 from app.locks.transactions import Raced
 from app.locks.values import Ask, Member
 
@@ -85,6 +98,16 @@ _FORGET_BY_NAME = text(
     " WHERE resource = :resource AND owner IS NULL AND fence = 0"
     " AND places_until IS NULL AND session_id IS NULL"
 )
+
+
+# The actions of the event that makes (or makes again) a member's grant.
+GRANT_ACTIONS = (Action.ACQUIRED, Action.TOOK_OVER, Action.REACQUIRED)
+# secrets.token_urlsafe(12): 16 characters of [A-Za-z0-9_-].
+SET_ID_BYTES = 12
+
+
+def new_set_id() -> str:
+    return secrets.token_urlsafe(SET_ID_BYTES)
 
 
 class _Missing(Exception):
@@ -190,11 +213,14 @@ class Sets:
             for m in members
         }
         ordered = [asks[resource] for resource in sorted(asks)]
+        set_id = new_set_id()
 
         def attempt() -> SetResult:
             created: list[str] = []
             try:
-                outcomes = self._granted_whole(ordered, token, max_locks, created)
+                outcomes = self._granted_whole(
+                    ordered, token, max_locks, created, set_id
+                )
             except _Refused as refused:
                 # Rolled back whole, and the rows made for it gone again; the
                 # refusal's answer (a second look may find the row changed:
@@ -214,6 +240,7 @@ class Sets:
                 True,
                 [core.lock(outcomes[m.resource].row, outcomes[m.resource].now)
                  for m in members],
+                set_id=set_id,
             )  # fmt: skip
 
         try:
@@ -234,6 +261,7 @@ class Sets:
         token: str | None,
         max_locks: int | None,
         created: list[str],
+        set_id: str,
     ) -> dict[str, Outcome]:
         """The set's transaction; on a server database, first the free rows
         of the members that have none, each in a statement of its own
@@ -250,7 +278,9 @@ class Sets:
             for _ in range(2):
                 try:
                     with core.write_engine.connect() as conn, conn.begin():
-                        return self._grant_all(conn, ordered, token, max_locks)
+                        granted = self._grant_all(conn, ordered, token, max_locks)
+                        name_set(conn, {set_id: _grants_of(granted)})
+                        return granted
                 except _Missing as missing:
                     created.extend(self._create_rows(missing.asks))
             raise Raced("a set's rows kept vanishing (purged); try again")
@@ -457,6 +487,7 @@ class Sets:
                     ask = Ask(resource, owner, token, seconds, actor)
                     raise _Refused(ask, outcome)
                 renewed[resource] = outcome
+            name_set(conn, sets_of(conn, _grants_of(renewed)))
             return renewed
 
         def attempt() -> list[Lock]:
@@ -522,6 +553,7 @@ class Sets:
                     )
                 if outcome.done:
                     released[resource] = outcome
+            name_set(conn, sets_of(conn, _grants_of(released)))
             return released
 
         released = core.run(work)
@@ -536,6 +568,64 @@ class Sets:
             self._notify(resource, getattr(outcome.row, "waiters", 0) or 0)
             ended.append(lock)
         return SetRelease(ended, [r for r in resources if r not in released])
+
+
+# -- naming the set on its events ------------------------------------------------
+
+
+def _grants_of(outcomes: dict[str, Outcome]) -> list[tuple[str, int]]:
+    """The (resource, fence) of each grant made, renewed or ended."""
+    return [(resource, outcome.row.fence) for resource, outcome in outcomes.items()]
+
+
+def _newest_events(grants: Iterable[tuple[str, int]], actions=None):
+    """For each (resource, fence), the newest event of that grant (of
+    ``actions`` only, if given): one primary-key look each, through the
+    events' (resource, id) index read backwards from the newest."""
+    parts = []
+    for resource, fence in grants:
+        newest = select(func.max(events.c.id)).where(
+            events.c.resource == resource, events.c.fence == fence
+        )
+        if actions is not None:
+            newest = newest.where(events.c.action.in_([a.value for a in actions]))
+        parts.append(
+            select(
+                events.c.id, events.c.resource, events.c.set_id, literal(fence)
+            ).where(events.c.id == newest.scalar_subquery())
+        )
+    return parts
+
+
+def sets_of(conn, grants: Sequence[tuple[str, int]]) -> dict[str, list]:
+    """The set each grant was made by (its newest grant event's), as
+    ``{set_id: [(resource, fence), …]}``; grants of no set are left out."""
+    if not grants:
+        return {}
+    parts = _newest_events(grants, GRANT_ACTIONS)
+    found: dict[str, list] = {}
+    for row in conn.execute(union_all(*parts) if len(parts) > 1 else parts[0]):
+        if row.set_id is not None:
+            found.setdefault(row.set_id, []).append((row.resource, row[3]))
+    return found
+
+
+def name_set(conn, grants_by_set: dict[str, list]) -> None:
+    """Write each set's id on the newest event of each of its grants: the
+    one its caller has just written in this transaction, under the grant's
+    row lock. Found, then named by primary key: two statements whose plans
+    are index looks on every database (the update names no subquery on the
+    table it writes)."""
+    for set_id, grants in grants_by_set.items():
+        parts = _newest_events(grants)
+        ids = [
+            row.id
+            for row in conn.execute(union_all(*parts) if len(parts) > 1 else parts[0])
+        ]
+        if ids:
+            conn.execute(
+                update(events).where(events.c.id.in_(ids)).values(set_id=set_id)
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,7 +198,11 @@ def set_answer(result: SetResult) -> tuple[int, dict[str, Any], dict[str, str]]:
     if result.acquired:
         return (
             200,
-            {"acquired": True, "locks": [lock_to_json(x) for x in result.locks]},
+            {
+                "acquired": True,
+                "set": result.set_id,
+                "locks": [lock_to_json(x) for x in result.locks],
+            },
             {},
         )
     remaining = result.lock.ttl_remaining if result.lock is not None else 1
