@@ -304,3 +304,43 @@ def test_an_embedded_wait_turned_away_keeps_its_place(live_server, backend):
             assert locks.queue.line("emb:45") == []
     finally:
         embedded.close()
+
+
+def test_an_embedded_wait_that_runs_out_keeps_its_place_when_it_rejoins(
+    live_server, backend, monkeypatch
+):
+    """The in-process transport keeps the place of a wait that ran out and asked
+    to ``rejoin`` as the server does, and refuses a ``rejoin`` that is not a
+    boolean as the API's document does."""
+    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
+    embedded = Embedded(database_of(live_server))
+    try:
+        with (
+            live_server.service() as locks,
+            LockClient(
+                live_server.url,
+                live_server.token,
+                transport=EmbeddedTransport(embedded),
+            ) as client,
+        ):
+            assert locks.acquire("emb:48", "holder", ttl=30).acquired
+            ran_out = client.acquire("emb:48", "w", 30, wait=0.1, place=0, rejoin=True)
+            assert not ran_out.acquired
+            assert ran_out.place
+            assert [w.owner for w in locks.queue.line("emb:48")] == ["w"]
+            last = client.acquire("emb:48", "w", 30, wait=0.1, place=ran_out.place)
+            assert last.place is None
+            assert locks.queue.line("emb:48") == []
+        with httpx.Client(
+            transport=EmbeddedTransport(embedded),
+            base_url=live_server.url,
+            headers=live_server.auth_headers,
+        ) as http:
+            refused = http.post(
+                "/api/v1/locks/emb:48",
+                json={"owner": "w", "wait": 0.1, "rejoin": "yes"},
+            )
+        assert refused.status_code == 400
+        assert [e["field"] for e in refused.json()["errors"]] == ["rejoin"]
+    finally:
+        embedded.close()

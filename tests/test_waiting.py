@@ -780,6 +780,99 @@ def test_a_client_turned_away_is_not_overtaken_by_a_later_waiter(make_app, monke
     assert later.granted == ["later"]
 
 
+def test_a_wait_that_runs_out_and_rejoins_keeps_its_place(make_app, monkeypatch):
+    """A waiting acquire that says its wait goes on (``rejoin``) keeps its place
+    in line when its wait runs out: the 409 names the place, and the next
+    request that presents it waits from there. Without ``rejoin`` the wait
+    leaves the line as before; another owner presenting the place joins the
+    end."""
+    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
+    app = make_app()
+    api = ApiClient(app)
+    path = "/api/v1/locks/q:48"
+    assert api.post(path, json={"owner": "holder"}).status_code == 200
+    plain = api.post(path, json={"owner": "gone", "wait": 0.1})
+    assert plain.status_code == 409
+    assert "place" not in plain.get_json()
+    ran_out = api.post(
+        path, json={"owner": "first", "wait": 0.1, "place": 0, "rejoin": True}
+    )
+    assert ran_out.status_code == 409
+    assert ran_out.get_json()["lock"]["owner"] == "holder"
+    place = ran_out.get_json()["place"]
+    with app.app_context():
+        assert line(lock_service(), "q:48") == ["first"]
+        lock_service().queue.join("q:48", "second", api.token_name, 30)
+    stolen = api.post(
+        path, json={"owner": "thief", "wait": 0.1, "place": place, "rejoin": True}
+    )
+    assert stolen.get_json()["place"] > place
+    again = api.post(
+        path, json={"owner": "first", "wait": 0.1, "place": place, "rejoin": True}
+    )
+    assert again.status_code == 409
+    assert again.get_json()["place"] == place
+    with app.app_context():
+        assert line(lock_service(), "q:48") == ["first", "second", "thief"]
+    last = api.post(path, json={"owner": "first", "wait": 0.1, "place": place})
+    assert "place" not in last.get_json()
+    with app.app_context():
+        assert line(lock_service(), "q:48") == ["second", "thief"]
+    refused = api.post(path, json={"owner": "x", "wait": 0.1, "rejoin": "yes"})
+    assert refused.status_code == 400
+    assert [e["field"] for e in refused.get_json()["errors"]] == ["rejoin"]
+
+
+def test_a_client_waiting_past_the_servers_max_wait_is_not_overtaken(
+    make_app, monkeypatch
+):
+    """A wait longer than the server's ``LOCKKEEPER_MAX_WAIT`` is a run of
+    requests. Each that runs out keeps the wait's place and the next presents
+    it, so a waiter that came later and waits in line meanwhile is not served
+    first. Before, each request left the line as it ran out and the next
+    joined at its end, behind the later waiter.
+
+    The place is kept for 30 s, not 2 s, as in the tests above: what is proven
+    is the order while the place is presented, not how fast this machine
+    answers."""
+    from lockkeeper_client import LockClient
+
+    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)
+    short = make_app(LOCKKEEPER_MAX_WAIT=0.3)
+    elsewhere = make_app(LOCKKEEPER_MAX_WAIT=300.0)  # an instance that waits long
+    with serve(short) as server, elsewhere.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:49", "holder", ttl=300).acquired
+        line_at_grant: dict[str, list[str]] = {}
+        answers = StatusLog()
+
+        def take() -> None:
+            with (
+                LockClient(server.url, server.token, transport=answers) as client,
+                client.lock("q:49", ttl=30, wait=240, owner="first"),
+            ):
+                line_at_grant["first"] = line(locks, "q:49")
+
+        first = threading.Thread(target=take, daemon=True)
+        first.start()
+        wait_until(lambda: line(locks, "q:49") == ["first"], what="first in line")
+        later = Waiters(locks, "q:49")
+        later.start("later", wait=240)
+        wait_until(lambda: "later" in line(locks, "q:49"), what="later in line")
+        # Two of first's requests run out after later joined: first rejoined.
+        ran_out = answers.statuses.count(409)
+        wait_until(
+            lambda: answers.statuses.count(409) >= ran_out + 2,
+            timeout=120,
+            what="first's requests running out",
+        )
+        locks.release("q:49", "holder")
+        first.join(120)
+        later.join()
+    assert line_at_grant["first"] == ["later"]  # served before the later one
+    assert later.granted == ["later"]
+
+
 def test_waits_past_a_full_room_are_served_in_order_of_arrival(make_app):
     """The race: six clients of one token loop on one lock through a server
     whose token share lets two of them wait at once, so most of their waits are

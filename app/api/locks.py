@@ -47,24 +47,33 @@ def acquire_lock(resource: str):
         limit=fields.get("limit", 1),
         mode=fields.get("mode", "exclusive"),
         place=fields.get("place"),
+        rejoin=fields.get("rejoin", False),
     )
     if result.acquired:
         return jsonify(acquired=True, lock=lock_to_json(result.lock))
+    # A wait that ran out and rejoins: its place, kept for its next request.
+    kept = {} if result.place is None else {"place": result.place}
     if result.lock is None and result.waiters:
         # Free for a moment, but others are in line first.
-        response = jsonify(acquired=False, lock=None, waiters=result.waiters)
+        response = jsonify(acquired=False, lock=None, waiters=result.waiters, **kept)
         response.status_code = 409
         response.headers["Retry-After"] = "1"
         return response
     if result.lock is None:
         # The holder we were refused by vanished while we looked: free again.
         response = problem(
-            503, "Lock changed hands", "the lock changed while deciding; retry now"
+            503,
+            "Lock changed hands",
+            "the lock changed while deciding; retry now",
+            **kept,
         )
         response.headers["Retry-After"] = "1"
         return response
     response = jsonify(
-        acquired=False, lock=lock_to_json(result.lock), waiters=result.waiters
+        acquired=False,
+        lock=lock_to_json(result.lock),
+        waiters=result.waiters,
+        **kept,
     )
     response.status_code = 409
     response.headers["Retry-After"] = str(max(1, math.ceil(result.lock.ttl_remaining)))

@@ -69,6 +69,7 @@ class Commands:
         limit: int = 1,
         mode: str = EXCLUSIVE,
         place: int | None = None,
+        rejoin: bool = False,
     ) -> AcquireResult:
         """Take ``resource`` for (``token``, ``owner``) if it is free, stale, or
         already theirs, and no one waits in line before us.
@@ -107,6 +108,8 @@ class Commands:
         waiting room keep its place in line (``WaitersFull.place`` names it);
         a place so kept, presented by the retry, is taken back, so the retry
         waits from where the first request stood (``app.locks.queue``).
+        ``rejoin`` (with ``wait``): the caller waits on after this request, so
+        a wait that runs out keeps its place, named by the result's ``place``.
         """
         core = self.core
         core.validate(resource=resource, owner=owner, ttl=ttl, actor=actor, wait=wait)
@@ -155,6 +158,7 @@ class Commands:
                 still_wanted=still_wanted or (lambda: True),
                 token_live=token_live or (lambda: True),
                 place=place,
+                rejoin=rejoin,
             )
         if result.acquired:
             core.metrics.acquired(result.action, resource)

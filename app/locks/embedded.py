@@ -246,6 +246,14 @@ def _place(fields: dict[str, Any]) -> int | None:
     return value
 
 
+def _rejoin(fields: dict[str, Any]) -> bool:
+    """Whether a waiting acquire's wait goes on after it (``app.locks.queue``)."""
+    value = fields.get("rejoin", False)
+    if not isinstance(value, bool):
+        raise InvalidInput([("rejoin", "must be true or false")])
+    return value
+
+
 class Embedded:
     """The lock service on the worker's engine, answering API requests.
 
@@ -407,15 +415,18 @@ class Embedded:
             limit=fields.get("limit", 1),
             mode=fields.get("mode", "exclusive"),
             place=_place(fields),
+            rejoin=_rejoin(fields),
         )
         if result.acquired:
             return _json(
                 200, {"acquired": True, "lock": wire.lock_to_json(result.lock)}
             )
+        # A wait that ran out and rejoins: its place, kept for its next request.
+        kept = {} if result.place is None else {"place": result.place}
         if result.lock is None and result.waiters:
             return _json(
                 409,
-                {"acquired": False, "lock": None, "waiters": result.waiters},
+                {"acquired": False, "lock": None, "waiters": result.waiters, **kept},
                 {"Retry-After": "1"},
             )
         if result.lock is None:
@@ -424,6 +435,7 @@ class Embedded:
                 "Lock changed hands",
                 "the lock changed while deciding; retry now",
                 {"Retry-After": "1"},
+                **kept,
             )
         retry_after = max(1, int(-(-result.lock.ttl_remaining // 1)))
         return _json(
@@ -432,6 +444,7 @@ class Embedded:
                 "acquired": False,
                 "lock": wire.lock_to_json(result.lock),
                 "waiters": result.waiters,
+                **kept,
             },
             {"Retry-After": str(retry_after)},
         )

@@ -31,7 +31,11 @@ seconds, named by the refusal. Its client's retry presents it and takes it back
 (``join`` with ``place``): into the room if there is one, else attempting once
 from it and kept again. A turned-away request so never rejoins at the back,
 and nobody who came after it is granted first; a kept place that is not taken
-back holds the line up for at most ``PLACE_KEPT_FOR`` once it is first.
+back holds the line up for at most ``PLACE_KEPT_FOR`` once it is first. A
+request whose wait runs out while its client's goes on (``rejoin``: a wait
+longer than the server's largest is a run of requests) keeps its place the
+same way, named by the refusal, so the client's next request is not put
+behind the waiters who came after it.
 
 Background threads (the listener, the SQLite doorbell) belong to the app's
 ``WaitQueue``: ``WaitQueue.stop()`` closes the listener's connection and joins
@@ -50,7 +54,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -483,13 +487,16 @@ class WaitQueue:
         still_wanted: Callable[[], bool],
         token_live: Callable[[], bool],
         place: int | None = None,
+        rejoin: bool = False,
     ) -> AcquireResult:
         """Wait in line up to ``seconds``; ``attempt(waiter_id)`` is the service's
         acquire for one place in line. ``token_live()`` is asked before every
         attempt and at every look at the client (``CLIENT_CHECK_INTERVAL``): a
         token that ended leaves the line at once. ``place``: the request asks
         for a kept place if it is turned away (0), or presents one (see the
-        module's doc): it waits from that place.
+        module's doc): it waits from that place. ``rejoin``: the client's wait
+        goes on past this request's, so a wait that runs out keeps its place
+        (the result's ``place``) for the next request rather than leaving.
 
         :raise WaitersFull: this worker already has ``max_waiters`` requests
             waiting (with ``place`` given: from the place it kept, unless that
@@ -518,6 +525,7 @@ class WaitQueue:
                     resource, owner, token, wait, place
                 )
                 result = None
+                kept = None
                 try:
                     result = self._wait_in_line(
                         _checked(attempt, token, token_live),
@@ -531,11 +539,22 @@ class WaitQueue:
                 finally:
                     if result is not None and result.acquired:
                         outcome = "granted"  # the grant took the row out of line
+                    elif result is not None and rejoin and still_wanted():
+                        # Ran out, and its client asks again at once: it waits
+                        # on from here, not behind those who came after it.
+                        kept = self.join(
+                            resource,
+                            owner,
+                            token,
+                            PLACE_KEPT_FOR,
+                            waiter_id,
+                            slack=timedelta(0),
+                        )
                     else:
                         if not still_wanted():
                             outcome = "gone"
                         self.leave(waiter_id, resource)
-            return result
+            return result if kept is None else replace(result, place=kept)
         finally:
             metrics.wait_ended(outcome, time.monotonic() - started)
             self._give_token_share(token)
@@ -676,7 +695,5 @@ def _checked(step: Callable, token: str | None, token_live: Callable[[], bool]):
 
 
 def _with_remaining(refusal: AcquireResult, remaining: float) -> AcquireResult:
-    from dataclasses import replace
-
     lock = replace(refusal.lock, ttl_remaining=max(remaining, 0.0))
     return AcquireResult(False, lock, waiters=refusal.waiters)

@@ -103,6 +103,9 @@ class AcquireResult:
     lock: Lock | None
     action: Action | None = None
     waiters: int = 0
+    # A wait that ran out and asked to rejoin: its place in line, kept for the
+    # client's next request (``app.locks.queue``).
+    place: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,6 +154,7 @@ def acquire_body(
     kind: LockKind = EXCLUSIVE,
     session: str | None = None,
     place: int | None = None,
+    rejoin: bool = False,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"owner": owner}
     if session is not None:
@@ -164,6 +165,8 @@ def acquire_body(
         body["wait"] = wait
         if place is not None:
             body["place"] = place
+        if rejoin:
+            body["rejoin"] = True
     body.update(kind.body())
     return body
 
@@ -223,7 +226,8 @@ def _title(response: httpx.Response) -> Any:
 
 
 def _place(response: httpx.Response) -> int | None:
-    """The place in line a full waiting room's 503 kept (``place``)."""
+    """The place in line the server kept (``place``): a full waiting room's
+    503, or the 409 of a wait that ran out and rejoins."""
     try:
         body = response.json()
     except ValueError:
@@ -358,7 +362,10 @@ def acquire_outcome(response: httpx.Response, resource: str) -> AcquireAttempt:
             )
         holder = data.get("lock")
         return AcquireAttempt(
-            False, _lock_from(holder, resource) if holder else None, retry_after
+            False,
+            _lock_from(holder, resource) if holder else None,
+            retry_after,
+            place=_place(response),
         )
     raise failure(response, resource, "acquire")
 
@@ -656,6 +663,18 @@ def server_max_wait(exc: InvalidRequest) -> float | None:
 def knows_no_places(exc: InvalidRequest) -> bool:
     """An older server's 400 for the ``place`` field it does not know."""
     return any(name == "place" for name, _ in exc.errors)
+
+
+def knows_no_rejoin(exc: InvalidRequest) -> bool:
+    """An older server's 400 for the ``rejoin`` field it does not know."""
+    return any(name == "rejoin" for name, _ in exc.errors)
+
+
+def rejoins(deadline: float, sent_at: float, in_line_for: float) -> bool:
+    """Whether a wait goes on after a request that waits ``in_line_for`` (the
+    server's largest wait cut it short): that request asks the server to keep
+    its place when it runs out, for the next to present."""
+    return bool(in_line_for) and deadline - sent_at > in_line_for
 
 
 # While the server keeps a turned-away wait's place (2 s), the wait asks

@@ -125,7 +125,8 @@ class AcquireAttempt:
     # worker's room), when it names one.
     waiting_room_cap: str | None = None
     # The place in line the server kept for the turned-away wait (it asked with
-    # ``place``): the retry presents it and waits from there, not at the end.
+    # ``place``), or for the wait that ran out (it asked to ``rejoin``): the
+    # retry presents it and waits from there, not at the end.
     place: int | None = None
 
 

@@ -41,6 +41,7 @@ class AsyncLockPort(Protocol):
         limit: int | None = None,
         shared: bool = False,
         place: int | None = None,
+        rejoin: bool = False,
     ) -> AcquireAttempt: ...
 
     async def renew(

@@ -12,8 +12,11 @@ if the room turns it away (``place``): the server then keeps it for 2 s
 and names it, and the next try (within ``KEPT_PLACE_POLL``) presents it, so a
 wait turned away is not overtaken by those who came after it. Against a server
 that does not wait (an older one) every attempt is such a plain acquire; one
-that does not keep places is asked without. A wait never lasts longer than
-asked.
+that does not keep places is asked without. A wait longer than the server's
+largest is a run of requests; each but the last asks the server to keep its
+place when it runs out (``rejoin``), and the next presents it at once, so a
+long wait is not put behind those who came after it at every request. A wait
+never lasts longer than asked.
 
 A wait cancelled by its caller (an asyncio ``timeout()`` or ``cancel()``; a
 ``KeyboardInterrupt`` in the blocking client) while a request was out may have
@@ -76,6 +79,7 @@ class AsyncGrantWait:
         # turned away", None: the server keeps none.
         self._place: int | None = 0
         self._kept = False  # a place was kept at least once
+        self._rejoin = True  # False: the server keeps no place of a wait run out
         self._unreachable: ServiceUnavailable | None = None
         self._follow_up: AsyncBackground | None = None
 
@@ -135,6 +139,7 @@ class AsyncGrantWait:
             self.sent_at = time.monotonic()
             chunk = min(deadline - self.sent_at, client.max_server_wait)
             self._in_line_for = chunk if chunk >= 0.001 else 0.0
+            rejoin = self._rejoin and self._place is not None
             try:
                 result = await client.acquire(
                     self.resource,
@@ -145,12 +150,17 @@ class AsyncGrantWait:
                     limit=self.kind.limit,
                     shared=self.kind.shared,
                     place=self._place if self._in_line_for else None,
+                    rejoin=rejoin
+                    and decisions.rejoins(deadline, self.sent_at, self._in_line_for),
                 )
             except InvalidRequest as exc:
                 if not self._in_line_for:
                     raise
                 if self._place is not None and decisions.knows_no_places(exc):
                     self._place = None  # an older server: ask without
+                    continue
+                if rejoin and decisions.knows_no_rejoin(exc):
+                    self._rejoin = False  # an older server: ask without
                     continue
                 server_max = decisions.server_max_wait(exc)
                 if server_max is None or server_max >= client.max_server_wait:

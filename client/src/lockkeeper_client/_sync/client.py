@@ -119,6 +119,7 @@ class LockClient:
         limit: int | None = None,
         shared: bool = False,
         place: int | None = None,
+        rejoin: bool = False,
     ) -> AcquireAttempt:
         """Try once to take ``resource`` for ``owner``.
 
@@ -142,7 +143,11 @@ class LockClient:
         there instead of at the end of the line (``lock()`` does this). Such a
         retry closes its connection after its answer: a connection stays with
         the server worker that took it, whose room was full, and the next try
-        on a new one may reach a worker with room.
+        on a new one may reach a worker with room. ``rejoin`` (with ``wait``):
+        the caller waits on after this request, so if its wait runs out the
+        server keeps its place (the result's ``place``, kept for 2 s) for the
+        next try to present (``lock()`` asks for it when its wait is longer
+        than the server's largest).
 
         A same-owner acquire of a still-valid lock keeps its fence, so a retry of an
         acquire whose reply was lost does not fence out its own caller.
@@ -157,6 +162,7 @@ class LockClient:
                 kind=LockKind(limit, shared),
                 session=session,
                 place=place,
+                rejoin=rejoin,
             ),
             waiting=float(wait or 0.0),
             headers=decisions.acquire_headers(wait, place),

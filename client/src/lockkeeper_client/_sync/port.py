@@ -42,6 +42,7 @@ class LockPort(Protocol):
         limit: int | None = None,
         shared: bool = False,
         place: int | None = None,
+        rejoin: bool = False,
     ) -> AcquireAttempt: ...
 
     def renew(
