@@ -2,9 +2,9 @@
 app's settings, and ORM writes.
 
 The per-dialect engine setup and the column types belong to the lock core
-(``app.locks.engine``, ``app.locks.columns``), which runs without Flask; they are
-named here too, for the app and for the migrations, whose frozen text imports
-them from here.
+(``lockkeeper_core.engine``, ``lockkeeper_core.columns``), which runs without
+Flask; they are named here too, for the app and for the migrations, whose
+frozen text imports them from here.
 """
 
 from __future__ import annotations
@@ -13,17 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask
-from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
-
-from app.locks.columns import (
+from lockkeeper_core.columns import (
     MYSQL_TABLE_ARGS,
     BigIntId,
     ExactString,
     UTCDateTime,
     name_column,
 )
-from app.locks.engine import (
+from lockkeeper_core.engine import (
     SERVER_CLOCK_DIALECTS,
     SQLITE_BUSY_TIMEOUT_MS,
     attach_autocommit_engine,
@@ -33,6 +30,9 @@ from app.locks.engine import (
     install_engine_events,
     server_gone,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
 from app.paths import make_private_dir, make_private_file, restrict_to_owner
 
 __all__ = [

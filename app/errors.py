@@ -100,9 +100,8 @@ def register_database_error_handlers(app: Flask) -> None:
     ``OperationalError`` is ``app.ops.health``'s: it may also be a schema object
     that is missing (MariaDB's procedure or column, SQLite's table), and the
     schema check tells the two apart, falling back on the answers here."""
+    from lockkeeper_core.errors import ServiceBusy
     from sqlalchemy.exc import DBAPIError, InterfaceError
-
-    from app.locks.errors import ServiceBusy
 
     app.register_error_handler(InterfaceError, database_unavailable)
     app.register_error_handler(DBAPIError, database_error)

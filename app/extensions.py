@@ -10,12 +10,12 @@ from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf import CSRFProtect
+from lockkeeper_core.models import Base
 
-from app.locks.models import Base
 from app.paths import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
-    from app.locks.service import LockService
+    from lockkeeper_core.service import LockService
 
 # The lock core's declarative base: ``db.Model`` shares its metadata and registry.
 db = SQLAlchemy(model_class=Base)

@@ -160,9 +160,10 @@ def register_sessions(app: Flask) -> None:
 
 
 def register_services(app: Flask) -> None:
+    from lockkeeper_core.core import clock_for
+    from lockkeeper_core.service import LockService, LockSettings
+
     from app.audit import refusals
-    from app.locks.core import clock_for
-    from app.locks.service import LockService, LockSettings
     from app.ops import metrics, request_log
 
     with app.app_context():

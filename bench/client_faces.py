@@ -111,7 +111,7 @@ def bench_embedded_faces(
     threads: ``embedded_vs_http_{backend}`` and
     ``embedded_async_vs_threads_{backend}``. One process each side: the
     embedded figures share one GIL, as one worker process does."""
-    from app.locks.embedded import AsyncEmbeddedTransport, EmbeddedTransport
+    from lockkeeper_core.embedded import AsyncEmbeddedTransport, EmbeddedTransport
 
     def embedded_threads() -> Sample:
         return _threads(base_url, token, seconds, EmbeddedTransport(database_url))

@@ -5,7 +5,7 @@ Three designs, each as ``acquire(conn, resource, owner, ttl) -> row | None`` and
 
 ``service``
     the very statements ``LockService`` sends (the PostgreSQL CTEs are imported from
-    ``app.locks.statements``; the SQLite/MariaDB transaction is the same sequence
+    ``lockkeeper_core.statements``; the SQLite/MariaDB transaction is the same sequence
     written out, releases leaving the row free), without Flask, SQLAlchemy or
     validation: the service's ceiling.
 ``ideal``
@@ -26,12 +26,11 @@ import sqlite3
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+# The service's own PostgreSQL statements, so the comparison is like for like.
+from lockkeeper_core.statements.postgresql import PostgresStatements
 from sqlalchemy.engine import make_url
 
 from app.config import normalize_database_url
-
-# The service's own PostgreSQL statements, so the comparison is like for like.
-from app.locks.statements.postgresql import PostgresStatements
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 RETRIES = 5  # as LOCKKEEPER_DEADLOCK_RETRIES

@@ -42,7 +42,7 @@ def _cycles(cycles: int, url: str, instance: str, migrate: bool) -> None:
     try:
         from app.extensions import lock_service
     except ImportError:  # a tree from before the lock core stood alone
-        from app.locks.service import lock_service
+        from lockkeeper_core.service import lock_service
 
     app = create_app(
         {

@@ -95,16 +95,16 @@ def _semaphore_cycle(url: str, instance: Path):
 
 def _embedded_cycle(url: str, instance: Path):
     """The worker client in the embedded mode: ``LockClient`` on the in-process
-    transport (``app.locks.embedded``), acting as the shared API token, each
+    transport (``lockkeeper_core.embedded``), acting as the shared API token, each
     worker process on its own engine: what a worker pays for a lock with no
     server (the client's request and answer built and read in process, the
     token check, the core)."""
     _service_cycle(url, instance)  # the app, to make the token
     from lockkeeper_client import LockClient
+    from lockkeeper_core.embedded import EmbeddedTransport
 
     from app.auth.service import create_token
     from app.extensions import db
-    from app.locks.embedded import EmbeddedTransport
 
     secret = create_token(f"bench-embedded-{uuid.uuid4().hex[:8]}")
     database = db.engine.url.render_as_string(hide_password=False)

@@ -22,7 +22,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from lockkeeper_client import AsyncHeldLock, AsyncLockClient, LockClient
 
 FLAVOURS = ("sync", "async")
-# The same two faces on the in-process transport (``app.locks.embedded``): no
+# The same two faces on the in-process transport (``lockkeeper_core.embedded``): no
 # server between the client and the database.
 EMBEDDED_FLAVOURS = ("embedded-sync", "embedded-async")
 
@@ -158,7 +158,7 @@ class BlockingAsyncClient:
 
 
 def _embedded(flavour: str, database: str, acquire_sent: threading.Event | None):
-    from app.locks.embedded import AsyncEmbeddedTransport, EmbeddedTransport
+    from lockkeeper_core.embedded import AsyncEmbeddedTransport, EmbeddedTransport
 
     class SeenSync(EmbeddedTransport):
         def handle_request(self, request):

@@ -11,6 +11,7 @@ import functools
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,25 @@ from tests.databases import (
     SqliteDatabases,
     unavailable,
 )
+
+
+def _same_checkout() -> None:
+    """The lock core under test is this checkout's ``core/``, as ``app`` is: an
+    environment installed from another clone would test that clone's core."""
+    import lockkeeper_core
+
+    from app.paths import PROJECT_ROOT
+
+    found = Path(lockkeeper_core.__file__).resolve()
+    if not found.is_relative_to(PROJECT_ROOT / "core" / "src"):
+        raise pytest.UsageError(
+            f"lockkeeper_core is imported from {found.parent}, not from this"
+            f" checkout's {PROJECT_ROOT / 'core' / 'src'}: install it with"
+            " `pip install -e ./core` or put that folder on PYTHONPATH"
+        )
+
+
+_same_checkout()
 
 # Apps that tests build outside `make_app` (races, fault harness) and the servers
 # they start count refused acquires too: no flusher thread of theirs may write

@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from lockkeeper_core.queue import stop_background
+from lockkeeper_core.wakeups import LISTENER_APPLICATION_NAME
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -23,8 +25,6 @@ from app import create_app
 from app.config import normalize_database_url
 from app.extensions import db
 from app.factory import upgrade_schema
-from app.locks.queue import stop_background
-from app.locks.wakeups import LISTENER_APPLICATION_NAME
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 SERVER_URLS = {

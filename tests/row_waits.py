@@ -12,10 +12,10 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from lockkeeper_core.service import LockService
 from sqlalchemy import Connection, bindparam, event, text
 
 from app.database import autocommit
-from app.locks.service import LockService
 
 DEADLINE = 15.0
 

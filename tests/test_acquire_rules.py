@@ -8,9 +8,8 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
-
-from app.locks import rules
-from app.locks.errors import (
+from lockkeeper_core import rules
+from lockkeeper_core.errors import (
     LimitMismatch,
     LockExpired,
     LockNotFound,
@@ -18,9 +17,9 @@ from app.locks.errors import (
     ResourceFrozen,
     TokenEnded,
 )
-from app.locks.results import AcquireResult, Lock
-from app.locks.statements.common import Outcome
-from app.locks.values import Ask
+from lockkeeper_core.results import AcquireResult, Lock
+from lockkeeper_core.statements.common import Outcome
+from lockkeeper_core.values import Ask
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 ASK = Ask("job:1", "w-1", "billing", 30.0)

@@ -9,13 +9,13 @@ import time
 from datetime import timedelta
 
 import pytest
+from lockkeeper_core.errors import QuotaExceeded, ResourceFrozen
 from sqlalchemy import func, select
 
 from app.audit import refusals
 from app.audit.models import ActivityRefusals
 from app.dashboard import charts
 from app.extensions import db, lock_service
-from app.locks.errors import QuotaExceeded, ResourceFrozen
 from tests.dashboard_helpers import soup
 
 

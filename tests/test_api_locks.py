@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from app.locks.results import AcquireResult
+from lockkeeper_core.results import AcquireResult
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -364,7 +363,7 @@ def test_list_with_bad_query_is_400_naming_the_parameter(api, query, field):
 
 
 def test_service_busy_is_a_503_problem_with_retry_after(api, monkeypatch):
-    from app.locks.errors import ServiceBusy
+    from lockkeeper_core.errors import ServiceBusy
 
     def busy(*args, **kwargs):
         raise ServiceBusy("the database kept aborting the transaction; try again")

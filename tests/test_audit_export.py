@@ -8,6 +8,8 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from lockkeeper_core.results import Event
+from lockkeeper_core.state import Action
 
 from app.audit.export import (
     COLUMNS,
@@ -16,8 +18,6 @@ from app.audit.export import (
     event_record,
     jsonl_chunks,
 )
-from app.locks.results import Event
-from app.locks.state import Action
 from app.timestamps import rfc3339
 
 AWKWARD = [

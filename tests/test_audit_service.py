@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from lockkeeper_core.errors import InvalidInput
+from lockkeeper_core.pagination import encode_cursor
+from lockkeeper_core.state import Action
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
@@ -17,9 +20,6 @@ from app.audit.service import (
     tenures,
 )
 from app.extensions import db
-from app.locks.errors import InvalidInput
-from app.locks.pagination import encode_cursor
-from app.locks.state import Action
 
 pytestmark = pytest.mark.usefixtures("backend")
 

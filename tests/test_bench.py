@@ -12,11 +12,11 @@ import socket
 
 import httpx
 import pytest
+from lockkeeper_core.errors import LockNotFound
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import func, select
 
 from app.extensions import db, lock_service
-from app.locks.errors import LockNotFound
-from app.locks.models import LockEvent
 from bench import baseline_app
 from bench.driver_sql import connect, driver_for
 from bench.measure import Sample, alternate, compare

@@ -1,5 +1,5 @@
 """The worker client in the embedded mode: both faces on the in-process
-transport (``app.locks.embedded``), on every database, with no server between
+transport (``lockkeeper_core.embedded``), on every database, with no server between
 the client and the database.
 
 The client's behavioural cases (``tests/test_client.py``,
@@ -24,11 +24,11 @@ from lockkeeper_client import (
     LockLost,
     LockMissing,
 )
+from lockkeeper_core.embedded import AsyncEmbeddedTransport, Embedded, EmbeddedTransport
+from lockkeeper_core.models import LockEvent
+from lockkeeper_core.schema import SchemaNotReady
 from sqlalchemy import create_engine, select
 
-from app.locks.embedded import AsyncEmbeddedTransport, Embedded, EmbeddedTransport
-from app.locks.models import LockEvent
-from app.locks.schema import SchemaNotReady
 from tests.client_flavours import EMBEDDED_FLAVOURS, connect
 
 # The behavioural cases, collected here again on the embedded flavours.
@@ -279,7 +279,7 @@ def test_one_constructor_switches_a_worker(live_server, backend):
 def test_an_embedded_wait_turned_away_keeps_its_place(live_server, backend):
     """The in-process transport keeps a turned-away wait's place as the server
     does (``place``), in the one line HTTP waiters share."""
-    from app.locks.core import LockSettings
+    from lockkeeper_core.core import LockSettings
 
     embedded = Embedded(database_of(live_server), settings=LockSettings(max_waiters=0))
     try:
@@ -312,7 +312,7 @@ def test_an_embedded_wait_that_runs_out_keeps_its_place_when_it_rejoins(
     """The in-process transport keeps the place of a wait that ran out and asked
     to ``rejoin`` as the server does, and refuses a ``rejoin`` that is not a
     boolean as the API's document does."""
-    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
+    monkeypatch.setattr("lockkeeper_core.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
     embedded = Embedded(database_of(live_server))
     try:
         with (

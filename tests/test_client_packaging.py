@@ -1,5 +1,6 @@
-"""The worker client as its own distribution: built from ``client/`` into a fresh
-virtual environment, with nothing of the server, usable from a worker project."""
+"""The worker client and the lock core as distributions of their own: built from
+``client/`` and ``core/`` into fresh virtual environments, with nothing of the
+web server, usable from a worker project with its own ``app`` package."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
 from lockkeeper_client import LockClient, LockMissing
 
 from app.paths import PROJECT_ROOT
 
 pytest_plugins = ["tests.live_server"]
-# Both tests on one pytest-xdist worker: each worker would build its own
-# ``client_venv`` (a venv and a pip install, 15 s of CPU).
+# These tests on one pytest-xdist worker: each worker would build its own
+# venvs (a venv and a pip install, 15 s of CPU each).
 pytestmark = pytest.mark.xdist_group("client-venv")
 
 # What the server needs and a worker must never be made to install.
@@ -44,18 +46,36 @@ def _run(*args, **kwargs) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def client_venv(tmp_path_factory) -> Path:
-    """``pip install ./client`` into a new virtual environment (from a copy of the
-    folder: a build writes into its source tree, and tests run in parallel)."""
+    """``pip install ./client`` into a new virtual environment."""
     root = tmp_path_factory.mktemp("client-dist")
-    source = root / "client"
-    shutil.copytree(
-        PROJECT_ROOT / "client",
-        source,
-        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
-    )
+    source = _copy("client", root)
     venv = root / "venv"
     _run(sys.executable, "-m", "venv", str(venv))
     _run(str(venv / "bin" / "pip"), "install", "-q", str(source))
+    return venv
+
+
+def _copy(name: str, root: Path) -> Path:
+    """A copy of a distribution's folder: a build writes into its source tree,
+    and tests run in parallel."""
+    source = root / name
+    shutil.copytree(
+        PROJECT_ROOT / name,
+        source,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+    )
+    return source
+
+
+@pytest.fixture(scope="module")
+def embedded_venv(tmp_path_factory) -> Path:
+    """What a worker that locks in its own process installs: the client and the
+    core's ``embedded`` extra (SQLite: no driver)."""
+    root = tmp_path_factory.mktemp("core-dist")
+    client, core = _copy("client", root), _copy("core", root)
+    venv = root / "venv"
+    _run(sys.executable, "-m", "venv", str(venv))
+    _run(str(venv / "bin" / "pip"), "install", "-q", str(client), f"{core}[embedded]")
     return venv
 
 
@@ -128,3 +148,62 @@ def test_the_installed_client_takes_a_lock_from_a_project_with_its_own_app_packa
         pytest.raises(LockMissing),
     ):
         observer.get("job:packaged")  # and released on leaving the block
+
+
+# The web server's parts, which the embedded mode must not bring.
+WEB_SERVER = {"flask", "werkzeug", "flask-sqlalchemy", "flask-migrate", "gunicorn"}
+
+
+@pytest.mark.slow
+def test_the_core_installs_for_a_worker_without_the_web_server(embedded_venv):
+    installed = _installed(embedded_venv)
+    assert {"lockkeeper-core", "lockkeeper-client", "sqlalchemy"} <= installed.keys()
+    assert not (WEB_SERVER | {"lockkeeper"}) & installed.keys(), sorted(installed)
+
+
+@pytest.mark.slow
+def test_a_worker_with_its_own_app_package_locks_in_process_with_the_core(
+    embedded_venv, tmp_path, live_server
+):
+    """The server made the schema and the token; a worker project with its own
+    top-level ``app`` takes a lock in its own process, in five lines, and the
+    server sees the grant's fence in the lock's history."""
+    database = live_server.app.config["SQLALCHEMY_DATABASE_URI"]
+    project = tmp_path / "worker-project"
+    (project / "app").mkdir(parents=True)
+    (project / "app" / "__init__.py").write_text("WORKER_APP = True\n")
+    (project / "job.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+
+            import app
+            from lockkeeper_client import LockClient
+            from lockkeeper_core.embedded import EmbeddedTransport
+
+            transport = EmbeddedTransport(sys.argv[1])
+            with LockClient("http://embedded", sys.argv[2], transport=transport) as c:
+                with c.lock("job:embedded", ttl=10) as lock:
+                    print(lock.fence)
+
+            assert app.WORKER_APP, "the project's own app package"
+            assert not any(m.partition(".")[0] == "flask" for m in sys.modules)
+            """
+        )
+    )
+    result = _run(
+        str(embedded_venv / "bin" / "python"),
+        "job.py",
+        database,
+        live_server.token,
+        cwd=project,
+    )
+    fence = int(result.stdout.strip())
+    history = httpx.get(
+        f"{live_server.url}/api/v1/locks/job:embedded/events",
+        headers=live_server.auth_headers,
+    ).json()["events"]
+    assert [event["action"] for event in history if event["fence"] == fence] == [
+        "released",  # newest first
+        "acquired",
+    ]

@@ -11,10 +11,10 @@ import time
 
 import pytest
 from lockkeeper_client import AsyncLockClient, LockClient, LockLost, SessionLost
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import func, select
 
 from app.extensions import db
-from app.locks.models import LockEvent
 
 pytestmark = pytest.mark.usefixtures("backend")
 

@@ -13,11 +13,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 from lockkeeper_client import AccessDenied, AsyncLockClient, LockClient, LockEvent
+from lockkeeper_core.models import LockEvent as EventRow
 from sqlalchemy import select
 
 from app.auth.service import create_token
 from app.extensions import db
-from app.locks.models import LockEvent as EventRow
 
 events_table = EventRow.__table__
 

@@ -9,9 +9,9 @@ import sys
 import textwrap
 
 import pytest
+from lockkeeper_core.engine import autocommit
 from sqlalchemy import create_engine
 
-from app.locks.engine import autocommit
 from app.paths import PROJECT_ROOT
 
 # Run as its own interpreter: a finder first on ``sys.meta_path`` refuses Flask,
@@ -34,9 +34,9 @@ WORKER = textwrap.dedent(
 
     from sqlalchemy import create_engine
 
-    from app.locks.clock import SystemClock
-    from app.locks.engine import install_engine_events
-    from app.locks.service import LockService, LockSettings
+    from lockkeeper_core.clock import SystemClock
+    from lockkeeper_core.engine import install_engine_events
+    from lockkeeper_core.service import LockService, LockSettings
 
     engine = create_engine(sys.argv[1])
     install_engine_events(engine)
@@ -114,7 +114,7 @@ CLIENT_WORKER = WORKER.split("from sqlalchemy")[0] + textwrap.dedent(
     """
     from lockkeeper_client import LockClient
 
-    from app.locks.embedded import EmbeddedTransport
+    from lockkeeper_core.embedded import EmbeddedTransport
 
     transport = EmbeddedTransport(sys.argv[1])
     with LockClient("http://embedded", sys.argv[2], transport=transport) as client:
@@ -158,16 +158,18 @@ def test_the_client_locks_in_process_without_flask(app, tmp_path):
     assert seen["web_modules"] == []
 
 
-def test_the_cores_schema_check_reads_the_migrations_heads_as_alembic_does():
-    """Read from the scripts' text (importing them needs Flask): the same
-    heads and revisions as Alembic's own reading."""
-    from app.locks import schema
+def test_the_cores_schema_revision_is_the_head_of_the_servers_migrations():
+    """The core's distribution carries no migration scripts: it names the
+    revision it was written for, and compares revisions as numbers. A new
+    migration moves ``SCHEMA_REVISION`` with it, and keeps the numbering."""
+    from lockkeeper_core import schema
+
     from app.ops.schema import required_revisions, scripts
 
-    assert schema.required_revisions() == required_revisions()
-    assert set(schema._known_revisions()) == {
-        script.revision for script in scripts().walk_revisions()
-    }
+    assert required_revisions() == {schema.SCHEMA_REVISION}
+    chain = [script.revision for script in reversed(list(scripts().walk_revisions()))]
+    assert all(len(revision) == 4 and revision.isdigit() for revision in chain)
+    assert chain == sorted(chain, key=int), "numbered in the order they run"
 
 
 @pytest.mark.backends("postgresql", "mariadb")  # SQLite's run on the engine itself

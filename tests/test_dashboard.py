@@ -8,11 +8,11 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from lockkeeper_core.errors import LockNotFound
+from lockkeeper_core.state import Action
 
 from app.audit.service import EventFilter, list_events
 from app.dashboard import timeline
-from app.locks.errors import LockNotFound
-from app.locks.state import Action
 from tests.dashboard_helpers import HTMX, csrf_token, poller_version, post, soup
 
 HOSTILE_OWNERS = [

@@ -8,14 +8,14 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from lockkeeper_core.models import SHARED, DistributedLock, LockEvent, LockHolder
+from lockkeeper_core.state import LockState, classify
 from sqlalchemy import func, select
 
 from app.audit import activity, rollup
 from app.audit.models import EVERY_ACTION, ActivityEvents, ActivitySample
 from app.dashboard import charts
 from app.extensions import db
-from app.locks.models import SHARED, DistributedLock, LockEvent, LockHolder
-from app.locks.state import LockState, classify
 from tests.dashboard_helpers import poller_version, soup
 
 NOW = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)

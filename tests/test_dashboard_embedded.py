@@ -4,9 +4,9 @@ an operator's force-release of it from there reaches the embedded holder."""
 from __future__ import annotations
 
 from lockkeeper_client import LockClient
+from lockkeeper_core.embedded import EmbeddedTransport
 
 from app.auth.service import create_token
-from app.locks.embedded import EmbeddedTransport
 from tests.conftest import _logged_in
 from tests.dashboard_helpers import post, soup
 

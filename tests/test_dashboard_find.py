@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from lockkeeper_core.errors import InvalidInput
+from lockkeeper_core.filters import ENTRIES_RESOURCES
+from lockkeeper_core.state import LockState
 from sqlalchemy import event, inspect
 from sqlalchemy.engine import Engine
 
 from app.extensions import db
-from app.locks.errors import InvalidInput
-from app.locks.filters import ENTRIES_RESOURCES
-from app.locks.state import LockState
 from tests.dashboard_helpers import soup
 
 # On every database: the sorts, keyset cursors and case-folding are SQL.
@@ -415,7 +415,7 @@ def test_every_offset_reads_its_slice_of_the_urgent_order(numbered, state, sort)
 
 @pytest.mark.parametrize("sort", ["urgent", "waiters", "natural"])
 def test_a_forged_cursor_of_a_new_order_is_a_named_error(numbered, sort):
-    from app.locks.pagination import encode_cursor
+    from lockkeeper_core.pagination import encode_cursor
 
     for position in (
         {"resource": "job:1", "key": [7, "2026-01-01T00:00:00+00:00"], "at": "x"},

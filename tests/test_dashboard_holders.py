@@ -7,8 +7,8 @@ claim is offered on a full semaphore; on every database."""
 from __future__ import annotations
 
 import pytest
+from lockkeeper_core.state import Action
 
-from app.locks.state import Action
 from tests.dashboard_helpers import post, soup
 from tests.test_holders import events_of
 

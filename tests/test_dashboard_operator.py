@@ -4,8 +4,8 @@ CSRF on): forms, confirmations, banners, htmx fragments, roles."""
 from __future__ import annotations
 
 import pytest
+from lockkeeper_core.errors import LockNotFound, ResourceFrozen
 
-from app.locks.errors import LockNotFound, ResourceFrozen
 from tests.dashboard_helpers import post, soup
 
 

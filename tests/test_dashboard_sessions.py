@@ -4,10 +4,10 @@ grant force-released, one event each), on every database."""
 from __future__ import annotations
 
 import pytest
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import select
 
 from app.extensions import db
-from app.locks.models import LockEvent
 from tests.dashboard_helpers import post, soup
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from lockkeeper_core.results import Event
+from lockkeeper_core.state import Action
+
 from app.audit.tenures import derive
 from app.dashboard import timeline
-from app.locks.results import Event
-from app.locks.state import Action
 
 T0 = datetime(2026, 11, 30, 9, 0, 0, tzinfo=UTC)
 _ids = iter(range(1, 10_000))

@@ -1,4 +1,4 @@
-"""The lock order (``app.locks.statements``) raced: operations that meet on one
+"""The lock order (``lockkeeper_core.statements``) raced: operations that meet on one
 resource, run by real threads against PostgreSQL and MariaDB, and the servers'
 own deadlock counters read around them. The issue's readers and writers (one
 token), and every pair of exclusive, shared and semaphore acquires, renew,
@@ -35,14 +35,8 @@ import time
 from collections import Counter
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import DBAPIError
-
-from app.auth.models import ApiToken
-from app.auth.service import create_token
-from app.extensions import db, lock_service
-from app.locks import transactions
-from app.locks.errors import (
+from lockkeeper_core import transactions
+from lockkeeper_core.errors import (
     LimitMismatch,
     LockExpired,
     LockHeld,
@@ -52,6 +46,12 @@ from app.locks.errors import (
     SessionExpired,
     UnknownSession,
 )
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
+
+from app.auth.models import ApiToken
+from app.auth.service import create_token
+from app.extensions import db, lock_service
 
 # The app's pool (16 racers at most, and the test's own reads) and the
 # counter's connection.

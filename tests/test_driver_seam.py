@@ -6,19 +6,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from lockkeeper_core.driver import DriverConnection, DriverSQL, FixedSQL
+from lockkeeper_core.statements import (
+    LockStatements,
+    TransactionalStatements,
+    statements_for,
+)
+from lockkeeper_core.transactions import Raced
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app.database import autocommit
 from app.extensions import db
-from app.locks.driver import DriverConnection, DriverSQL, FixedSQL
-from app.locks.statements import (
-    LockStatements,
-    TransactionalStatements,
-    statements_for,
-)
-from app.locks.transactions import Raced
 
 pytestmark = pytest.mark.usefixtures("backend")
 

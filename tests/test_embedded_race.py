@@ -11,10 +11,10 @@ import time
 
 import pytest
 from lockkeeper_client import LockClient
+from lockkeeper_core.embedded import Embedded, EmbeddedTransport
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import create_engine, select
 
-from app.locks.embedded import Embedded, EmbeddedTransport
-from app.locks.models import LockEvent
 from app.paths import PROJECT_ROOT
 
 WORKERS_EACH = 3
@@ -115,7 +115,7 @@ def test_a_semaphore_never_lets_more_than_its_limit_in(live_server, backend):
 KILLED_WORKER = """
 import sys, time
 from lockkeeper_client import LockClient
-from app.locks.embedded import EmbeddedTransport
+from lockkeeper_core.embedded import EmbeddedTransport
 
 transport = EmbeddedTransport(sys.argv[1])
 client = LockClient("http://embedded", sys.argv[2], transport=transport)

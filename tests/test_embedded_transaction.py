@@ -7,6 +7,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from lockkeeper_core.embedded import AccessRefused, Embedded
+from lockkeeper_core.errors import LockNotFound
+from lockkeeper_core.models import DistributedLock, LockEvent
 from sqlalchemy import (
     Column,
     Integer,
@@ -19,9 +22,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from app.auth.service import create_token
-from app.locks.embedded import AccessRefused, Embedded
-from app.locks.errors import LockNotFound
-from app.locks.models import DistributedLock, LockEvent
 
 
 @pytest.fixture

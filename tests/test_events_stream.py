@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import insert, select, text
 
 from app.audit import follow
 from app.extensions import db, lock_service
-from app.locks.models import LockEvent
 from tests.live_server import serve
 
 pytestmark = pytest.mark.usefixtures("backend")

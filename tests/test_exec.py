@@ -637,10 +637,10 @@ def test_leader_whose_session_ends_terminates_the_command_and_exits_76(
 
 
 def _sessions_of(live_server):
+    from lockkeeper_core.models import LockSession
     from sqlalchemy import select
 
     from app.extensions import db
-    from app.locks.models import LockSession
 
     with live_server.app.app_context(), db.engine.connect() as conn:
         return conn.execute(select(LockSession.id, LockSession.owner)).all()

@@ -6,8 +6,7 @@ the counts, the By owner groups, the API and the metrics read these)."""
 from __future__ import annotations
 
 import pytest
-
-from app.locks.state import LockState
+from lockkeeper_core.state import LockState
 
 pytestmark = pytest.mark.usefixtures("backend")
 

@@ -6,11 +6,11 @@ stays silent off Galera. The cluster itself: ``tests/faults/test_galera.py``."""
 from __future__ import annotations
 
 import pytest
+from lockkeeper_core.engine import GALERA_SYNC_WAIT, on_galera
 from sqlalchemy import create_engine, text
 
 from app.config import normalize_database_url
 from app.extensions import db
-from app.locks.engine import GALERA_SYNC_WAIT, on_galera
 from app.ops.galera import galera_problems
 from app.ops.upgrade import upgrade
 

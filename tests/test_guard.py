@@ -17,12 +17,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from alembic import command
+from lockkeeper_core.values import Ask
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from app.extensions import db, lock_service, migrate
 from app.factory import upgrade_schema
-from app.locks.values import Ask
 from tests.clock import FakeClock
 from tests.row_waits import RowHolder, run_blocked
 

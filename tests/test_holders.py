@@ -6,11 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select, update
-
-from app.auth.models import ApiToken
-from app.extensions import db
-from app.locks.errors import (
+from lockkeeper_core.errors import (
     InvalidInput,
     LimitMismatch,
     LockHeld,
@@ -19,8 +15,12 @@ from app.locks.errors import (
     ResourceFrozen,
     TokenEnded,
 )
-from app.locks.models import DistributedLock, LockEvent, LockHolder
-from app.locks.state import Action, LockState
+from lockkeeper_core.models import DistributedLock, LockEvent, LockHolder
+from lockkeeper_core.state import Action, LockState
+from sqlalchemy import select, update
+
+from app.auth.models import ApiToken
+from app.extensions import db
 from tests.conftest import ApiClient
 
 pytestmark = pytest.mark.usefixtures("backend")

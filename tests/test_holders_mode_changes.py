@@ -9,13 +9,13 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from lockkeeper_core.errors import ResourceFrozen, TokenEnded
+from lockkeeper_core.state import Action
 from sqlalchemy import update
 
 from app.auth.models import ApiToken
 from app.auth.service import create_token
 from app.extensions import db
-from app.locks.errors import ResourceFrozen, TokenEnded
-from app.locks.state import Action
 from tests.test_holders import events_of, places_of
 
 pytestmark = pytest.mark.usefixtures("backend")

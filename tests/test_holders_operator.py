@@ -8,10 +8,7 @@ import threading
 import time
 
 import pytest
-
-from app.auth.service import create_token
-from app.extensions import lock_service
-from app.locks.errors import (
+from lockkeeper_core.errors import (
     InvalidInput,
     LockChanged,
     LockNotFound,
@@ -19,7 +16,10 @@ from app.locks.errors import (
     QuotaExceeded,
     ResourceFrozen,
 )
-from app.locks.state import Action
+from lockkeeper_core.state import Action
+
+from app.auth.service import create_token
+from app.extensions import lock_service
 from tests.dashboard_helpers import post, soup
 from tests.test_holders import events_of, places_of
 

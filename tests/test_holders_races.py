@@ -23,12 +23,12 @@ import threading
 import time
 
 import pytest
+from lockkeeper_core.errors import LockNotFound
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import select
 
 from app import create_app
 from app.extensions import db, lock_service
-from app.locks.errors import LockNotFound
-from app.locks.models import LockEvent
 from tests.forks import worker_context
 
 # This process's pool (16 + 4), the two children's (8 + 4 each), and the

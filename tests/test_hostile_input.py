@@ -340,7 +340,7 @@ def test_the_login_form_refuses_hostile_text_without_a_500(fake_app):
 
 @pytest.mark.parametrize("sort", ["acquired", "-expires"])
 def test_a_forged_sort_cursor_before_the_first_utc_instant_is_a_400(operator, sort):
-    from app.locks.pagination import encode_cursor
+    from lockkeeper_core.pagination import encode_cursor
 
     cursor = encode_cursor({"resource": "a", "key": "0001-01-01T00:00:00+14:00"})
     page = operator.get(f"/?sort={sort}&cursor={cursor}")
@@ -374,7 +374,7 @@ def test_a_dashboard_claim_of_a_frozen_resource_says_so(operator, service):
 def test_a_claim_for_a_token_that_cannot_exist_is_refused_by_name(
     operator, service, fake_app, for_token
 ):
-    from app.locks.errors import InvalidInput
+    from lockkeeper_core.errors import InvalidInput
 
     with pytest.raises(InvalidInput) as refused:
         service.claim("job:2", "olga", actor="olga", for_token=for_token)
@@ -393,8 +393,9 @@ def test_a_claim_for_a_token_that_cannot_exist_is_refused_by_name(
 
 
 def test_a_claim_for_a_token_revoked_before_it_commits_is_refused(service, fake_app):
+    from lockkeeper_core.errors import InvalidInput
+
     from app.auth.service import create_token, revoke_token
-    from app.locks.errors import InvalidInput
 
     with fake_app.app_context():
         create_token("bound")

@@ -10,18 +10,23 @@ from pathlib import Path
 from app.paths import PROJECT_ROOT
 
 APP = PROJECT_ROOT / "app"
+CORE = PROJECT_ROOT / "core" / "src" / "lockkeeper_core"
 CLIENT = PROJECT_ROOT / "client" / "src" / "lockkeeper_client"
 
 
 def _module_name(path: Path) -> str:
-    name = ".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
+    root = CORE.parent if CORE in path.parents else PROJECT_ROOT
+    name = ".".join(path.relative_to(root).with_suffix("").parts)
     return name.removesuffix(".__init__")
 
 
+OURS = ("app", "lockkeeper_core")
+
+
 def _runtime_imports(tree: ast.Module, *, annotations: bool = False) -> list[str]:
-    """Every ``app…`` name imported, at module level or in a function; imports under
-    ``if TYPE_CHECKING:`` only serve annotations and are left out, unless
-    ``annotations``."""
+    """Every ``app…`` or ``lockkeeper_core…`` name imported, at module level or
+    in a function; imports under ``if TYPE_CHECKING:`` only serve annotations
+    and are left out, unless ``annotations``."""
     annotation_only = {
         id(node)
         for branch in ast.walk(tree)
@@ -38,18 +43,18 @@ def _runtime_imports(tree: ast.Module, *, annotations: bool = False) -> list[str
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names += [f"{node.module}.{alias.name}" for alias in node.names]
-    return [name for name in names if name == "app" or name.startswith("app.")]
+    return [name for name in names if name.partition(".")[0] in OURS]
 
 
 @functools.cache
 def import_graph(*, annotations: bool = False) -> dict[str, set[str]]:
-    """Module -> the modules of ``app`` it imports (migrations excluded: Alembic
-    loads them by path; ``annotations``: its imports for annotations too). Parsed
-    once per run: callers only read it."""
+    """Module -> the modules of ``app`` and the lock core it imports (migrations
+    excluded: Alembic loads them by path; ``annotations``: its imports for
+    annotations too). Parsed once per run: callers only read it."""
     modules = {
         _module_name(path): path
-        for path in APP.rglob("*.py")
-        if "migrations" not in path.relative_to(APP).parts
+        for path in [*APP.rglob("*.py"), *CORE.rglob("*.py")]
+        if "migrations" not in path.relative_to(PROJECT_ROOT).parts
     }
 
     def owner(name: str) -> str | None:
@@ -118,8 +123,8 @@ def test_no_module_of_the_lock_core_is_over_800_lines():
     """One concept per room: a module the size of the old ``LockService``
     (2,213 lines) cannot be read in one sitting."""
     long = {
-        str(path.relative_to(APP)): lines
-        for path in (APP / "locks").rglob("*.py")
+        str(path.relative_to(CORE)): lines
+        for path in CORE.rglob("*.py")
         if (lines := len(path.read_text().splitlines())) > 800
     }
     assert not long, long
@@ -130,9 +135,10 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles(graph) == [["a", "b", "c"]]
 
 
-# The lock service's parts, one concept each, built as a set by ``app.locks.service``.
+# The lock service's parts, one concept each, built as a set by
+# ``lockkeeper_core.service``.
 PARTS = tuple(
-    f"app.locks.{part}"
+    f"lockkeeper_core.{part}"
     for part in (
         "commands",
         "operator",
@@ -146,11 +152,12 @@ PARTS = tuple(
 )
 FACES = ("app.api", "app.dashboard", "app.cli", "app.ops", "app.audit", "app.auth")
 DIALECTS = tuple(
-    f"app.locks.statements.{dialect}" for dialect in ("postgresql", "sqlite", "mariadb")
+    f"lockkeeper_core.statements.{dialect}"
+    for dialect in ("postgresql", "sqlite", "mariadb")
 )
 # The lock core's leaves: values, rules and tables, importing no other part of it.
 LEAVES = tuple(
-    f"app.locks.{leaf}"
+    f"lockkeeper_core.{leaf}"
     for leaf in (
         "clock",
         "columns",
@@ -164,49 +171,50 @@ LEAVES = tuple(
         "values",
     )
 )
-# Everything of ``app`` that is not the lock core (its top-level modules and
-# packages): the web stack, the faces, the app's wiring.
-OUTSIDE_THE_CORE = tuple(
-    sorted(f"app.{path.stem}" for path in APP.glob("*.py") if path.stem != "__init__")
-    + sorted(
-        f"app.{path.parent.name}"
-        for path in APP.glob("*/__init__.py")
-        if path.parent.name not in ("locks", "migrations")
-    )
-)
 # What never imports what: (the importers, what none of them may import, why).
 NEVER = [
     (
-        ("app.locks",),
+        ("lockkeeper_core",),
         FACES,
         "the lock core serves every face and is told about tokens (token_is_live)",
     ),
     (
-        ("app.locks",),
-        OUTSIDE_THE_CORE,
-        "the core stands alone: a worker's own process runs it without Flask "
-        "(tests/test_core_alone.py); the app wires it, not the other way round",
+        ("lockkeeper_core",),
+        ("app",),
+        "the core is a distribution of its own: a worker's own process runs it "
+        "without Flask (tests/test_core_alone.py), beside a worker's own ``app`` "
+        "package; the app wires it, not the other way round",
     ),
     (
-        ("app.locks.queue", "app.locks.wakeups"),
-        ("app.locks.service", "app.locks.statements", "app.locks.core", *PARTS),
+        ("lockkeeper_core.queue", "lockkeeper_core.wakeups"),
+        (
+            "lockkeeper_core.service",
+            "lockkeeper_core.statements",
+            "lockkeeper_core.core",
+            *PARTS,
+        ),
         "the waiting line is handed its reads, its transaction and its attempt",
     ),
     (
-        (*PARTS, "app.locks.core", "app.locks.service", "app.locks.queue"),
-        ("app.locks.embedded", "app.locks.wire"),
+        (
+            *PARTS,
+            "lockkeeper_core.core",
+            "lockkeeper_core.service",
+            "lockkeeper_core.queue",
+        ),
+        ("lockkeeper_core.embedded", "lockkeeper_core.wire"),
         "the embedded transport and the API's words are faces of the core, "
         "built on it: the core never calls back into them",
     ),
     (
-        ("app.locks.core", "app.locks.filters"),
-        (*PARTS, "app.locks.service"),
+        ("lockkeeper_core.core", "lockkeeper_core.filters"),
+        (*PARTS, "lockkeeper_core.service"),
         "the core (and the lists' filters) is handed to the parts: it knows none",
     ),
     *(
         (
             (part,),
-            (*(p for p in PARTS if p != part), "app.locks.service"),
+            (*(p for p in PARTS if p != part), "lockkeeper_core.service"),
             "one concept per room: a part is handed the core (and the line, or one "
             "read of another part), never imports another part or the set",
         )
@@ -249,8 +257,8 @@ def test_the_lock_core_leaves_import_only_leaves():
 
 
 def test_the_waiting_line_does_not_import_the_service_even_for_annotations():
-    source = (APP / "locks" / "queue.py").read_text()
-    assert "app.locks.service" not in source
+    source = (CORE / "queue.py").read_text()
+    assert "lockkeeper_core.service" not in source
 
 
 def test_the_client_never_imports_the_server():
@@ -270,7 +278,7 @@ TEST_ONLY = re.compile(r"LOCKKEEPER_TEST_")
 def test_the_configuration_docs_list_every_setting_the_code_reads():
     read = {
         setting
-        for path in APP.rglob("*.py")
+        for path in [*APP.rglob("*.py"), *CORE.rglob("*.py")]
         for setting in SETTING.findall(path.read_text())
         if not TEST_ONLY.match(setting)
     }
@@ -284,16 +292,19 @@ def test_the_configuration_docs_list_every_setting_the_code_reads():
     exec_environment = {"LOCKKEEPER_FENCE", "LOCKKEEPER_RESOURCE", "LOCKKEEPER_OWNER"}
     client_environment = {"LOCKKEEPER_URL", "LOCKKEEPER_TOKEN"}
     missing = read - table_rows - exec_environment - client_environment
-    assert not missing, f"read by app/, in no table of docs/configuration.md: {missing}"
+    assert not missing, (
+        f"read by the code, in no table of docs/configuration.md: {missing}"
+    )
     assert (exec_environment | client_environment) <= set(SETTING.findall(readme))
 
 
 def test_every_table_is_emptied_between_tests():
     """A table left out of ``tests.databases.TABLES`` keeps one test's rows for the
     next on PostgreSQL and MariaDB (a semaphore's places once did)."""
+    import lockkeeper_core.models  # noqa: F401
+
     import app.audit.models  # noqa: F401 - the tables of the models
     import app.auth.models  # noqa: F401
-    import app.locks.models  # noqa: F401
     from app.extensions import db
     from tests.databases import KEPT_TABLES, TABLES
 

@@ -6,13 +6,19 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from lockkeeper_core.errors import (
+    InvalidInput,
+    LockExpired,
+    LockHeld,
+    LockNotFound,
+    NotOwner,
+)
+from lockkeeper_core.models import DistributedLock, LockEvent
+from lockkeeper_core.pagination import prefix_range_bounds
+from lockkeeper_core.state import Action, LockState
 from sqlalchemy import func, select
 
 from app.extensions import db
-from app.locks.errors import InvalidInput, LockExpired, LockHeld, LockNotFound, NotOwner
-from app.locks.models import DistributedLock, LockEvent
-from app.locks.pagination import prefix_range_bounds
-from app.locks.state import Action, LockState
 
 pytestmark = pytest.mark.usefixtures("backend")
 

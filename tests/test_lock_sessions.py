@@ -4,10 +4,10 @@ grant, expiry makes them all stale at one instant, an end releases them all."""
 from __future__ import annotations
 
 import pytest
+from lockkeeper_core.models import LockEvent, LockSession
 from sqlalchemy import func, select
 
 from app.extensions import db, lock_service
-from app.locks.models import LockEvent, LockSession
 from tests.test_api_locks import assert_problem
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -1,10 +1,9 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from lockkeeper_core.columns import UTCDateTime
+from lockkeeper_core.state import LockState, classify, seconds_between, state_condition
 from sqlalchemy import create_engine, literal, select
-
-from app.locks.columns import UTCDateTime
-from app.locks.state import LockState, classify, seconds_between, state_condition
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+from lockkeeper_core import transactions
+from lockkeeper_core.errors import LockHeld
+from lockkeeper_core.models import SHARED, DistributedLock
 from sqlalchemy import create_engine, delete, select
 
 from app.extensions import db
-from app.locks import transactions
-from app.locks.errors import LockHeld
-from app.locks.models import SHARED, DistributedLock
 from tests.row_waits import DEADLINE, RowHolder, lock_waits
 
 pytestmark = [pytest.mark.backends("mariadb"), pytest.mark.usefixtures("backend")]

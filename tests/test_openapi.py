@@ -7,14 +7,14 @@ import re
 
 import pytest
 from jsonschema import Draft202012Validator
+from lockkeeper_core.pagination import DEFAULT_PAGE, MAX_PAGE
+from lockkeeper_core.state import Action, LockState
+from lockkeeper_core.validation import MAX_NAME, RESOURCE_PATTERN
 from openapi_spec_validator import validate
 
 from app.api.openapi import openapi_document
 from app.config import DEFAULTS
 from app.extensions import lock_service
-from app.locks.pagination import DEFAULT_PAGE, MAX_PAGE
-from app.locks.state import Action, LockState
-from app.locks.validation import MAX_NAME, RESOURCE_PATTERN
 
 # Not an operation: answers /api/v1/locks/a/b with a 400 naming the resource,
 # because a resource never contains '/'.

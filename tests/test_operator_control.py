@@ -6,10 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
-
-from app.extensions import db
-from app.locks.errors import (
+from lockkeeper_core.errors import (
     FenceMismatch,
     InvalidInput,
     LockChanged,
@@ -18,7 +15,10 @@ from app.locks.errors import (
     NotFrozen,
     ResourceFrozen,
 )
-from app.locks.models import LockEvent
+from lockkeeper_core.models import LockEvent
+from sqlalchemy import select
+
+from app.extensions import db
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -239,7 +239,7 @@ def test_freeze_input_is_checked(service):
 def test_release_stale_releases_every_stale_lock_matching_with_one_event_each(
     service, clock, monkeypatch
 ):
-    monkeypatch.setattr("app.locks.operator.RELEASE_BATCH", 3)
+    monkeypatch.setattr("lockkeeper_core.operator.RELEASE_BATCH", 3)
     for i in range(7):
         service.acquire(f"job:{i}", "w-1", ttl=10)
     service.acquire("job:other", "w-2", ttl=10)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from lockkeeper_core.errors import LockChanged
+from lockkeeper_core.models import LockEvent
+from lockkeeper_core.values import Ask
 from sqlalchemy import select
 
 from app.extensions import db, lock_service
-from app.locks.errors import LockChanged
-from app.locks.models import LockEvent
-from app.locks.values import Ask
 from tests.faults.checker import grant_order_violations
 from tests.row_waits import RowHolder, run_blocked
 

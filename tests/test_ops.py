@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from lockkeeper_core.errors import LockExpired, LockNotFound, NotOwner
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.extensions import lock_service
-from app.locks.errors import LockExpired, LockNotFound, NotOwner
 from app.ops.request_log import LOGGER_NAME, render_line
 from app.ops.schema import required_revisions, shown_revisions
 from app.ops.upgrade import upgrade
@@ -613,7 +613,7 @@ def test_api_request_log_names_the_token_not_the_token_itself(app, caplog):
 
 @pytest.mark.usefixtures("backend")
 def test_sessions_and_heartbeats_are_counted_and_live_sessions_gauged(fake_app, clock):
-    from app.locks.errors import SessionExpired
+    from lockkeeper_core.errors import SessionExpired
 
     client = fake_app.test_client()
     with fake_app.app_context():

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 from alembic import command
+from lockkeeper_core.errors import LockNotFound
 from sqlalchemy import text
 
 from app import create_app
 from app.extensions import db, lock_service, migrate
 from app.factory import upgrade_schema
-from app.locks.errors import LockNotFound
 from tests.databases import ServerDatabase, unavailable
 
 # 0007's hot path, and 0008's guard (tests/test_guard.py), all gone at 0006.

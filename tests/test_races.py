@@ -13,12 +13,12 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from lockkeeper_core.errors import LockNotFound
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import select
 
 from app import create_app
 from app.extensions import db, lock_service
-from app.locks.errors import LockNotFound
-from app.locks.models import LockEvent
 from tests.forks import worker_context
 
 # At most: this process's pool (10 + 30 overflow), or its idle ten beside the

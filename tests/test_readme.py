@@ -28,9 +28,9 @@ FIRST_LINES = (
     "# Lockkeeper\n"
     "\n"
     "```sh\n"
-    "python3 -m venv .venv && .venv/bin/pip install -e ./client -e . "
+    "python3 -m venv .venv && .venv/bin/pip install -e ./client -e ./core -e . "
     "&& .venv/bin/lockkeeper run   # start on SQLite\n"
-    "python3 -m venv .venv && .venv/bin/pip install -e ./client -e '.[test]' "
+    "python3 -m venv .venv && .venv/bin/pip install -e ./client -e ./core -e '.[test]' "
     "&& .venv/bin/pytest -n 4  # run the tests\n"
     "```\n"
 )

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 
+import lockkeeper_core.engine as lock_engine
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-import app.locks.engine as lock_engine
 from app.config import normalize_database_url
 from app.database import autocommit
 from app.extensions import db

@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 from lockkeeper_client import LockClient
+from lockkeeper_core.errors import InvalidInput
+from lockkeeper_core.validation import CONTROL_MESSAGE
 
-from app.locks.errors import InvalidInput
-from app.locks.validation import CONTROL_MESSAGE
 from tests.dashboard_helpers import soup
 from tests.test_api_locks import acquire, assert_problem, events_of
 from tests.test_exec import LOCKKEEPER, child, exec_environment

@@ -11,13 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from lockkeeper_core.errors import TokenEnded
+from lockkeeper_core.models import DistributedLock
 from sqlalchemy import func, select, update
 
 from app.auth.models import ApiToken
 from app.auth.service import revoke_token
 from app.extensions import db, lock_service
-from app.locks.errors import TokenEnded
-from app.locks.models import DistributedLock
 from tests.conftest import ApiClient
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -108,7 +108,7 @@ def test_hot_path_round_trips_stay_as_documented(app, backend):
 def test_a_full_quota_costs_reacquire_and_renew_nothing(app, backend):
     """With the token's quota full, a new grant is refused, and its re-acquire and
     renewal of a lock it holds still pass in the documented round trips."""
-    from app.locks.errors import QuotaExceeded
+    from lockkeeper_core.errors import QuotaExceeded
 
     with app.app_context():
         service = lock_service()
@@ -361,7 +361,7 @@ SET_EXPECTED = {
 
 
 def test_a_set_of_three_costs_as_documented(app, backend):
-    from app.locks.values import Member
+    from lockkeeper_core.values import Member
 
     members = [Member("rt:a"), Member("rt:b", 1, "shared"), Member("rt:c", 3)]
     names = [m.resource for m in members]

@@ -1,4 +1,4 @@
-"""The database's own routines as they are now (``app/locks/statements/sql/``).
+"""The database's own routines as they are now (``lockkeeper_core/statements/sql/``).
 
 A migrated database runs exactly the texts of the current files, on PostgreSQL
 and on MariaDB: installing every file again over it changes no routine's
@@ -24,17 +24,17 @@ from typing import Any
 import pytest
 from alembic import command
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import Connection
-
-from app import create_app
-from app.extensions import db, migrate
-from app.locks.statements.routines import (
+from lockkeeper_core.statements.routines import (
     DIALECTS,
     current_text,
     for_schema,
     routine_names,
 )
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import Connection
+
+from app import create_app
+from app.extensions import db, migrate
 from app.migrations.replaceable import frozen_copies
 from app.ops.upgrade import upgrade
 from app.paths import PROJECT_ROOT
@@ -292,27 +292,36 @@ def test_a_database_a_release_made_and_this_code_upgraded_has_a_fresh_ones_objec
         assert upgraded[kind] == fresh[kind], kind
 
 
-def test_every_routine_file_ships_as_package_data():
+# Each distribution of this repository: its pyproject and the folder its
+# packages are found in.
+DISTRIBUTIONS = {
+    PROJECT_ROOT / "pyproject.toml": PROJECT_ROOT / "app",
+    PROJECT_ROOT / "core" / "pyproject.toml": PROJECT_ROOT / "core" / "src",
+}
+
+
+@pytest.mark.parametrize("pyproject", DISTRIBUTIONS, ids=lambda path: path.parent.name)
+def test_every_routine_file_ships_as_package_data(pyproject):
     """A non-editable install carries the ``.sql`` files: each is matched by a
     ``package-data`` pattern of its package."""
-    setuptools = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"][
-        "setuptools"
-    ]
+    setuptools = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]
     patterns = setuptools["package-data"]
-    files = sorted((PROJECT_ROOT / "app").rglob("*.sql"))
+    packages = DISTRIBUTIONS[pyproject]
+    files = sorted(packages.rglob("*.sql"))
     assert files
+    root = packages if packages.name == "src" else packages.parent
     unshipped = []
     for path in files:
         relative = path.relative_to(PROJECT_ROOT)
         shipped = False
         for package, globs in patterns.items():
-            folder = PROJECT_ROOT.joinpath(*package.split("."))
+            folder = root.joinpath(*package.split("."))
             if folder in path.parents:
                 inside = path.relative_to(folder).as_posix()
                 shipped = shipped or any(fnmatch.fnmatch(inside, g) for g in globs)
         if not shipped:
             unshipped.append(str(relative))
-    assert not unshipped, f"not in pyproject's package-data: {unshipped}"
+    assert not unshipped, f"not in {pyproject.name}'s package-data: {unshipped}"
 
 
 def test_the_newest_frozen_copy_of_each_routine_is_its_current_file():

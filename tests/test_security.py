@@ -19,11 +19,11 @@ from collections.abc import Iterator
 import pytest
 from flask import Flask, url_for
 from flask.testing import FlaskClient
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import func, select
 from werkzeug.routing import IntegerConverter
 
 from app.extensions import db, lock_service
-from app.locks.models import LockEvent
 from tests.dashboard_helpers import PASSWORD, csrf_token, log_in, make_user
 
 RESOURCE = "job:1"

@@ -30,11 +30,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import delete, func, select
-
-from app.auth.service import create_token
-from app.extensions import db, lock_service
-from app.locks.errors import (
+from lockkeeper_core.errors import (
     InvalidInput,
     LimitMismatch,
     LockExpired,
@@ -43,7 +39,7 @@ from app.locks.errors import (
     NotOwner,
     QuotaExceeded,
 )
-from app.locks.models import (
+from lockkeeper_core.models import (
     EXCLUSIVE,
     NO_TOKEN,
     SHARED,
@@ -51,9 +47,13 @@ from app.locks.models import (
     LockEvent,
     LockHolder,
 )
-from app.locks.pagination import encode_cursor
-from app.locks.state import Action, LockState, classify
-from app.locks.validation import MAX_HOLDER_LIMIT, MIN_TTL
+from lockkeeper_core.pagination import encode_cursor
+from lockkeeper_core.state import Action, LockState, classify
+from lockkeeper_core.validation import MAX_HOLDER_LIMIT, MIN_TTL
+from sqlalchemy import delete, func, select
+
+from app.auth.service import create_token
+from app.extensions import db, lock_service
 from tests.clock import FakeClock
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -11,14 +11,14 @@ import threading
 import time
 
 import pytest
+from lockkeeper_core.errors import SessionExpired
+from lockkeeper_core.models import LockEvent, LockHolder
+from lockkeeper_core.state import Action
+from lockkeeper_core.statements.common import locks
+from lockkeeper_core.values import Ask
 from sqlalchemy import func, select
 
 from app.extensions import db, lock_service
-from app.locks.errors import SessionExpired
-from app.locks.models import LockEvent, LockHolder
-from app.locks.state import Action
-from app.locks.statements.common import locks
-from app.locks.values import Ask
 from tests.row_waits import DEADLINE, RowHolder, run_blocked
 from tests.test_api_locks import assert_problem
 from tests.test_lock_sessions import bind, start

@@ -8,10 +8,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from lockkeeper_core.models import LockSession
 from sqlalchemy import func, select
 
 from app.extensions import db, lock_service
-from app.locks.models import LockSession
 from tests.conftest import ApiClient
 from tests.test_api_locks import assert_problem
 

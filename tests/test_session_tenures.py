@@ -11,15 +11,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from lockkeeper_core.errors import LockChanged
+from lockkeeper_core.models import DistributedLock as LockRow
+from lockkeeper_core.models import LockHolder
+from lockkeeper_core.state import Action
 from sqlalchemy import func, select
 
 from app.audit.service import EventFilter, list_events, tenures
 from app.audit.tenures import ENDINGS, GRANTS
 from app.extensions import lock_service
-from app.locks.errors import LockChanged
-from app.locks.models import DistributedLock as LockRow
-from app.locks.models import LockHolder
-from app.locks.state import Action
 from tests.dashboard_helpers import soup
 from tests.test_lock_sessions import bind, count, start
 

@@ -23,12 +23,12 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+from lockkeeper_core.models import EXCLUSIVE, SHARED, LockEvent
+from lockkeeper_core.statements.common import holders, locks
+from lockkeeper_core.values import Member
 from sqlalchemy import literal, select, union_all
 
 from app.extensions import db, lock_service
-from app.locks.models import EXCLUSIVE, SHARED, LockEvent
-from app.locks.statements.common import holders, locks
-from app.locks.values import Member
 from tests.test_deadlock_race import RACERS, Deadlocks
 
 # The racers, the reader, the test's own reads and the counter's connection.

@@ -13,11 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import create_engine, select
-
-from app.auth.service import create_token
-from app.extensions import db
-from app.locks.errors import (
+from lockkeeper_core.errors import (
     InvalidInput,
     LimitMismatch,
     LockExpired,
@@ -25,15 +21,19 @@ from app.locks.errors import (
     QuotaExceeded,
     ResourceFrozen,
 )
-from app.locks.models import (
+from lockkeeper_core.models import (
     EXCLUSIVE,
     SHARED,
     DistributedLock,
     LockEvent,
     LockHolder,
 )
-from app.locks.state import Action
-from app.locks.values import Ask, Member
+from lockkeeper_core.state import Action
+from lockkeeper_core.values import Ask, Member
+from sqlalchemy import create_engine, select
+
+from app.auth.service import create_token
+from app.extensions import db
 from tests.row_waits import DEADLINE, RowHolder, lock_waits
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from lockkeeper_core.state import Action
 
 from app.audit.service import EventFilter, list_events, tenures
 from app.extensions import lock_service
-from app.locks.state import Action
 from tests.test_lock_sessions import bind, start
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -8,13 +8,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from lockkeeper_core.errors import LockHeld, NotOwner, QuotaExceeded
+from lockkeeper_core.models import DistributedLock, LockEvent
 from sqlalchemy import select, update
 
 from app import create_app
 from app.auth.service import create_token
 from app.extensions import db, lock_service
-from app.locks.errors import LockHeld, NotOwner, QuotaExceeded
-from app.locks.models import DistributedLock, LockEvent
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -157,8 +157,9 @@ def test_a_claim_for_no_token_is_ended_by_an_operator_only(api):
 
 
 def test_a_claim_names_a_live_token_or_is_refused(api):
+    from lockkeeper_core.errors import InvalidInput
+
     from app.auth.service import revoke_token
-    from app.locks.errors import InvalidInput
 
     api.with_token("leaver")
     with api.app.app_context():

@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from lockkeeper_core.errors import QuotaExceeded
+from lockkeeper_core.models import DistributedLock
 from sqlalchemy import event, func, insert, select, text
 
 from app.database import autocommit
 from app.extensions import db, lock_service
-from app.locks.errors import QuotaExceeded
-from app.locks.models import DistributedLock
 from tests.conftest import ApiClient
 from tests.row_waits import DEADLINE, lock_waits
 

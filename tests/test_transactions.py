@@ -9,13 +9,12 @@ from types import SimpleNamespace
 
 import pymysql
 import pytest
+from lockkeeper_core.errors import LockNotFound, ServiceBusy
+from lockkeeper_core.statements.common import Outcome
+from lockkeeper_core.transactions import BASE_WAIT, MAX_WAIT, Raced, TransactionRunner
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from tenacity import wait as tenacity_wait
-
-from app.locks.errors import LockNotFound, ServiceBusy
-from app.locks.statements.common import Outcome
-from app.locks.transactions import BASE_WAIT, MAX_WAIT, Raced, TransactionRunner
 
 
 class PgError(Exception):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lockkeeper_core.models import LockEvent
 from sqlalchemy import func, select, text
 
 from app.extensions import db, lock_service
-from app.locks.models import LockEvent
 from bench.ports import free_port
 from tests.conftest import ApiClient
 from tests.dashboard_helpers import poller_version
@@ -306,7 +306,7 @@ def start_background(locks, backend: str, resource: str) -> list[threading.Threa
 def test_stopping_the_queue_ends_its_threads_and_its_connection(
     make_app, database_url, backend
 ):
-    from app.locks.queue import stop_background
+    from lockkeeper_core.queue import stop_background
 
     app = make_app()
     with app.app_context():
@@ -682,7 +682,7 @@ def test_a_turned_away_acquire_keeps_its_place_for_its_retry(make_app, monkeypat
     when the room turns it away: the 503 names the place, and the retry that
     presents it waits from there. Another owner or token presenting it joins
     the end instead."""
-    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
+    monkeypatch.setattr("lockkeeper_core.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
     app = make_app(LOCKKEEPER_MAX_WAITERS=1)
     api = ApiClient(app)
     other = api.with_token("other")
@@ -742,7 +742,7 @@ def test_a_client_turned_away_is_not_overtaken_by_a_later_waiter(make_app, monke
     the place is presented, not how fast this machine answers."""
     from lockkeeper_client import LockClient
 
-    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)
+    monkeypatch.setattr("lockkeeper_core.queue.PLACE_KEPT_FOR", 30.0)
     crowded = make_app(LOCKKEEPER_MAX_WAITERS=1)
     elsewhere = make_app()  # another instance: a waiting room of its own
     with serve(crowded) as server, elsewhere.app_context():
@@ -786,7 +786,7 @@ def test_a_wait_that_runs_out_and_rejoins_keeps_its_place(make_app, monkeypatch)
     request that presents it waits from there. Without ``rejoin`` the wait
     leaves the line as before; another owner presenting the place joins the
     end."""
-    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
+    monkeypatch.setattr("lockkeeper_core.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
     app = make_app()
     api = ApiClient(app)
     path = "/api/v1/locks/q:48"
@@ -837,7 +837,7 @@ def test_a_client_waiting_past_the_servers_max_wait_is_not_overtaken(
     answers."""
     from lockkeeper_client import LockClient
 
-    monkeypatch.setattr("app.locks.queue.PLACE_KEPT_FOR", 30.0)
+    monkeypatch.setattr("lockkeeper_core.queue.PLACE_KEPT_FOR", 30.0)
     short = make_app(LOCKKEEPER_MAX_WAIT=0.3)
     elsewhere = make_app(LOCKKEEPER_MAX_WAIT=300.0)  # an instance that waits long
     with serve(short) as server, elsewhere.app_context():

@@ -35,15 +35,8 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import delete, func, select, text
-from sqlalchemy.exc import DBAPIError
-
-from app.audit.service import session_expiries
-from app.audit.tenures import EXPIRED_UNKNOWN, derive
-from app.auth.service import create_token
-from app.extensions import db, lock_service
-from app.locks.embedded import in_transaction_commands
-from app.locks.errors import (
+from lockkeeper_core.embedded import in_transaction_commands
+from lockkeeper_core.errors import (
     FenceMismatch,
     LimitMismatch,
     LockChanged,
@@ -59,7 +52,7 @@ from app.locks.errors import (
     SessionExpired,
     UnknownSession,
 )
-from app.locks.models import (
+from lockkeeper_core.models import (
     EXCLUSIVE,
     SHARED,
     DistributedLock,
@@ -68,10 +61,17 @@ from app.locks.models import (
     LockHolder,
     LockSession,
 )
-from app.locks.results import Event, SetResult
-from app.locks.service import LockService
-from app.locks.state import Action
-from app.locks.values import Member
+from lockkeeper_core.results import Event, SetResult
+from lockkeeper_core.service import LockService
+from lockkeeper_core.state import Action
+from lockkeeper_core.values import Member
+from sqlalchemy import delete, func, select, text
+from sqlalchemy.exc import DBAPIError
+
+from app.audit.service import session_expiries
+from app.audit.tenures import EXPIRED_UNKNOWN, derive
+from app.auth.service import create_token
+from app.extensions import db, lock_service
 from tests.clock import FakeClock
 
 pytestmark = pytest.mark.usefixtures("backend")

@@ -8,6 +8,10 @@ import time
 from collections.abc import Callable, Iterator
 
 from flask import Response, current_app, g, jsonify, request, stream_with_context
+from lockkeeper_core.errors import InvalidInput
+from lockkeeper_core.pagination import read_cursor
+from lockkeeper_core.queue import client_still_there
+from lockkeeper_core.validation import MAX_BIGINT, client_integer
 
 from app.api.blueprint import bp
 from app.api.schemas import event_to_json
@@ -16,10 +20,6 @@ from app.audit.follow import FollowWakeup, follow_step, start_position
 from app.audit.service import EventFilter, cursor_event_id, list_events
 from app.errors import problem
 from app.extensions import db, lock_service
-from app.locks.errors import InvalidInput
-from app.locks.pagination import read_cursor
-from app.locks.queue import client_still_there
-from app.locks.validation import MAX_BIGINT, client_integer
 
 STREAMS = "lockkeeper.api.streams"
 STOPPING = "lockkeeper.api.streams-stopping"

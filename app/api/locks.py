@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 
 from flask import Response, g, jsonify, request
+from lockkeeper_core.errors import InvalidInput
+from lockkeeper_core.filters import ENTRIES_GRANTS
+from lockkeeper_core.queue import client_still_there
 
 from app.api.blueprint import bearer_token, bp
 from app.api.problems import validation_problem
@@ -23,9 +26,6 @@ from app.api.shapes import body, query, seconds
 from app.auth.service import verify_token
 from app.errors import problem
 from app.extensions import lock_service
-from app.locks.errors import InvalidInput
-from app.locks.filters import ENTRIES_GRANTS
-from app.locks.queue import client_still_there
 
 
 @bp.post("/locks/<resource>")

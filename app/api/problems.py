@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from flask import Blueprint, Response, request
+from lockkeeper_core import wire
+from lockkeeper_core.errors import InvalidInput, LockError, NotOwner
 
 from app.errors import problem
-from app.locks import wire
-from app.locks.errors import InvalidInput, LockError, NotOwner
 
 AUTHENTICATE = wire.AUTHENTICATE
 STATUS = wire.STATUS

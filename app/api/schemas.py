@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 from flask import Request
+from lockkeeper_core import validation
+from lockkeeper_core.results import Event
+from lockkeeper_core.wire import freeze_to_json, lock_to_json  # noqa: F401 - the API's names
 
 from app.audit.export import event_record
-from app.locks import validation
-from app.locks.results import Event
-from app.locks.wire import freeze_to_json, lock_to_json  # noqa: F401 - the API's names
 
 if TYPE_CHECKING:
-    from app.locks.results import Holders
+    from lockkeeper_core.results import Holders
 
 LOCKS_PATH = "/api/v1/locks/"
 SLASH_MESSAGE = validation.RESOURCE_CHARACTERS + " (no '/')"

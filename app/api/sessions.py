@@ -7,11 +7,11 @@ answered 404, as an unknown one is.
 from __future__ import annotations
 
 from flask import Response, g, jsonify
+from lockkeeper_core.wire import session_to_json
 
 from app.api.blueprint import bp
 from app.api.shapes import body, seconds
 from app.extensions import lock_service
-from app.locks.wire import session_to_json
 
 
 @bp.post("/sessions")

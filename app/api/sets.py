@@ -3,7 +3,7 @@
 The guard checks the path's resource against the token's scope; a set names
 its resources in the body, so each member is checked here, before the service
 is asked, with the same answer (403, nothing said about the resource). The
-answers are ``app.locks.wire``'s, as the embedded transport gives them.
+answers are ``lockkeeper_core.wire``'s, as the embedded transport gives them.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from flask import g, jsonify
+from lockkeeper_core import wire
 
 from app.api.blueprint import bp
 from app.api.shapes import body, seconds
 from app.errors import problem
 from app.extensions import lock_service
-from app.locks import wire
 
 
 def _out_of_scope(resources: Iterable[str]):

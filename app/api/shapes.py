@@ -25,11 +25,11 @@ from typing import Any
 
 import jsonschema_rs
 from flask import Flask, Request, current_app, g
+from lockkeeper_core import validation
+from lockkeeper_core.errors import InvalidInput
 from werkzeug.exceptions import UnsupportedMediaType
 
 from app.api.schemas import raw_input_errors
-from app.locks import validation
-from app.locks.errors import InvalidInput
 from app.timestamps import parse_rfc3339
 
 EXTENSION = "lockkeeper.api.shapes"

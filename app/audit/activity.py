@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lockkeeper_core.models import DistributedLock, LockEvent, LockHolder
+from lockkeeper_core.state import EXPIRING_SHARE, Action, LockState, state_condition
+from lockkeeper_core.statements.listing import granted_ttl
 from sqlalchemy import (
     BigInteger,
     Integer,
@@ -51,9 +54,6 @@ from sqlalchemy.sql.expression import ColumnElement, FunctionElement
 from app.audit.tenures import ENDINGS, EXTENSIONS, GRANTS
 from app.database import UTCDateTime
 from app.extensions import db
-from app.locks.models import DistributedLock, LockEvent, LockHolder
-from app.locks.state import EXPIRING_SHARE, Action, LockState, state_condition
-from app.locks.statements.listing import granted_ttl
 
 events = LockEvent.__table__
 locks = DistributedLock.__table__

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
-from app.locks.results import Event
+from lockkeeper_core.results import Event
+
 from app.timestamps import rfc3339
 
 COLUMNS = (

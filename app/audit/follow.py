@@ -43,14 +43,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from lockkeeper_core.queue import CLIENT_CHECK_INTERVAL, WaitQueue
+from lockkeeper_core.results import Event
+from lockkeeper_core.wakeups import EVENTS_WAKEUP
 from sqlalchemy import Connection, bindparam, func, select, text
 from sqlalchemy.exc import OperationalError
 
 from app.audit.service import EventFilter, events, newest_event_id
 from app.extensions import db
-from app.locks.queue import CLIENT_CHECK_INTERVAL, WaitQueue
-from app.locks.results import Event
-from app.locks.wakeups import EVENTS_WAKEUP
 
 # Rows per read; a busy log is read in several steps, each its own short read.
 FOLLOW_BATCH = 200

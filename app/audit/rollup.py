@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from lockkeeper_core.models import LockEvent
+from lockkeeper_core.transactions import is_conflict
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
@@ -26,8 +28,6 @@ from sqlalchemy.exc import DBAPIError
 from app.audit import activity
 from app.audit.models import EVERY_ACTION, ActivityEvents, ActivitySample
 from app.extensions import db
-from app.locks.models import LockEvent
-from app.locks.transactions import is_conflict
 
 CLOSED_AFTER = activity.ID_MARGIN
 # Stored rows older than this are deleted as new ones are stored: the widest

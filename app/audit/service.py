@@ -11,6 +11,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from lockkeeper_core import validation
+from lockkeeper_core.errors import InvalidInput
+from lockkeeper_core.models import EXCLUSIVE, SHARED, LockEvent, LockSession
+from lockkeeper_core.pagination import (
+    DEFAULT_PAGE,
+    fetch_page,
+    page_limit_error,
+    read_cursor,
+    starts_with,
+    within,
+)
+from lockkeeper_core.results import Event, Page
+from lockkeeper_core.state import Action
 from sqlalchemy import (
     Connection,
     Select,
@@ -41,19 +54,6 @@ from app.audit.tenures import (
     tenure,
 )
 from app.extensions import db, lock_service
-from app.locks import validation
-from app.locks.errors import InvalidInput
-from app.locks.models import EXCLUSIVE, SHARED, LockEvent, LockSession
-from app.locks.pagination import (
-    DEFAULT_PAGE,
-    fetch_page,
-    page_limit_error,
-    read_cursor,
-    starts_with,
-    within,
-)
-from app.locks.results import Event, Page
-from app.locks.state import Action
 
 events = LockEvent.__table__
 _sessions = LockSession.__table__

@@ -53,17 +53,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, String, and_, func, or_
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.functions import FunctionElement
-
-from app.locks.results import Event
-from app.locks.state import (
+from lockkeeper_core.results import Event
+from lockkeeper_core.state import (
     PREVIOUS_EXPIRES_AT,
     PREVIOUS_TOKEN,
     SESSION_EXPIRED,
     Action,
 )
+from sqlalchemy import ColumnElement, String, and_, func, or_
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 GRANTS = (Action.ACQUIRED, Action.TOOK_OVER, Action.CLAIMED, Action.FORCE_CLAIMED)
 EXTENSIONS = (Action.RENEWED, Action.REACQUIRED)

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 
 from flask import current_app
+from lockkeeper_core import validation
 from sqlalchemy import case, literal, null, or_, select, update
 from werkzeug.security import check_password_hash, generate_password_hash
 
@@ -28,7 +29,6 @@ from app.auth import address_limit
 from app.auth.models import User
 from app.database import UTCDateTime, begin_write
 from app.extensions import db
-from app.locks import validation
 
 # As ``app.auth.service`` creates them.
 MAX_USERNAME = 80

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from flask import current_app
+from lockkeeper_core import validation
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from werkzeug.security import check_password_hash, generate_password_hash
@@ -19,7 +20,6 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from app.auth.models import ROLES, ApiToken, User, UserSession
 from app.database import autocommit, begin_write, server_gone
 from app.extensions import db
-from app.locks import validation
 
 TOKEN_PREFIX = "lk_"
 MIN_PASSWORD = 8
@@ -238,7 +238,7 @@ def _look_up(digest: str):
 
     A pooled connection that died in use (a failover or a restart the check-out
     could not see) is dropped with its pool and the lookup tried once more on a
-    fresh connection, as the lock operations are (``app.locks.transactions``);
+    fresh connection, as the lock operations are (``lockkeeper_core.transactions``);
     a server still gone then is a 503, as before.
     """
     for tries_left in (1, 0):

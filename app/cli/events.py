@@ -6,9 +6,9 @@ from datetime import datetime
 
 import click
 from flask.cli import with_appcontext
+from lockkeeper_core.state import Action
 
 from app.cli.params import older_than_option, refusals_reported
-from app.locks.state import Action
 from app.timestamps import parse_rfc3339
 
 events = click.Group("events", help="The audit log of every ownership change.")
@@ -52,9 +52,10 @@ class Timestamp(click.ParamType):
 @with_appcontext
 def events_export(export_format, output, **filters) -> None:
     """Write the matching events, newest first, as the /audit page lists them."""
+    from lockkeeper_core.errors import InvalidInput
+
     from app.audit.export import ExportFormat, chunks
     from app.audit.service import EventFilter, iter_events
-    from app.locks.errors import InvalidInput
 
     event_filter = EventFilter(**filters)
     with refusals_reported(InvalidInput):
@@ -75,8 +76,9 @@ def events_export(export_format, output, **filters) -> None:
 @with_appcontext
 def events_prune(older_than) -> None:
     """Delete old events in batches of 1000, each its own short transaction."""
+    from lockkeeper_core.errors import InvalidInput
+
     from app.audit.service import prune_events
-    from app.locks.errors import InvalidInput
 
     with refusals_reported(InvalidInput):
         pruned = prune_events(older_than)

@@ -40,10 +40,11 @@ class ChangedHands(click.ClickException):
 def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
     """Every matching grant, one per line, tab-separated, ordered by resource:
     each place of a semaphore and each shared grant a line of its own."""
+    from lockkeeper_core.errors import InvalidInput
+    from lockkeeper_core.filters import ENTRIES_GRANTS
+    from lockkeeper_core.pagination import MAX_PAGE
+
     from app.extensions import lock_service
-    from app.locks.errors import InvalidInput
-    from app.locks.filters import ENTRIES_GRANTS
-    from app.locks.pagination import MAX_PAGE
     from app.timestamps import rfc3339
 
     service = lock_service()
@@ -115,8 +116,9 @@ def locks_release(
     """Force-release RESOURCE whoever holds it (every grant of a resource held
     by places: a semaphore's, shared grants), or with --stale every stale lock
     (recorded as cli:<OS user>, one event per grant)."""
+    from lockkeeper_core.errors import InvalidInput, LockNotFound
+
     from app.extensions import lock_service
-    from app.locks.errors import InvalidInput, LockNotFound
 
     if stale == (resource is not None):
         raise click.UsageError("give either RESOURCE or --stale")
@@ -206,14 +208,15 @@ def locks_claim(
 ) -> None:
     """Grant RESOURCE to OWNER with a new fence (recorded as cli:<OS user>); of
     a semaphore, one free place."""
-    from app.extensions import lock_service
-    from app.locks.errors import (
+    from lockkeeper_core.errors import (
         InvalidInput,
         LockChanged,
         LockHeld,
         PlacesHeld,
         ResourceFrozen,
     )
+
+    from app.extensions import lock_service
 
     try:
         lock = lock_service().claim(
@@ -260,8 +263,9 @@ def locks_claim(
 def locks_freeze(prefix: str, reason: str | None, duration) -> None:
     """No new grants of resources starting with PREFIX (no acquire, take-over or
     claim without force); locks already held can still be renewed and released."""
+    from lockkeeper_core.errors import InvalidInput
+
     from app.extensions import lock_service
-    from app.locks.errors import InvalidInput
 
     with refusals_reported(InvalidInput):
         freeze = lock_service().freeze(
@@ -276,8 +280,9 @@ def locks_freeze(prefix: str, reason: str | None, duration) -> None:
 @with_appcontext
 def locks_unfreeze(prefix: str, reason: str | None) -> None:
     """End the freeze of PREFIX now."""
+    from lockkeeper_core.errors import InvalidInput, NotFrozen
+
     from app.extensions import lock_service
-    from app.locks.errors import InvalidInput, NotFrozen
 
     with refusals_reported(InvalidInput, NotFrozen):
         freeze = lock_service().unfreeze(prefix, actor=operator_actor(), reason=reason)
@@ -312,8 +317,9 @@ def _until(freeze) -> str:
 def locks_purge_stale(older_than) -> None:
     """Delete long-expired lock rows. Fences stay monotonic: they come from a
     sequence, so a purged resource's next grant still gets a larger fence."""
+    from lockkeeper_core.errors import InvalidInput
+
     from app.extensions import lock_service
-    from app.locks.errors import InvalidInput
 
     with refusals_reported(InvalidInput):
         purged = lock_service().purge_stale(older_than)

@@ -14,6 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flask import Blueprint, Response, request, stream_with_context, url_for
+from lockkeeper_core.errors import InvalidInput
+from lockkeeper_core.pagination import DEFAULT_PAGE
+from lockkeeper_core.state import Action
+from lockkeeper_core.validation import client_integer
 
 from app.audit.export import ExportFormat, chunks
 from app.audit.service import (
@@ -28,10 +32,6 @@ from app.auth.views import login_required
 from app.dashboard.htmx import render_page_or_fragment
 from app.dashboard.views import POLL_SECONDS, _unchanged, is_live, shown_version
 from app.extensions import lock_service
-from app.locks.errors import InvalidInput
-from app.locks.pagination import DEFAULT_PAGE
-from app.locks.state import Action
-from app.locks.validation import client_integer
 from app.timestamps import MissingOffset, human_duration, parse_rfc3339
 
 bp = Blueprint("audit", __name__)

@@ -10,6 +10,9 @@ from datetime import timedelta
 
 from flask import request, url_for
 from flask_login import current_user
+from lockkeeper_core.errors import InvalidInput, NotFrozen
+from lockkeeper_core.filters import ENTRIES_GRANTS
+from lockkeeper_core.validation import MAX_BIGINT, client_integer
 
 from app.auth.views import login_required, operator_required
 from app.dashboard import forms
@@ -25,9 +28,6 @@ from app.dashboard.forms import (
 )
 from app.dashboard.htmx import is_htmx, render_page_or_fragment
 from app.extensions import lock_service
-from app.locks.errors import InvalidInput, NotFrozen
-from app.locks.filters import ENTRIES_GRANTS
-from app.locks.validation import MAX_BIGINT, client_integer
 from app.timestamps import parse_duration
 
 

@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from lockkeeper_core.results import Event
+from lockkeeper_core.state import Action
+
 from app.audit.tenures import EXPIRED, EXPIRED_UNKNOWN, Tenure, derive
-from app.locks.results import Event
-from app.locks.state import Action
 
 MARKED = {
     Action.TOOK_OVER,

@@ -22,6 +22,21 @@ from flask import (
     url_for,
 )
 from flask_login import current_user
+from lockkeeper_core import validation
+from lockkeeper_core.counts import OwnerCounts
+from lockkeeper_core.errors import (
+    InvalidInput,
+    LockChanged,
+    LockHeld,
+    LockNotFound,
+    PlacesHeld,
+    ResourceFrozen,
+    UnknownSession,
+)
+from lockkeeper_core.filters import ENTRIES_RESOURCES
+from lockkeeper_core.operator import AllReleased
+from lockkeeper_core.results import Lock
+from lockkeeper_core.state import LockState
 
 from app.audit.service import (
     FOLDED,
@@ -47,21 +62,6 @@ from app.dashboard.forms import (
 )
 from app.dashboard.htmx import htmx_target, is_htmx, render_page_or_fragment
 from app.extensions import lock_service
-from app.locks import validation
-from app.locks.counts import OwnerCounts
-from app.locks.errors import (
-    InvalidInput,
-    LockChanged,
-    LockHeld,
-    LockNotFound,
-    PlacesHeld,
-    ResourceFrozen,
-    UnknownSession,
-)
-from app.locks.filters import ENTRIES_RESOURCES
-from app.locks.operator import AllReleased
-from app.locks.results import Lock
-from app.locks.state import LockState
 
 PAGE_SIZE = 25
 # The page sizes the overview offers (``?size=``), the first the default.

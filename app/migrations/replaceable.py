@@ -9,10 +9,10 @@ left. Migrations read their copies through this module and never import one
 another.
 
 The copy a change freezes is the routine's current file at that time
-(``app/locks/statements/sql/``, ``app.locks.statements.routines``): the newest copy
-of each routine equals its current file (``tests/test_routines.py``). Nothing
-here reads the current files or the code that calls them: a revision installs
-the same text whatever the code beside it.
+(``lockkeeper_core/statements/sql/``, ``lockkeeper_core.statements.routines``):
+the newest copy of each routine equals its current file
+(``tests/test_routines.py``). Nothing here reads the current files or the code
+that calls them: a revision installs the same text whatever the code beside it.
 """
 
 from __future__ import annotations

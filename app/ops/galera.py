@@ -4,7 +4,7 @@ with make it refuse to start, saying which and what to set.
 What the service needs from the node (docs/deploy.md, "Galera"):
 
 - ``wsrep_sync_wait`` with bits 1 and 2 on its own connections, which the
-  service sets itself on each (``app.locks.engine``); a node that refuses it
+  service sets itself on each (``lockkeeper_core.engine``); a node that refuses it
   refuses the connection. Checked here on a connection of the service's pool.
 - ``innodb_flush_log_at_trx_commit = 1``: with 0 or 2 a node that crashes can
   lose commits it acknowledged, a grant among them (Jepsen found lost commits
@@ -21,10 +21,9 @@ Off Galera (``wsrep_on`` OFF, or a server without it) nothing is checked.
 
 from __future__ import annotations
 
+from lockkeeper_core.engine import GALERA_SYNC_WAIT
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import SQLAlchemyError
-
-from app.locks.engine import GALERA_SYNC_WAIT
 
 
 class UnsafeGaleraNode(RuntimeError):

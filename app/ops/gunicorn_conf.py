@@ -143,7 +143,7 @@ def child_exit(server, worker) -> None:
 def worker_exit(server, worker) -> None:
     """Close the waiters' LISTEN connection before the worker goes, rather than
     have PostgreSQL see it drop with the process."""
-    from app.locks.queue import stop_background
+    from lockkeeper_core.queue import stop_background
 
     _stop_streams(worker)
     stop_background()

@@ -31,6 +31,9 @@ import os
 from collections.abc import Iterator
 
 from flask import Flask, current_app
+from lockkeeper_core.errors import LockError
+from lockkeeper_core.instrumentation import NoMetrics
+from lockkeeper_core.state import Action, LockState
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -45,9 +48,6 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.config import OTHER_FAMILY, prefix_families
-from app.locks.errors import LockError
-from app.locks.instrumentation import NoMetrics
-from app.locks.state import Action, LockState
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

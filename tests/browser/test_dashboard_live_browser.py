@@ -512,10 +512,11 @@ def test_charts_left_partly_uncounted_fill_in_within_seconds(
     stored, without a reload and well before the minute's poll."""
     from datetime import UTC, datetime, timedelta
 
+    from lockkeeper_core.models import LockEvent
+
     from app.audit import rollup
     from app.dashboard import charts
     from app.extensions import db
-    from app.locks.models import LockEvent
 
     now = datetime.now(UTC)
     with site.server.app.app_context():

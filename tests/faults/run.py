@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+from lockkeeper_core.models import DistributedLock, LockEvent
 from sqlalchemy import create_engine, select
 
 from app.config import normalize_database_url
-from app.locks.models import DistributedLock, LockEvent
 from tests.faults.checker import FAILOVER_RECOVERY, Report, check, check_failovers
 from tests.faults.cluster import MariaDBServer, PostgresCluster
 from tests.faults.galera import GaleraCluster

@@ -17,6 +17,8 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+from lockkeeper_core.engine import GALERA_SYNC_WAIT
+from lockkeeper_core.errors import ServiceBusy
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
@@ -25,8 +27,6 @@ from app.audit.follow import HOLE_GRACE, follow_step, start_position
 from app.audit.service import EventFilter, newest_event_id
 from app.extensions import db, lock_service
 from app.factory import upgrade_schema
-from app.locks.engine import GALERA_SYNC_WAIT
-from app.locks.errors import ServiceBusy
 from app.ops.galera import UnsafeGaleraNode, galera_problems
 from tests.databases import IN_CI
 from tests.faults.cluster import ClusterError

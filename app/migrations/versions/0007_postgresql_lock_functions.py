@@ -14,7 +14,7 @@ decides; a timestamp stands in for it (tests' fake clock). The answer is one row
 when a renew or release finds no row for the resource).
 
 Later schema changes that touch these tables replace the functions in their own
-migration (``CREATE OR REPLACE FUNCTION``); ``app/locks/statements/postgresql.py`` calls
+migration (``CREATE OR REPLACE FUNCTION``); ``core/src/lockkeeper_core/statements/postgresql.py`` calls
 them by name.
 
 Revision ID: 0007

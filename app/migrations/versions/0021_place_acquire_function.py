@@ -1,7 +1,7 @@
 """PostgreSQL: a semaphore's place or a shared grant in one statement.
 
 ``lockkeeper_acquire_place`` makes the places path's whole decision
-(``app.locks.statements.places``, ``acquire_place`` with no session) in the
+(``lockkeeper_core.statements.places``, ``acquire_place`` with no session) in the
 database, in one round trip instead of a plain read and a transaction of ten
 statements: the plain look that refuses a semaphore full of others without
 locking anything, then the resource's row locked (inserted free when missing),
@@ -15,7 +15,7 @@ fence, the writes, ``places_until``, the event with its mode (whose trigger
 notifies followers, migration 0010) and the waiter's row.
 
 A session-bound acquire keeps its transaction (the session's row is locked
-first, ``app.locks.sessions``). A new function: additive.
+first, ``lockkeeper_core.sessions``). A new function: additive.
 
 Revision ID: 0021
 Revises: 0020

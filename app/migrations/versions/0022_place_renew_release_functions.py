@@ -4,7 +4,7 @@ A renewal or release of a semaphore's place or a shared grant first tries the
 exclusive statement (``lockkeeper_renew``, ``lockkeeper_release``: the hot
 path, unchanged), then the place: ``lockkeeper_renew_place`` and
 ``lockkeeper_release_place`` make that second step one statement instead of a
-transaction of six (``app.locks.statements.places``, ``renew_place`` and
+transaction of six (``lockkeeper_core.statements.places``, ``renew_place`` and
 ``release_place``, the same answers): the resource's row locked, the clock read
 after that lock, the caller's live place, its new expiry (a place bound to a
 live session is refused: ``bound_session`` names it) or its deletion, the row's

@@ -2,7 +2,7 @@
 
 The overview's By name order is natural (``job:4100`` before ``job:20001``):
 (the name without its trailing digits, how many digits, the name), the
-expressions of ``app.locks.statements.listing.natural_order``. Without an index
+expressions of ``lockkeeper_core.statements.listing.natural_order``. Without an index
 of them every page sorted every lock (280 ms on PostgreSQL, 650 ms on SQLite at
 100,000 locks); with it a page is read in order, as far as the page.
 

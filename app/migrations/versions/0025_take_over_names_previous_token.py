@@ -5,7 +5,7 @@ that owner held it under, so the history could not tell which of one owner's
 grants under two tokens (a semaphore's places, shared grants) a take-over
 ended. Its ``details`` now carry ``previous_token`` ('' for a holder with no
 token, as ``lock_holders`` records it), as the transaction path writes them
-(``app.locks.statements.common.took_over_from``). Same signatures and answers
+(``lockkeeper_core.statements.common.took_over_from``). Same signatures and answers
 as 0018 (``lockkeeper_acquire``) and 0024 (``lockkeeper_acquire_place``):
 replaced in place; only a take-over's event changes.
 

@@ -2,7 +2,7 @@
 
 The overview's By prefix view counts the held locks per state (by
 ``expires_at``) in groups of their first prefix (``job:`` for ``job:4100``,
-``app.locks.statements.listing.next_prefix`` under no prefix). SQLite has no
+``lockkeeper_core.statements.listing.next_prefix`` under no prefix). SQLite has no
 hash aggregate: it computed the prefix of every lock and sorted 100,000 of them
 into a temporary b-tree (70 ms of the view's statement at 100,000 locks). Read
 from this index the groups come in order, with their expiries: 33 ms.

@@ -4,7 +4,7 @@
 function (``lockkeeper_acquire_place``) the resource's row, then the token's
 (FOR UPDATE under any quota). One token's exclusive and shared acquires of one
 resource deadlocked each other, round after round. Both now take the order
-every path follows (``app.locks.statements``): the resource's row, then the
+every path follows (``lockkeeper_core.statements``): the resource's row, then the
 token's. The exclusive function locks the row a new tenure may take (free or
 expired, no one in line first) before its token; a row validly held is left
 alone as before (a re-acquire needs no token, a refusal locks nothing).

@@ -6,7 +6,7 @@ was refused as lost, so those holders could never write through it. It now
 passes the fence of any live grant of the resource, exclusive, shared or a
 place, and holds the resource's row shared as before: every change of a
 resource's places takes that row first (the lock order,
-``app.locks.statements``), so none can end or replace the guarded place
+``lockkeeper_core.statements``), so none can end or replace the guarded place
 before the caller's transaction ends either.
 
 It locked the row before it looked, so a refused fence kept the row locked

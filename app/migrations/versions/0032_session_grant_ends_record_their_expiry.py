@@ -6,7 +6,7 @@ grant it took (``previous_owner``, ``previous_token``) but not that expiry, so
 once the session's row was gone the history read "expired, time unknown". Its
 ``details`` now carry ``previous_expires_at`` (ISO 8601, UTC) when the grant
 it took was bound to a session, as the transaction path writes them
-(``app.locks.statements.details.ended_bound_grant``). And a place acquire that
+(``lockkeeper_core.statements.details.ended_bound_grant``). And a place acquire that
 clears expired places bound to a session (a new grant, a promotion or a
 demotion; other than the place it takes over) writes a ``released`` event at
 each one's expiry before its own, as the end or purge of its session would

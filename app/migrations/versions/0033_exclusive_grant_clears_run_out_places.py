@@ -9,7 +9,7 @@ tenures at the grant, with nothing recording when a session-bound one ran out
 ("expired, time unknown"). The grant now deletes them and writes that
 ``released`` event for each one bound to a session before its own, as the
 places path does for the places it clears
-(``app.locks.statements.details.session_expiry_event``). Same signature and
+(``lockkeeper_core.statements.details.session_expiry_event``). Same signature and
 answer as 0032: replaced in place; only rows and events change.
 
 Revision ID: 0033

@@ -14,7 +14,7 @@ next draw is the first value the sequence had not yet handed out to a cache,
 so no fence is drawn twice (the values a server had cached are skipped, as a
 restart of the server skips them). The fences of one resource still increase
 whichever node grants: a new tenure's fence is raised above the fence of the
-grant it replaces (``app.locks.statements.transaction``). (A node draws
+grant it replaces (``lockkeeper_core.statements.transaction``). (A node draws
 from its own cache, which other nodes' draws do not move: with several writing
 nodes a grant after a purge can draw below the purged row's fence; one writing
 node is what docs/deploy.md supports.)

@@ -55,7 +55,7 @@ from lockkeeper_client.errors import ConfigurationError, LockLost, LockMissing
 
 ONCE_OWNER = "celery-once:"
 SINGLETON_OWNER = "celery-singleton:"
-# The server's resource names (app/locks/validation.py RESOURCE_PATTERN).
+# The server's resource names (core/src/lockkeeper_core/validation.py RESOURCE_PATTERN).
 _RESOURCE = re.compile(r"[A-Za-z0-9._:@=+\-]{1,255}")
 _NOT_RESOURCE = re.compile(r"[^A-Za-z0-9._:@=+\-]")
 # The server's longest ttl by default (LOCKKEEPER_MAX_TTL): celery-singleton's

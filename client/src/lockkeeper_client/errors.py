@@ -1,7 +1,7 @@
 """Every failure the client reports: one class per thing the caller can do about it.
 
 All derive from ``LockClientError``; each message names the resource. These are
-the client's own names: the server's exceptions (``app.locks.errors``) are never
+the client's own names: the server's exceptions (``lockkeeper_core.errors``) are never
 seen by a worker, only the HTTP answers they become.
 
 Every one keeps its constructor's arguments as ``args`` (``str()`` is the

@@ -1,0 +1,795 @@
+"""The embedded mode: the lock core in a worker's own process, answering the
+worker client's requests without a server or a network hop.
+
+A worker switches by one constructor argument, its code unchanged::
+
+    from lockkeeper_client import LockClient
+    from lockkeeper_core.embedded import EmbeddedTransport
+
+    client = LockClient("http://embedded", TOKEN, transport=EmbeddedTransport(DB_URL))
+
+(``AsyncEmbeddedTransport`` for ``AsyncLockClient``.) Everything the client
+does over HTTP (``lock()``, acquire/renew/release, waiting in line, ``limit=``
+and ``shared=``, sessions, heartbeats, ``leadership()``, retries) runs as it
+does there: the transport answers each request the way the server's API does
+(``lockkeeper_core.wire``), so the client's decisions are the same code either way.
+
+One world with the server: the same tables, fences, audit events and waiting
+line (a waiter here and one on a server share one line per resource, which
+lives in the database). The caller acts as the API token it presents: the
+token is looked up by its hash as the server looks it up (a few seconds'
+cache, as ``LOCKKEEPER_TOKEN_CACHE_SECONDS``); read-only tokens and scopes are
+refused here as the API's guard refuses them, and quotas, freezes and a token
+revoked or expired by the grant are decided in the grant's transaction,
+exactly as over HTTP.
+
+Not served in process: the audit log (``watch()``, events), lists and the
+operator's actions; they need the server (a 501 problem names it).
+
+The asyncio transport never blocks the event loop: each request runs the core
+in a thread of its own pool; a waiting acquire whose caller is cancelled stops
+waiting at its next look (``still_wanted``), and the client releases what a
+cancelled acquire may have been granted, as over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote
+
+import httpx
+from sqlalchemy import (
+    Boolean,
+    Connection,
+    Engine,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    column,
+    create_engine,
+    event,
+    select,
+    table,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session as OrmSession
+
+from lockkeeper_core import wire
+from lockkeeper_core.columns import UTCDateTime
+from lockkeeper_core.commands import Commands
+from lockkeeper_core.core import LockCore, LockSettings, clock_for
+from lockkeeper_core.driver import DriverSQL
+from lockkeeper_core.engine import (
+    attach_autocommit_engine,
+    autocommit,
+    core_engine_options,
+    install_engine_events,
+)
+from lockkeeper_core.errors import (
+    InvalidInput,
+    LockError,
+    NotOwner,
+    ServiceBusy,
+    TokenEnded,
+)
+from lockkeeper_core.queue import WaitQueue
+from lockkeeper_core.results import AcquireResult, Lock
+from lockkeeper_core.schema import require_schema
+from lockkeeper_core.service import LockService
+from lockkeeper_core.transactions import Raced, is_lost_insert
+
+API_PREFIX = "/api/v1"
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The drivers the server ships for plain URLs (``app.config``'s table).
+DRIVERS = {
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+}
+TOKEN_CACHE_SECONDS = 2.0
+
+
+def engine_for(database: str | Engine) -> Engine:
+    """A worker's engine (given), or one made from a URL with the shipped
+    drivers; either way with the setup the core needs, as the server gives
+    its own: the per-dialect events, READ COMMITTED on MariaDB/MySQL, and the
+    autocommit twin its single statements run on (PostgreSQL's functions,
+    the reads). Without the twin a statement sent on a pooled driver
+    connection would run in a transaction nobody commits."""
+    if isinstance(database, Engine):
+        engine = database
+        options: dict[str, Any] = {}
+    else:
+        url = make_url(database)
+        if url.drivername in DRIVERS:
+            url = url.set(drivername=DRIVERS[url.drivername])
+        options = core_engine_options(url.get_backend_name())
+        engine = create_engine(url, **options)
+    if engine.dialect.name in ("mysql", "mariadb"):
+        engine = engine.execution_options(isolation_level="READ COMMITTED")
+    install_engine_events(engine)
+    if not hasattr(engine, "_lockkeeper_autocommit"):
+        attach_autocommit_engine(
+            engine, {k: v for k, v in options.items() if k != "isolation_level"}
+        )
+    return engine
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A live API token, as the embedded caller acts."""
+
+    name: str
+    prefixes: tuple[str, ...] | None
+    read_only: bool
+    expires_at: datetime | None
+    max_locks: int | None
+
+    def covers(self, resource: str) -> bool:
+        return self.prefixes is None or resource.startswith(self.prefixes)
+
+
+# The API tokens as the guard reads them (the core does not import ``app.auth``).
+api_tokens = table(
+    "api_tokens",
+    column("name", String()),
+    column("token_hash", String()),
+    column("revoked_at", UTCDateTime()),
+    column("prefixes", Text()),
+    column("read_only", Boolean()),
+    column("expires_at", UTCDateTime()),
+    column("max_locks", Integer()),
+)
+_LIVE_TOKEN = select(
+    api_tokens.c.name,
+    api_tokens.c.token_hash,
+    api_tokens.c.prefixes,
+    api_tokens.c.read_only,
+    api_tokens.c.expires_at,
+    api_tokens.c.max_locks,
+).where(
+    api_tokens.c.token_hash == bindparam("digest"), api_tokens.c.revoked_at.is_(None)
+)
+
+
+class Tokens:
+    """The token check of the API's guard, on the worker's engine: by SHA-256
+    digest, cached ``seconds`` (a revocation reaches this process within them;
+    the grant itself refuses a revoked token at once)."""
+
+    def __init__(self, engine: Engine, seconds: float = TOKEN_CACHE_SECONDS):
+        self._reads = autocommit(engine)
+        self.seconds = seconds
+        self._cache: dict[str, tuple[Identity, float]] = {}
+
+    def verify(self, token: str | None) -> Identity | None:
+        if not token or len(token) > 512:
+            return None
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        cached = self._cache.get(digest)
+        if cached is not None and time.monotonic() - cached[1] < self.seconds:
+            identity = cached[0]
+        else:
+            with self._reads.connect() as conn:
+                row = conn.execute(_LIVE_TOKEN, {"digest": digest}).one_or_none()
+            if row is None or not hmac.compare_digest(row.token_hash, digest):
+                self._cache.pop(digest, None)
+                return None
+            identity = Identity(
+                name=row.name,
+                prefixes=tuple(row.prefixes.split("\n")) if row.prefixes else None,
+                read_only=bool(row.read_only),
+                expires_at=row.expires_at,
+                max_locks=row.max_locks,
+            )
+            if self.seconds > 0:
+                self._cache[digest] = (identity, time.monotonic())
+        if identity.expires_at is not None and identity.expires_at <= datetime.now(UTC):
+            return None
+        return identity
+
+
+def _problem(
+    status: int, title: str, detail: str, headers: dict[str, str] | None = None, **extra
+) -> httpx.Response:
+    body = {
+        "type": extra.pop("type", "about:blank"),
+        "title": title,
+        "status": status,
+        "detail": detail or title,
+        **extra,
+    }
+    return httpx.Response(
+        status,
+        headers={"Content-Type": "application/problem+json", **(headers or {})},
+        content=json.dumps(body).encode(),
+    )
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None):
+    return httpx.Response(
+        status,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        content=json.dumps(body).encode(),
+    )
+
+
+def _seconds(fields: dict[str, Any], name: str) -> float | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput([(name, "must be a number of seconds")])
+    return float(value)
+
+
+def _place(fields: dict[str, Any]) -> int | None:
+    """A waiting acquire's kept place in line (``lockkeeper_core.queue``)."""
+    value = fields.get("place")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput([("place", "must be an integer of 0 or more")])
+    return value
+
+
+def _rejoin(fields: dict[str, Any]) -> bool:
+    """Whether a waiting acquire's wait goes on after it (``lockkeeper_core.queue``)."""
+    value = fields.get("rejoin", False)
+    if not isinstance(value, bool):
+        raise InvalidInput([("rejoin", "must be true or false")])
+    return value
+
+
+class Embedded:
+    """The lock service on the worker's engine, answering API requests.
+
+    :param database: a SQLAlchemy URL (``postgresql://``, ``mariadb://`` and
+        ``mysql://`` get the drivers the server ships) or the worker's
+        ``Engine``.
+    :param settings: the service's limits (ttl bounds, waiting room, ...).
+    :param check_schema: refuse to start on a lock schema that is not the
+        one this code needs (``SchemaNotReady`` names the command to run).
+    """
+
+    def __init__(
+        self,
+        database: str | Engine,
+        *,
+        settings: LockSettings | None = None,
+        token_cache_seconds: float = TOKEN_CACHE_SECONDS,
+        check_schema: bool = True,
+    ):
+        self._own_engine = not isinstance(database, Engine)
+        self.engine = engine_for(database)
+        if check_schema:
+            require_schema(self.engine)
+        self.service = LockService(
+            self.engine, clock_for(self.engine, None), settings or LockSettings()
+        )
+        self.tokens = Tokens(self.engine, token_cache_seconds)
+
+    def close(self) -> None:
+        self.service.close()
+        if self._own_engine:
+            self.engine.dispose()
+
+    def in_transaction(
+        self, conn: Connection | OrmSession, token: str
+    ) -> InTransaction:
+        """The worker's commands inside ``conn``'s transaction (a SQLAlchemy
+        ``Connection`` in a transaction, or an ORM ``Session``: its
+        connection), acting as the API token ``token``.
+
+        :raise TokenEnded: ``token`` is not a live API token.
+        """
+        if isinstance(conn, OrmSession):
+            conn = conn.connection()
+        identity = self.tokens.verify(token)
+        if identity is None:
+            raise TokenEnded("(the token given)")
+        return InTransaction(self, conn, identity)
+
+    # -- one request -------------------------------------------------------------
+
+    def answer(
+        self, request: httpx.Request, still_wanted: Callable[[], bool] | None = None
+    ) -> httpx.Response:
+        """The API's answer to ``request`` (its body read). A database that
+        cannot be reached is the server's 503, which the client retries."""
+        try:
+            return self._answer(request, still_wanted)
+        except DBAPIError as exc:
+            return _problem(
+                503,
+                "Database unavailable",
+                f"the lock database did not answer: {type(exc.orig).__name__}",
+                {"Retry-After": "1"},
+            )
+
+    def _answer(
+        self, request: httpx.Request, still_wanted: Callable[[], bool] | None
+    ) -> httpx.Response:
+        path = request.url.path
+        if not path.startswith(API_PREFIX + "/"):
+            return _problem(404, "Not Found", "not a path of the lock API")
+        parts = [unquote(part) for part in path[len(API_PREFIX) + 1 :].split("/")]
+        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+        identity = (
+            self.tokens.verify(credential.strip())
+            if scheme.lower() == "bearer"
+            else None
+        )
+        if identity is None:
+            return _problem(
+                401,
+                "Unauthorized",
+                "send 'Authorization: Bearer <token>' with a live API token",
+                {"WWW-Authenticate": wire.AUTHENTICATE},
+            )
+        method = request.method
+        if identity.read_only and method not in READ_METHODS:
+            return _problem(403, "Forbidden", "this API token is read-only")
+        try:
+            fields = json.loads(request.content) if request.content else {}
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict):
+            return self._refused(InvalidInput([("body", "must be a JSON object")]))
+        query = dict(request.url.params)
+        try:
+            if parts[0] == "locks" and len(parts) in (2, 3):
+                resource = parts[1]
+                if not identity.covers(resource):
+                    return _problem(
+                        403,
+                        "Forbidden",
+                        "the resource is outside this API token's scope",
+                    )
+                if len(parts) == 3:
+                    if parts[2] == "holders" and method == "GET":
+                        return _json(200, self._holders(resource))
+                elif method == "POST":
+                    return self._acquire(
+                        resource, fields, identity, credential.strip(), still_wanted
+                    )
+                elif method == "GET":
+                    return self._get(resource, query)
+                elif method == "PATCH":
+                    lock = self.service.renew(
+                        resource,
+                        fields.get("owner"),
+                        _seconds(fields, "ttl"),
+                        actor=identity.name,
+                        token=identity.name,
+                    )
+                    return _json(200, wire.lock_to_json(lock))
+                elif method == "DELETE":
+                    return self._release(resource, fields, query, identity)
+            elif parts[0] == "sessions" and len(parts) in (1, 2):
+                return self._session(parts[1:], method, fields, identity)
+            elif parts == ["sets"]:
+                return self._set(method, fields, identity)
+        except LockError as exc:
+            return self._refused(exc, releasing=method == "DELETE")
+        return _problem(
+            501,
+            "Not served in process",
+            f"{method} {path} needs the Lockkeeper server (the embedded mode "
+            "serves locks, sets and sessions only)",
+        )
+
+    def _refused(self, exc: LockError, *, releasing: bool = False) -> httpx.Response:
+        status, title, extra = wire.refusal(exc)
+        if releasing and isinstance(exc, NotOwner):
+            status = 403
+        return _problem(
+            status, title, str(exc), wire.refusal_headers(exc, status), **extra
+        )
+
+    def _acquire(self, resource, fields, identity, credential, still_wanted):
+        result = self.service.acquire(
+            resource,
+            fields.get("owner"),
+            _seconds(fields, "ttl"),
+            actor=identity.name,
+            wait=_seconds(fields, "wait"),
+            still_wanted=still_wanted,
+            token=identity.name,
+            max_locks=identity.max_locks,
+            token_live=lambda: self.tokens.verify(credential) is not None,
+            session=fields.get("session"),
+            limit=fields.get("limit", 1),
+            mode=fields.get("mode", "exclusive"),
+            place=_place(fields),
+            rejoin=_rejoin(fields),
+        )
+        if result.acquired:
+            return _json(
+                200, {"acquired": True, "lock": wire.lock_to_json(result.lock)}
+            )
+        # A wait that ran out and rejoins: its place, kept for its next request.
+        kept = {} if result.place is None else {"place": result.place}
+        if result.lock is None and result.waiters:
+            return _json(
+                409,
+                {"acquired": False, "lock": None, "waiters": result.waiters, **kept},
+                {"Retry-After": "1"},
+            )
+        if result.lock is None:
+            return _problem(
+                503,
+                "Lock changed hands",
+                "the lock changed while deciding; retry now",
+                {"Retry-After": "1"},
+                **kept,
+            )
+        retry_after = max(1, int(-(-result.lock.ttl_remaining // 1)))
+        return _json(
+            409,
+            {
+                "acquired": False,
+                "lock": wire.lock_to_json(result.lock),
+                "waiters": result.waiters,
+                **kept,
+            },
+            {"Retry-After": str(retry_after)},
+        )
+
+    def _get(self, resource: str, query: dict[str, str]) -> httpx.Response:
+        fence = query.get("fence")
+        if fence is not None:
+            if not (fence.isascii() and fence.isdigit()) or int(fence) < 1:
+                raise InvalidInput([("fence", "must be a positive integer")])
+            lock = self.service.check_fence(resource, int(fence))
+        else:
+            lock = self.service.get(resource)
+        return _json(200, wire.lock_to_json(lock))
+
+    def _holders(self, resource: str) -> dict[str, Any]:
+        found = self.service.holders(resource)
+        return {
+            "resource": found.resource,
+            "limit": found.limit,
+            "mode": found.mode,
+            "holders": [wire.lock_to_json(lock) for lock in found.holders],
+            "waiters": found.waiters,
+        }
+
+    def _release(self, resource, fields, query, identity) -> httpx.Response:
+        in_body, in_query = fields.get("owner"), query.get("owner")
+        if in_body is not None and in_query is not None and in_body != in_query:
+            raise InvalidInput([("owner", "differs between the body and the query")])
+        owner = in_body if in_body is not None else in_query
+        if owner is None:
+            raise InvalidInput([("owner", "is required (in the body or as ?owner=)")])
+        run = fields.get("run")
+        self.service.release(
+            resource,
+            owner,
+            actor=identity.name,
+            token=identity.name,
+            details=None if run is None else {"run": run},
+        )
+        return httpx.Response(204)
+
+    def _set(self, method, fields, identity) -> httpx.Response:
+        """A set's acquire, renewal or release (``app.api.sets``'s answers)."""
+        if method == "POST":
+            members = wire.set_members(fields)
+            names = [m.resource for m in members]
+        else:
+            names = wire.set_resources(fields)
+        if not all(isinstance(n, str) and identity.covers(n) for n in names):
+            return _problem(
+                403, "Forbidden", "the resource is outside this API token's scope"
+            )
+        owner = fields.get("owner")
+        if method == "POST":
+            result = self.service.acquire_set(
+                members,
+                owner,
+                _seconds(fields, "ttl"),
+                actor=identity.name,
+                token=identity.name,
+                max_locks=identity.max_locks,
+            )
+            status, body, headers = wire.set_answer(result)
+            return _json(status, body, headers)
+        if method == "PATCH":
+            locks = self.service.renew_set(
+                names,
+                owner,
+                _seconds(fields, "ttl"),
+                actor=identity.name,
+                token=identity.name,
+            )
+            return _json(200, {"locks": [wire.lock_to_json(x) for x in locks]})
+        if method == "DELETE":
+            released = self.service.release_set(
+                names, owner, actor=identity.name, token=identity.name
+            )
+            return _json(200, wire.set_release_to_json(released))
+        raise InvalidInput([("method", "sets are taken, renewed and released")])
+
+    def _session(self, rest, method, fields, identity) -> httpx.Response:
+        sessions = self.service.sessions
+        if not rest:
+            if method != "POST":
+                raise InvalidInput([("method", "sessions are created with POST")])
+            session = sessions.create(
+                fields.get("owner"), _seconds(fields, "ttl"), token=identity.name
+            )
+            return _json(
+                201,
+                wire.session_to_json(session),
+                {"Location": f"{API_PREFIX}/sessions/{session.id}"},
+            )
+        session_id = rest[0]
+        if method == "GET":
+            session = sessions.get(session_id, token=identity.name)
+        elif method == "PATCH":
+            session = sessions.heartbeat(session_id, token=identity.name)
+        elif method == "DELETE":
+            sessions.end(session_id, token=identity.name, actor=identity.name)
+            return httpx.Response(204)
+        else:
+            raise InvalidInput([("method", f"{method} is not a session method")])
+        return _json(200, wire.session_to_json(session))
+
+
+class AccessRefused(LockError):
+    """The token may not do this (read-only, or the resource outside its
+    scope): the API's 403."""
+
+
+class _CallerCore:
+    """The core, with every transaction of a command run as a savepoint of the
+    caller's own transaction on ``conn`` (the transactional statements on
+    every dialect: PostgreSQL's one-statement functions run in autocommit).
+
+    A savepoint undoes only our part when a first insert lost a race to a
+    concurrent one or the decision found the row changed (``Raced``): those
+    are tried again inside it. A deadlock or a lock-wait timeout is not: on
+    MariaDB it rolls back the caller's whole transaction, so it is raised for
+    the caller to retry its transaction as a whole."""
+
+    def __init__(self, base: LockCore, conn: Connection):
+        self._base = base
+        self._conn = conn
+        # PostgreSQL's one-statement functions run as they are, in the
+        # caller's transaction (``_OnConnection``); elsewhere the transactional
+        # statements, on the caller's SQLAlchemy connection.
+        self._one_statement = base.statements.autocommit
+        if not self._one_statement:
+            self.statements = base.transactional
+            self.places = base.transactional
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+    def run(self, work, *, autocommit=False, driver=False, decide=None):
+        raced: Raced | None = None
+        for _ in range(self._base.settings.retries + 1):
+            try:
+                with self._conn.begin_nested():
+                    result = work(
+                        _OnConnection(self._conn)
+                        if autocommit and self._one_statement
+                        else self._conn
+                    )
+                return result if decide is None else decide(result)
+            except Raced as exc:
+                raced = exc
+            except IntegrityError as exc:
+                if not is_lost_insert(exc):
+                    raise
+        if raced is not None and raced.answer is not None:
+            return raced.answer
+        raise ServiceBusy("the lock's row kept changing; try again")
+
+
+class _OnConnection:
+    """``DriverConnection``'s one method on the caller's connection: a
+    function of the schema run inside the caller's transaction."""
+
+    def __init__(self, conn: Connection):
+        self._conn = conn
+
+    def one(self, statement: DriverSQL, params: dict[str, Any]) -> Any | None:
+        return self._conn.exec_driver_sql(statement.sql, params).first()
+
+
+class _AfterCommit:
+    """The waiting line's wake-up, rung once the caller's transaction has
+    committed (before it, a woken waiter would find the lock still held)."""
+
+    def __init__(self, queue: WaitQueue, conn: Connection):
+        self._queue = queue
+        self._conn = conn
+
+    def notify_released(self, resource: str, waiting: int) -> None:
+        if waiting > 0:
+            event.listen(
+                self._conn,
+                "commit",
+                lambda _conn: self._queue.notify_released(resource, waiting),
+                once=True,
+            )
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput([("wait", IN_TRANSACTION_WAIT)])
+
+
+def in_transaction_commands(service: LockService, conn: Connection) -> Commands:
+    """``service``'s worker commands, each run in ``conn``'s transaction."""
+    return Commands(
+        _CallerCore(service.core, conn),  # type: ignore[arg-type]
+        _AfterCommit(service.queue, conn),  # type: ignore[arg-type]
+        service.reads.holders,
+    )
+
+
+IN_TRANSACTION_WAIT = (
+    "an acquire inside your transaction does not wait: a transaction that "
+    "waits holds every lock it has taken meanwhile; acquire with wait=0 and "
+    "retry the transaction, or wait outside it"
+)
+
+
+class InTransaction:
+    """Acquire, renew and release in the caller's own transaction: the grant,
+    its fence and its audit event commit with the caller's writes or vanish
+    with its rollback (a fence number a rollback skips is never used again:
+    fences increase, they need not be dense).
+
+    Refused here, because they cannot be made safe: waiting (``wait`` > 0:
+    the transaction would hold its locks while it waits) and a grant bound to
+    a session (the session's heartbeat is not the caller's transaction).
+    The caller's transaction holds the resource's row until it ends: keep it
+    short, as any transaction that takes a row lock.
+
+    On SQLite the caller's engine needs the core's setup (``engine_for``), and
+    a transaction that writes is best begun ``BEGIN IMMEDIATE``
+    (``engine.execution_options(sqlite_immediate=True)``), as the core's own
+    are: a deferred one that turns into a writer fails at once when another
+    writer went first.
+    """
+
+    def __init__(self, embedded: Embedded, conn: Connection, identity: Identity):
+        self._embedded = embedded
+        self._identity = identity
+        self._commands = in_transaction_commands(embedded.service, conn)
+
+    def _check(self, resource: str) -> None:
+        if self._identity.read_only:
+            raise AccessRefused("this API token is read-only")
+        if not self._identity.covers(resource):
+            raise AccessRefused("the resource is outside this API token's scope")
+
+    def acquire(
+        self,
+        resource: str,
+        owner: str,
+        ttl: float | None = None,
+        *,
+        limit: int = 1,
+        shared: bool = False,
+    ) -> AcquireResult:
+        """One try, no waiting: the grant (in the caller's transaction), or the
+        refusal naming the holder. Raises what the API's acquire refuses with
+        (``ResourceFrozen``, ``QuotaExceeded``, ``TokenEnded``, ...)."""
+        self._check(resource)
+        return self._commands.acquire(
+            resource,
+            owner,
+            ttl,
+            actor=self._identity.name,
+            token=self._identity.name,
+            max_locks=self._identity.max_locks,
+            limit=limit,
+            mode="shared" if shared else "exclusive",
+        )
+
+    def renew(self, resource: str, owner: str, ttl: float | None = None) -> Lock:
+        self._check(resource)
+        return self._commands.renew(
+            resource, owner, ttl, actor=self._identity.name, token=self._identity.name
+        )
+
+    def release(self, resource: str, owner: str) -> Lock:
+        self._check(resource)
+        return self._commands.release(
+            resource, owner, actor=self._identity.name, token=self._identity.name
+        )
+
+
+class EmbeddedTransport(httpx.BaseTransport):
+    """``LockClient``'s transport to the lock core in this process (see the
+    module's docstring). ``database``: a URL or the worker's ``Engine``;
+    ``options``: ``Embedded``'s."""
+
+    def __init__(self, database: str | Engine | Embedded, **options: Any):
+        # An ``Embedded`` given is shared (several clients on one core): its
+        # giver closes it; one made here closes with the transport.
+        self._owns = not isinstance(database, Embedded)
+        self.embedded = (
+            database
+            if isinstance(database, Embedded)
+            else Embedded(database, **options)
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.read()
+        return self.embedded.answer(request)
+
+    def close(self) -> None:
+        if self._owns:
+            self.embedded.close()
+
+
+class AsyncEmbeddedTransport(httpx.AsyncBaseTransport):
+    """``AsyncLockClient``'s transport to the lock core in this process: each
+    request runs in a thread of its own pool (``threads`` at most: the waiting
+    acquires and the calls in flight at once), never on the event loop."""
+
+    def __init__(
+        self, database: str | Engine | Embedded, *, threads: int = 32, **options: Any
+    ):
+        # An ``Embedded`` given is shared (several clients on one core): its
+        # giver closes it; one made here closes with the transport.
+        self._owns = not isinstance(database, Embedded)
+        self.embedded = (
+            database
+            if isinstance(database, Embedded)
+            else Embedded(database, **options)
+        )
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="lockkeeper")
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        wanted = threading.Event()
+        wanted.set()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._pool, self.embedded.answer, request, wanted.is_set
+            )
+        except asyncio.CancelledError:
+            # A waiting acquire stops at its next look; one being granted now
+            # is released by the client (its cancel path, as over HTTP).
+            wanted.clear()
+            raise
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._close)
+
+    def _close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._owns:
+            self.embedded.close()
+
+
+__all__ = [
+    "AccessRefused",
+    "AsyncEmbeddedTransport",
+    "Embedded",
+    "EmbeddedTransport",
+    "InTransaction",
+    "in_transaction_commands",
+    "engine_for",
+]

@@ -1,0 +1,234 @@
+"""Per-dialect engine setup that the ORM cannot infer, for any engine the lock
+core runs on (the server's, or a worker's own in the embedded mode).
+
+SQLite: the driver's default BEGIN runs the first SELECT
+outside the transaction and silently loses updates, and a deferred transaction that
+upgrades to a writer fails at once with "database is locked". So the driver's own
+transaction handling is switched off, WAL is on, and a write transaction asks for
+``BEGIN IMMEDIATE`` with the ``sqlite_immediate`` execution option: writers queue on
+``busy_timeout`` instead of failing.
+
+MariaDB/MySQL: READ COMMITTED, so a locking read sees the latest committed row and
+takes no gap locks (which deadlock concurrent first inserts).
+
+PostgreSQL behind a failover manager (Patroni): a pooled connection can outlive its
+server's role. After a switchover or failover it may point at a server that is now a
+standby (every write fails with ``read_only_sql_transaction``) or one shutting down
+(``admin_shutdown``). Such errors are treated as a lost connection: SQLAlchemy drops
+the whole pool, and the service's one retry reconnects through the multi-host URL
+(``target_session_attrs=read-write``) to whichever server is the primary now.
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+# The databases whose clock decides (``lockkeeper_core.clock.DatabaseClock``).
+SERVER_CLOCK_DIALECTS = frozenset({"postgresql", "mysql", "mariadb"})
+
+
+def core_engine_options(backend: str) -> dict[str, Any]:
+    """The ``create_engine`` options the lock core needs on ``backend`` (a
+    URL's backend name), which the server and an embedded worker both start
+    from: READ COMMITTED on MariaDB/MySQL (see above) and a recycle inside
+    its ``wait_timeout``."""
+    if backend in ("mysql", "mariadb"):
+        return {"isolation_level": "READ COMMITTED", "pool_recycle": 3600}
+    return {}
+
+
+# read_only_sql_transaction, admin_shutdown, crash_shutdown, cannot_connect_now:
+# this server cannot take our writes now; another one (or this one later) can.
+SERVER_GONE_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+# MariaDB's "WSREP has not yet prepared node for application use": the node
+# left the cluster's primary component (a partition, a restart).
+GALERA_NOT_READY_ERRNO = 1047
+
+
+def server_gone(exc: BaseException) -> bool:
+    """True when ``exc`` (a DBAPI or SQLAlchemy error) says the server we talk to
+    is no primary we can write to: a standby, a server shutting down, a Galera
+    node out of the cluster's primary component."""
+    orig = getattr(exc, "orig", exc)
+    if getattr(orig, "sqlstate", None) in SERVER_GONE_SQLSTATES:
+        return True
+    args = getattr(orig, "args", ())
+    return bool(args) and args[0] == GALERA_NOT_READY_ERRNO
+
+
+def install_engine_events(engine: Engine) -> None:
+    if getattr(engine, "_lockkeeper_events", False):
+        return
+    engine._lockkeeper_events = True  # type: ignore[attr-defined]
+    if engine.dialect.name == "postgresql":
+        _install_postgresql_events(engine)
+    elif engine.dialect.name == "sqlite":
+        _install_sqlite_events(engine)
+    elif engine.dialect.name in ("mariadb", "mysql"):
+        _install_mariadb_events(engine)
+    if engine.dialect.name != "sqlite":
+        event.listen(engine, "checkout", _discard_if_dead)
+
+
+def _socket_of(dbapi_connection) -> int | None:
+    """The file descriptor of a psycopg or PyMySQL connection's socket."""
+    pgconn = getattr(dbapi_connection, "pgconn", None)
+    if pgconn is not None:
+        return pgconn.socket if not dbapi_connection.closed else None
+    sock = getattr(dbapi_connection, "_sock", None)  # PyMySQL
+    return sock.fileno() if sock is not None else None
+
+
+def connection_is_dead(dbapi_connection) -> bool:
+    """True when an idle pooled connection was closed by the other end.
+
+    An idle connection has nothing to read: a readable socket means the server
+    or the pooler closed it (``pg_terminate_backend``, a restart, KILL on
+    MariaDB, PgBouncer going away) and left its goodbye or EOF behind. One
+    ``poll`` with no wait, about a microsecond, where ``pool_pre_ping`` would be
+    a round trip to the server on every checkout. A connection that went silent
+    without a goodbye (a host gone) is not seen; the service's one retry on a
+    fresh connection covers that.
+    """
+    try:
+        fd = _socket_of(dbapi_connection)
+    except Exception:  # noqa: BLE001 - psycopg: OperationalError "connection is lost"
+        return True
+    if fd is None or fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
+def _discard_if_dead(dbapi_connection, _record, _proxy) -> None:
+    if connection_is_dead(dbapi_connection):
+        # The pool invalidates this one and hands out a fresh connection.
+        raise DisconnectionError("the server closed this pooled connection")
+
+
+def _install_postgresql_events(engine: Engine) -> None:
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context):
+        if server_gone(context.original_exception):
+            # Invalidates the pool: its other connections lead to the same server.
+            context.is_disconnect = True
+            context.invalidate_pool_on_disconnect = True
+
+
+# On a Galera node: reads, and UPDATE and DELETE statements, wait until the node
+# has applied everything the cluster committed before they started (bits 1 and
+# 2 of ``wsrep_sync_wait``). Without it a node answers from a state that
+# another node's commit already replaced: a lock shown free that is held, a
+# renew refused as lost just after its grant on another node. Writes are
+# ordered by certification whatever the node has seen; decisions on what a
+# statement read (or did not find) are not.
+GALERA_SYNC_WAIT = 3
+
+
+def on_galera(dbapi_connection) -> bool:
+    """Whether a MariaDB connection is to a node of a Galera cluster."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    return bool(row) and str(row[1]).upper() == "ON"
+
+
+def _install_mariadb_events(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        # One round trip per new connection. A node that refuses the setting
+        # refuses the connection: the service never reads without it.
+        if on_galera(dbapi_connection):
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(f"SET SESSION wsrep_sync_wait = {GALERA_SYNC_WAIT}")
+            finally:
+                cursor.close()
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context):
+        if server_gone(context.original_exception):
+            # This node cannot serve until it rejoins; behind a proxy a fresh
+            # connection reaches a node that can (the service's one retry).
+            context.is_disconnect = True
+            context.invalidate_pool_on_disconnect = True
+
+
+def _install_sqlite_events(engine: Engine) -> None:
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if engine.url.database not in (None, "", ":memory:"):
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        options = connection.get_execution_options()
+        if options.get("sqlite_autocommit"):
+            return  # each statement is its own transaction: no reader left open
+        immediate = options.get("sqlite_immediate")
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def attach_autocommit_engine(engine: Engine, options: dict[str, Any]) -> None:
+    """Give ``engine`` its autocommit twin (see ``autocommit``) and dispose of the
+    twin whenever ``engine`` is disposed."""
+    if engine.dialect.name == "sqlite":
+        return
+    twin = create_engine(
+        engine.url,
+        **{
+            **options,
+            "isolation_level": "AUTOCOMMIT",
+            # Always in autocommit: no transaction can be left to roll back.
+            "pool_reset_on_return": None,
+        },
+    )
+    install_engine_events(twin)
+    engine._lockkeeper_autocommit = twin  # type: ignore[attr-defined]
+    event.listen(engine, "engine_disposed", lambda _engine: twin.dispose())
+
+
+def autocommit(engine: Engine) -> Engine:
+    """``engine`` for single-statement work: no BEGIN/COMMIT round trips, and no
+    read transaction held open (which on SQLite would stall WAL checkpoints).
+
+    PostgreSQL and MariaDB: a second engine whose pooled connections are created
+    in autocommit and stay so, so checking one out and in costs no isolation-level
+    switch and no reset (about a tenth of a lock operation's CPU otherwise).
+    """
+    try:
+        return engine._lockkeeper_autocommit  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    if engine.dialect.name != "sqlite":
+        # An engine made without its twin (a worker's own, given to the core):
+        # an execution option would not do, since the hot path checks out the
+        # driver's connection itself, which skips SQLAlchemy's isolation level:
+        # its single statements would run in a transaction nobody commits.
+        # Its connections are made as the engine's own are: the pool's creator
+        # carries the worker's connect_args (TLS, timeouts) or its own creator,
+        # which the engine's URL alone does not.
+        options = core_engine_options(engine.dialect.name)
+        attach_autocommit_engine(engine, {**options, "creator": engine.pool._creator})
+        return engine._lockkeeper_autocommit  # type: ignore[attr-defined]
+    # SQLite: not SQLAlchemy's AUTOCOMMIT level, whose reset on checkin would
+    # hand the driver back its own implicit (lossy) transaction handling.
+    shared = engine.execution_options(sqlite_autocommit=True)
+    engine._lockkeeper_autocommit = shared  # type: ignore[attr-defined]
+    return shared

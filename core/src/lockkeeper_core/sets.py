@@ -1,0 +1,676 @@
+"""Sets: several locks acquired, renewed and released as one.
+
+A set names several resources, each with its own mode and limit (an
+exclusive grant, a shared one, a semaphore's place), under one owner and one
+ttl. Its acquire is one transaction on every database: every member is
+granted, each with its own fence and event, or none is, and the refusal names
+the member that refused and why (``SetResult``); a refused set writes nothing
+(the transaction rolls back).
+
+The transaction keeps the lock order of ``lockkeeper_core.statements``, so two
+overlapping sets (or a set and any single operation) never deadlock:
+
+1. the members' resource rows, locked in the order of ``ORDER BY resource``
+   (the order every path that locks several rows takes: a stale release, a
+   session's heartbeat);
+2. the clock, read once for every member, and the refusals those rows show
+   already (another holder's live grant): refused before any write;
+3. the API token's row, once: FOR UPDATE under a quota (the set's grants
+   count one after another against it), else FOR SHARE;
+4. each member's grant by the places path (``PlacesStatements.acquire_place``,
+   which decides every mode; on PostgreSQL its one statement,
+   ``lockkeeper_acquire_place``, in the set's transaction).
+
+A member with no row yet gets a free one first, in a statement of its own
+before the transaction (SQLite, one writer at a time: inside it), so every row
+the transaction locks it locks in the order above; a refused set deletes the
+free rows it made unless a grant has used them since. On MariaDB that
+statement is an upsert, not ``INSERT IGNORE``: the deleted row's index entry
+stays until InnoDB purges it, and two ``INSERT IGNORE`` of its name at once
+each take a shared lock on the entry after it (their duplicate check), then
+each wait for the other's to insert before it: a deadlock, which a third
+transaction holding that next row (another set's member) makes certain. The
+upsert's duplicate check locks exclusively: the second waits for the first
+and then finds its row (``_create_rows``).
+
+A set counts as its members against the token's quota (each grant's count
+sees the set's grants before it); rights are checked by the face for every
+member, freezes by each member's grant.
+
+Renew and release take the members' rows in the same order, in one
+transaction each. A renewal is all or nothing (a member lost refuses the
+whole renewal, naming it); a release ends every member still held and names
+those that were not.
+
+Every event of a set names it (``lock_events.set_id``, migration 0037): each
+member's grant event, and the events of the set's renewals and releases. The
+set's id is drawn at its acquire and written, in the set's transaction, on the
+newest event of each member's grant once the grants are made: the grant's
+event, found by its resource and fence (a fence is one grant's; the event is
+written under the member's row lock, which the transaction still holds, so no
+later event of that grant can be there). A renewal or release names the set
+that each member's grant was made by (the set on its newest grant event: a
+member acquired again on its own since is no longer the set's). The grants'
+statements are those of a single acquire, unchanged: the naming is two
+statements of the set's own (find the events, then name them).
+
+Sets do not wait in line (yet): an acquire is answered at once, and a client
+polls with backoff (the waiting line holds one resource per waiter).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import delete, func, literal, select, text, union_all, update
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from lockkeeper_core import validation
+from lockkeeper_core.core import LockCore
+from lockkeeper_core.errors import (
+    InvalidInput,
+    LockExpired,
+    LockNotFound,
+    NotOwner,
+    QuotaExceeded,
+    ResourceFrozen,
+    SessionBound,
+)
+from lockkeeper_core.instrumentation import held_for
+from lockkeeper_core.models import NO_TOKEN
+from lockkeeper_core.results import AcquireResult, Lock, SetRelease, SetResult
+from lockkeeper_core.state import Action, holds
+from lockkeeper_core.statements.common import Outcome, events, locks
+from lockkeeper_core.transactions import Raced
+from lockkeeper_core.values import Ask, Member
+
+# ``Sets._forget_rows`` on MariaDB: one free row by name, through the names'
+# unique index (the multi-table form takes an index hint).
+_FORGET_BY_NAME = text(
+    "DELETE distributed_locks FROM distributed_locks"
+    " FORCE INDEX (uq_distributed_locks_resource)"
+    " WHERE resource = :resource AND owner IS NULL AND fence = 0"
+    " AND places_until IS NULL AND session_id IS NULL"
+)
+
+
+# The actions of the event that makes (or makes again) a member's grant.
+GRANT_ACTIONS = (Action.ACQUIRED, Action.TOOK_OVER, Action.REACQUIRED)
+# secrets.token_urlsafe(12): 16 characters of [A-Za-z0-9_-].
+SET_ID_BYTES = 12
+
+
+def new_set_id() -> str:
+    return secrets.token_urlsafe(SET_ID_BYTES)
+
+
+class _Missing(Exception):
+    """Members with no row yet (a server database): made first, then the
+    set's transaction again."""
+
+    def __init__(self, asks: list[Ask]):
+        super().__init__([ask.resource for ask in asks])
+        self.asks = asks
+
+
+class _Refused(Exception):
+    """A member refused inside the set's transaction: raised to roll it back
+    whole, then answered after it (``Commands.answer``)."""
+
+    def __init__(self, ask: Ask, outcome: Outcome):
+        super().__init__(ask.resource)
+        self.ask = ask
+        self.outcome = outcome
+
+
+class Sets:
+    """Handed the core, the waiting line's wake-up (``notify_released``), the
+    worker's answer to one refused acquire (``Commands.answer``: the refusal
+    decided from the outcome, then its second look)."""
+
+    def __init__(
+        self,
+        core: LockCore,
+        notify_released: Callable[[str, int], Any],
+        answer: Callable[[Ask, Outcome], AcquireResult],
+    ) -> None:
+        self.core = core
+        self._notify = notify_released
+        self._answer = answer
+
+    # -- checks ------------------------------------------------------------------
+
+    def check_members(self, members: Sequence[Member]) -> None:
+        """Raise ``InvalidInput`` naming every bad member: a resource named
+        twice, a bad name, limit or mode, more than the set's bound."""
+        bound = self.core.settings.max_set_size
+        if not members:
+            raise InvalidInput([("members", "must name at least one resource")])
+        if len(members) > bound:
+            raise InvalidInput(
+                [
+                    (
+                        "members",
+                        f"at most {bound} resources in one set "
+                        f"(LOCKKEEPER_MAX_SET_SIZE); this one has {len(members)}",
+                    )
+                ]
+            )
+        errors: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for i, member in enumerate(members):
+            field = f"members[{i}]"
+            message = validation.resource_error(member.resource)
+            if message:
+                errors.append((f"{field}.resource", message))
+            elif member.resource in seen:
+                errors.append((f"{field}.resource", "names a resource already named"))
+            else:
+                seen.add(member.resource)
+            errors.extend(
+                (f"{field}.{name}", text)
+                for name, text in validation.holder_errors(member.limit, member.mode)
+            )
+        if errors:
+            raise InvalidInput(errors)
+
+    def _check_resources(self, resources: Sequence[str]) -> None:
+        self.check_members([Member(resource) for resource in resources])
+
+    # -- acquire -----------------------------------------------------------------
+
+    def acquire(
+        self,
+        members: Sequence[Member],
+        owner: str,
+        ttl: float | None = None,
+        actor: str | None = None,
+        *,
+        token: str | None = None,
+        max_locks: int | None = None,
+    ) -> SetResult:
+        """Grant every member to (``token``, ``owner``) for ``ttl`` seconds in
+        one transaction, or none (``SetResult.refused`` names the member).
+
+        :raise ResourceFrozen, LimitMismatch, QuotaExceeded, TokenEnded,
+            SessionBound: as a single acquire of the member that refused
+            would (each names its resource where it has one); nothing written.
+        """
+        core = self.core
+        core.validate(owner=owner, ttl=ttl, actor=actor)
+        self.check_members(members)
+        seconds = core.ttl(ttl)
+        asks = {
+            m.resource: Ask(
+                m.resource, owner, token, seconds, actor, max_locks, m.limit, m.mode
+            )
+            for m in members
+        }
+        ordered = [asks[resource] for resource in sorted(asks)]
+        set_id = new_set_id()
+
+        def attempt() -> SetResult:
+            created: list[str] = []
+            try:
+                outcomes = self._granted_whole(
+                    ordered, token, max_locks, created, set_id
+                )
+            except _Refused as refused:
+                # Rolled back whole, and the rows made for it gone again; the
+                # refusal's answer (a second look may find the row changed:
+                # ``Raced``, tried again).
+                self._forget_rows(created)
+                answer = self._answer(refused.ask, refused.outcome)
+                return SetResult(
+                    False,
+                    [],
+                    refused.ask.resource,
+                    answer.lock,
+                    answer.waiters,
+                )
+            for resource, outcome in outcomes.items():
+                core.metrics.acquired(outcome.action, resource)
+            return SetResult(
+                True,
+                [core.lock(outcomes[m.resource].row, outcomes[m.resource].now)
+                 for m in members],
+                set_id=set_id,
+            )  # fmt: skip
+
+        try:
+            result = core.runner(attempt)
+        except QuotaExceeded:
+            core.metrics.acquire_refused("over_quota")
+            raise
+        except ResourceFrozen:
+            core.metrics.acquire_refused("frozen")
+            raise
+        if not result.acquired:
+            core.metrics.acquire_refused()
+        return result
+
+    def _granted_whole(
+        self,
+        ordered: list[Ask],
+        token: str | None,
+        max_locks: int | None,
+        created: list[str],
+        set_id: str,
+    ) -> dict[str, Outcome]:
+        """The set's transaction; on a server database, first the free rows
+        of the members that have none, each in a statement of its own
+        (``created``: the names of those this call made; ``_forget_rows``).
+
+        A row inserted inside the transaction would be a lock taken out of
+        the lock order: on MariaDB an insert whose resource another
+        transaction meanwhile made and locked waits for that lock (its
+        duplicate check) while holding the set's other rows; that other
+        transaction may wait for one of them.
+        """
+        core = self.core
+        try:
+            for _ in range(2):
+                try:
+                    with core.write_engine.connect() as conn, conn.begin():
+                        granted = self._grant_all(conn, ordered, token, max_locks)
+                        name_set(conn, {set_id: _grants_of(granted)})
+                        return granted
+                except _Missing as missing:
+                    created.extend(self._create_rows(missing.asks))
+            raise Raced("a set's rows kept vanishing (purged); try again")
+        except _Refused:
+            raise
+        except BaseException:
+            self._forget_rows(created)
+            raise
+
+    def _create_rows(self, asks: list[Ask]) -> list[str]:
+        """Insert the free row of each resource of ``asks`` that has none, one
+        autocommit statement each (holding nothing else meanwhile), in the
+        lock order; the names of the rows this call inserted.
+
+        MariaDB: ``ON DUPLICATE KEY UPDATE id = id`` (which changes nothing),
+        so that two of these making one name at once take turns: its
+        duplicate check locks the name's index entries (a deleted row's
+        too) and the one after them exclusively, where ``INSERT IGNORE``
+        takes shared locks, which both hold before either inserts (see the
+        module's docstring). The insert id is 0 when a row was there."""
+        core = self.core
+        at = core.now()
+        names = []
+        with core.reads.connect() as conn:
+            for ask in sorted(asks, key=lambda ask: ask.resource):
+                values = {
+                    "resource": ask.resource,
+                    "owner": None,
+                    "token": None,
+                    "fence": 0,
+                    "acquired_at": at,
+                    "expires_at": at,
+                    "holder_limit": ask.limit,
+                }
+                if core.dialect == "postgresql":
+                    inserted = conn.execute(
+                        pg_insert(locks)
+                        .values(**values)
+                        .on_conflict_do_nothing(index_elements=["resource"])
+                        .returning(locks.c.id)
+                    ).first()
+                    made = inserted is not None
+                else:
+                    upserted = conn.execute(
+                        mysql_insert(locks)
+                        .values(**values)
+                        .on_duplicate_key_update(id=locks.c.id)
+                    )
+                    made = bool(upserted.lastrowid)
+                if made:
+                    names.append(ask.resource)
+        return names
+
+    def _forget_rows(self, names: list[str]) -> None:
+        """Delete the free rows a refused set made, unless a grant has used
+        them since (one autocommit statement each): a refused set leaves
+        nothing behind.
+
+        Found by name, through the names' unique index, as every locking read
+        of a lock's row finds it: its index entry is locked first, then the
+        row. A delete by primary key locks them the other way round (the row,
+        then the entry it marks deleted), and deadlocked on MariaDB with a set
+        that had locked the entry and waited for the row. MariaDB is told the
+        index: on a table of a few rows its optimizer picks another (the one
+        on ``session_id``, which the conditions name too)."""
+        if not names:
+            return
+        mariadb = self.core.dialect != "postgresql"
+        with self.core.reads.connect() as conn:
+            for name in names:
+                if mariadb:
+                    conn.execute(_FORGET_BY_NAME, {"resource": name})
+                    continue
+                conn.execute(
+                    delete(locks).where(
+                        locks.c.resource == name,
+                        locks.c.owner.is_(None),
+                        locks.c.fence == 0,
+                        locks.c.places_until.is_(None),
+                        locks.c.session_id.is_(None),
+                    )
+                )
+
+    def _grant_all(
+        self, conn, ordered: list[Ask], token: str | None, max_locks: int | None
+    ) -> dict[str, Outcome]:
+        """The set's transaction (see the module's docstring for its order)."""
+        core = self.core
+        tx = core.transactional
+        given = core.given_now()
+        by_name = {ask.resource: ask for ask in ordered}
+        rows = self._lock_rows(conn, [ask.resource for ask in ordered])
+        inserts_here = core.dialect == "sqlite"  # one writer: no lock order
+        if not inserts_here and len(rows) < len(ordered):
+            raise _Missing([ask for ask in ordered if ask.resource not in rows])
+        now = tx.clock_after_lock(conn, given).now
+        for resource, row in rows.items():
+            refusal = _refused_by_row(by_name[resource], row, now)
+            if refusal is not None:
+                raise _Refused(by_name[resource], refusal)
+        if token is not None and token != NO_TOKEN:
+            tx._token_row(conn, token, exclusive=bool(max_locks))
+        # In the order their rows were locked, then those that had none.
+        had_rows = [by_name[resource] for resource in rows]
+        new_rows = [ask for ask in ordered if ask.resource not in rows]
+        outcomes: dict[str, Outcome] = {}
+        for ask in had_rows + new_rows:
+            if ask.resource not in rows:
+                freeze = tx.freeze_of(conn, ask.resource, now)
+                if freeze is not None:
+                    raise _Refused(ask, Outcome(False, None, None, now, freeze))
+                tx._insert_free_row(conn, ask.resource, now, ask.limit)
+            outcome = self._one_grant(conn, ask, now)
+            if not outcome.done:
+                raise _Refused(ask, outcome)
+            outcomes[ask.resource] = outcome
+        return outcomes
+
+    def _one_grant(self, conn, ask: Ask, now) -> Outcome:
+        """One member's grant, its row (and the token's) already locked: the
+        places path, which decides every mode. On PostgreSQL its one
+        statement (``lockkeeper_acquire_place``) on the set's connection, in
+        its transaction; elsewhere its transaction's statements."""
+        core = self.core
+        if core.statements.autocommit:
+            return core.statements.acquire_place(_InTransaction(conn), ask, now)
+        return core.transactional.acquire_place(conn, ask, now, None)
+
+    def _statements_on(self, conn) -> _On:
+        """The statements a renewal or release of a set sends, and what they
+        run on: PostgreSQL's one-statement functions on the set's connection
+        (in its transaction), elsewhere the transactional statements."""
+        core = self.core
+        if core.statements.autocommit:
+            return _On(core.statements, _InTransaction(conn))
+        return _On(core.transactional, conn)
+
+    def _lock_rows(self, conn, resources: list[str]) -> dict[str, Any]:
+        """The members' rows that exist, locked in the lock order: the order
+        of ``ORDER BY resource``, which every path that locks several rows
+        takes (PostgreSQL: one statement, rows locked as sorted; MariaDB,
+        whose names compare byte by byte: one row at a time, in that order,
+        as a scan of another index could lock them in its own; SQLite: one
+        writer at a time)."""
+        if self.core.dialect == "postgresql":
+            found = conn.execute(
+                select(locks)
+                .where(locks.c.resource.in_(resources))
+                .order_by(locks.c.resource)
+                .with_for_update()
+            ).all()
+            return {row.resource: row for row in found}
+        rows = {}
+        for resource in sorted(resources):
+            row = conn.execute(
+                select(locks).where(locks.c.resource == resource).with_for_update()
+            ).one_or_none()
+            if row is not None:
+                rows[resource] = row
+        return rows
+
+    # -- renew and release ---------------------------------------------------------
+
+    def renew(
+        self,
+        resources: Sequence[str],
+        owner: str,
+        ttl: float | None = None,
+        actor: str | None = None,
+        *,
+        token: str | None = None,
+    ) -> list[Lock]:
+        """Extend every member's grant of (``token``, ``owner``) to now +
+        ``ttl``, in one transaction, or none: the first member (in the lock
+        order) not validly held raises as a single renewal of it would.
+
+        :raise LockNotFound, LockExpired, NotOwner, SessionBound.
+        """
+        core = self.core
+        core.validate(owner=owner, ttl=ttl, actor=actor)
+        self._check_resources(resources)
+        seconds = core.ttl(ttl)
+
+        def work(conn) -> dict[str, Outcome]:
+            renewed = {}
+            on = self._statements_on(conn)
+            for resource in sorted(resources):
+                given = core.given_now()
+                outcome = on.statements.renew(
+                    on.conn, resource, owner, token, seconds, actor, given
+                )
+                if not outcome.done and _not_exclusively_held(outcome):
+                    placed = on.statements.renew_place(
+                        on.conn,
+                        resource,
+                        owner,
+                        token,
+                        seconds,
+                        actor,
+                        core.given_now(),
+                    )
+                    outcome = placed if placed.done else outcome
+                if not outcome.done:
+                    ask = Ask(resource, owner, token, seconds, actor)
+                    raise _Refused(ask, outcome)
+                renewed[resource] = outcome
+            name_set(conn, sets_of(conn, _grants_of(renewed)))
+            return renewed
+
+        def attempt() -> list[Lock]:
+            try:
+                with core.write_engine.connect() as conn, conn.begin():
+                    renewed = work(conn)
+            except _Refused as refused:
+                raise self._renewal_refused(refused) from None
+            return [core.lock(renewed[r].row, renewed[r].now) for r in resources]
+
+        renewed = core.runner(attempt)
+        for _ in renewed:
+            core.metrics.renewal("renewed")
+        return renewed
+
+    def _renewal_refused(self, refused: _Refused) -> Exception:
+        """Why a member's renewal was refused, as a single renewal says it."""
+        resource, outcome = refused.ask.resource, refused.outcome
+        row, now = outcome.row, outcome.now
+        metrics = self.core.metrics
+        if row is None or row.owner is None:
+            metrics.renewal("not_found")
+            return LockNotFound(resource)
+        if row.expires_at <= now:
+            metrics.renewal("expired", resource)
+            return LockExpired(resource, refused.ask.owner)
+        if not holds(row, refused.ask.owner, refused.ask.token):
+            metrics.renewal("not_owner", resource)
+            return NotOwner(resource, self.core.lock(row, now))
+        # Valid and ours, yet refused: bound to a session (renewed by its
+        # heartbeat only), or it changed under us.
+        with self.core.reads.connect() as conn:
+            bound = self.core.session_statements.session_of(conn, resource)
+        if bound is not None:
+            metrics.renewal("session_bound")
+            return SessionBound(resource, bound.id)
+        return Raced(f"renewal of {resource!r} in a set kept racing; try again")
+
+    def release(
+        self,
+        resources: Sequence[str],
+        owner: str,
+        actor: str | None = None,
+        *,
+        token: str | None = None,
+    ) -> SetRelease:
+        """End every member still validly held by (``token``, ``owner``), in
+        one transaction; the others are named (``SetRelease.not_held``)."""
+        core = self.core
+        core.validate(owner=owner, actor=actor)
+        self._check_resources(resources)
+
+        def work(conn) -> dict[str, Outcome]:
+            released = {}
+            on = self._statements_on(conn)
+            for resource in sorted(resources):
+                outcome = on.statements.release(
+                    on.conn, resource, owner, token, actor, core.given_now()
+                )
+                if not outcome.done and _not_exclusively_held(outcome):
+                    outcome = on.statements.release_place(
+                        on.conn, resource, owner, token, actor, core.given_now()
+                    )
+                if outcome.done:
+                    released[resource] = outcome
+            name_set(conn, sets_of(conn, _grants_of(released)))
+            return released
+
+        released = core.run(work)
+        ended = []
+        for resource in resources:
+            outcome = released.get(resource)
+            if outcome is None:
+                core.metrics.release("not_found")
+                continue
+            lock = core.lock(outcome.row, outcome.now)
+            core.metrics.release("released", resource, held_for(lock, outcome.now))
+            self._notify(resource, getattr(outcome.row, "waiters", 0) or 0)
+            ended.append(lock)
+        return SetRelease(ended, [r for r in resources if r not in released])
+
+
+# -- naming the set on its events ------------------------------------------------
+
+
+def _grants_of(outcomes: dict[str, Outcome]) -> list[tuple[str, int]]:
+    """The (resource, fence) of each grant made, renewed or ended."""
+    return [(resource, outcome.row.fence) for resource, outcome in outcomes.items()]
+
+
+def _newest_events(grants: Iterable[tuple[str, int]], actions=None):
+    """For each (resource, fence), the newest event of that grant (of
+    ``actions`` only, if given): one primary-key look each, through the
+    events' (resource, id) index read backwards from the newest."""
+    parts = []
+    for resource, fence in grants:
+        newest = select(func.max(events.c.id)).where(
+            events.c.resource == resource, events.c.fence == fence
+        )
+        if actions is not None:
+            newest = newest.where(events.c.action.in_([a.value for a in actions]))
+        parts.append(
+            select(
+                events.c.id, events.c.resource, events.c.set_id, literal(fence)
+            ).where(events.c.id == newest.scalar_subquery())
+        )
+    return parts
+
+
+def sets_of(conn, grants: Sequence[tuple[str, int]]) -> dict[str, list]:
+    """The set each grant was made by (its newest grant event's), as
+    ``{set_id: [(resource, fence), …]}``; grants of no set are left out."""
+    if not grants:
+        return {}
+    parts = _newest_events(grants, GRANT_ACTIONS)
+    found: dict[str, list] = {}
+    for row in conn.execute(union_all(*parts) if len(parts) > 1 else parts[0]):
+        if row.set_id is not None:
+            found.setdefault(row.set_id, []).append((row.resource, row[3]))
+    return found
+
+
+def name_set(conn, grants_by_set: dict[str, list]) -> None:
+    """Write each set's id on the newest event of each of its grants: the
+    one its caller has just written in this transaction, under the grant's
+    row lock. Found, then named by primary key: two statements whose plans
+    are index looks on every database (the update names no subquery on the
+    table it writes)."""
+    for set_id, grants in grants_by_set.items():
+        parts = _newest_events(grants)
+        ids = [
+            row.id
+            for row in conn.execute(union_all(*parts) if len(parts) > 1 else parts[0])
+        ]
+        if ids:
+            conn.execute(
+                update(events).where(events.c.id.in_(ids)).values(set_id=set_id)
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class _On:
+    statements: Any
+    conn: Any
+
+
+class _InTransaction:
+    """A ``DriverConnection``'s ``one`` on the set's own SQLAlchemy connection,
+    inside its transaction: PostgreSQL's one-statement functions
+    (``PostgresStatements``) then run as steps of the set's transaction, one
+    round trip each. Instants come back in UTC, as the driver path gives them."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def one(self, statement, params: dict[str, Any]) -> Any:
+        row = self.conn.exec_driver_sql(statement.sql, params).one_or_none()
+        if row is None:
+            return None
+        return SimpleNamespace(
+            **{
+                name: value.astimezone(UTC) if isinstance(value, datetime) else value
+                for name, value in row._mapping.items()
+            }
+        )
+
+
+def _refused_by_row(ask: Ask, row, now) -> Outcome | None:
+    """The refusal a member's locked row shows before anything is written:
+    another holder's exclusive grant is live (a grant of another limit is
+    left to the member's grant, which names the mismatch; so is the line)."""
+    live = row.owner is not None and row.expires_at > now
+    if (
+        live
+        and not holds(row, ask.owner, ask.token)
+        and (row.holder_limit or 1) == ask.limit
+    ):
+        return Outcome(False, None, row, now)
+    return None
+
+
+def _not_exclusively_held(outcome: Outcome) -> bool:
+    """A refused exclusive renewal or release whose row carries no live
+    exclusive grant: the caller's place, if any, is asked next."""
+    row = outcome.row
+    return row is not None and (row.owner is None or row.expires_at <= outcome.now)

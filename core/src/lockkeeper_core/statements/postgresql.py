@@ -1,0 +1,218 @@
+"""PostgreSQL: one statement per hot operation (the lock functions of the schema);
+operator actions as transactions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lockkeeper_core.driver import DriverConnection, DriverSQL
+from lockkeeper_core.errors import SessionBound
+from lockkeeper_core.state import Action
+from lockkeeper_core.statements.common import FreezeRow, Outcome
+from lockkeeper_core.statements.transaction import TransactionalStatements
+from lockkeeper_core.values import Ask
+
+# The statements live in the database as functions, each as it is now in
+# ``sql/postgresql/<name>.sql`` (``routines.py``): PostgreSQL plans each once per
+# connection, with or without a pooler that cannot carry prepared statements.
+# ``now`` NULL: the server's clock, read after the row lock; a datetime: a
+# test's fake clock.
+_PG_ACQUIRE = DriverSQL(
+    "SELECT * FROM lockkeeper_acquire(:resource, :owner, :token, :ttl, :actor,"
+    " :max_locks, :waiter, :now)"
+)
+_PG_RENEW = DriverSQL(
+    "SELECT * FROM lockkeeper_renew(:resource, :owner, :token, :ttl, :actor, :now)"
+)
+_PG_RELEASE = DriverSQL(
+    "SELECT * FROM lockkeeper_release(:resource, :owner, :token, :actor, :now,"
+    " :details)"
+)
+# A semaphore's place or a shared grant (migration 0021): the places path's
+# plain look, decision and writes in one statement.
+_PG_ACQUIRE_PLACE = DriverSQL(
+    "SELECT * FROM lockkeeper_acquire_place(:resource, :owner, :token, :ttl,"
+    " :actor, :max_locks, :waiter, :now, :limit, :mode)"
+)
+# Renewing or releasing a place, after the exclusive statement (migration 0022).
+_PG_RENEW_PLACE = DriverSQL(
+    "SELECT * FROM lockkeeper_renew_place(:resource, :owner, :token, :ttl, :actor,"
+    " :now)"
+)
+_PG_RELEASE_PLACE = DriverSQL(
+    "SELECT * FROM lockkeeper_release_place(:resource, :owner, :token, :actor,"
+    " :now, :details)"
+)
+_PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
+
+
+class PostgresStatements:
+    """Single-statement acquire/renew/release; operator actions as transactions.
+
+    The hot operations take a ``DriverConnection`` (``lockkeeper_core.driver``), not a
+    SQLAlchemy connection: their SQL is fixed, so it goes to the driver's cursor.
+    """
+
+    autocommit = True
+    driver_transaction = None
+    # What the methods send; the benchmark's driver baseline sends the same.
+    acquire_sql = _PG_ACQUIRE
+    renew_sql = _PG_RENEW
+    release_sql = _PG_RELEASE
+    acquire_place_sql = _PG_ACQUIRE_PLACE
+    renew_place_sql = _PG_RENEW_PLACE
+    release_place_sql = _PG_RELEASE_PLACE
+
+    def __init__(self) -> None:
+        self.transactional = TransactionalStatements("postgresql")
+
+    def _run(
+        self, conn: DriverConnection, statement: DriverSQL, params: dict[str, Any]
+    ) -> Outcome:
+        return self._outcome(conn, conn.one(statement, params), params["now"])
+
+    def _outcome(self, conn: DriverConnection, row: Any, now: Any) -> Outcome:
+        if row is None:
+            return Outcome(False, None, None, now or conn.one(_PG_READ_NOW, {}).now)
+        if row.done:
+            return Outcome(True, Action(row.action), row, row.now)
+        freeze = (
+            FreezeRow(
+                row.frozen_prefix,
+                row.frozen_reason,
+                row.frozen_actor,
+                row.frozen_at,
+                row.frozen_until,
+            )
+            if getattr(row, "frozen_prefix", None) is not None
+            else None
+        )
+        over_quota = bool(getattr(row, "over_quota", False))
+        # A refused acquire always answers one row; fence NULL: there is no row.
+        holder = row if row.fence is not None else None
+        places_until = getattr(row, "places_until", None)
+        return Outcome(
+            False,
+            None,
+            holder,
+            row.now,
+            freeze,
+            over_quota,
+            bool(getattr(row, "token_ended", False)),
+            places=places_until is not None and places_until > row.now,
+            limit_mismatch=getattr(row, "limit_mismatch", None),
+        )
+
+    def acquire(self, conn, ask: Ask, now, waiter=None) -> Outcome:
+        return self._run(
+            conn,
+            self.acquire_sql,
+            {
+                "resource": ask.resource,
+                "owner": ask.owner,
+                "token": ask.token,
+                "ttl": ask.ttl,
+                "actor": ask.actor,
+                "max_locks": ask.max_locks,
+                "waiter": waiter,
+                "now": now,
+            },
+        )
+
+    def acquire_place(self, conn, ask: Ask, now, waiter=None) -> Outcome:
+        """The places path's decision with no session (``PlacesStatements``'
+        ``peek_place`` and ``acquire_place``, the same answers) in one statement.
+
+        :raise SessionBound: the caller's place is bound to a live session.
+        """
+        return self._place(
+            conn,
+            self.acquire_place_sql,
+            {
+                "resource": ask.resource,
+                "owner": ask.owner,
+                "token": ask.token,
+                "ttl": ask.ttl,
+                "actor": ask.actor,
+                "max_locks": ask.max_locks,
+                "waiter": waiter,
+                "now": now,
+                "limit": ask.limit,
+                "mode": ask.mode,
+            },
+        )
+
+    def renew_place(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
+        """Extend the caller's live place (``PlacesStatements.renew_place``'s
+        answers); refused (row None) when it has none.
+
+        :raise SessionBound: the place is bound to a live session.
+        """
+        return self._place(
+            conn,
+            self.renew_place_sql,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "ttl": ttl,
+                "actor": actor,
+                "now": now,
+            },
+        )
+
+    def release_place(
+        self, conn, resource, owner, token, actor, now, details=None
+    ) -> Outcome:
+        """End the caller's live place (``PlacesStatements.release_place``'s
+        answers); refused (row None) when it has none."""
+        return self._place(
+            conn,
+            self.release_place_sql,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "actor": actor,
+                "now": now,
+                "details": details,
+            },
+        )
+
+    def _place(
+        self, conn: DriverConnection, statement: DriverSQL, params: dict[str, Any]
+    ) -> Outcome:
+        row = conn.one(statement, params)
+        if row.bound_session is not None:
+            raise SessionBound(params["resource"], row.bound_session)
+        return self._outcome(conn, row, params["now"])
+
+    def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
+        return self._run(
+            conn,
+            self.renew_sql,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "ttl": ttl,
+                "actor": actor,
+                "now": now,
+            },
+        )
+
+    def release(
+        self, conn, resource, owner, token, actor, now, details=None
+    ) -> Outcome:
+        return self._run(
+            conn,
+            self.release_sql,
+            {
+                "resource": resource,
+                "owner": owner,
+                "token": token,
+                "actor": actor,
+                "now": now,
+                "details": details,
+            },
+        )

@@ -1,0 +1,149 @@
+"""The operator's sweeps of stale locks, in batches: force-release the expired
+grants a prefix or an owner names (``release_stale_batch``), and purge the rows
+that ended before a cutoff (``purge_stale_batch``), each batch one transaction
+that locks its rows in resource order (the lock order)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Row, and_, delete, func, insert, or_, select
+
+from lockkeeper_core.models import EXCLUSIVE
+from lockkeeper_core.state import Action
+from lockkeeper_core.statements import listing
+from lockkeeper_core.statements.common import (
+    LockRow,
+    StaleBatch,
+    clear_exclusive_grant,
+    events,
+    holders,
+    locks,
+    through_names,
+    token_or_none,
+)
+from lockkeeper_core.statements.details import ended_bound_grant
+
+_INSERT_EVENT = insert(events)
+
+
+class StaleStatements:
+    """Part of ``TransactionalStatements``: its clock (``clock_after_lock``,
+    ``_server_now``) decides what is stale once the rows are locked."""
+
+    def release_stale_batch(
+        self, conn, prefix, owner, actor, reason, now, batch: int, owner_contains=None
+    ) -> StaleBatch:
+        """Force-release up to ``batch`` stale locks matching ``prefix``/``owner``
+        (and owners containing ``owner_contains``, as the overview searches):
+        lock the candidates (in resource order, so concurrent batches do not
+        deadlock), read the clock, free those still stale by it."""
+        query = (
+            select(locks)
+            .where(
+                locks.c.owner.is_not(None),
+                locks.c.expires_at <= (now if now is not None else self._server_now()),
+            )
+            .order_by(locks.c.resource)
+            .limit(batch)
+            .with_for_update()
+        )
+        if prefix:
+            query = query.where(
+                locks.c.resource.startswith(prefix, autoescape=True),
+                func.substr(locks.c.resource, 1, len(prefix)) == prefix,
+            )
+        if owner is not None:
+            query = query.where(locks.c.owner == owner)
+        if owner_contains:
+            query = query.where(listing.owner_contains(owner_contains))
+        candidates = conn.execute(query).all()
+        now = self.clock_after_lock(conn, now).now
+        stale = [row for row in candidates if row.expires_at <= now]
+        if stale:
+            conn.execute(clear_exclusive_grant([row.id for row in stale], now))
+            conn.execute(
+                _INSERT_EVENT,
+                [
+                    {
+                        "resource": row.resource,
+                        "action": Action.FORCE_RELEASED.value,
+                        "owner": row.owner,
+                        "previous_owner": row.owner,
+                        "token": token_or_none(row.token),
+                        "fence": row.fence,
+                        "acquired_at": row.acquired_at,
+                        "expires_at": now,
+                        "actor": actor,
+                        "reason": reason,
+                        "occurred_at": now,
+                        "mode": EXCLUSIVE,
+                        "details": ended_bound_grant(
+                            None, row.session_id, row.expires_at
+                        ),
+                    }
+                    for row in stale
+                ],
+            )
+        released = [LockRow.of(row, expires_at=now) for row in stale]
+        return StaleBatch(len(candidates), released, now)
+
+    def purge_stale_batch(
+        self, conn, cutoff: datetime, batch: int
+    ) -> tuple[int, list[Row]]:
+        """Delete up to ``batch`` rows that expired (or were released) at or before
+        ``cutoff``; returns how many the plain read found (fewer than ``batch``:
+        the last batch) and the (resource, owner) of those deleted, owner None
+        for free rows.
+
+        The rows are locked first, so a row re-acquired meanwhile is not taken:
+        the oldest ``batch`` are found by a plain read, then locked by name and
+        read again, in resource order through the names' unique index (the
+        lock order, ``through_names``), as every locking read of a lock's row
+        takes it: its name's index entry, then the row. Locked by primary key,
+        the rows came first and their entries after (the delete marks them),
+        while an acquire of one of them held its entry and waited for its row:
+        a deadlock on MariaDB. Holding both, the delete by primary key waits
+        for nothing more.
+        """
+        oldest = conn.scalars(
+            select(locks.c.resource)
+            .where(self.purgeable(cutoff))
+            .order_by(locks.c.expires_at)
+            .limit(batch)
+        ).all()
+        if not oldest:
+            return 0, []
+        candidates = conn.execute(
+            through_names(
+                select(locks.c.id, locks.c.resource, locks.c.owner)
+                .where(locks.c.resource.in_(sorted(oldest)), self.purgeable(cutoff))
+                .order_by(locks.c.resource)
+                .with_for_update()
+            )
+        ).all()
+        self.delete_purged(conn, candidates)
+        return len(oldest), candidates
+
+    @staticmethod
+    def purgeable(cutoff: datetime):
+        """The rows a purge at ``cutoff`` deletes: expired (or released) by
+        then. A row held by places stays until they have all ended: without
+        it the next exclusive grant would insert a row that knows none of
+        them."""
+        return and_(
+            locks.c.expires_at <= cutoff,
+            or_(locks.c.places_until.is_(None), locks.c.places_until <= cutoff),
+        )
+
+    @staticmethod
+    def delete_purged(conn, rows) -> None:
+        """Delete ``rows`` (locked, ``purgeable``) and their places, which all
+        ended by the cutoff too."""
+        if rows:
+            conn.execute(delete(locks).where(locks.c.id.in_([r.id for r in rows])))
+            conn.execute(
+                delete(holders).where(
+                    holders.c.resource.in_([r.resource for r in rows])
+                )
+            )
