@@ -23,6 +23,7 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
+from lockkeeper_core.errors import ServiceBusy
 from lockkeeper_core.models import EXCLUSIVE, SHARED, LockEvent
 from lockkeeper_core.statements.common import holders, locks
 from lockkeeper_core.values import Member
@@ -115,8 +116,13 @@ class Reader:
                 self.broken.append(f"{resource}: {modes[EXCLUSIVE]} > {limit}")
 
 
-def _race(app, workers: int, seconds: float) -> dict:
-    """``workers`` threads take random sets for ``seconds``; a reader reads."""
+def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> dict:
+    """``workers`` threads take random sets for ``seconds``; a reader reads.
+
+    ``busy_answers``: SQLite may answer ``ServiceBusy`` (the API's 503) when a
+    writer waited out its whole busy timeout behind the others, as on a machine
+    loaded far past its cores: counted, and a release so answered is asked
+    again, as a client would."""
     sets: dict[str, set[str]] = {}
     named: dict[str, str] = {}  # owner → the set id its acquire answered
     record = threading.Lock()
@@ -140,16 +146,29 @@ def _race(app, workers: int, seconds: float) -> dict:
                     # Recorded before the ask: a reader that sees any member
                     # of it judges it against the whole set.
                     sets[owner] = {m.resource for m in members}
-                result = service.acquire_set(members, owner, ttl=TTL)
+                try:
+                    result = service.acquire_set(members, owner, ttl=TTL)
+                except ServiceBusy:
+                    if not busy_answers:
+                        raise
+                    counts["busy"] += 1
+                    continue
                 if not result.acquired:
                     counts["refused"] += 1
                     continue
                 counts["granted"] += 1
                 counts[f"size {len(members)}"] += 1
                 named[owner] = result.set_id
-                released = service.release_set(
-                    [m.resource for m in reversed(members)], owner
-                )
+                while True:
+                    try:
+                        released = service.release_set(
+                            [m.resource for m in reversed(members)], owner
+                        )
+                        break
+                    except ServiceBusy:
+                        if not busy_answers:
+                            raise
+                        counts["busy"] += 1
                 assert released.not_held == [], released
                 assert len(released.released) == len(members)
 
@@ -213,7 +232,7 @@ def test_random_overlapping_sets_never_show_a_partial_set_nor_deadlock(
     # SQLite: one writer at a time, each waiting its turn by sleeps (its busy
     # handler, not a queue): four writers, so none waits past its timeout.
     workers = 4 if backend == "sqlite" else WORKERS
-    found = _race(set_app, workers, SECONDS)
+    found = _race(set_app, workers, SECONDS, busy_answers=backend == "sqlite")
     counts = found["counts"]
     assert counts["granted"] >= 10, counts
     assert counts["refused"] >= 1, counts  # the sets met

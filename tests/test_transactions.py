@@ -194,6 +194,42 @@ def test_other_errors_are_raised_at_once(error, waits):
     assert waits == []
 
 
+def sqlite_busy(path) -> OperationalError:
+    """What SQLite raises when another connection kept its writer lock for the
+    whole busy timeout (here none)."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    waiter = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        waiter.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        return OperationalError("BEGIN IMMEDIATE", {}, exc)
+    finally:
+        waiter.close()
+        holder.close()
+    raise AssertionError("not busy")
+
+
+def test_sqlite_busy_past_its_timeout_is_a_503_at_once(waits, tmp_path):
+    """The writers ahead kept the database for the whole busy timeout: a retry
+    would wait as long again, so the caller is told at once."""
+    busy = sqlite_busy(tmp_path / "busy.sqlite3")
+    conn = FakeConnection(busy)
+    with pytest.raises(ServiceBusy, match="locked by other writers") as raised:
+        runner(waits)(conn.execute)
+    assert raised.value.__cause__ is busy
+    assert conn.executed == 1
+    assert waits == []
+
+
+def test_sqlite_busy_on_a_retry_is_a_503_too(waits, tmp_path):
+    busy = sqlite_busy(tmp_path / "busy.sqlite3")
+    conn = FakeConnection(lost_insert_sqlite(), busy)
+    with pytest.raises(ServiceBusy, match="locked by other writers"):
+        runner(waits)(conn.execute)
+    assert conn.executed == 2
+
+
 def invalidated() -> OperationalError:
     return OperationalError("SELECT", {}, PgError("57P01"), connection_invalidated=True)
 
@@ -291,3 +327,25 @@ def test_a_release_that_keeps_racing_is_a_503(quick_service, monkeypatch):
     with pytest.raises(ServiceBusy, match="release of 'job' kept racing"):
         quick_service.release("job", "w-1")
     assert len(calls) == quick_service.settings.retries + 1
+
+
+@pytest.mark.backends("sqlite")
+def test_an_acquire_behind_a_writer_that_keeps_sqlite_is_a_503(
+    backend, service, monkeypatch
+):
+    """Through the service, on a real file: another connection holds SQLite's
+    writer lock past the busy timeout; the acquire answers ServiceBusy (the
+    API's 503), not the driver's error, and goes through once it is let go."""
+    import lockkeeper_core.engine
+
+    monkeypatch.setattr(lockkeeper_core.engine, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    service.core.engine.dispose()  # new connections take the short timeout
+    holder = sqlite3.connect(service.core.engine.url.database, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(ServiceBusy, match="locked by other writers"):
+            service.acquire("job:busy", "w-1", ttl=30)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert service.acquire("job:busy", "w-1", ttl=30).acquired

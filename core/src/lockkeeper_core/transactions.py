@@ -20,6 +20,10 @@ Before each retry it waits a random time in ``[0, BASE_WAIT * 2**(n - 1)]`` afte
 the n-th try, capped at ``MAX_WAIT`` (full jitter): transactions that collided do
 not collide again in step. When the tries run out, ``ServiceBusy`` (503) chained
 to the last error, or the answer the last ``Raced`` offered.
+
+SQLite's writer lock still taken when its ``busy_timeout`` ran out is
+``ServiceBusy`` at once, not retried: the writers ahead of it kept the database
+for that long, and a retry would wait as long again.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -92,6 +96,18 @@ def is_lost_insert(exc: BaseException) -> bool:
     )
 
 
+def is_busy(exc: BaseException) -> bool:
+    """SQLite's writer lock stayed taken for its whole ``busy_timeout``: other
+    writers kept the database, which is overloaded. Not retried: a retry
+    would wait as long again behind the same queue."""
+    return isinstance(exc, OperationalError) and (
+        getattr(exc.orig, "sqlite_errorname", None) == "SQLITE_BUSY"
+    )
+
+
+BUSY = "the database stayed locked by other writers; try again"
+
+
 def retryable(exc: BaseException | None, *, first_try: bool) -> bool:
     if exc is None:
         return False
@@ -141,6 +157,8 @@ class TransactionRunner:
         try:
             return attempt()
         except BaseException as exc:  # noqa: BLE001 - the Retrying judges it
+            if is_busy(exc):
+                raise ServiceBusy(BUSY) from exc
             first: BaseException | None = exc
 
         def replay() -> T:
@@ -150,4 +168,9 @@ class TransactionRunner:
                 raise failed
             return attempt()
 
-        return self._retrying(replay)
+        try:
+            return self._retrying(replay)
+        except OperationalError as exc:
+            if is_busy(exc):
+                raise ServiceBusy(BUSY) from exc
+            raise
