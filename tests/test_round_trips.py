@@ -380,3 +380,44 @@ def test_a_set_of_three_costs_as_documented(app, backend):
             ),
         }
     assert measured == SET_EXPECTED[backend]
+
+
+# Joining a waiting line, with what the acquire asks for: (statements, commits).
+JOIN = {
+    # the clock, the line's lapsed places dropped, the place inserted
+    "postgresql": (3, 1),
+    "mariadb": (3, 1),
+    # BEGIN IMMEDIATE, then the same (the host's clock read in Python)
+    "sqlite": (3, 1),
+}
+
+
+def test_a_place_in_line_is_written_with_its_mode_by_the_insert_that_enqueues(
+    app, backend
+):
+    """The mode and limit a waiting acquire asks for ride on the statement that
+    puts it in line: joining costs the round trips it did before they were
+    recorded."""
+    inserts = []
+
+    def seen(_conn, _cursor, statement, parameters, _context, _many):
+        if statement.lstrip().upper().startswith("INSERT INTO LOCK_WAITERS"):
+            inserts.append((statement, parameters))
+
+    with app.app_context():
+        service = lock_service()
+        event.listen(db.engine, "before_cursor_execute", seen)
+        try:
+            trips = RoundTrips(db.engine)
+            measured = trips.measure(
+                lambda: service.queue.join("rt:q", "w-1", None, 5, limit=3)
+            )
+        finally:
+            event.remove(db.engine, "before_cursor_execute", seen)
+    assert measured == JOIN[backend]
+    ((statement, parameters),) = inserts
+    assert "mode" in statement
+    assert "holder_limit" in statement
+    values = list(parameters.values() if isinstance(parameters, dict) else parameters)
+    assert "exclusive" in values
+    assert 3 in values

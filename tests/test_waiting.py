@@ -12,12 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from lockkeeper_core.models import LockEvent
-from sqlalchemy import func, select, text
+from lockkeeper_core.models import LockEvent, LockWaiter
+from sqlalchemy import func, insert, select, text
 
 from app.extensions import db, lock_service
 from bench.ports import free_port
@@ -653,12 +654,12 @@ def test_the_dashboard_shows_who_waits(fake_app, clock):
         [cell.get_text(" ", strip=True) for cell in row.select("td")]
         for row in page.select("#queue-table tbody tr")
     ]
-    assert [row[:3] for row in rows] == [
-        ["1", "first", "billing"],
-        ["2", "second", "—"],
+    assert [row[:4] for row in rows] == [
+        ["1", "first", "exclusive", "billing"],
+        ["2", "second", "exclusive", "—"],
     ]
-    assert rows[0][3] == "2 s ago"
-    assert rows[1][3] == "0 s ago"
+    assert rows[0][4] == "2 s ago"
+    assert rows[1][4] == "0 s ago"
 
     # A poll that shows the current version gets 204; a change of the line alone
     # (no event is written) makes the next poll fetch the page again.
@@ -675,6 +676,160 @@ def test_the_dashboard_shows_who_waits(fake_app, clock):
     changed = browser.get("/", headers={**HTMX_POLL, **overview_poll})
     assert changed.status_code == 200
     assert "3 waiting" in changed.get_data(as_text=True)
+
+
+class Asks:
+    """Waiting acquires in threads, each with its own mode or limit; each
+    releases its grant at once."""
+
+    def __init__(self, locks):
+        self.locks = locks
+        self.results: dict[str, object] = {}
+        self._threads: list[threading.Thread] = []
+
+    def start(self, resource: str, owner: str, **ask) -> None:
+        def run():
+            result = self.locks.acquire(resource, owner, ttl=30, wait=20, **ask)
+            self.results[owner] = result
+            if result.acquired:
+                self.locks.release(resource, owner)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        queued = len(self._threads)
+        wait_until(
+            lambda: sum(len(self.locks.queue.line(r)) for r in RESOURCES) == queued,
+            what=f"{owner} queued",
+        )
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(60)
+            assert not thread.is_alive()
+
+
+RESOURCES = ("q:rw", "q:sem")
+
+
+def wants(locks, resource: str) -> list[tuple[str, str | None, int | None]]:
+    return [(w.owner, w.mode, w.limit) for w in locks.queue.line(resource)]
+
+
+def test_each_place_in_line_says_what_its_acquire_asked_for(locks):
+    """A waiting acquire's place in line carries the mode it asked for:
+    exclusive, shared, or a place of a semaphore with its limit. A writer
+    waiting behind readers is what an operator reads off the line."""
+    assert locks.acquire("q:rw", "writer-0", ttl=30).acquired
+    for owner in ("p1", "p2"):
+        assert locks.acquire("q:sem", owner, ttl=30, limit=2).acquired
+    asks = Asks(locks)
+    try:
+        asks.start("q:rw", "reader-1", mode="shared")
+        asks.start("q:rw", "writer-2")
+        asks.start("q:rw", "reader-3", mode="shared")
+        asks.start("q:sem", "p3", limit=2)
+
+        assert wants(locks, "q:rw") == [
+            ("reader-1", "shared", 1),
+            ("writer-2", "exclusive", 1),
+            ("reader-3", "shared", 1),
+        ]
+        assert wants(locks, "q:sem") == [("p3", "exclusive", 2)]
+    finally:
+        locks.release("q:rw", "writer-0")
+        for owner in ("p1", "p2"):
+            locks.release("q:sem", owner)
+        asks.join()
+    assert all(result.acquired for result in asks.results.values()), asks.results
+    assert wants(locks, "q:rw") == wants(locks, "q:sem") == []
+
+
+def older_codes_place(locks, resource: str, owner: str) -> None:
+    """A place in line as code older than 0036 inserts it: no mode, no limit."""
+    now = locks.now()
+    with locks.engine.begin() as conn:
+        conn.execute(
+            insert(LockWaiter.__table__).values(
+                resource=resource,
+                owner=owner,
+                token=None,
+                enqueued_at=now,
+                deadline=now + timedelta(seconds=30),
+            )
+        )
+
+
+def test_a_place_written_by_older_code_reads_as_not_recorded(locks):
+    """Code from before the line recorded modes (a rolling upgrade) inserts
+    its places without one: the line reads them with no mode, beside the
+    places of this code."""
+    assert locks.acquire("q:old", "holder", ttl=30).acquired
+    older_codes_place(locks, "q:old", "old-code")
+    locks.queue.join("q:old", "new-code", None, 20, mode="shared")
+    assert wants(locks, "q:old") == [
+        ("old-code", None, None),
+        ("new-code", "shared", 1),
+    ]
+
+
+def test_a_kept_place_keeps_what_it_asked_for(make_app, monkeypatch):
+    """A shared wait that runs out and keeps its place (``rejoin``) is still a
+    shared place in line, and so is the place its next request takes back."""
+    monkeypatch.setattr("lockkeeper_core.queue.PLACE_KEPT_FOR", 30.0)  # a slow machine
+    app = make_app()
+    api = ApiClient(app)
+    path = "/api/v1/locks/q:50"
+    assert api.post(path, json={"owner": "writer"}).status_code == 200
+    reader = {"owner": "reader", "mode": "shared", "wait": 0.1, "rejoin": True}
+    ran_out = api.post(path, json={**reader, "place": 0})
+    assert ran_out.status_code == 409
+    place = ran_out.get_json()["place"]
+    with app.app_context():
+        assert wants(lock_service(), "q:50") == [("reader", "shared", 1)]
+    again = api.post(path, json={**reader, "place": place})
+    assert again.get_json()["place"] == place
+    with app.app_context():
+        assert wants(lock_service(), "q:50") == [("reader", "shared", 1)]
+
+
+def test_the_lock_page_says_what_each_waiter_wants(fake_app, clock):
+    from tests.dashboard_helpers import log_in, make_user, soup
+
+    make_user(fake_app, "vic", "viewer")
+    browser = fake_app.test_client()
+    assert log_in(browser, "vic").status_code == 303
+    with fake_app.app_context():
+        locks = lock_service()
+        assert locks.acquire("q:16", "writer", ttl=60).acquired
+        assert locks.acquire("q:17", "a", ttl=60, limit=4).acquired
+        queue = locks.queue
+        queue.join("q:16", "reader-1", None, 20, mode="shared")
+        queue.join("q:16", "reader-2", None, 20, mode="shared")
+        queue.join("q:16", "writer-2", None, 20)
+        queue.join("q:17", "b", None, 20, limit=4)
+        older_codes_place(locks, "q:16", "old-code")
+
+    def rows(resource):
+        page = soup(browser.get(f"/locks/{resource}"))
+        headers = [th.get_text(strip=True) for th in page.select("#queue-table th")]
+        column = headers.index("Wants")
+        found = []
+        for row in page.select("#queue-table tbody tr"):
+            cells = row.select("td")
+            assert cells[column]["data-label"] == "Wants"
+            found.append(
+                (cells[1].get_text(strip=True), cells[column].get_text(" ", strip=True))
+            )
+        return found
+
+    assert rows("q:16") == [
+        ("reader-1", "shared"),
+        ("reader-2", "shared"),
+        ("writer-2", "exclusive"),
+        ("old-code", "not recorded"),
+    ]
+    assert rows("q:17") == [("b", "a place of 4")]
 
 
 def test_a_turned_away_acquire_keeps_its_place_for_its_retry(make_app, monkeypatch):

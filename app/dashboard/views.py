@@ -569,7 +569,8 @@ def lock_page(resource: str):
         lock and [lock.fence, lock.owner, lock.expires_at, lock.state],
         held_by and [[h.fence, h.owner, h.expires_at] for h in held_by.holders],
         lock_session and [lock_session.id, lock_session.expires_at],
-        [waiter.id for waiter in waiting],
+        # A kept place taken back may ask for another mode under its id.
+        [[waiter.id, waiter.mode, waiter.limit] for waiter in waiting],
         cursor,
         every_row,
         zoom,

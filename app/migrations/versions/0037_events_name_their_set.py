@@ -14,7 +14,7 @@ every event adds one entry (NULL) to it; the A/B is in the commit that added
 this migration. Built under traffic (``app.migrations.online``).
 
 Revision ID: 0037
-Revises: 0035
+Revises: 0036
 Create Date: 2026-12-07
 """
 
@@ -25,7 +25,7 @@ from app.migrations.online import create_index, drop_index
 from app.migrations.replaceable import routine_dialect
 
 revision = "0037"
-down_revision = "0035"
+down_revision = "0036"
 branch_labels = None
 depends_on = None
 # Older code writes no set id (NULL) and reads none.

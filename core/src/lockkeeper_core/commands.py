@@ -159,6 +159,8 @@ class Commands:
                 token_live=token_live or (lambda: True),
                 place=place,
                 rejoin=rejoin,
+                mode=mode,
+                limit=limit,
             )
         if result.acquired:
             core.metrics.acquired(result.action, resource)

@@ -175,6 +175,8 @@ class LockWaiter(Base):
     ``id`` is the arrival order; ``deadline`` (on the deciding clock) is when the
     request gives up: a row whose deadline has passed no longer counts, so a row
     left by a killed app instance holds no one up for longer than that.
+    ``mode`` and ``holder_limit`` are what the acquire asked for (shown on the
+    dashboard; the grant decides from the request itself, never from these).
     """
 
     __tablename__ = "lock_waiters"
@@ -185,6 +187,10 @@ class LockWaiter(Base):
     token: Mapped[str | None] = mapped_column(name_column(80))
     enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime)
     deadline: Mapped[datetime] = mapped_column(UTCDateTime)
+    # EXCLUSIVE or SHARED, and the limit (above 1: a semaphore's place) the
+    # acquire asked for; NULL on a place joined by code older than 0036.
+    mode: Mapped[str | None] = mapped_column(String(16))
+    holder_limit: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         Index("ix_lock_waiters_resource_id", "resource", "id"),

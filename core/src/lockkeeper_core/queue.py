@@ -1,8 +1,9 @@
 """Waiting in line: a fair, blocking acquire (``"wait": seconds``).
 
 A waiting acquire is a row of ``lock_waiters`` (resource, owner, token, arrival
-order ``id``, ``deadline``), so every app instance and every worker sees one queue
-per resource. The grant itself stays the lock statement's decision: the acquire
+order ``id``, ``deadline``, and the ``mode`` and ``holder_limit`` it asked for, which
+the dashboard shows), so every app instance and every worker sees one queue per
+resource. The grant itself stays the lock statement's decision: the acquire
 statement refuses anyone with live waiters ahead of it (a non-waiting acquire has
 everyone ahead of it), and a waiter's grant deletes its own row in the same
 statement or transaction. Mutual exclusion is untouched: the queue only decides
@@ -74,7 +75,7 @@ from sqlalchemy.exc import DBAPIError
 
 from lockkeeper_core.columns import UTCDateTime
 from lockkeeper_core.errors import TokenEnded, WaitersFull
-from lockkeeper_core.models import DistributedLock, LockWaiter
+from lockkeeper_core.models import EXCLUSIVE, DistributedLock, LockWaiter
 from lockkeeper_core.results import AcquireResult
 from lockkeeper_core.wakeups import (
     CHANNEL,
@@ -110,7 +111,9 @@ PLACE_KEPT_FOR = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Waiter:
-    """One request in line, as the dashboard shows it."""
+    """One request in line, as the dashboard shows it: ``mode`` (EXCLUSIVE or
+    SHARED) and ``limit`` (above 1: a semaphore's place) are what it asked for,
+    both None for a place joined by code older than migration 0036."""
 
     id: int
     resource: str
@@ -118,6 +121,8 @@ class Waiter:
     token: str | None
     enqueued_at: datetime
     deadline: datetime
+    mode: str | None = None
+    limit: int | None = None
 
 
 # -- the client's socket ----------------------------------------------------------
@@ -340,12 +345,15 @@ class WaitQueue:
         wait: float,
         place: int | None = None,
         *,
+        mode: str = EXCLUSIVE,
+        limit: int = 1,
         slack: timedelta = DEADLINE_SLACK,
     ) -> int:
         """Add a waiter at the end of ``resource``'s line; returns its place (id).
         ``place``: a place kept for this (resource, owner, token), taken back
         with the new deadline if it is still live; else (lapsed, another's, 0)
-        the waiter joins at the end.
+        the waiter joins at the end. ``mode`` and ``limit``: what the acquire
+        asks for, written by the statement that enqueues (the line shows them).
 
         The same transaction drops the resource's rows whose deadline has passed
         (left by requests of app instances that died)."""
@@ -369,7 +377,7 @@ class WaitQueue:
                         if token is not None
                         else waiters.c.token.is_(None),
                     )
-                    .values(deadline=deadline)
+                    .values(deadline=deadline, mode=mode, holder_limit=limit)
                 )
                 if kept.rowcount == 1:
                     return place
@@ -380,6 +388,8 @@ class WaitQueue:
                     token=token,
                     enqueued_at=now,
                     deadline=deadline,
+                    mode=mode,
+                    holder_limit=limit,
                 )
             )
             return result.inserted_primary_key[0]
@@ -433,7 +443,16 @@ class WaitQueue:
         with self._reads.connect() as conn:
             rows = conn.execute(query).all()
         return [
-            Waiter(r.id, r.resource, r.owner, r.token, r.enqueued_at, r.deadline)
+            Waiter(
+                r.id,
+                r.resource,
+                r.owner,
+                r.token,
+                r.enqueued_at,
+                r.deadline,
+                r.mode,
+                r.holder_limit,
+            )
             for r in rows
         ]
 
@@ -488,9 +507,12 @@ class WaitQueue:
         token_live: Callable[[], bool],
         place: int | None = None,
         rejoin: bool = False,
+        mode: str = EXCLUSIVE,
+        limit: int = 1,
     ) -> AcquireResult:
         """Wait in line up to ``seconds``; ``attempt(waiter_id)`` is the service's
-        acquire for one place in line. ``token_live()`` is asked before every
+        acquire for one place in line, of ``mode`` and ``limit`` (recorded with
+        the place). ``token_live()`` is asked before every
         attempt and at every look at the client (``CLIENT_CHECK_INTERVAL``): a
         token that ended leaves the line at once. ``place``: the request asks
         for a kept place if it is turned away (0), or presents one (see the
@@ -507,12 +529,16 @@ class WaitQueue:
         if self._slots is None or not self._slots.acquire(blocking=False):
             self.metrics.wait_refused("worker_full")
             refusal = WaitersFull(self.max_waiters)
-            return self._turned_away(refusal, attempt, resource, owner, token, place)
+            return self._turned_away(
+                refusal, attempt, resource, owner, token, place, (mode, limit)
+            )
         if not self._take_token_share(token):
             self._slots.release()
             self.metrics.wait_refused("token_share")
             refusal = WaitersFull(self.max_waiters_per_token, token=token)
-            return self._turned_away(refusal, attempt, resource, owner, token, place)
+            return self._turned_away(
+                refusal, attempt, resource, owner, token, place, (mode, limit)
+            )
         started = time.monotonic()
         metrics = self.metrics
         metrics.wait_started()
@@ -522,7 +548,7 @@ class WaitQueue:
             self._ring_for_waiting()
             with self.wakeups.subscribe(resource) as woken:
                 waiter_id = woken.waiter_id = self.join(
-                    resource, owner, token, wait, place
+                    resource, owner, token, wait, place, mode=mode, limit=limit
                 )
                 result = None
                 kept = None
@@ -548,6 +574,8 @@ class WaitQueue:
                             token,
                             PLACE_KEPT_FOR,
                             waiter_id,
+                            mode=mode,
+                            limit=limit,
                             slack=timedelta(0),
                         )
                     else:
@@ -568,15 +596,24 @@ class WaitQueue:
         owner: str,
         token: str | None,
         place: int | None,
+        asked: tuple[str, int],
     ) -> AcquireResult:
         """A request the room turned away: with ``place`` None, ``refusal``; else
         its place kept (or taken back) for ``PLACE_KEPT_FOR`` seconds, one look
         from it (granted when it is first and the lock is free), and
-        ``refusal`` naming it."""
+        ``refusal`` naming it. ``asked``: its (mode, limit)."""
         if place is None:
             raise refusal
+        mode, limit = asked
         kept = self.join(
-            resource, owner, token, PLACE_KEPT_FOR, place, slack=timedelta(0)
+            resource,
+            owner,
+            token,
+            PLACE_KEPT_FOR,
+            place,
+            mode=mode,
+            limit=limit,
+            slack=timedelta(0),
         )
         try:
             if self._notifies:
