@@ -71,10 +71,11 @@ def release_commit(revision: str) -> str:
         if _down_revision(_git("show", f"{first}:{name}")) == revision:
             commit = _git("rev-parse", f"{first}^").decode().strip()
             # The next migration may have come in one commit with this one:
-            # then no commit of this history ends at ``revision``.
+            # then no commit of this history ends at ``revision``. Two may
+            # have been written on it side by side, the one that landed second
+            # then put after the first: the first one's parent ends there.
             if _head_of(commit) == revision:
                 return commit
-            break
     raise LookupError(f"no commit of this history ends its migrations at {revision}")
 
 

@@ -4,9 +4,10 @@ For each of the last releases (named by their schema heads), the database is
 migrated to that release's revision, that release's own code (from this
 repository's history, ``tests/old_release.py``) serves it, and threads send it
 mixed traffic: exclusive locks held and renewed, semaphore places, shared
-grants, sessions with bound grants and heartbeats. Meanwhile this code's
-``db upgrade`` runs to the head. It must complete, and every request of the old
-code must get the answer it would get with no upgrade running.
+grants, sessions with bound grants and heartbeats, acquires waiting in line.
+Meanwhile this code's ``db upgrade`` runs to the head. It must complete, and
+every request of the old code must get the answer it would get with no upgrade
+running; a place the old code puts in line afterwards reads in this code's line.
 
 On SQLite the old server and ``db upgrade`` share one file on one host: each
 migration holds SQLite's one write lock for its transaction, and the old code's
@@ -20,14 +21,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
 from sqlalchemy import text
 
 from app import create_app
-from app.extensions import db
+from app.extensions import db, lock_service
 from app.ops.schema import required_revisions
 from app.ops.upgrade import upgrade
 from app.paths import PROJECT_ROOT
@@ -40,10 +42,10 @@ pytestmark = [
 ]
 
 # The schema heads a rolling upgrade starts from: heads of main whose code may
-# still be running, the newest (0027) the last before the current work. The
-# tree of release 0.2.0 (0028) is not in this history: it came in one commit
-# with the migrations after it, so ``release_tree`` cannot serve it.
-RELEASES = ("0020", "0024", "0026", "0027")
+# still be running, the newest (0035) the code before 0036 and 0037. The tree
+# of release 0.2.0 (0028) is not in this history: it came in one commit with
+# the migrations up to 0035, so ``release_tree`` cannot serve it.
+RELEASES = ("0020", "0024", "0026", "0027", "0035")
 # Each kind of traffic runs this many cycles before the upgrade starts.
 WARM_CYCLES = 3
 
@@ -81,6 +83,7 @@ class Traffic:
                 ("semaphore", self.semaphore),
                 ("shared", self.shared),
                 ("session", self.session),
+                ("waiting", self.waiting),
             )
         ]
 
@@ -163,6 +166,12 @@ class Traffic:
                 client.request("DELETE", "/api/v1/locks/sh:1", json=release), 204
             )
 
+    def waiting(self, client: httpx.Client) -> None:
+        """An acquire that waits in line behind a holder: the old code puts it
+        in line (without what 0036 adds) and its grant takes it out."""
+        with waiting_behind(client, "wq:1", "first", "second"):
+            pass
+
     def session(self, client: httpx.Client) -> None:
         started = self.expect(
             client.post("/api/v1/sessions", json={"owner": "s", "ttl": 30}), 201
@@ -172,6 +181,47 @@ class Traffic:
         path = f"/api/v1/sessions/{started['id']}"
         self.expect(client.patch(path, json={"owner": "s", "ttl": 30}), 200)
         self.expect(client.delete(path), 204)
+
+
+@contextmanager
+def waiting_behind(
+    client: httpx.Client, resource: str, holder: str, waiter: str
+) -> Iterator[None]:
+    """Inside the block ``waiter``'s acquire of ``resource`` waits in line
+    behind ``holder``'s grant (both sent to ``client``'s server, the waiter on
+    a connection of its own); leaving it, the holder releases, the waiter is
+    granted and releases in turn."""
+    path = f"/api/v1/locks/{resource}"
+    Traffic.expect(client.post(path, json={"owner": holder, "ttl": 30}), 200)
+    answers: list[httpx.Response | Exception] = []
+
+    def wait() -> None:
+        try:
+            with httpx.Client(
+                base_url=client.base_url, headers=client.headers, timeout=30
+            ) as own:
+                body = {"owner": waiter, "ttl": 30, "wait": 20}
+                answers.append(own.post(path, json=body))
+        except Exception as exc:  # noqa: BLE001 - raised by the caller's thread
+            answers.append(exc)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: not thread.is_alive() or client.get(path).json()["waiters"] == 1,
+            f"{waiter} in line for {resource}",
+        )
+        yield
+    finally:
+        released = client.request("DELETE", path, json={"owner": holder})
+        thread.join(30)
+    Traffic.expect(released, 204)
+    (answer,) = answers
+    if isinstance(answer, Exception):
+        raise answer
+    Traffic.expect(answer, 200)
+    Traffic.expect(client.request("DELETE", path, json={"owner": waiter}), 204)
 
 
 def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60) -> None:
@@ -210,6 +260,19 @@ def test_db_upgrade_completes_while_the_previous_release_serves_traffic(
                 started = time.monotonic()
                 done = upgrade(app, report=retries.append)
                 ended = time.monotonic()
+                # A place the old code puts in line on the upgraded schema is
+                # in this code's line, with no mode recorded.
+                with (
+                    httpx.Client(
+                        base_url=old.url, headers=traffic.headers, timeout=30
+                    ) as client,
+                    waiting_behind(client, "wq:2", "first", "second"),
+                    app.app_context(),
+                ):
+                    line = lock_service().queue.line("wq:2")
+                assert [(w.owner, w.mode, w.limit) for w in line] == [
+                    ("second", None, None)
+                ]
                 # The old code goes on serving on the upgraded schema.
                 after = traffic.counts()
                 wait_for(
