@@ -1,5 +1,6 @@
 """Sets raced by real threads on every database: workers take random
-overlapping sets of 2-5 resources, named in random orders, in random modes.
+overlapping sets of 2-5 resources, named in random orders, in random modes,
+and an operator releases the newest granted set as one, again and again.
 
 While they run, a reader reads every grant in one statement (one snapshot)
 again and again: no reading ever shows part of a set (each set's owner is its
@@ -7,8 +8,9 @@ own, so a set is whole when every member shows it), two exclusive grants of one
 resource, an exclusive grant beside a shared one, or a semaphore past its
 limit. The history afterwards says the same: every set's grant events come
 together, each member once, and every grant and release event names the set
-its acquire answered, and no other. On PostgreSQL and MariaDB the servers' own
-deadlock counters do not move (``tests/test_deadlock_race.Deadlocks``).
+its acquire answered, and no other (the operator's releases too). On
+PostgreSQL and MariaDB the servers' own deadlock counters do not move
+(``tests/test_deadlock_race.Deadlocks``).
 
 The dining philosophers (5 workers, 5 forks, each taking its two neighbours
 as one set) all finish their meals on PostgreSQL and MariaDB.
@@ -125,12 +127,16 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
     again, as a client would."""
     sets: dict[str, set[str]] = {}
     named: dict[str, str] = {}  # owner → the set id its acquire answered
+    latest: list[str] = []  # the owners of the sets granted, in order
+    forced: list[str] = []  # the sets the operator released
+    taken: list[str] = []  # the sets whose holder found them released
+    left_to_operator: dict[str, threading.Event] = {}
     record = threading.Lock()
     reader = Reader(sets, record)
     stop = threading.Event()
     counts = Counter()
     failures: list[BaseException] = []
-    start = threading.Barrier(workers + 1)
+    start = threading.Barrier(workers + 2)
 
     def worker(n: int) -> None:
         rng = random.Random(n)
@@ -158,7 +164,17 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                     continue
                 counts["granted"] += 1
                 counts[f"size {len(members)}"] += 1
-                named[owner] = result.set_id
+                handed = threading.Event()
+                with record:
+                    named[owner] = result.set_id
+                    latest.append(owner)
+                    if n == 0:
+                        # Worker 0 leaves its sets to the operator (the
+                        # others race it to their own release).
+                        left_to_operator[owner] = handed
+                if n == 0:
+                    while not handed.wait(0.05) and not stop.is_set():
+                        pass
                 while True:
                     try:
                         released = service.release_set(
@@ -169,8 +185,46 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                         if not busy_answers:
                             raise
                         counts["busy"] += 1
-                assert released.not_held == [], released
-                assert len(released.released) == len(members)
+                # Whole, or the operator's release of the set came first
+                # and took it whole.
+                if released.not_held:
+                    assert released.released == [], released
+                    assert len(released.not_held) == len(members)
+                    taken.append(owner)
+                else:
+                    assert len(released.released) == len(members)
+
+    def operate() -> None:
+        """An operator releasing the newest granted set as one, again and
+        again: the same rows in the same order as the sets' own."""
+        with app.app_context():
+            service = lock_service()
+            start.wait(timeout=30)
+            while not stop.is_set():
+                with record:
+                    # The set worker 0 waits on first, else the newest.
+                    pending = [
+                        o for o, done in left_to_operator.items() if not done.is_set()
+                    ]
+                    owner = pending[-1] if pending else latest[-1] if latest else None
+                if owner is None:
+                    stop.wait(0.01)
+                    continue
+                try:
+                    done = service.force_release_set(
+                        named[owner], actor="op", reason="race"
+                    )
+                except ServiceBusy:
+                    if not busy_answers:
+                        raise
+                    counts["busy"] += 1
+                    continue
+                assert len(done.released) in (0, len(sets[owner])), done
+                if done.released:
+                    forced.append(owner)
+                    counts["force released"] += 1
+                if owner in left_to_operator:
+                    left_to_operator[owner].set()
 
     def read() -> None:
         with app.app_context():
@@ -189,6 +243,7 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
         threading.Thread(target=guarded, args=(worker, n)) for n in range(workers)
     ]
     threads.append(threading.Thread(target=guarded, args=(read,)))
+    threads.append(threading.Thread(target=guarded, args=(operate,)))
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + seconds
@@ -201,6 +256,8 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
     assert not failures, failures
     assert not reader.broken, reader.broken[:5]
     counts["reads"] = reader.reads
+    # Each set the operator released is one its holder found released.
+    assert sorted(forced) == sorted(taken)
     return {"counts": counts, "sets": sets, "named": named}
 
 
@@ -211,14 +268,19 @@ def _history_is_whole(app, sets: dict[str, set[str]], named: dict[str, str]) -> 
         rows = db.session.execute(
             select(
                 LockEvent.owner, LockEvent.resource, LockEvent.action, LockEvent.set_id
-            ).where(LockEvent.action.in_(("acquired", "took_over", "released")))
+            ).where(
+                LockEvent.action.in_(
+                    ("acquired", "took_over", "released", "force_released")
+                )
+            )
         ).all()
     granted = defaultdict(list)
     released = defaultdict(list)
     for owner, resource, action, set_id in rows:
         assert set_id is not None, (owner, action)
         assert set_id == named.get(owner), (owner, action)
-        (released if action == "released" else granted)[owner].append(resource)
+        ended = action in ("released", "force_released")
+        (released if ended else granted)[owner].append(resource)
     for owner, resources in granted.items():
         assert sorted(resources) == sorted(sets[owner]), owner
         assert sorted(released[owner]) == sorted(resources), owner
@@ -237,6 +299,7 @@ def test_random_overlapping_sets_never_show_a_partial_set_nor_deadlock(
     assert counts["granted"] >= 10, counts
     assert counts["refused"] >= 1, counts  # the sets met
     assert counts["reads"] >= 20, counts
+    assert counts["force released"] >= 1, counts
     whole = _history_is_whole(set_app, found["sets"], found["named"])
     assert whole == counts["granted"]
     if deadlocks is not None:

@@ -364,6 +364,72 @@ def test_a_refused_set_names_no_event(service):
     assert all(e.set_id is None for e in events_of("set:c"))
 
 
+def test_a_set_is_seen_by_its_id_each_member_held_or_not(service, clock):
+    held = service.acquire_set(MIXED, "w-1", ttl=30, token="t")
+    service.release("set:b", "w-1", token="t")
+    service.acquire("set:a", "w-1", ttl=30, token="t")  # again, on its own
+    found = service.set_view(held.set_id)
+    assert [(m.resource, m.held) for m in found.members] == [
+        ("set:a", False),  # acquired again on its own: no longer the set's
+        ("set:b", False),  # released
+        ("set:c", True),
+    ]
+    fences = {lock.resource: lock.fence for lock in held.locks}
+    assert {m.resource: m.fence for m in found.members} == fences
+    # Its events: the set's own (a single release of a member names none).
+    assert sorted((e.resource, e.action.value) for e in found.events) == [
+        (resource, Action.ACQUIRED.value) for resource in ("set:a", "set:b", "set:c")
+    ]
+    alone = service.get("set:a").fence
+    assert service.sets_of_grants([("set:a", alone), ("set:c", fences["set:c"])]) == {
+        ("set:c", fences["set:c"]): held.set_id
+    }
+    assert service.set_view("unknown") is None
+    with pytest.raises(InvalidInput):
+        service.set_view("not a set id!")
+
+
+def test_an_operator_releases_a_set_as_one(service, clock):
+    held = service.acquire_set(MIXED + [Member("set:d")], "w-1", ttl=30, token="t")
+    service.acquire("set:d", "w-1", ttl=30, token="t")  # again, on its own
+    done = service.force_release_set(held.set_id, actor="op", reason="stuck job")
+    assert [lock.resource for lock in done.released] == ["set:a", "set:b", "set:c"]
+    assert done.not_held == ["set:d"]
+    for resource in ("set:a", "set:b", "set:c"):
+        assert service.holders(resource).holders == []
+        event = events_of(resource)[-1]
+        assert (event.action, event.set_id, event.actor, event.reason) == (
+            Action.FORCE_RELEASED.value,
+            held.set_id,
+            "op",
+            "stuck job",
+        )
+    # The member acquired again on its own stays its holder's.
+    assert [h.owner for h in service.holders("set:d").holders] == ["w-1"]
+    assert service.set_view(held.set_id).held == []
+    again = service.force_release_set(held.set_id, actor="op", reason="again")
+    assert (again.released, again.not_held) == (
+        [],
+        ["set:a", "set:b", "set:c", "set:d"],
+    )
+    with pytest.raises(InvalidInput):
+        service.force_release_set(held.set_id, actor="op", reason="")
+    assert service.force_release_set("unknown", actor="op", reason="x") is None
+
+
+def test_an_operators_release_of_a_set_leaves_a_grant_taken_since(service, clock):
+    """A member that ran out and was taken by another holder is not the
+    set's: it stays."""
+    held = service.acquire_set([Member("set:a"), Member("set:b")], "w-1", ttl=5)
+    service.renew("set:b", "w-1", ttl=60)
+    clock.advance(10)
+    other = service.acquire("set:a", "w-2", ttl=30).lock
+    done = service.force_release_set(held.set_id, actor="op", reason="stuck")
+    assert [lock.resource for lock in done.released] == ["set:b"]
+    assert done.not_held == ["set:a"]
+    assert service.get("set:a").fence == other.fence
+
+
 def test_a_set_past_the_bound_or_naming_a_resource_twice_is_invalid(make_app):
     app = make_app(LOCKKEEPER_MAX_SET_SIZE=2)
     from app.extensions import lock_service

@@ -153,6 +153,7 @@ class WholeModel(RuleBasedStateMachine):
         }
         self.limits: dict[str, int] = {}
         self.sessions: dict[str, Sess] = {}
+        self.set_ids: list[str] = []  # of the sets granted, the newest last
         self.ended: set[str] = set()
         self.frozen: set[str] = set()
         self.highest_fence = 0
@@ -576,6 +577,7 @@ class WholeModel(RuleBasedStateMachine):
         self._events_name_sets(
             result.locks, {m.resource: result.set_id for m in members}
         )
+        self.set_ids.append(result.set_id)
         WholeModel.seen["sets granted"] = 1
 
     def _events_name_sets(self, locks, set_ids: dict[str, str | None]) -> None:
@@ -601,11 +603,13 @@ class WholeModel(RuleBasedStateMachine):
         owner=st.sampled_from(OWNERS),
         token=st.sampled_from(TOKENS),
         ttl=TTLS,
+        operator=st.booleans(),
     )
-    def set_on_a_quiet_table(self, resources, owner, token, ttl):
+    def set_on_a_quiet_table(self, resources, owner, token, ttl, operator):
         """Every grant runs out, then a set of the resources' own kinds:
         granted whole unless a freeze stops it (separate steps reach a
-        granted set too seldom); then another set over it, refused whole."""
+        granted set too seldom); then another set over it, refused whole;
+        then, if ``operator``, the operator's release of the newest set."""
         self.clock.advance(31.0)
         # The freezes stay: a set of the others.
         picks = [(r, (None, 0)) for r in resources if not self._is_frozen(r)]
@@ -614,6 +618,8 @@ class WholeModel(RuleBasedStateMachine):
         self.acquire_set(picks, owner, token, ttl, None)
         other = next(o for o in OWNERS if o != owner)
         self.acquire_set(picks[::-1], other, token, ttl, None)
+        if operator:
+            self.force_release_set(0)
 
     @rule(
         resources=st.lists(
@@ -846,6 +852,46 @@ class WholeModel(RuleBasedStateMachine):
         del self.grants[resource][(grant.token, grant.owner)]
         event = self._last_event()
         assert (event.action, event.fence) == ("force_released", grant.fence)
+
+    @rule(pick=st.integers(0, 3))
+    def force_release_set(self, pick):
+        """An operator releases a set as one (the newest sets first): every
+        live grant still the set's ends, each with a ``force_released``
+        event naming the set; a run-out exclusive grant still on its row
+        may end too (as ``force_release`` ends a stale one); nothing else."""
+        if not self.set_ids:
+            return
+        set_id = self.set_ids[-1 - pick % len(self.set_ids)]
+        members = [
+            (resource, holder, grant)
+            for resource in RESOURCES
+            for holder, grant in self.grants[resource].items()
+            if grant.set_id == set_id
+        ]
+        live = {(r, g.fence) for r, _, g in members if g.expires_at > self.now}
+        stale_rows = {
+            (r, g.fence) for r, _, g in members if g.expires_at <= self.now and g.row
+        }
+        done = self.service.force_release_set(set_id, actor=ACTOR, reason="stuck")
+        ended = {(lock.resource, lock.fence) for lock in done.released}
+        assert live <= ended <= live | stale_rows, (live, stale_rows, done)
+        for resource, holder, grant in members:
+            if (resource, grant.fence) in ended:
+                del self.grants[resource][holder]
+        with db.engine.connect() as conn:
+            for lock in done.released:
+                event = conn.execute(
+                    select(LockEvent.action, LockEvent.set_id)
+                    .where(
+                        LockEvent.resource == lock.resource,
+                        LockEvent.fence == lock.fence,
+                    )
+                    .order_by(LockEvent.id.desc())
+                    .limit(1)
+                ).one()
+                assert tuple(event) == ("force_released", set_id), (lock, event)
+        if done.released:
+            WholeModel.seen["sets force-released"] = 1
 
     @rule(resource=st.sampled_from(RESOURCES), pick=st.integers(0, 3))
     def force_release_a_gone_fence(self, resource, pick):
@@ -1123,6 +1169,8 @@ def test_the_service_holds_the_whole_model_under_any_sequence(backend, model_app
     # Sets granted whole and refused whole.
     assert seen.get("sets granted"), seen
     assert seen.get("sets refused"), seen
+    # And an operator's release of a set that ended grants.
+    assert seen.get("sets force-released"), seen
     if backend == "sqlite":
         assert seen.get("limit 2", 0) == 2, seen
     else:

@@ -4,7 +4,7 @@
 to it. The audit pages are a blueprint of their own (``audit``).
 """
 
-from app.dashboard import operator, views
+from app.dashboard import operator, sets, views
 from app.dashboard.blueprint import bp
 
-__all__ = ["bp", "operator", "views"]
+__all__ = ["bp", "operator", "sets", "views"]

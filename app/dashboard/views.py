@@ -564,10 +564,19 @@ def lock_page(resource: str):
         else None
     )
     waiting = service.queue.line(resource)
+    # The live grants a set took with others: each links to its set's page.
+    grant_sets = service.sets_of_grants(
+        [(resource, h.fence) for h in held_by.holders]
+        if held_by is not None
+        else [(resource, lock.fence)]
+        if lock is not None and lock.owner
+        else []
+    )
     version = shown_version(
         newest,
         lock and [lock.fence, lock.owner, lock.expires_at, lock.state],
         held_by and [[h.fence, h.owner, h.expires_at] for h in held_by.holders],
+        sorted(grant_sets.values()),
         lock_session and [lock_session.id, lock_session.expires_at],
         # A kept place taken back may ask for another mode under its id.
         [[waiter.id, waiter.mode, waiter.limit] for waiter in waiting],
@@ -596,6 +605,7 @@ def lock_page(resource: str):
         lock=lock,
         lock_session=lock_session,
         held_by=held_by,
+        grant_sets=sorted({f: set_id for (_, f), set_id in grant_sets.items()}.items()),
         waiting=waiting,
         last_run=last_run(resource),
         history=history,

@@ -199,3 +199,41 @@ class SetRelease:
 
     released: list[Lock]
     not_held: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SetMember:
+    """One member of a set as its grant event recorded it, and whether that
+    grant is still held as the set's (``held``: live, and acquired again on
+    its own by no one since)."""
+
+    resource: str
+    fence: int
+    owner: str | None
+    token: str | None
+    mode: str | None
+    acquired_at: datetime | None
+    held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetView:
+    """A set by its id: its members, in the lock order, and its events (the
+    newest first)."""
+
+    set_id: str
+    members: list[SetMember]
+    events: list[Event]
+
+    @property
+    def held(self) -> list[SetMember]:
+        return [m for m in self.members if m.held]
+
+
+@dataclass(frozen=True, slots=True)
+class SetForceRelease:
+    """An operator's release of a set: the grants ended (in the lock order)
+    and the members whose grant was no longer the set's (``not_held``)."""
+
+    released: list[Lock]
+    not_held: list[str]

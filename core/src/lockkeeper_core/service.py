@@ -85,6 +85,9 @@ class LockService:
         self.acquire_set = self.sets.acquire
         self.renew_set = self.sets.renew
         self.release_set = self.sets.release
+        self.set_view = self.sets.view
+        self.sets_of_grants = self.sets.of_grants
+        self.force_release_set = self.sets.force_release
         self.force_release = self.operator.force_release
         self.force_release_place = self.operator.force_release_place
         self.force_release_all = self.operator.force_release_all

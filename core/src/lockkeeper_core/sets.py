@@ -40,19 +40,12 @@ member, freezes by each member's grant.
 Renew and release take the members' rows in the same order, in one
 transaction each. A renewal is all or nothing (a member lost refuses the
 whole renewal, naming it); a release ends every member still held and names
-those that were not.
+those that were not. An operator's release of a set (``force_release``, by
+the set's id) takes them in the same order too, in one transaction.
 
-Every event of a set names it (``lock_events.set_id``, migration 0037): each
-member's grant event, and the events of the set's renewals and releases. The
-set's id is drawn at its acquire and written, in the set's transaction, on the
-newest event of each member's grant once the grants are made: the grant's
-event, found by its resource and fence (a fence is one grant's; the event is
-written under the member's row lock, which the transaction still holds, so no
-later event of that grant can be there). A renewal or release names the set
-that each member's grant was made by (the set on its newest grant event: a
-member acquired again on its own since is no longer the set's). The grants'
-statements are those of a single acquire, unchanged: the naming is two
-statements of the set's own (find the events, then name them).
+Every event of a set names it (``lock_events.set_id``, migration 0037;
+``lockkeeper_core.set_names``), by which the dashboard shows a set's members
+together (``view``).
 
 Sets do not wait in line (yet): an acquire is answered at once, and a client
 polls with backoff (the waiting line holds one resource per waiter).
@@ -60,18 +53,17 @@ polls with backoff (the waiting line holds one resource per waiter).
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, func, literal, select, text, union_all, update
+from sqlalchemy import delete, select, text
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from lockkeeper_core import validation
+from lockkeeper_core import rules, validation
 from lockkeeper_core.core import LockCore
 from lockkeeper_core.errors import (
     InvalidInput,
@@ -84,7 +76,25 @@ from lockkeeper_core.errors import (
 )
 from lockkeeper_core.instrumentation import held_for
 from lockkeeper_core.models import NO_TOKEN
-from lockkeeper_core.results import AcquireResult, Lock, SetRelease, SetResult
+from lockkeeper_core.results import (
+    AcquireResult,
+    Event,
+    Lock,
+    SetForceRelease,
+    SetMember,
+    SetRelease,
+    SetResult,
+    SetView,
+)
+from lockkeeper_core.set_names import (
+    check_set_id,
+    grant_events,
+    grants_of,
+    live_grants,
+    name_set,
+    new_set_id,
+    sets_of,
+)
 from lockkeeper_core.state import Action, holds
 from lockkeeper_core.statements.common import Outcome, events, locks
 from lockkeeper_core.transactions import Raced
@@ -100,14 +110,8 @@ _FORGET_BY_NAME = text(
 )
 
 
-# The actions of the event that makes (or makes again) a member's grant.
-GRANT_ACTIONS = (Action.ACQUIRED, Action.TOOK_OVER, Action.REACQUIRED)
-# secrets.token_urlsafe(12): 16 characters of [A-Za-z0-9_-].
-SET_ID_BYTES = 12
-
-
-def new_set_id() -> str:
-    return secrets.token_urlsafe(SET_ID_BYTES)
+# The events a set's view shows, the newest first.
+SET_EVENTS_SHOWN = 200
 
 
 class _Missing(Exception):
@@ -279,7 +283,7 @@ class Sets:
                 try:
                     with core.write_engine.connect() as conn, conn.begin():
                         granted = self._grant_all(conn, ordered, token, max_locks)
-                        name_set(conn, {set_id: _grants_of(granted)})
+                        name_set(conn, {set_id: grants_of(granted)})
                         return granted
                 except _Missing as missing:
                     created.extend(self._create_rows(missing.asks))
@@ -487,7 +491,7 @@ class Sets:
                     ask = Ask(resource, owner, token, seconds, actor)
                     raise _Refused(ask, outcome)
                 renewed[resource] = outcome
-            name_set(conn, sets_of(conn, _grants_of(renewed)))
+            name_set(conn, sets_of(conn, grants_of(renewed)))
             return renewed
 
         def attempt() -> list[Lock]:
@@ -553,7 +557,7 @@ class Sets:
                     )
                 if outcome.done:
                     released[resource] = outcome
-            name_set(conn, sets_of(conn, _grants_of(released)))
+            name_set(conn, sets_of(conn, grants_of(released)))
             return released
 
         released = core.run(work)
@@ -569,63 +573,109 @@ class Sets:
             ended.append(lock)
         return SetRelease(ended, [r for r in resources if r not in released])
 
+    # -- a set by its id: the dashboard's view and the operator's release -------
 
-# -- naming the set on its events ------------------------------------------------
+    def view(self, set_id: str) -> SetView | None:
+        """The set's members (from their grant events, in the lock order),
+        each with whether its grant is still held as the set's, and its
+        newest events; None when no event names it (never acquired, or
+        purged).
 
-
-def _grants_of(outcomes: dict[str, Outcome]) -> list[tuple[str, int]]:
-    """The (resource, fence) of each grant made, renewed or ended."""
-    return [(resource, outcome.row.fence) for resource, outcome in outcomes.items()]
-
-
-def _newest_events(grants: Iterable[tuple[str, int]], actions=None):
-    """For each (resource, fence), the newest event of that grant (of
-    ``actions`` only, if given): one primary-key look each, through the
-    events' (resource, id) index read backwards from the newest."""
-    parts = []
-    for resource, fence in grants:
-        newest = select(func.max(events.c.id)).where(
-            events.c.resource == resource, events.c.fence == fence
-        )
-        if actions is not None:
-            newest = newest.where(events.c.action.in_([a.value for a in actions]))
-        parts.append(
-            select(
-                events.c.id, events.c.resource, events.c.set_id, literal(fence)
-            ).where(events.c.id == newest.scalar_subquery())
-        )
-    return parts
-
-
-def sets_of(conn, grants: Sequence[tuple[str, int]]) -> dict[str, list]:
-    """The set each grant was made by (its newest grant event's), as
-    ``{set_id: [(resource, fence), …]}``; grants of no set are left out."""
-    if not grants:
-        return {}
-    parts = _newest_events(grants, GRANT_ACTIONS)
-    found: dict[str, list] = {}
-    for row in conn.execute(union_all(*parts) if len(parts) > 1 else parts[0]):
-        if row.set_id is not None:
-            found.setdefault(row.set_id, []).append((row.resource, row[3]))
-    return found
-
-
-def name_set(conn, grants_by_set: dict[str, list]) -> None:
-    """Write each set's id on the newest event of each of its grants: the
-    one its caller has just written in this transaction, under the grant's
-    row lock. Found, then named by primary key: two statements whose plans
-    are index looks on every database (the update names no subquery on the
-    table it writes)."""
-    for set_id, grants in grants_by_set.items():
-        parts = _newest_events(grants)
-        ids = [
-            row.id
-            for row in conn.execute(union_all(*parts) if len(parts) > 1 else parts[0])
-        ]
-        if ids:
-            conn.execute(
-                update(events).where(events.c.id.in_(ids)).values(set_id=set_id)
+        :raise InvalidInput: not a set id."""
+        check_set_id(set_id)
+        core = self.core
+        now = core.now()
+        with core.reads.connect() as conn:
+            granted = grant_events(conn, set_id)
+            if not granted:
+                return None
+            grants = [(row.resource, row.fence) for row in granted]
+            held = live_grants(conn, grants, now) & set(
+                sets_of(conn, grants).get(set_id, ())
             )
+            shown = conn.execute(
+                select(events)
+                .where(events.c.set_id == set_id)
+                .order_by(events.c.id.desc())
+                .limit(SET_EVENTS_SHOWN)
+            ).all()
+        return SetView(
+            set_id,
+            [
+                SetMember(
+                    row.resource,
+                    row.fence,
+                    row.owner,
+                    row.token,
+                    row.mode,
+                    row.acquired_at,
+                    (row.resource, row.fence) in held,
+                )
+                for row in granted
+            ],
+            [Event.from_row(row) for row in shown],
+        )
+
+    def of_grants(self, grants: Sequence[tuple[str, int]]) -> dict[tuple, str]:
+        """The set each (resource, fence) grant was made by, for those made
+        by one (a lock page's holders)."""
+        if not grants:
+            return {}
+        with self.core.reads.connect() as conn:
+            found = sets_of(conn, grants)
+        return {grant: set_id for set_id, named in found.items() for grant in named}
+
+    def force_release(
+        self, set_id: str, *, actor: str, reason: str | None
+    ) -> SetForceRelease | None:
+        """An operator ends every grant still held as the set's, whoever holds
+        it, stale or not, in one transaction: the members' rows in the lock
+        order (as a set's acquire takes them), each grant by its fence (a
+        grant that came since, with another fence, is left alone), one
+        ``force_released`` event each, naming the set. A member whose grant
+        ended, or was acquired again on its own, is named in ``not_held``.
+
+        None: no event names the set (never acquired, or purged).
+
+        :raise InvalidInput: no reason, or not a set id."""
+        check_set_id(set_id)
+        core = self.core
+        core.validate(actor=actor, reason=reason)
+        rules.require_reason(reason, "to force-release a set")
+        statements = core.transactional
+
+        def work(conn):
+            granted = grant_events(conn, set_id)
+            if not granted:
+                return None
+            grants = sorted((row.resource, row.fence) for row in granted)
+            mine = set(sets_of(conn, grants).get(set_id, ()))
+            ended, now, waiters = [], None, {}
+            for resource, fence in grants:
+                if (resource, fence) not in mine:
+                    continue
+                done = statements.force_remove_all(
+                    conn, resource, [fence], actor, reason, core.given_now()
+                )
+                now = done.now
+                if done.released:
+                    ended.extend(done.released)
+                    waiters[resource] = done.waiters
+            name_set(conn, {set_id: [(g.resource, g.fence) for g in ended]})
+            return grants, ended, now, waiters
+
+        found = core.run(work)
+        if found is None:
+            return None
+        grants, ended, now, waiters = found
+        released = [core.lock(grant, now) for grant in ended]
+        for lock in released:
+            core.metrics.operator_action(Action.FORCE_RELEASED)
+            self._notify(lock.resource, waiters.get(lock.resource, 0))
+        gone = {lock.resource for lock in released}
+        return SetForceRelease(
+            released, [resource for resource, _ in grants if resource not in gone]
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any
 
-from lockkeeper_core.models import MODES, SESSION_ID_LENGTH, SHARED
+from lockkeeper_core.models import MODES, SESSION_ID_LENGTH, SET_ID_LENGTH, SHARED
 
 RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9._:@=+\-]{1,255}")
 # Path segments that browsers, proxies and URL libraries resolve away
@@ -182,6 +182,19 @@ def session_id_error(session_id: Any) -> str | None:
         or not set(session_id) <= SESSION_ID_CHARACTERS
     ):
         return "is not a session id"
+    return None
+
+
+def set_id_error(set_id: Any) -> str | None:
+    """A set's id (``lockkeeper_core.sets.new_set_id``): the characters of a
+    session id, at most ``SET_ID_LENGTH``."""
+    if (
+        not isinstance(set_id, str)
+        or not set_id
+        or len(set_id) > SET_ID_LENGTH
+        or not set(set_id) <= SESSION_ID_CHARACTERS
+    ):
+        return "is not a set id"
     return None
 
 
