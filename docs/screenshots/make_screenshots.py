@@ -121,6 +121,12 @@ def fill(app, clock: DemoClock) -> None:
             locks.acquire(
                 "cache:catalog", f"reader-{n}", ttl=600, mode="shared", actor="batch"
             )
+        # A writer waiting behind the two readers, and a reader behind it (the
+        # places a waiting acquire holds in line, here without its request).
+        clock.at(1)
+        locks.queue.join("cache:catalog", "rebuilder@host-6", "workers", 3600)
+        clock.at(0.5)
+        locks.queue.join("cache:catalog", "reader-3", "workers", 3600, mode="shared")
         clock.at(0)
         locks.acquire("deploy:api", "ci-runner-18", ttl=1200, actor="ci")
         # A leader elected through a session, and a stuck session a host left

@@ -152,11 +152,14 @@ def test_a_semaphores_lock_page_at_390_px_reads_without_sideways_scroll(
         for n in range(3):
             owner = f"batch-07.example.internal:{n}:abcdef0123456789"
             assert service.acquire("sem:nightly", owner, ttl=600, limit=3).acquired
-        service.queue.join("sem:nightly", "batch-08.example.internal:1:x", None, 60)
+        service.queue.join(
+            "sem:nightly", "batch-08.example.internal:1:x", None, 60, limit=3
+        )
     page = operator_page
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto(site.url + "/locks/sem:nightly")
     expect(page.locator("#holders-table tbody tr")).to_have_count(3)
+    expect(page.locator("#queue-table td.wants")).to_have_text(["a place of 3"])
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     card = page.locator("#holders-table tbody tr").first
     for cell in ("owner", "remaining", "fence", "held-for", "actions"):
