@@ -7,19 +7,15 @@ from typing import TYPE_CHECKING
 from flask import current_app
 from flask_compress import Compress
 from flask_login import LoginManager
-from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf import CSRFProtect
 from lockkeeper_core.models import Base
-
-from app.paths import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
     from lockkeeper_core.service import LockService
 
 # The lock core's declarative base: ``db.Model`` shares its metadata and registry.
 db = SQLAlchemy(model_class=Base)
-migrate = Migrate(directory=str(MIGRATIONS_DIR), render_as_batch=True)
 csrf = CSRFProtect()
 login_manager = LoginManager()
 compress = Compress()
@@ -56,7 +52,6 @@ def init_app(app) -> None:
     with app.app_context():
         install_engine_events(db.engine)
         attach_autocommit_engine(db.engine, app.config["SQLALCHEMY_ENGINE_OPTIONS"])
-    migrate.init_app(app, db)
     csrf.init_app(app)
     login_manager.init_app(app)
     app.config.setdefault("COMPRESS_MIMETYPES", COMPRESS_MIMETYPES)

@@ -13,7 +13,6 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = PROJECT_ROOT / "templates"
 STATIC_DIR = PROJECT_ROOT / "static"
 INSTANCE_DIR = PROJECT_ROOT / "instance"
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 def make_private_dir(path: Path) -> None:

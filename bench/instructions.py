@@ -42,7 +42,7 @@ def _cycles(cycles: int, url: str, instance: str, migrate: bool) -> None:
     try:
         from app.extensions import lock_service
     except ImportError:  # a tree from before the lock core stood alone
-        from lockkeeper_core.service import lock_service
+        from app.locks.service import lock_service
 
     app = create_app(
         {
@@ -72,6 +72,12 @@ def _cycles(cycles: int, url: str, instance: str, migrate: bool) -> None:
     thread.join()
 
 
+def _source_path(tree: Path) -> str:
+    """The tree's own packages first: its server, and its lock core once that
+    became a distribution of its own (``core/src``)."""
+    return os.pathsep.join([str(tree), str(tree / "core" / "src")])
+
+
 def _counted(tree: Path, url: str, instance: str, cycles: int) -> int:
     """Instructions callgrind counted in the measuring thread."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -91,7 +97,7 @@ def _counted(tree: Path, url: str, instance: str, cycles: int) -> int:
                 instance,
             ],
             cwd=tree,
-            env={**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"},
+            env={**os.environ, "PYTHONPATH": _source_path(tree), "PYTHONHASHSEED": "0"},
             capture_output=True,
             text=True,
             check=False,
@@ -110,7 +116,7 @@ def per_cycle(tree: Path, url: str | None, low: int, high: int) -> float:
             subprocess.run(
                 [sys.executable, __file__, "--child", "0", url, instance, "migrate"],
                 cwd=tree,
-                env={**os.environ, "PYTHONPATH": str(tree)},
+                env={**os.environ, "PYTHONPATH": _source_path(tree)},
                 capture_output=True,
                 check=True,
             )

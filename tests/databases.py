@@ -16,7 +16,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from alembic import command
 from lockkeeper_core.queue import stop_background
+from lockkeeper_core.upgrade import migration_config
 from lockkeeper_core.wakeups import LISTENER_APPLICATION_NAME
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -55,6 +57,12 @@ TABLES = (
 # Kept between tests: SQLite's fence counter row (fences only grow).
 KEPT_TABLES = ("lock_fence_counter",)
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def downgrade_schema(revision: str) -> None:
+    """Run the migrations down to ``revision`` on the current app's database."""
+    with db.engine.connect() as conn:
+        command.downgrade(migration_config(conn), revision)
 
 
 def unavailable(reason: str):

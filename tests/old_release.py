@@ -24,9 +24,12 @@ from pathlib import Path
 
 from app.paths import PROJECT_ROOT
 
-VERSIONS = "app/migrations/versions"
-# What a server of the old tree needs to import and render.
-TREE_PATHS = ("app", "client/src", "templates", "static")
+# Where the migration scripts are, and were before the lock core became a
+# distribution of its own.
+VERSIONS = ("core/src/lockkeeper_core/migrations/versions", "app/migrations/versions")
+# What a server of the old tree needs to import and render (of these, what the
+# tree has: ``core`` came later).
+TREE_PATHS = ("app", "core/src", "client/src", "templates", "static")
 
 SERVE = """
 import json, sys
@@ -58,17 +61,33 @@ def _down_revision(source: bytes) -> str | None:
     return None
 
 
+def _scripts(commit: str) -> list[str]:
+    """The paths of ``commit``'s migration scripts."""
+    return [
+        name
+        for folder in VERSIONS
+        for name in _git("ls-tree", "--name-only", commit, f"{folder}/")
+        .decode()
+        .split()
+        if name.endswith(".py") and not name.endswith("__init__.py")
+    ]
+
+
+def _has(commit: str, path: str) -> bool:
+    return bool(_git("ls-tree", "--name-only", commit, "--", path).strip())
+
+
 def release_commit(revision: str) -> str:
     """The last commit whose migrations ended at ``revision``."""
-    for path in _git("ls-tree", "--name-only", "HEAD", f"{VERSIONS}/").split():
-        name = path.decode()
-        if not name.endswith(".py") or name.endswith("__init__.py"):
-            continue
-        added = _git("log", "--diff-filter=A", "--format=%H", "--", name).split()
+    for name in _scripts("HEAD"):
+        # Added where the scripts were then: the oldest add of either path.
+        places = [f"{folder}/{name.rsplit('/', 1)[1]}" for folder in VERSIONS]
+        added = _git("log", "--diff-filter=A", "--format=%H", "--", *places).split()
         if not added:
             continue
         first = added[-1].decode()
-        if _down_revision(_git("show", f"{first}:{name}")) == revision:
+        path = next(place for place in places if _has(first, place))
+        if _down_revision(_git("show", f"{first}:{path}")) == revision:
             commit = _git("rev-parse", f"{first}^").decode().strip()
             # The next migration may have come in one commit with this one:
             # then no commit of this history ends at ``revision``. Two may
@@ -82,10 +101,7 @@ def release_commit(revision: str) -> str:
 def _head_of(commit: str) -> str | None:
     """The newest revision of ``commit``'s migrations (none points down to it)."""
     revisions, downs = set(), set()
-    for path in _git("ls-tree", "--name-only", commit, f"{VERSIONS}/").split():
-        name = path.decode()
-        if not name.endswith(".py") or name.endswith("__init__.py"):
-            continue
+    for name in _scripts(commit):
         revisions.add(name.rsplit("/", 1)[1].split("_", 1)[0])
         downs.add(_down_revision(_git("show", f"{commit}:{name}")))
     heads = revisions - downs
@@ -96,7 +112,9 @@ def release_tree(revision: str, into: Path) -> Path:
     """The code of that release, extracted under ``into`` (once)."""
     tree = into / f"release-{revision}"
     if not tree.exists():
-        archive = _git("archive", release_commit(revision), *TREE_PATHS)
+        commit = release_commit(revision)
+        paths = [path for path in TREE_PATHS if _has(commit, path)]
+        archive = _git("archive", commit, *paths)
         partial = into / f".release-{revision}.{os.getpid()}"
         with tarfile.open(fileobj=BytesIO(archive)) as tar:
             tar.extractall(partial, filter="data")
@@ -116,7 +134,9 @@ def serving(tree: Path, database_url: str, instance: Path) -> Iterator[OldServer
     """The old release's app on a threaded HTTP server, an API token of its own."""
     env = {
         "PATH": os.environ["PATH"],
-        "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'client' / 'src'}",
+        "PYTHONPATH": os.pathsep.join(
+            str(path) for path in (tree, tree / "core" / "src", tree / "client" / "src")
+        ),
         "LOCKKEEPER_DATABASE_URL": database_url,
         "LOCKKEEPER_INSTANCE_PATH": str(instance),
         "LOCKKEEPER_SECRET_KEY": "old-release",

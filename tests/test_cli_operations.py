@@ -187,7 +187,8 @@ def test_the_env_file_option_loads_the_services_environment(env, tmp_path):
 
 
 def test_version_is_lockkeepers_and_flask_internals_are_not_offered():
-    from app.ops.schema import required_revisions
+    from lockkeeper_core.schema import required_revisions
+
     from app.ops.version import RELEASE
 
     runner = build_cli()

@@ -16,6 +16,7 @@ import pytest
 from lockkeeper_client import LockClient, LockMissing
 
 from app.paths import PROJECT_ROOT
+from tests.live_server import serve
 
 pytest_plugins = ["tests.live_server"]
 # These tests on one pytest-xdist worker: each worker would build its own
@@ -151,7 +152,7 @@ def test_the_installed_client_takes_a_lock_from_a_project_with_its_own_app_packa
 
 
 # The web server's parts, which the embedded mode must not bring.
-WEB_SERVER = {"flask", "werkzeug", "flask-sqlalchemy", "flask-migrate", "gunicorn"}
+WEB_SERVER = {"flask", "werkzeug", "flask-sqlalchemy", "gunicorn"}
 
 
 @pytest.mark.slow
@@ -163,12 +164,23 @@ def test_the_core_installs_for_a_worker_without_the_web_server(embedded_venv):
 
 @pytest.mark.slow
 def test_a_worker_with_its_own_app_package_locks_in_process_with_the_core(
-    embedded_venv, tmp_path, live_server
+    embedded_venv, make_app, tmp_path
 ):
-    """The server made the schema and the token; a worker project with its own
-    top-level ``app`` takes a lock in its own process, in five lines, and the
-    server sees the grant's fence in the lock's history."""
-    database = live_server.app.config["SQLALCHEMY_DATABASE_URI"]
+    """A worker's environment alone creates the lock schema in a new database;
+    a project with its own top-level ``app`` then takes a lock in its own
+    process, in five lines, and a server on that database sees the grant in
+    the lock's history. The server made only the API token."""
+    database = f"sqlite:///{tmp_path / 'worker.sqlite3'}"
+    core = [str(embedded_venv / "bin" / "python"), "-m", "lockkeeper_core"]
+    empty = subprocess.run(
+        [*core, "current", database], capture_output=True, text=True, timeout=60
+    )
+    assert empty.returncode == 1, empty.stdout + empty.stderr
+    assert "python -m lockkeeper_core upgrade" in empty.stdout
+    upgraded = _run(*core, "upgrade", database).stdout
+    assert upgraded.startswith("Upgraded the database from revision none to ")
+    assert _run(*core, "current", database).stdout.endswith("ready: this code's head\n")
+
     project = tmp_path / "worker-project"
     (project / "app").mkdir(parents=True)
     (project / "app" / "__init__.py").write_text("WORKER_APP = True\n")
@@ -191,18 +203,19 @@ def test_a_worker_with_its_own_app_package_locks_in_process_with_the_core(
             """
         )
     )
-    result = _run(
-        str(embedded_venv / "bin" / "python"),
-        "job.py",
-        database,
-        live_server.token,
-        cwd=project,
-    )
-    fence = int(result.stdout.strip())
-    history = httpx.get(
-        f"{live_server.url}/api/v1/locks/job:embedded/events",
-        headers=live_server.auth_headers,
-    ).json()["events"]
+    with serve(make_app(LOCKKEEPER_DATABASE_URL=database)) as server:
+        result = _run(
+            str(embedded_venv / "bin" / "python"),
+            "job.py",
+            database,
+            server.token,
+            cwd=project,
+        )
+        fence = int(result.stdout.strip())
+        history = httpx.get(
+            f"{server.url}/api/v1/locks/job:embedded/events",
+            headers=server.auth_headers,
+        ).json()["events"]
     assert [event["action"] for event in history if event["fence"] == fence] == [
         "released",  # newest first
         "acquired",

@@ -4,6 +4,7 @@ it on a plain SQLAlchemy engine where Flask cannot even be imported."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -77,7 +78,10 @@ def test_the_core_acquires_and_releases_without_flask(backend, app, tmp_path):
     finished = subprocess.run(
         [sys.executable, str(script), url],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(PROJECT_ROOT), "PATH": "/usr/bin:/bin"},
+        env={
+            "PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{PROJECT_ROOT / 'core' / 'src'}",
+            "PATH": "/usr/bin:/bin",
+        },
         capture_output=True,
         text=True,
         timeout=120,
@@ -143,7 +147,14 @@ def test_the_client_locks_in_process_without_flask(app, tmp_path):
         [sys.executable, str(script), app.config["SQLALCHEMY_DATABASE_URI"], token],
         cwd=tmp_path,
         env={
-            "PYTHONPATH": f"{PROJECT_ROOT}:{PROJECT_ROOT / 'client' / 'src'}",
+            "PYTHONPATH": os.pathsep.join(
+                str(path)
+                for path in (
+                    PROJECT_ROOT,
+                    PROJECT_ROOT / "core" / "src",
+                    PROJECT_ROOT / "client" / "src",
+                )
+            ),
             "PATH": "/usr/bin:/bin",
         },
         capture_output=True,
@@ -156,20 +167,6 @@ def test_the_client_locks_in_process_without_flask(app, tmp_path):
     assert seen["fence"] >= 1
     assert seen["holder"]
     assert seen["web_modules"] == []
-
-
-def test_the_cores_schema_revision_is_the_head_of_the_servers_migrations():
-    """The core's distribution carries no migration scripts: it names the
-    revision it was written for, and compares revisions as numbers. A new
-    migration moves ``SCHEMA_REVISION`` with it, and keeps the numbering."""
-    from lockkeeper_core import schema
-
-    from app.ops.schema import required_revisions, scripts
-
-    assert required_revisions() == {schema.SCHEMA_REVISION}
-    chain = [script.revision for script in reversed(list(scripts().walk_revisions()))]
-    assert all(len(revision) == 4 and revision.isdigit() for revision in chain)
-    assert chain == sorted(chain, key=int), "numbered in the order they run"
 
 
 @pytest.mark.backends("postgresql", "mariadb")  # SQLite's run on the engine itself
@@ -191,3 +188,25 @@ def test_a_worker_engines_single_statements_connect_as_the_engine_does(backend, 
             assert conn.exec_driver_sql(probe).scalar() == "lk-worker-probe"
     finally:
         engine.dispose()
+
+
+def test_the_cores_schema_command_creates_and_checks_a_database(tmp_path, capsys):
+    """``python -m lockkeeper_core``: what a worker's deploy step runs."""
+    from lockkeeper_core.__main__ import main
+
+    url = f"sqlite:///{tmp_path / 'worker.sqlite3'}"
+    assert main(["current", url]) == 1
+    assert "empty (no schema)" in capsys.readouterr().out
+    assert main(["upgrade", url]) == 0
+    assert "Upgraded the database from revision none to" in capsys.readouterr().out
+    assert main(["upgrade", url]) == 0
+    assert ": nothing to do." in capsys.readouterr().out
+    assert main(["current", url]) == 0
+    assert "ready: this code's head" in capsys.readouterr().out
+
+
+def test_the_cores_schema_command_says_when_the_database_does_not_answer(capsys):
+    from lockkeeper_core.__main__ import main
+
+    assert main(["current", "postgresql+psycopg://nobody@127.0.0.1:1/none"]) == 2
+    assert "the database does not answer" in capsys.readouterr().err

@@ -9,12 +9,11 @@ import threading
 
 import pytest
 from alembic.script import ScriptDirectory
+from lockkeeper_core.schema import MIGRATIONS_DIR, oldest_code
 from sqlalchemy import create_engine, text
 
 from app.config import normalize_database_url
-from app.ops.schema import oldest_code
 from app.ops.upgrade import upgrade
-from app.paths import MIGRATIONS_DIR
 
 pytestmark = pytest.mark.usefixtures("backend")
 

@@ -26,6 +26,7 @@ import click
 import httpx
 import psycopg
 import pytest
+from lockkeeper_core.schema import MIGRATIONS_DIR
 from sqlalchemy.engine import make_url
 
 from app.cli.main import build_cli
@@ -267,7 +268,7 @@ def test_every_documented_gunicorn_command_line_parses():
 def test_the_changelog_lists_every_migration_and_setting():
     changelog = (PROJECT_ROOT / "CHANGELOG.md").read_text()
     assert changelog.splitlines()[0] == "# Changelog"
-    versions = PROJECT_ROOT / "app" / "migrations" / "versions"
+    versions = MIGRATIONS_DIR / "versions"
     for script in versions.glob("[0-9]*.py"):
         assert f"`{script.stem}`" in changelog, f"{script.stem} not in CHANGELOG.md"
     section = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
@@ -322,7 +323,8 @@ def test_the_changelog_has_a_section_per_release_naming_its_schema():
     newest is this code's version and its schema this code's head (or an
     `Unreleased` section above it holds the migrations since); the Upgrading
     steps are there."""
-    from app.ops.schema import required_revisions
+    from lockkeeper_core.schema import required_revisions
+
     from app.ops.version import RELEASE
 
     changelog = (PROJECT_ROOT / "CHANGELOG.md").read_text()

@@ -4,6 +4,7 @@ grants' fences increase in the order the audit log records them."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -136,7 +137,14 @@ def test_a_sigkilled_embedded_workers_lock_is_taken_over_after_its_ttl(
     child = subprocess.Popen(
         [sys.executable, str(script), database, live_server.token],
         env={
-            "PYTHONPATH": f"{PROJECT_ROOT}:{PROJECT_ROOT / 'client' / 'src'}",
+            "PYTHONPATH": os.pathsep.join(
+                str(path)
+                for path in (
+                    PROJECT_ROOT,
+                    PROJECT_ROOT / "core" / "src",
+                    PROJECT_ROOT / "client" / "src",
+                )
+            ),
             "PATH": "/usr/bin:/bin",
         },
         stdout=subprocess.PIPE,

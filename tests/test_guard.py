@@ -16,14 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from alembic import command
 from lockkeeper_core.values import Ask
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from app.extensions import db, lock_service, migrate
+from app.extensions import db, lock_service
 from app.factory import upgrade_schema
 from tests.clock import FakeClock
+from tests.databases import downgrade_schema
 from tests.row_waits import RowHolder, run_blocked
 
 RESOURCE = "guard:job"
@@ -88,7 +88,7 @@ def _guards(app) -> int:
 
 def test_the_guard_comes_and_goes_with_its_migration(guarded_app):
     assert _guards(guarded_app) == 1
-    command.downgrade(migrate.get_config(), "0007")
+    downgrade_schema("0007")
     assert _guards(guarded_app) == 0
     upgrade_schema(guarded_app)
     assert _guards(guarded_app) == 1

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 from lockkeeper_core.errors import LockExpired, LockNotFound, NotOwner
+from lockkeeper_core.schema import required_revisions, shown_revisions
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.extensions import lock_service
 from app.ops.request_log import LOGGER_NAME, render_line
-from app.ops.schema import required_revisions, shown_revisions
 from app.ops.upgrade import upgrade
 from app.ops.version import RELEASE
 from app.paths import PROJECT_ROOT

@@ -5,14 +5,13 @@ service on every backend (test_locks, test_token_holders, the races)."""
 from __future__ import annotations
 
 import pytest
-from alembic import command
 from lockkeeper_core.errors import LockNotFound
 from sqlalchemy import text
 
 from app import create_app
-from app.extensions import db, lock_service, migrate
+from app.extensions import db, lock_service
 from app.factory import upgrade_schema
-from tests.databases import ServerDatabase, unavailable
+from tests.databases import ServerDatabase, downgrade_schema, unavailable
 
 # 0007's hot path, and 0008's guard (tests/test_guard.py), all gone at 0006.
 FUNCTIONS = {
@@ -57,7 +56,7 @@ def test_the_lock_functions_come_and_go_with_their_migration(tmp_path):
     try:
         assert _functions(app) == FUNCTIONS
         with app.app_context():
-            command.downgrade(migrate.get_config(), "0006")
+            downgrade_schema("0006")
         assert _functions(app) == set()
 
         upgrade_schema(app)

@@ -15,9 +15,9 @@ import urllib.request
 from collections.abc import Callable
 
 import pytest
+from lockkeeper_core.schema import required_revisions, shown_revisions
 
 from app.extensions import lock_service
-from app.ops.schema import required_revisions, shown_revisions
 from app.ops.version import RELEASE
 from app.paths import PROJECT_ROOT
 from bench.ports import free_port

@@ -10,12 +10,16 @@ from contextlib import contextmanager
 
 import pytest
 from alembic.script import ScriptDirectory
+from lockkeeper_core.schema import (
+    MIGRATIONS_DIR,
+    READY_RECHECK_SECONDS,
+    SchemaCheck,
+    required_revisions,
+)
 from sqlalchemy import create_engine, text
 
 from app.config import normalize_database_url
 from app.extensions import db
-from app.ops.schema import READY_RECHECK_SECONDS, SchemaCheck, required_revisions
-from app.paths import MIGRATIONS_DIR
 from tests.conftest import ApiClient
 
 
@@ -232,10 +236,9 @@ def test_a_schema_moved_under_a_ready_instance_is_503_not_500(
     older revision (a restore): the semaphore acquire that meets the missing
     function or column is a 503 naming the revisions and what is missing, not a
     500, nor "the lock database is not answering"."""
-    from alembic import command
 
-    from app.extensions import migrate
     from app.ops.upgrade import upgrade
+    from tests.databases import downgrade_schema
 
     app = make_app(LOCKKEEPER_DATABASE_URL=empty_url)
     upgrade(app)
@@ -244,7 +247,7 @@ def test_a_schema_moved_under_a_ready_instance_is_503_not_500(
     assert api.post("/api/v1/locks/sem:1", json=body).status_code == 200
     restored = RESTORED_TO[backend]
     with app.app_context():
-        command.downgrade(migrate.get_config(), restored)
+        downgrade_schema(restored)
     response = api.post("/api/v1/locks/sem:2", json=body)
     assert_not_ready(response, restored)
     assert "holder_limit" in response.json["missing"] or (

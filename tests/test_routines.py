@@ -22,8 +22,8 @@ import tomllib
 from typing import Any
 
 import pytest
-from alembic import command
-from alembic.script import ScriptDirectory
+from lockkeeper_core.migrations.replaceable import frozen_copies
+from lockkeeper_core.schema import MIGRATIONS_DIR, scripts
 from lockkeeper_core.statements.routines import (
     DIALECTS,
     current_text,
@@ -34,13 +34,13 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Connection
 
 from app import create_app
-from app.extensions import db, migrate
-from app.migrations.replaceable import frozen_copies
+from app.extensions import db
 from app.ops.upgrade import upgrade
 from app.paths import PROJECT_ROOT
+from tests.databases import downgrade_schema
 from tests.old_release import release_tree
 
-VERSIONS = PROJECT_ROOT / "app" / "migrations" / "versions"
+VERSIONS = MIGRATIONS_DIR / "versions"
 # The schema heads of the first release and of the newest code this history
 # holds before the current work (0.2.0's own tree, 0028, is not in it).
 RELEASES = ("0007", "0027")
@@ -214,9 +214,7 @@ def test_back_to_the_oldest_revision_and_up_again_gives_a_fresh_databases_object
         fresh = _schema_objects(conn)
     assert fresh["routines"]
     assert fresh["tables"]
-    config = migrate.get_config()
-    oldest = ScriptDirectory.from_config(config).get_base()
-    command.downgrade(config, oldest)
+    downgrade_schema(scripts().get_base())
     with db.engine.connect() as conn:
         assert _schema_objects(conn)["routines"] == {}
     upgrade(migrated_app)
@@ -249,7 +247,9 @@ def test_a_database_a_release_made_and_this_code_upgraded_has_a_fresh_ones_objec
     tree = release_tree(release, tmp_path_factory.getbasetemp())
     env = {
         "PATH": os.environ["PATH"],
-        "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'client' / 'src'}",
+        "PYTHONPATH": os.pathsep.join(
+            str(path) for path in (tree, tree / "core" / "src", tree / "client" / "src")
+        ),
         "LOCKKEEPER_DATABASE_URL": empty_url,
         "LOCKKEEPER_INSTANCE_PATH": str(tmp_path / "old-instance"),
         "LOCKKEEPER_SECRET_KEY": "old-release",
@@ -292,11 +292,9 @@ def test_a_database_a_release_made_and_this_code_upgraded_has_a_fresh_ones_objec
         assert upgraded[kind] == fresh[kind], kind
 
 
-# Each distribution of this repository: its pyproject and the folder its
-# packages are found in.
+# The lock core's distribution: its pyproject and the folder its packages are in.
 DISTRIBUTIONS = {
-    PROJECT_ROOT / "pyproject.toml": PROJECT_ROOT / "app",
-    PROJECT_ROOT / "core" / "pyproject.toml": PROJECT_ROOT / "core" / "src",
+    PROJECT_ROOT / "core" / "pyproject.toml": PROJECT_ROOT / "core" / "src"
 }
 
 
@@ -343,7 +341,7 @@ def test_the_newest_frozen_copy_of_each_routine_is_its_current_file():
 
 def test_migrations_never_import_one_another():
     """Each migration reads its routines' texts as frozen by revision
-    (``app.migrations.replaceable``), never another migration's module."""
+    (``lockkeeper_core.migrations.replaceable``), never another migration's module."""
     offenders = []
     for script in sorted(VERSIONS.glob("[0-9]*.py")):
         source = script.read_text()

@@ -26,11 +26,11 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+from lockkeeper_core.schema import required_revisions
 from sqlalchemy import text
 
 from app import create_app
 from app.extensions import db, lock_service
-from app.ops.schema import required_revisions
 from app.ops.upgrade import upgrade
 from app.paths import PROJECT_ROOT
 from tests.old_release import release_tree, serving

@@ -21,7 +21,5 @@ def register_commands(app: Flask) -> None:
             # and stops if it is not the one meant or not at this code's schema.
             command.callback = acts_on_database
             app.cli.add_command(command)
-    # Flask-Migrate's developer commands give way to the operator's `db`.
-    app.cli.commands.pop("db", None)
     for command in database.COMMANDS:
         app.cli.add_command(command)

@@ -13,15 +13,15 @@ from __future__ import annotations
 import click
 from flask import current_app
 from flask.cli import with_appcontext
-from sqlalchemy.exc import SQLAlchemyError
-
-from app.cli.target import name_database
-from app.ops.upgrade import (
+from lockkeeper_core.upgrade import (
     DEFAULT_ATTEMPTS,
     DEFAULT_LOCK_TIMEOUT,
     UpgradeFailed,
-    upgrade,
 )
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.cli.target import name_database
+from app.ops.upgrade import upgrade
 
 
 def _does_not_answer(exc: SQLAlchemyError) -> click.ClickException:
@@ -55,8 +55,9 @@ def upgrade_command(lock_timeout: float, attempts: int) -> None:
     """Run the migrations this code has and the database has not (each in its
     own transaction; safe while the instances serve, see CHANGELOG.md for the
     migrations that are not additive)."""
+    from lockkeeper_core.schema import shown_revisions
+
     from app.database import secure_files
-    from app.ops.schema import shown_revisions
 
     app = current_app._get_current_object()
     name_database(app, may_create=True)
@@ -82,8 +83,9 @@ def upgrade_command(lock_timeout: float, attempts: int) -> None:
 
 
 def _state():
+    from lockkeeper_core.schema import schema_state
+
     from app.extensions import db
-    from app.ops.schema import schema_state
 
     try:
         with db.engine.connect() as conn:
@@ -106,7 +108,7 @@ def current_command() -> None:
 def history_command() -> None:
     """This code's migrations, oldest first: revision, the oldest code that
     may run on it, and what it does; the database's revision marked."""
-    from app.ops.schema import oldest_code, scripts
+    from lockkeeper_core.schema import oldest_code, scripts
 
     name_database(current_app._get_current_object())
     current = _state().current

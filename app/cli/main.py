@@ -52,7 +52,8 @@ def version_line() -> str:
     """``lockkeeper 0.2.0 (schema 0035)``: the release and the schema revision
     this code needs (read from its migrations, so a build between releases that
     adds one says so)."""
-    from app.ops.schema import required_revisions, shown_revisions
+    from lockkeeper_core.schema import required_revisions, shown_revisions
+
     from app.ops.version import RELEASE
 
     return f"lockkeeper {RELEASE} (schema {shown_revisions(required_revisions())})"

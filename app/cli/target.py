@@ -57,8 +57,9 @@ def name_database(app: Flask, *, may_create: bool = False) -> None:
 
 def require_schema(app: Flask) -> None:
     """Stop unless the database is at the schema this code needs."""
+    from lockkeeper_core.schema import schema_state
+
     from app.extensions import db
-    from app.ops.schema import schema_state
 
     try:
         with db.engine.connect() as conn:

@@ -5,8 +5,8 @@ None needs a login: put them behind the reverse proxy's access rules (see
 docs/deploy.md) if the lock counts must not be public.
 
 ``/healthz`` is readiness: the database answers, takes writes, and is at a schema
-this code may serve on (``app.ops.schema``). While it is not, every other request
-is answered 503 with ``Retry-After`` and the revisions named
+this code may serve on (``lockkeeper_core.schema``). While it is not, every
+other request is answered 503 with ``Retry-After`` and the revisions named
 (``refuse_unless_schema_ready``), never run against a schema it does not fit.
 
 ``/livez`` is liveness: the process serves HTTP, whatever the database does
@@ -16,6 +16,7 @@ is answered 503 with ``Retry-After`` and the revisions named
 from __future__ import annotations
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from lockkeeper_core.schema import SchemaCheck, SchemaState
 from sqlalchemy import text
 from sqlalchemy.exc import (
     DBAPIError,
@@ -28,7 +29,6 @@ from werkzeug.exceptions import ServiceUnavailable
 from app.errors import database_error, database_unavailable, html_error, problem
 from app.extensions import db
 from app.ops.metrics import app_metrics
-from app.ops.schema import SchemaCheck, SchemaState
 
 bp = Blueprint("ops", __name__)
 

@@ -291,8 +291,9 @@ class FleetCollector(Collector):
         yield from self._families(counts, queued, live_sessions, places, revision)
 
     def _revision(self) -> str:
+        from lockkeeper_core.schema import database_revisions, shown_revisions
+
         from app.extensions import db
-        from app.ops.schema import database_revisions, shown_revisions
 
         with self.app.app_context(), db.engine.connect() as conn:
             return shown_revisions(database_revisions(conn))
@@ -362,7 +363,8 @@ class BuildInfoCollector(Collector):
         yield from self.collect()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from app.ops.schema import required_revisions, shown_revisions
+        from lockkeeper_core.schema import required_revisions, shown_revisions
+
         from app.ops.version import RELEASE
 
         info = GaugeMetricFamily(

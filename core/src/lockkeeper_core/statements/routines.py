@@ -6,9 +6,9 @@ guard in their own transactions).
 A file holds the routine's whole ``CREATE`` text, the one a migrated database
 runs: ``tests/test_routines.py`` holds the database and the files equal. The
 migrations never read these files: each installs a frozen copy of the text named
-by its revision (``app/migrations/replaceable.py``). To change a routine, edit its
-file here and add a migration that carries a copy of the new text under its own
-revision; the test fails until both agree.
+by its revision (``lockkeeper_core/migrations/replaceable.py``). To change a
+routine, edit its file here and add a migration that carries a copy of the new
+text under its own revision; the test fails until both agree.
 
 The overloaded ``lockkeeper_release`` has two files: ``lockkeeper_release`` (five
 arguments, kept for code older than 0017) and ``lockkeeper_release_with_details``
