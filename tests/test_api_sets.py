@@ -121,3 +121,40 @@ def test_renewing_a_set_with_a_lost_member_is_refused_whole(api, clock):
     refused = api.patch("/api/v1/sets", json={"owner": "w-1", "resources": names})
     assert refused.status_code == 409
     assert "'acct:2'" in refused.get_json()["detail"]
+
+
+def test_a_set_bound_to_a_session_ends_with_it(api, clock):
+    session = api.post("/api/v1/sessions", json={"owner": "w-7", "ttl": 15}).get_json()
+    both = api.post(
+        "/api/v1/sets",
+        json={"owner": "w-7", "ttl": 30, "session": session["id"], "members": MEMBERS},
+    )
+    assert both.status_code == 400
+    unknown = api.post(
+        "/api/v1/sets",
+        json={"owner": "w-7", "session": "no-such-session", "members": MEMBERS},
+    )
+    assert unknown.status_code == 404
+    granted = api.post(
+        "/api/v1/sets",
+        json={"owner": "w-7", "session": session["id"], "members": MEMBERS},
+    )
+    assert granted.status_code == 200, granted.get_json()
+    locks = granted.get_json()["locks"]
+    assert {lock["session"] for lock in locks} == {session["id"]}
+    assert {lock["ttl_remaining"] for lock in locks} == {15}
+    ended = api.delete(f"/api/v1/sessions/{session['id']}")
+    assert ended.status_code in (200, 204)
+    history = api.get("/api/v1/locks/pool:x/events").get_json()["events"]
+    assert [(e["action"], e["set"]) for e in reversed(history)] == [
+        ("acquired", granted.get_json()["set"]),
+        ("released", granted.get_json()["set"]),
+    ]
+    clock.advance(20)
+    expired = api.post("/api/v1/sessions", json={"owner": "w-8", "ttl": 5}).get_json()
+    clock.advance(6)
+    late = api.post(
+        "/api/v1/sets",
+        json={"owner": "w-8", "session": expired["id"], "members": MEMBERS},
+    )
+    assert late.status_code == 409

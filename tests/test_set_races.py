@@ -1,6 +1,8 @@
 """Sets raced by real threads on every database: workers take random
-overlapping sets of 2-5 resources, named in random orders, in random modes,
-and an operator releases the newest granted set as one, again and again.
+overlapping sets of 2-5 resources, named in random orders, in random modes
+(one worker binds each of its sets to a session of its own, heartbeats it,
+and ends every other one by ending the session), and an operator releases the
+newest granted set as one, again and again.
 
 While they run, a reader reads every grant in one statement (one snapshot)
 again and again: no reading ever shows part of a set (each set's owner is its
@@ -43,6 +45,8 @@ PLAIN = [f"set:r{i}" for i in range(6)]
 SEMAPHORES = {f"set:s{i}": 2 for i in range(2)}
 RESOURCES = PLAIN + list(SEMAPHORES)
 TTL = 60.0
+# The API token of the sets bound to sessions (a name with no row: a label).
+SESSIONS = "sessions"
 
 pytestmark = [
     pytest.mark.usefixtures("backend"),
@@ -152,15 +156,29 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                     # Recorded before the ask: a reader that sees any member
                     # of it judges it against the whole set.
                     sets[owner] = {m.resource for m in members}
+                # Worker 1 binds each of its sets to a session of its own
+                # (the session's row, then the members'), heartbeats it while
+                # held, and ends every other one by ending its session.
+                session = None
                 try:
-                    result = service.acquire_set(members, owner, ttl=TTL)
+                    if n == 1:
+                        session = service.sessions.create(owner, TTL, token=SESSIONS)
+                        result = service.acquire_set(
+                            members, owner, token=SESSIONS, session=session.id
+                        )
+                    else:
+                        result = service.acquire_set(members, owner, ttl=TTL)
                 except ServiceBusy:
                     if not busy_answers:
                         raise
                     counts["busy"] += 1
+                    if session is not None:
+                        retried(lambda s=session: end(s))
                     continue
                 if not result.acquired:
                     counts["refused"] += 1
+                    if session is not None:
+                        retried(lambda s=session: end(s))
                     continue
                 counts["granted"] += 1
                 counts[f"size {len(members)}"] += 1
@@ -175,24 +193,47 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                 if n == 0:
                     while not handed.wait(0.05) and not stop.is_set():
                         pass
-                while True:
-                    try:
-                        released = service.release_set(
-                            [m.resource for m in reversed(members)], owner
+                if session is not None:
+                    retried(
+                        lambda s=session: service.sessions.heartbeat(
+                            s.id, token=SESSIONS
                         )
-                        break
-                    except ServiceBusy:
-                        if not busy_answers:
-                            raise
-                        counts["busy"] += 1
+                    )
+                if session is not None and i % 2:
+                    ended = retried(lambda s=session: end(s))
+                    counts["ended by its session"] += 1
+                    ended_here = len(ended.locks)
+                else:
+                    released = retried(
+                        lambda m=members, o=owner, s=session: service.release_set(
+                            [x.resource for x in reversed(m)],
+                            o,
+                            token=SESSIONS if s is not None else None,
+                        )
+                    )
+                    ended_here = len(released.released)
+                    if session is not None:
+                        retried(lambda s=session: end(s))
                 # Whole, or the operator's release of the set came first
                 # and took it whole.
-                if released.not_held:
-                    assert released.released == [], released
-                    assert len(released.not_held) == len(members)
+                assert ended_here in (0, len(members)), (owner, ended_here)
+                if ended_here == 0:
                     taken.append(owner)
-                else:
-                    assert len(released.released) == len(members)
+
+    def retried(call):
+        """``call``, asked again after a ServiceBusy (SQLite only)."""
+        while True:
+            try:
+                return call()
+            except ServiceBusy:
+                if not busy_answers:
+                    raise
+                counts["busy"] += 1
+
+    def end(session):
+        return lock_service().sessions.end(
+            session.id, token=SESSIONS, actor=session.owner
+        )
 
     def operate() -> None:
         """An operator releasing the newest granted set as one, again and
@@ -300,6 +341,7 @@ def test_random_overlapping_sets_never_show_a_partial_set_nor_deadlock(
     assert counts["refused"] >= 1, counts  # the sets met
     assert counts["reads"] >= 20, counts
     assert counts["force released"] >= 1, counts
+    assert counts["ended by its session"] >= 1, counts
     whole = _history_is_whole(set_app, found["sets"], found["named"])
     assert whole == counts["granted"]
     if deadlocks is not None:

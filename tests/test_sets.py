@@ -8,6 +8,7 @@ for every member.
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -20,6 +21,9 @@ from lockkeeper_core.errors import (
     NotOwner,
     QuotaExceeded,
     ResourceFrozen,
+    SessionBound,
+    SessionExpired,
+    UnknownSession,
 )
 from lockkeeper_core.models import (
     EXCLUSIVE,
@@ -50,6 +54,9 @@ def snapshot():
 
 
 def events_of(resource: str) -> list[LockEvent]:
+    # A new read: a transaction left open by an earlier call would keep its
+    # snapshot (SQLite, MariaDB) and miss the events written since.
+    db.session.rollback()
     db.session.expire_all()
     return list(
         db.session.scalars(
@@ -428,6 +435,52 @@ def test_an_operators_release_of_a_set_leaves_a_grant_taken_since(service, clock
     assert [lock.resource for lock in done.released] == ["set:b"]
     assert done.not_held == ["set:a"]
     assert service.get("set:a").fence == other.fence
+
+
+def test_a_set_bound_to_a_session_lives_and_ends_with_it(service, clock):
+    session = service.sessions.create("w-1", 20, token="t")
+    held = service.acquire_set(MIXED, "w-1", token="t", session=session.id)
+    assert held.acquired
+    for lock in held.locks:
+        assert lock.session == session.id
+        assert lock.expires_at == session.expires_at
+        (event,) = events_of(lock.resource)
+        assert event.set_id == held.set_id
+        assert json.loads(event.details) == {"session": session.id}
+    # Renewed by its heartbeat only: a renewal of the set is refused.
+    clock.advance(15)
+    beat = service.sessions.heartbeat(session.id, token="t")
+    with pytest.raises(SessionBound):
+        service.renew_set(["set:a", "set:b", "set:c"], "w-1", ttl=60, token="t")
+    clock.advance(15)
+    for resource in ("set:a", "set:b", "set:c"):
+        (holder,) = service.holders(resource).holders
+        assert holder.expires_at == beat.expires_at
+    # Its end releases every member, each event naming the set.
+    ended = service.sessions.end(session.id, token="t", actor="w-1")
+    assert sorted(lock.resource for lock in ended.locks) == ["set:a", "set:b", "set:c"]
+    for resource in ("set:a", "set:b", "set:c"):
+        assert service.holders(resource).holders == []
+        assert [(e.action, e.set_id) for e in events_of(resource)] == [
+            (Action.ACQUIRED.value, held.set_id),
+            (Action.RELEASED.value, held.set_id),
+        ]
+
+
+def test_a_set_bound_to_a_session_it_cannot_have_writes_nothing(service, clock):
+    session = service.sessions.create("w-1", 5, token="t")
+    members = [Member("set:a"), Member("set:b", 2)]
+    before = snapshot()
+    with pytest.raises(UnknownSession):
+        service.acquire_set(members, "w-1", token="other", session=session.id)
+    with pytest.raises(InvalidInput):
+        service.acquire_set(members, "w-2", token="t", session=session.id)
+    with pytest.raises(InvalidInput):
+        service.acquire_set(members, "w-1", ttl=30, token="t", session=session.id)
+    clock.advance(6)
+    with pytest.raises(SessionExpired):
+        service.acquire_set(members, "w-1", token="t", session=session.id)
+    assert snapshot() == before
 
 
 def test_a_set_past_the_bound_or_naming_a_resource_twice_is_invalid(make_app):

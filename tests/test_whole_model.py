@@ -506,6 +506,11 @@ class WholeModel(RuleBasedStateMachine):
         """Several resources at once, each as its own kind: granted whole
         (each member as a single acquire of it would be), or refused whole
         with nothing changed. A set counts as its members against a quota."""
+        self._acquire_set(picks, owner, token, ttl, quota)
+
+    def _acquire_set(self, picks, owner, token, ttl, quota, session=None):
+        """``acquire_set``; bound to ``session`` (a ``Sess``) when given: each
+        member expires with it, as a single grant bound to it."""
         members = [
             Member(resource, *self._kind(resource, kind)) for resource, kind in picks
         ]
@@ -527,6 +532,10 @@ class WholeModel(RuleBasedStateMachine):
                 counted += 1
 
         def call():
+            if session is not None:
+                return self.service.acquire_set(
+                    members, owner, token=token, max_locks=quota, session=session.id
+                )
             return self.service.acquire_set(
                 members, owner, ttl=ttl, token=token, max_locks=quota
             )
@@ -555,7 +564,11 @@ class WholeModel(RuleBasedStateMachine):
         for m, lock in zip(members, result.locks, strict=True):
             answer, detail = expected[m.resource]
             assert (lock.owner, lock.token, lock.mode) == (owner, token, m.mode)
-            expiry = self.now + timedelta(seconds=ttl)
+            expiry = (
+                session.expires_at
+                if session is not None
+                else self.now + timedelta(seconds=ttl)
+            )
             assert abs(lock.expires_at - expiry) <= timedelta(microseconds=1)
             if answer == "reacquired":
                 assert lock.fence == detail.fence
@@ -569,6 +582,7 @@ class WholeModel(RuleBasedStateMachine):
                 m.mode,
                 lock.fence,
                 lock.expires_at,
+                session.id if session is not None else None,
                 row=m.limit == 1 and m.mode == EXCLUSIVE,
                 set_id=result.set_id,
             )
@@ -615,9 +629,9 @@ class WholeModel(RuleBasedStateMachine):
         picks = [(r, (None, 0)) for r in resources if not self._is_frozen(r)]
         if not picks:
             return
-        self.acquire_set(picks, owner, token, ttl, None)
+        self._acquire_set(picks, owner, token, ttl, None)
         other = next(o for o in OWNERS if o != owner)
-        self.acquire_set(picks[::-1], other, token, ttl, None)
+        self._acquire_set(picks[::-1], other, token, ttl, None)
         if operator:
             self.force_release_set(0)
 
@@ -692,6 +706,25 @@ class WholeModel(RuleBasedStateMachine):
         self._acquire(
             resource, owner, token, limit, mode, ttl=None, session=session, quota=None
         )
+
+    @rule(
+        token=st.sampled_from(TOKENS),
+        ttl=SESSION_TTLS,
+        resources=st.lists(
+            st.sampled_from(RESOURCES), min_size=2, max_size=3, unique=True
+        ),
+    )
+    def set_in_a_session(self, token, ttl, resources):
+        """A session, and at once a set bound to it (granted or refused
+        whole, as unbound): its heartbeat renews the members and its end
+        releases them (``heartbeat``, ``end_session``)."""
+        owner = f"s-{next(self.owners)}"
+        found = self.service.sessions.create(owner, ttl, token=token)
+        session = Sess(found.id, owner, token, ttl, found.expires_at)
+        self.sessions[found.id] = session
+        picks = [(r, (None, 0)) for r in resources]
+        self._acquire_set(picks, owner, token, None, None, session=session)
+        WholeModel.seen["sets in sessions"] = 1
 
     @rule(
         token=st.sampled_from(TOKENS),
@@ -786,12 +819,17 @@ class WholeModel(RuleBasedStateMachine):
         if session.id in self.ended:
             self._refused_unchanged(call, UnknownSession)
             return
-        call()
+        ended = call()
         self.ended.add(session.id)
+        bound = {}
         for resource in RESOURCES:
             for holder, grant in list(self.grants[resource].items()):
                 if grant.session == session.id:
+                    bound[resource] = grant
                     del self.grants[resource][holder]
+        # The release of a set's member names the set (a live session's end
+        # releases its grants; an expired one's released none).
+        self._events_name_sets(ended.locks, {r: g.set_id for r, g in bound.items()})
 
     @rule(resource=st.sampled_from(RESOURCES), token=st.sampled_from(TOKENS))
     def renew_a_bound_grant(self, resource, token):
@@ -1169,8 +1207,10 @@ def test_the_service_holds_the_whole_model_under_any_sequence(backend, model_app
     # Sets granted whole and refused whole.
     assert seen.get("sets granted"), seen
     assert seen.get("sets refused"), seen
-    # And an operator's release of a set that ended grants.
+    # And an operator's release of a set that ended grants; a set in a
+    # session.
     assert seen.get("sets force-released"), seen
+    assert seen.get("sets in sessions"), seen
     if backend == "sqlite":
         assert seen.get("limit 2", 0) == 2, seen
     else:

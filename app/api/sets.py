@@ -40,6 +40,7 @@ def acquire_set():
         actor=g.actor,
         token=g.token.name,
         max_locks=g.token.max_locks,
+        session=fields.get("session"),
     )
     status, answer, headers = wire.set_answer(result)
     response = jsonify(answer)

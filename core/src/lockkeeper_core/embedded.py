@@ -506,6 +506,7 @@ class Embedded:
                 actor=identity.name,
                 token=identity.name,
                 max_locks=identity.max_locks,
+                session=fields.get("session"),
             )
             status, body, headers = wire.set_answer(result)
             return _json(status, body, headers)

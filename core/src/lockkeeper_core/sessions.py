@@ -19,6 +19,7 @@ from lockkeeper_core.core import LockCore, check_session_id
 from lockkeeper_core.errors import SessionExpired, SessionQuotaReached, UnknownSession
 from lockkeeper_core.instrumentation import held_for
 from lockkeeper_core.results import Lock
+from lockkeeper_core.set_names import name_set, sets_of
 from lockkeeper_core.state import Action
 from lockkeeper_core.statements.sessions import SessionRow, SessionsFull
 
@@ -236,8 +237,9 @@ class SessionService:
         if operator:
             rules.require_reason(reason, "to end a session")
         action = Action.FORCE_RELEASED if operator else Action.RELEASED
-        ended = self.core.run(
-            lambda conn: self.statements.end(
+
+        def work(conn):
+            ended = self.statements.end(
                 conn,
                 session_id,
                 token,
@@ -246,7 +248,13 @@ class SessionService:
                 reason=reason,
                 action=action,
             )
-        )
+            # A set bound to the session ends with it: its members' events
+            # name it, as a release of the set does.
+            released = [(grant.resource, grant.fence) for grant in ended.released]
+            name_set(conn, sets_of(conn, released))
+            return ended
+
+        ended = self.core.run(work)
         if ended.session is None:
             raise UnknownSession(session_id)
         for grant in ended.released:

@@ -54,7 +54,7 @@ polls with backoff (the waiting line holds one resource per waiter).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -64,7 +64,7 @@ from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from lockkeeper_core import rules, validation
-from lockkeeper_core.core import LockCore
+from lockkeeper_core.core import LockCore, check_session_id
 from lockkeeper_core.errors import (
     InvalidInput,
     LockExpired,
@@ -73,6 +73,8 @@ from lockkeeper_core.errors import (
     QuotaExceeded,
     ResourceFrozen,
     SessionBound,
+    SessionExpired,
+    UnknownSession,
 )
 from lockkeeper_core.instrumentation import held_for
 from lockkeeper_core.models import NO_TOKEN
@@ -97,7 +99,9 @@ from lockkeeper_core.set_names import (
 )
 from lockkeeper_core.state import Action, holds
 from lockkeeper_core.statements.common import Outcome, events, locks
+from lockkeeper_core.statements.sessions import SessionEnded, SessionNotFound
 from lockkeeper_core.transactions import Raced
+from lockkeeper_core.validation import session_ttl_error
 from lockkeeper_core.values import Ask, Member
 
 # ``Sets._forget_rows`` on MariaDB: one free row by name, through the names'
@@ -198,16 +202,29 @@ class Sets:
         *,
         token: str | None = None,
         max_locks: int | None = None,
+        session: str | None = None,
     ) -> SetResult:
         """Grant every member to (``token``, ``owner``) for ``ttl`` seconds in
         one transaction, or none (``SetResult.refused`` names the member).
 
+        ``session``: the id of a session of ``token`` and ``owner`` to bind
+        every member to instead of a ``ttl``: their expiry is the session's,
+        its heartbeat renews them and its end releases them, as a single
+        grant bound to it.
+
         :raise ResourceFrozen, LimitMismatch, QuotaExceeded, TokenEnded,
             SessionBound: as a single acquire of the member that refused
             would (each names its resource where it has one); nothing written.
+        :raise UnknownSession: no such session of ``token``.
+        :raise SessionExpired: the session ran out before the grant.
         """
         core = self.core
         core.validate(owner=owner, ttl=ttl, actor=actor)
+        if session is not None:
+            both = session_ttl_error(ttl, session)
+            if both:
+                raise InvalidInput([("session", both)])
+            check_session_id(session)
         self.check_members(members)
         seconds = core.ttl(ttl)
         asks = {
@@ -223,7 +240,7 @@ class Sets:
             created: list[str] = []
             try:
                 outcomes = self._granted_whole(
-                    ordered, token, max_locks, created, set_id
+                    ordered, token, max_locks, created, set_id, session
                 )
             except _Refused as refused:
                 # Rolled back whole, and the rows made for it gone again; the
@@ -242,7 +259,8 @@ class Sets:
                 core.metrics.acquired(outcome.action, resource)
             return SetResult(
                 True,
-                [core.lock(outcomes[m.resource].row, outcomes[m.resource].now)
+                [replace(core.lock(outcomes[m.resource].row,
+                                   outcomes[m.resource].now), session=session)
                  for m in members],
                 set_id=set_id,
             )  # fmt: skip
@@ -266,6 +284,7 @@ class Sets:
         max_locks: int | None,
         created: list[str],
         set_id: str,
+        session: str | None,
     ) -> dict[str, Outcome]:
         """The set's transaction; on a server database, first the free rows
         of the members that have none, each in a statement of its own
@@ -282,7 +301,9 @@ class Sets:
             for _ in range(2):
                 try:
                     with core.write_engine.connect() as conn, conn.begin():
-                        granted = self._grant_all(conn, ordered, token, max_locks)
+                        granted = self._grant_all(
+                            conn, ordered, token, max_locks, session
+                        )
                         name_set(conn, {set_id: grants_of(granted)})
                         return granted
                 except _Missing as missing:
@@ -369,13 +390,20 @@ class Sets:
                 )
 
     def _grant_all(
-        self, conn, ordered: list[Ask], token: str | None, max_locks: int | None
+        self,
+        conn,
+        ordered: list[Ask],
+        token: str | None,
+        max_locks: int | None,
+        session: str | None,
     ) -> dict[str, Outcome]:
         """The set's transaction (see the module's docstring for its order)."""
         core = self.core
         tx = core.transactional
         given = core.given_now()
         by_name = {ask.resource: ask for ask in ordered}
+        if session is not None:
+            self._lock_session(conn, session, token, ordered[0].owner)
         rows = self._lock_rows(conn, [ask.resource for ask in ordered])
         inserts_here = core.dialect == "sqlite"  # one writer: no lock order
         if not inserts_here and len(rows) < len(ordered):
@@ -397,18 +425,42 @@ class Sets:
                 if freeze is not None:
                     raise _Refused(ask, Outcome(False, None, None, now, freeze))
                 tx._insert_free_row(conn, ask.resource, now, ask.limit)
-            outcome = self._one_grant(conn, ask, now)
+            outcome = self._one_grant(conn, ask, now, session)
             if not outcome.done:
                 raise _Refused(ask, outcome)
             outcomes[ask.resource] = outcome
         return outcomes
 
-    def _one_grant(self, conn, ask: Ask, now) -> Outcome:
+    def _lock_session(self, conn, session: str, token, owner) -> None:
+        """A session-bound set's first lock: its session's row, shared (as a
+        single grant bound to it takes it, before the resource's row; a
+        heartbeat or the session's end takes it exclusive, then the rows).
+
+        :raise UnknownSession, InvalidInput: not a session of this token, or
+            of another owner (nothing written)."""
+        found = self.core.session_statements.lock_session(conn, session, share=True)
+        if found is None or found.token != (token or NO_TOKEN):
+            raise UnknownSession(session)
+        if found.owner != owner:
+            raise InvalidInput(
+                [("owner", f"must be the session's owner, {found.owner!r}")]
+            )
+
+    def _one_grant(self, conn, ask: Ask, now, session: str | None) -> Outcome:
         """One member's grant, its row (and the token's) already locked: the
         places path, which decides every mode. On PostgreSQL its one
         statement (``lockkeeper_acquire_place``) on the set's connection, in
-        its transaction; elsewhere its transaction's statements."""
+        its transaction; elsewhere its transaction's statements. Bound to a
+        session: the session-bound path's statements (every dialect's), as a
+        single grant bound to it."""
         core = self.core
+        if session is not None:
+            try:
+                return core.session_statements.acquire(conn, ask, session, now)
+            except SessionNotFound:
+                raise UnknownSession(session) from None
+            except SessionEnded:
+                raise SessionExpired(session) from None
         if core.statements.autocommit:
             return core.statements.acquire_place(_InTransaction(conn), ask, now)
         return core.transactional.acquire_place(conn, ask, now, None)
