@@ -35,6 +35,9 @@ def test_lock_all_holds_every_member_and_releases_them_as_one(live_server, make_
         with live_server.service() as service:
             for resource in ("acct:1", "acct:2", "acct:3"):
                 assert len(service.holders(resource).holders) == 1
+            # The set's page is the set the client holds.
+            found = service.set_view(held.set_id)
+            assert [m.resource for m in found.members] == ["acct:1", "acct:2", "acct:3"]
     with live_server.service() as service:
         for resource in ("acct:1", "acct:2", "acct:3"):
             assert service.holders(resource).holders == []
@@ -100,3 +103,16 @@ def test_two_workers_taking_overlapping_sets_in_opposite_orders_never_overlap(
         thread.join(timeout=120)
     assert not failures, failures
     assert most == Counter({"acct:a": 1, "acct:b": 1})
+
+
+def test_a_set_bound_to_a_session_ends_with_it(live_server, make_client):
+    client = make_client(live_server.url, live_server.token, timeout=5)
+    session = client.create_session("w-5", 30)
+    attempt = client.acquire_all(["acct:5", "acct:6"], "w-5", session=session.id)
+    assert attempt.acquired
+    assert attempt.set_id
+    assert {lock.session for lock in attempt.locks} == {session.id}
+    client.end_session(session.id)
+    with live_server.service() as service:
+        for resource in ("acct:5", "acct:6"):
+            assert service.holders(resource).holders == []

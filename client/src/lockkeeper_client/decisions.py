@@ -488,11 +488,16 @@ def set_members(members: list[SetMember | str]) -> list[SetMember]:
 
 
 def set_acquire_body(
-    owner: str, ttl: float | None, members: list[SetMember]
+    owner: str,
+    ttl: float | None,
+    members: list[SetMember],
+    session: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"owner": owner, "members": [m.body() for m in members]}
     if ttl is not None:
         body["ttl"] = ttl
+    if session is not None:
+        body["session"] = session
     return body
 
 
@@ -505,7 +510,12 @@ def set_acquire_outcome(response: httpx.Response, label: str) -> SetAttempt:
         locks = data.get("locks")
         if not isinstance(locks, list):
             raise UnexpectedResponse(label, f"set {label!r}: no locks in {data!r}")
-        return SetAttempt(True, tuple(_lock_from(lock, label) for lock in locks))
+        named = data.get("set")
+        return SetAttempt(
+            True,
+            tuple(_lock_from(lock, label) for lock in locks),
+            set_id=named if isinstance(named, str) else None,
+        )
     if response.status_code == 409:
         data = _json(response, label)
         if str(data.get("type", "")).endswith("limit-mismatch"):

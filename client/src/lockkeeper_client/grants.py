@@ -201,6 +201,9 @@ class SetAttempt:
     refused: str | None = None
     lock: LockGrant | None = None
     retry_after: float | None = None
+    # The set's id, which every event of its grants names (None: refused, or
+    # a server before sets were named).
+    set_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,18 +216,23 @@ class LockClient:
         members: Sequence[SetMember | str],
         owner: str,
         ttl: float | None = None,
+        *,
+        session: str | None = None,
     ) -> SetAttempt:
         """Try once to take every member at once for ``owner``: granted whole
         (each its own grant and fence) or refused whole, naming the member
         that refused (``SetAttempt.refused``). A bare name is an exclusive
         member; ``SetMember(resource, LockKind(limit, shared))`` another kind.
+        ``session``: the id of a session of ``owner`` to bind every member to,
+        instead of a ``ttl``: its heartbeat renews them and its end releases
+        them. ``SetAttempt.set_id`` names the set its events carry.
         """
         found = decisions.set_members(list(members))
         label = decisions.set_label([m.resource for m in found])
         response, _ = self._send(
             "POST",
             label,
-            json=decisions.set_acquire_body(owner, ttl, found),
+            json=decisions.set_acquire_body(owner, ttl, found, session),
             path=decisions.SETS_PATH,
         )
         return decisions.set_acquire_outcome(response, label)

@@ -36,7 +36,8 @@ class HeldSet:
     """The locks behind ``with client.lock_all([...]) as held``.
 
     - ``held.locks``: each member's grant, in the order named;
-      ``held.fences``: resource → fence.
+      ``held.fences``: resource → fence; ``held.set_id``: the set's id, which
+      each of its events names (the dashboard's page of the set).
     - Entering asks for the whole set until it is granted whole, at most
       ``wait`` seconds (None: until granted), backing off between refusals (a
       set does not wait in the server's line: it is asked again, and holds
@@ -83,6 +84,7 @@ class HeldSet:
         self.lost = Event()
         self.lost_reason: str | None = None
         self.locks: tuple[LockGrant, ...] = ()
+        self.set_id: str | None = None
         self._valid_until = 0.0
         self._stop = Event()
         self._renewer: Background | None = None
@@ -162,6 +164,7 @@ class HeldSet:
         for resource in self.resources:
             self.client.holding.add((resource, self.owner))
         self._granted(result.locks, sent_at)
+        self.set_id = result.set_id
         self._renewer = Background(
             self._renew_until_stopped, name=f"lockkeeper-renew:{self.label}"
         )
