@@ -12,9 +12,12 @@ What the service needs from the node (docs/deploy.md, "Galera"):
   by a worker must not vanish.
 - ``binlog_format = ROW``, which Galera replicates by.
 - A fence sequence the cluster orders: ``INCREMENT BY 0`` (each node at its own
-  offset) or no cache, as migration 0034 leaves it. A sequence with a cache and
-  another increment hands out values a node cached before another node's
-  draws, and Galera refuses to create one.
+  offset: two nodes drawing at once never draw the same value) and no cache
+  (every draw written and replicated with its grant, so a node draws above
+  the grants it has applied), as migrations 0034 and 0038 leave it. With a
+  cache a node hands out values from a block it reserved before another
+  node's draws, and the fences of a resource granted by several nodes can go
+  backwards.
 
 Off Galera (``wsrep_on`` OFF, or a server without it) nothing is checked.
 """
@@ -75,11 +78,14 @@ def galera_problems(conn: Connection) -> list[str] | None:
     row = conn.execute(
         text("SELECT increment, cache_size FROM lock_fence_seq")
     ).one_or_none()
-    if row is not None and row.increment != 0 and row.cache_size > 0:
+    if row is not None and (row.increment != 0 or row.cache_size > 0):
         problems.append(
             f"the fence sequence steps by {row.increment} with a cache of"
             f" {row.cache_size}, which the cluster cannot order across nodes:"
-            " run `lockkeeper db upgrade` (revision 0034 makes it INCREMENT BY 0)"
+            " run `lockkeeper db upgrade` (revisions 0034 and 0038 make it"
+            " INCREMENT BY 0 NOCACHE on a Galera node), or, on a database"
+            " already upgraded off Galera, `ALTER SEQUENCE lock_fence_seq"
+            " INCREMENT BY 0 NOCACHE` on one node"
         )
     return problems
 

@@ -4,9 +4,13 @@ through the service layer with one app per node (multi-writer).
 What still breaks there is shown on the real cluster by a strict xfail: it
 fails while the bug is there, and the day the bug is gone the xfail turns into
 a failure that asks for the marker to go. What was fixed passes: the schema
-installs (migration 0034's sequence), fences of one resource increase across
-nodes (also after a purge), the guard conflicts with a take-over from another
-node (0035), and the service sets and checks the node settings it needs.
+installs (migration 0034's sequence, 0038 without its cache, under traffic),
+fences of one resource increase across nodes (exclusive grants, places,
+shared and session-bound grants; also after a purge), a semaphore admits no
+more places than its limit across nodes (the places path writes the
+resource's row), the guard conflicts with a take-over from another node
+(0035), the service sets and checks the node settings it needs, and the
+fault harness finds no violation in either topology.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from collections import Counter, defaultdict
 import pytest
 from lockkeeper_core.engine import GALERA_SYNC_WAIT
 from lockkeeper_core.errors import ServiceBusy
+from lockkeeper_core.models import NO_TOKEN
+from lockkeeper_core.state import Action
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
@@ -28,6 +34,7 @@ from app.audit.service import EventFilter, newest_event_id
 from app.extensions import db, lock_service
 from app.factory import upgrade_schema
 from app.ops.galera import UnsafeGaleraNode, galera_problems
+from app.ops.upgrade import upgrade
 from tests.databases import IN_CI
 from tests.faults.cluster import ClusterError
 from tests.faults.galera import GaleraCluster, galera_prerequisites
@@ -92,30 +99,115 @@ def _release(app, resource: str, owner: str) -> None:
         lock_service().release(resource, owner)
 
 
-def test_the_schema_installs_on_a_galera_cluster(galera, tmp_path):
+def test_the_schema_installs_on_a_galera_cluster_and_0038_runs_under_traffic(
+    galera, tmp_path
+):
     """Migration 0001 created the fence sequence with a cache and INCREMENT BY
-    1, which Galera refuses (error 1235); it is INCREMENT BY 0 now."""
+    1, which Galera refuses (error 1235); it is INCREMENT BY 0 now. 0038 takes
+    its cache away on a Galera node while two nodes grant: the grants it
+    aborts are retried, and the fences of each resource increase across it."""
     cluster, _apps = galera
     with cluster.nodes[0].connect() as conn, conn.cursor() as cursor:
         cursor.execute("CREATE DATABASE lk_fresh")
-    url = cluster.url(1, database="lk_fresh")
-    app = _app(url, str(tmp_path / "fresh"))
+    # Made while the database is empty (nothing to check at their start).
+    apps = [
+        _app(cluster.url(n, database="lk_fresh"), str(tmp_path / f"a{n}"))
+        for n in (1, 2)
+    ]
+    started = None
     try:
-        upgrade_schema(app)
-    finally:
-        _dispose(app)
-    # A server started on it finds the node as it needs it.
-    started = _app(url, str(tmp_path / "started"))
-    try:
+        upgrade(apps[0], "0037")
+        with apps[0].app_context(), db.engine.connect() as conn:
+            cached = conn.execute(
+                text("SELECT increment, cache_size FROM lock_fence_seq")
+            )
+            assert tuple(cached.one()) == (0, 1000)
+            # What a server started now would refuse to start with.
+            (problem,) = galera_problems(conn)
+            assert "with a cache of 1000" in problem, problem
+        stop, upgraded = threading.Event(), threading.Event()
+        # Grants asked for once the upgrade was done: (granted at, fence); and
+        # before it, only counted.
+        fences: dict[str, list[tuple]] = defaultdict(list)
+        before: dict[str, list[tuple]] = defaultdict(list)
+        answers: Counter[str] = Counter()
+
+        def work(app, name: str) -> None:
+            # On until the upgrade is done and grants came after it.
+            deadline = time.monotonic() + 180
+            while not stop.is_set() and time.monotonic() < deadline:
+                after = upgraded.is_set()
+                for resource, kind in (
+                    ("galera:0038:mutex", {}),
+                    ("galera:0038:places", {"limit": 2}),
+                ):
+                    try:
+                        with app.app_context():
+                            result = lock_service().acquire(
+                                resource, name, ttl=30, **kind
+                            )
+                            if result.acquired:
+                                _note_new_grant(
+                                    (fences if after else before)[resource], result
+                                )
+                                lock_service().release(resource, name)
+                        answers["granted" if result.acquired else "busy"] += 1
+                    except ServiceBusy:
+                        answers["ServiceBusy"] += 1
+                    except Exception as exc:  # noqa: BLE001 - counted and reported
+                        answers[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
+                if sum(len(taken) for taken in fences.values()) >= 40:
+                    stop.set()
+
+        threads = [
+            threading.Thread(target=work, args=(app, f"w{n}-{k}"))
+            for n, app in enumerate(apps)
+            for k in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while answers["granted"] < 10 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            upgrade_schema(apps[1])
+            upgraded.set()
+        finally:
+            if not upgraded.is_set():
+                stop.set()
+            for thread in threads:
+                thread.join(timeout=200)
+        unexpected = {
+            k: v
+            for k, v in answers.items()
+            if k not in ("granted", "busy", "ServiceBusy")
+        }
+        assert not unexpected, answers
+        # In the order the cluster granted them (each grant's clock is read
+        # once its resource's row is held), the fences of a resource increase.
+        # Before the upgrade (a cache) places went backwards here: 9008, 12009,
+        # 9011, 12024, 9020, as nodes 1 and 2 drew from their own blocks.
+        backwards = _backwards(fences)
+        print(
+            f"{dict(answers)}; with the cache, {len(_backwards(before, steps=True))}"
+            f" of {sum(map(len, before.values()))} grants went backwards"
+        )
+        assert sum(len(taken) for taken in fences.values()) >= 40, answers
+        assert not backwards, f"{dict(answers)}: {backwards}"
+        # A server started on it finds the node as it needs it.
+        started = _app(cluster.url(1, database="lk_fresh"), str(tmp_path / "started"))
         with started.app_context(), db.engine.connect() as conn:
             assert galera_problems(conn) == []
-            increment = conn.execute(text("SELECT increment FROM lock_fence_seq"))
-            assert increment.scalar() == 0
+            sequence = conn.execute(
+                text("SELECT increment, cache_size FROM lock_fence_seq")
+            )
+            assert tuple(sequence.one()) == (0, 0)
             sync_wait = conn.execute(text("SELECT @@session.wsrep_sync_wait"))
             assert sync_wait.scalar() == GALERA_SYNC_WAIT
     finally:
-        started.extensions["lockkeeper.refusals"].stop()
-        _dispose(started)
+        for app in [*apps, *([started] if started else [])]:
+            app.extensions["lockkeeper.refusals"].stop()
+            _dispose(app)
         with cluster.nodes[0].connect() as conn, conn.cursor() as cursor:
             cursor.execute("DROP DATABASE lk_fresh")
 
@@ -151,6 +243,41 @@ def test_fences_of_one_resource_increase_when_nodes_take_turns(galera):
         fences.append(_acquire(app, resource, owner).lock.fence)
         _release(app, resource, owner)
     assert fences == sorted(set(fences)), f"fences in grant order: {fences}"
+
+
+def test_fences_of_places_shared_and_session_grants_increase_when_nodes_take_turns(
+    galera,
+):
+    """As above, for the grants whose fence is the sequence's draw alone (no
+    exclusive row to raise it above): a semaphore's places, shared grants and
+    grants bound to a session. With a cache each node drew from its own block
+    (1, 3002, 4, ...): the third node's grant came below the second's. The
+    sequence has no cache on Galera (0038): every draw writes it, and a node
+    applies another's draw with the grant that drew it."""
+    _cluster, apps = galera
+    fences: dict[str, list[int]] = defaultdict(list)
+    for turn in range(6):
+        app = apps[turn % 3]
+        owner = f"worker-{turn}"
+        with app.app_context():
+            service = lock_service()
+            for resource, kind in (
+                ("galera:turns:places", {"limit": 2}),
+                ("galera:turns:shared", {"mode": "shared"}),
+            ):
+                result = service.acquire(resource, owner, ttl=60, **kind)
+                assert result.acquired, (resource, result)
+                fences[resource].append(result.lock.fence)
+                service.release(resource, owner)
+            session = service.sessions.create(owner, 60, token=NO_TOKEN)
+            result = service.acquire(
+                "galera:turns:session", owner, session=session.id, token=NO_TOKEN
+            )
+            assert result.acquired, result
+            fences["galera:turns:session"].append(result.lock.fence)
+            service.sessions.end(session.id, token=NO_TOKEN, actor=None)
+    backwards = {r: f for r, f in fences.items() if f != sorted(set(f))}
+    assert not backwards, f"fences in grant order: {dict(fences)}"
 
 
 def test_a_grant_after_a_purge_draws_above_the_purged_fence_on_another_node(galera):
@@ -237,6 +364,92 @@ def test_fences_of_one_resource_increase_under_contention_across_nodes(galera):
             if after[1] <= before[1]:
                 backwards.append((resource, before[1:], after[1:]))
     total = sum(len(g) for g in grants.values())
+    measured = (
+        f"{total} grants, {_aborts(cluster) - aborts_before} transactions aborted "
+        f"for another node's write, {sum(busy.values())} ServiceBusy"
+    )
+    print(measured)
+    assert total >= 20, f"{measured}; errors: {dict(errors)}"
+    assert not backwards, f"{len(backwards)} went backwards ({measured}): {backwards}"
+    assert not errors, f"{measured}; errors: {dict(errors)}"
+
+
+def _note_new_grant(grants: list, result) -> None:
+    """Note a new grant's (granted at, fence). A re-acquire keeps its fence and
+    is not one: a thread whose release answered 503 acquires again what it
+    still holds."""
+    if result.action is not Action.REACQUIRED:
+        grants.append((result.lock.acquired_at, result.lock.fence))
+
+
+def _backwards(grants, *, steps: bool = False):
+    """Of ``grants`` (resource -> [(granted at, fence)]), the resources whose
+    fences do not increase in grant order, with those fences in that order;
+    with ``steps``, every grant whose fence is not above the one before it."""
+    found = {}
+    for resource, taken in grants.items():
+        in_order = [fence for _at, fence in sorted(taken)]
+        if steps:
+            found.update(
+                ((resource, n), pair)
+                for n, pair in enumerate(zip(in_order, in_order[1:], strict=False))
+                if pair[1] <= pair[0]
+            )
+        elif in_order != sorted(set(in_order)):
+            found[resource] = in_order
+    return found
+
+
+def test_fences_of_places_and_shared_grants_increase_under_contention_across_nodes(
+    galera,
+):
+    """Threads on every node take and release a place of a semaphore of 2 and
+    a shared grant, as fast as they can. A place or a shared grant takes the
+    sequence's draw as its fence (no exclusive grant's row to raise it above):
+    in the order the cluster granted them (the clock each grant read once it
+    held its resource's row), their fences must increase. Each node drew
+    from its own cache block (before 0038); and two places admitted on two
+    nodes at once wrote no row in common (before the places path wrote the
+    resource's row on Galera), so neither was ordered after the other."""
+    cluster, apps = galera
+    kinds = {
+        "galera:contended:places": {"limit": 2},
+        "galera:contended:shared": {"mode": "shared"},
+    }
+    grants: dict[str, list[tuple]] = defaultdict(list)
+    busy: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    stop = threading.Event()
+    deadline = time.monotonic() + 15
+    aborts_before = _aborts(cluster)
+
+    def work(app, name: str) -> None:
+        while not stop.is_set() and time.monotonic() < deadline:
+            for resource, kind in kinds.items():
+                try:
+                    with app.app_context():
+                        result = lock_service().acquire(resource, name, ttl=60, **kind)
+                        if result.acquired:
+                            _note_new_grant(grants[resource], result)
+                            lock_service().release(resource, name)
+                except ServiceBusy:
+                    busy[name] += 1
+                except Exception as exc:  # noqa: BLE001 - counted and reported
+                    errors[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
+            if sum(len(g) for g in grants.values()) >= 200:
+                stop.set()
+
+    threads = [
+        threading.Thread(target=work, args=(app, f"{node}-{n}"))
+        for node, app in enumerate(apps)
+        for n in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    total = sum(len(g) for g in grants.values())
+    backwards = _backwards(grants, steps=True)
     measured = (
         f"{total} grants, {_aborts(cluster) - aborts_before} transactions aborted "
         f"for another node's write, {sum(busy.values())} ServiceBusy"
@@ -411,14 +624,6 @@ def test_a_node_that_cannot_start_ends_the_start_at_once_with_its_log():
         cluster.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="#50 multi-writer: a place acquire holds the resource's row with a "
-    "lock local to its node and writes only its own place (places_until is "
-    "unchanged when its expiry is not the latest), so places admitted on two "
-    "nodes at once both commit: a semaphore goes past its limit",
-)
 def test_a_semaphore_admits_no_more_places_than_its_limit_across_nodes(galera):
     cluster, apps = galera
     first, slow, fast = apps
@@ -466,25 +671,32 @@ def test_a_semaphore_admits_no_more_places_than_its_limit_across_nodes(galera):
     assert places <= 2, f"{places} live places of 2 (granted: {granted})"
 
 
-def test_a_short_fault_run_on_the_cluster_finds_no_violation(galera):
+@pytest.mark.parametrize("writers", [1, 3], ids=["single-writer", "multi-writer"])
+def test_a_short_fault_run_on_the_cluster_finds_no_violation(galera, writers):
     """The history checker's run on this cluster, in a database of its own, in
-    the supported topology: every app instance writes through node 0 (single
-    writer). The mutex, semaphore and shared-lock workloads while app
-    instances are SIGKILLed and another node is SIGKILLed and rejoins by IST.
-    (Multi-writer is not safe: a 10-minute run with instance n on node n found
-    a semaphore over its limit and fences going backwards; docs/deploy.md.)"""
+    both topologies: every app instance writing through node 0 (single
+    writer), and instance n through node n (multi-writer). The mutex,
+    semaphore and shared-lock workloads while app instances are SIGKILLed and
+    a node is SIGKILLed and rejoins by IST (with a single writer, another node
+    than the writer's). Multi-writer found a semaphore over its limit and
+    fences going backwards or handed out twice before the places path wrote
+    the resource's row on Galera and the sequence lost its cache (0038)."""
     cluster, _apps = galera
     config = RunConfig(
         database="galera",
-        duration=20.0,
+        # With several writers a node's kill takes an instance's database: the
+        # kills wait for every instance to serve, and for the node's rejoin
+        # (about 10 s), so 20 s left no time for an instance kill after it.
+        duration=20.0 if writers == 1 else 30.0,
         workers=8,
         kill_every=(3.0, 6.0),
         database_restarts=1,
-        galera_writers=1,
+        galera_writers=writers,
     )
     report = run(config, galera=cluster)
     print(json.dumps(report.stats, default=str))
     assert report.ok, report.violations
     (kill,) = report.stats["node_kills"]
-    assert kill["node"] != cluster.nodes[0].name
+    if writers == 1:
+        assert kill["node"] != cluster.nodes[0].name
     assert kill["transfer"] == "IST", kill

@@ -131,6 +131,17 @@ def _install_postgresql_events(engine: Engine) -> None:
 GALERA_SYNC_WAIT = 3
 
 
+# Where a pooled connection to a Galera node says so (``Connection.info``, set
+# when the pool connects): the statements that must give certification a key
+# there and nowhere else ask ``galera_connection``.
+GALERA_INFO_KEY = "lockkeeper.galera"
+
+
+def galera_connection(conn) -> bool:
+    """Whether a SQLAlchemy ``Connection`` of a core engine is to a Galera node."""
+    return bool(conn.info.get(GALERA_INFO_KEY))
+
+
 def on_galera(dbapi_connection) -> bool:
     """Whether a MariaDB connection is to a node of a Galera cluster."""
     cursor = dbapi_connection.cursor()
@@ -144,10 +155,11 @@ def on_galera(dbapi_connection) -> bool:
 
 def _install_mariadb_events(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record):
+    def _on_connect(dbapi_connection, record):
         # One round trip per new connection. A node that refuses the setting
         # refuses the connection: the service never reads without it.
         if on_galera(dbapi_connection):
+            record.info[GALERA_INFO_KEY] = True
             cursor = dbapi_connection.cursor()
             try:
                 cursor.execute(f"SET SESSION wsrep_sync_wait = {GALERA_SYNC_WAIT}")

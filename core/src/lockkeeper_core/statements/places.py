@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import BigInteger, bindparam, delete, insert, select, update
 
 from lockkeeper_core.columns import UTCDateTime
+from lockkeeper_core.engine import galera_connection
 from lockkeeper_core.errors import SessionBound
 from lockkeeper_core.models import EXCLUSIVE, NO_TOKEN, SHARED, LockSession
 from lockkeeper_core.state import Action, holds
@@ -179,12 +180,20 @@ class PlacesStatements:
         )
 
     def _set_places_until(self, conn, row, live_expiries, holder_limit) -> None:
+        """Write the resource's ``places_until`` and limit after a change of
+        its places. On a Galera node the row is written even when neither
+        changes (one more to ``guard_writes``): its lock orders the places of
+        a resource on one node only, and certification compares only the rows
+        transactions write, so two places admitted on two nodes at once,
+        each inserting its own row, both committed past the limit. Written
+        by both, the row fails the one the cluster orders second (1213,
+        retried): the places of a resource are decided one after another,
+        whichever node decides."""
         until = max(live_expiries) if live_expiries else None
-        conn.execute(
-            update(locks)
-            .where(locks.c.id == row.id)
-            .values(places_until=until, holder_limit=holder_limit)
-        )
+        values: dict[str, Any] = {"places_until": until, "holder_limit": holder_limit}
+        if galera_connection(conn):
+            values["guard_writes"] = locks.c.guard_writes + 1
+        conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
 
     @staticmethod
     def _place_row(place, *, holder_limit, holders_now, waiters) -> LockRow:

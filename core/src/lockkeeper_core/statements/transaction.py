@@ -738,11 +738,13 @@ class TransactionalStatements(StaleStatements, PlacesStatements):
 
 def _above_replaced(fence: int, row) -> int:
     """A new tenure's fence: the sequence's draw, raised above the fence of the
-    grant it replaces when the draw is not. On one server the draw always is.
-    On a multi-writer Galera cluster each node draws from its own cache of the
-    sequence, so a node can draw below a grant another node committed just
-    before; the row is what orders them, since certification aborts a write of
-    it from a node that had not seen the other's (error 1213, retried)."""
+    grant it replaces when the draw is not. On one server the draw always is,
+    and on a Galera node too since its sequence has no cache (migration 0038: a
+    node has applied the draw of the grant it replaces, with that grant). With
+    a cache each node drew from its own block, below a grant another node had
+    committed just before; the row is what orders them, since certification
+    aborts a write of it from a node that had not seen the other's (error
+    1213, retried)."""
     if row is None or row.fence is None:
         return fence
     return max(fence, row.fence + 1)
