@@ -32,11 +32,12 @@ EXPECTED = {
     # evaluates UTC_TIMESTAMP(6) when a statement starts, before it waits for the
     # row lock); a grant's fence comes in that same statement.
     "mariadb": {
-        # locking read, the token's row lock (a new tenure: the quota's count
-        # must follow it), clock + the quota count + nextval, insert, event
-        "acquire new": (5, 1),
+        # locking read, one call (lockkeeper_token_clock: the token's row
+        # lock, then the clock, the quota count and nextval, which must follow
+        # it), insert, event
+        "acquire new": (4, 1),
         # the same, with an update
-        "acquire free row": (5, 1),
+        "acquire free row": (4, 1),
         "reacquire": (4, 1),  # locking read, clock, update, event
         "refused acquire": (2, 1),  # locking read, clock
         "renew": (4, 1),

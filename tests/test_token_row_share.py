@@ -1,6 +1,6 @@
 """A token far from its lock quota shares its row lock at a grant; near it, a
-grant takes the row alone (PostgreSQL: migration 0011; MariaDB: the locking
-read's first look, ``TransactionalStatements._far``). Real grants of one token,
+grant takes the row alone (PostgreSQL: migration 0011; MariaDB: the first
+look of ``lockkeeper_token_clock``, migration 0039). Real grants of one token,
 one paused inside its transaction, on the server databases (SQLite has one
 writer at a time and no row locks)."""
 
@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from lockkeeper_core.errors import QuotaExceeded
-from lockkeeper_core.models import DistributedLock
-from sqlalchemy import event, func, insert, select, text
+from lockkeeper_core.errors import QuotaExceeded, TokenEnded
+from lockkeeper_core.models import DistributedLock, LockEvent
+from sqlalchemy import event, func, insert, select, text, update
 
+from app.auth.models import ApiToken
 from app.database import autocommit
 from app.extensions import db, lock_service
 from tests.conftest import ApiClient
@@ -37,8 +38,9 @@ def _margin() -> int:
 
 class PausedGrant:
     """A real grant of ``token`` in a thread, paused inside its transaction
-    right after it locked the token's row (at the clock read that draws its
-    fence) until ``go()``."""
+    right after it locked the token's row until ``go()``: at the clock read
+    that draws its fence, or on MariaDB's hot path at the statement after
+    ``lockkeeper_token_clock``, the call that locks the row and draws it."""
 
     def __init__(self, app, resource: str, token: str, max_locks: int):
         self.app = app
@@ -61,11 +63,14 @@ class PausedGrant:
             )
 
     def _statement(self, _conn, _cursor, statement, *_args):
+        if threading.current_thread() is not getattr(self, "thread", None):
+            return
+        if "lockkeeper_token_clock" in statement:
+            self.called = True
+            return
         if (
-            threading.current_thread() is getattr(self, "thread", None)
-            and "lock_fence_seq" in statement
-            and not self.inside.is_set()
-        ):
+            "lock_fence_seq" in statement or getattr(self, "called", False)
+        ) and not self.inside.is_set():
             self.inside.set()
             assert self.release.wait(DEADLINE), "the paused grant was never let go"
 
@@ -160,6 +165,67 @@ def test_a_shared_grant_counts_again_after_its_lock(app, backend):
             select(func.count()).select_from(locks).where(locks.c.token == "filling")
         )
         assert live == max_locks
+
+
+@pytest.mark.parametrize("take_over", [False, True], ids=["fresh", "take-over"])
+def test_a_revocation_committed_while_a_grant_waits_for_the_token_row_is_seen(
+    app, backend, take_over
+):
+    """A revocation holds the token's row while a new grant of the token waits
+    for it (a fresh resource, or the take-over of an expired holder): once the
+    revocation commits, the grant sees it where it commits, is refused and
+    writes nothing. On MariaDB both wait inside ``lockkeeper_token_clock``,
+    whose clock and count come after that wait."""
+    resource = f"late:{'taken' if take_over else 'fresh'}"
+    with app.app_context():
+        ApiClient(app, "late", max_locks=10000)
+        if take_over:
+            now = datetime.now(UTC)
+            db.session.execute(
+                insert(locks).values(
+                    resource=resource,
+                    owner="gone",
+                    token="other",
+                    fence=10**9,
+                    acquired_at=now - timedelta(minutes=2),
+                    expires_at=now - timedelta(minutes=1),
+                )
+            )
+            db.session.commit()
+        before = _rows_and_events(resource)
+        with db.engine.connect() as revoker:
+            revoker.execute(
+                text("SELECT 1 FROM api_tokens WHERE name = 'late' FOR UPDATE")
+            )
+            pool = ThreadPoolExecutor(1)
+            waiting = pool.submit(_acquire, app, resource, "late", 10000)
+            _wait_for_the_token_row(waiting)
+            revoker.execute(
+                update(ApiToken)
+                .where(ApiToken.name == "late")
+                .values(revoked_at=datetime.now(UTC))
+            )
+            revoker.commit()
+        with pytest.raises(TokenEnded):
+            waiting.result(DEADLINE)
+        pool.shutdown()
+        assert _rows_and_events(resource) == before
+
+
+def _rows_and_events(resource: str) -> tuple[list, int]:
+    """The resource's row as it stands and how many events it has."""
+    rows = db.session.execute(
+        select(locks.c.owner, locks.c.token, locks.c.fence, locks.c.expires_at).where(
+            locks.c.resource == resource
+        )
+    ).all()
+    events = db.session.scalar(
+        select(func.count())
+        .select_from(LockEvent)
+        .where(LockEvent.resource == resource)
+    )
+    db.session.rollback()
+    return [tuple(row) for row in rows], events
 
 
 def _wait_for_the_token_row(future) -> None:

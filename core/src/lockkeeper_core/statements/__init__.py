@@ -70,9 +70,10 @@ it is refused when the token was revoked or has expired by the deciding clock
 quota that lock is exclusive, so one token's new grants count one after another
 and the quota is exact under parallel requests; far from it, or without one, it
 is shared. The count is part of the same statement
-(PostgreSQL), of the clock read that follows the token's row lock (MariaDB) or of
-the locking read (SQLite, one writer at a time), never a round trip of its own on
-re-acquire or renew.
+(PostgreSQL), of the call that locks the token's row, a statement after that
+lock (MariaDB: ``lockkeeper_token_clock``, migration 0039, with the clock and
+the fence), or of the locking read (SQLite, one writer at a time), never a
+round trip of its own on re-acquire or renew.
 """
 
 from __future__ import annotations

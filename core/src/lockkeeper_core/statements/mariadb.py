@@ -6,12 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from lockkeeper_core.driver import FixedSQL
+from lockkeeper_core.statements.common import Clock
 from lockkeeper_core.statements.driver_writes import (
     DRIVER_WRITES,
     UPSERT_LOCK_SQL,
     DriverWrites,
 )
 from lockkeeper_core.statements.transaction import TransactionalStatements
+
+_TOKEN_CLOCK = FixedSQL.written(
+    "CALL lockkeeper_token_clock(:token, :resource, :max_locks, :fence)"
+)
 
 
 class MariaDBStatements(DriverWrites, TransactionalStatements):
@@ -37,6 +42,46 @@ class MariaDBStatements(DriverWrites, TransactionalStatements):
         self.transactional = TransactionalStatements(dialect_name)
         self._dialect = _pyformat_mariadb_dialect()
         self._fixed_reads: dict[Any, FixedSQL] = {}
+
+    def _looks_first_after_read(self, now) -> bool:
+        # The server's clock: the hot path, whose call takes the first look.
+        return now is None
+
+    def _token_then_clock(self, conn, token, now, quota, *, resource):
+        """The token's row, then the clock, freeze, quota count and fence, in
+        one round trip: ``lockkeeper_token_clock`` (migration 0039), which
+        also takes the quota's first look. With a clock given (tests), the
+        statements one by one."""
+        if not quota.after_read:
+            return super()._token_then_clock(conn, token, now, quota, resource=resource)
+        row = self._token_call(conn, token, resource, quota.max_locks, fence=True)
+        clock = Clock(row.now, row.fence, bool(row.frozen), bool(row.over_quota))
+        return quota._replace(
+            row=row if row.found else None, far=bool(row.far), clock=clock
+        )
+
+    def _token_then_count(self, conn, token, now, quota):
+        """A take-over's token row and quota count: the same call, drawing no
+        fence (the take-over drew its own)."""
+        if not quota.after_read:
+            return super()._token_then_count(conn, token, now, quota)
+        row = self._token_call(conn, token, None, quota.max_locks, fence=False)
+        return quota._replace(
+            row=row if row.found else None,
+            far=bool(row.far),
+            over_quota=bool(row.over_quota),
+        )
+
+    def _token_call(self, conn, token, resource, max_locks, *, fence):
+        return conn.one(
+            _TOKEN_CLOCK,
+            {
+                "token": token,
+                "resource": resource,
+                "max_locks": max_locks or None,
+                "fence": fence,
+            },
+        )
 
     def _row(self, conn, statement, params):
         return conn.one(self._compiled(statement), params)

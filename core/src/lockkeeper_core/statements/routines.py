@@ -1,7 +1,7 @@
 """The database's own routines as they are now: one ``.sql`` file per PostgreSQL
 function and MariaDB procedure, in ``sql/<dialect>/``, beside the statements that
-call them (``postgresql.py``, ``places.py``, ``sessions.py``; workers call the
-guard in their own transactions).
+call them (``postgresql.py``, ``places.py``, ``sessions.py``, ``mariadb.py``;
+workers call the guard in their own transactions).
 
 A file holds the routine's whole ``CREATE`` text, the one a migrated database
 runs: ``tests/test_routines.py`` holds the database and the files equal. The

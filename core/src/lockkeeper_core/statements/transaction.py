@@ -62,6 +62,7 @@ from lockkeeper_core.statements.details import (
 )
 from lockkeeper_core.statements.places import PlacesStatements
 from lockkeeper_core.statements.stale import StaleStatements
+from lockkeeper_core.statements.tokens import TokenLook, TokenStatements
 from lockkeeper_core.values import Ask
 
 _SERVER_NOW = {
@@ -82,7 +83,7 @@ _INSERT_EVENT = insert(events)
 lock_sessions = LockSession.__table__
 
 
-class TransactionalStatements(StaleStatements, PlacesStatements):
+class TransactionalStatements(StaleStatements, PlacesStatements, TokenStatements):
     """Locking read, then the clock, decision, write, event: one transaction per call.
 
     The clock is read in a statement AFTER the locking read has returned, so the
@@ -493,9 +494,13 @@ class TransactionalStatements(StaleStatements, PlacesStatements):
         # SQLite has one writer at a time: its count rides on the locking read.
         # Elsewhere the count follows the token's row lock, so two parallel new
         # grants of one token cannot both count the same free place; the locking
-        # read takes a first look (``_far``) that picks how that row is locked.
+        # read takes a first look (``_far``) that picks how that row is locked,
+        # or on MariaDB's hot path the call that locks it (``after_read``).
         count_on_read = counting and not self.uses_sequence
-        first_look = counting and checks_token and self._margin is not None
+        after_read = self._looks_first_after_read(now)
+        first_look = (
+            counting and checks_token and self._margin is not None and not after_read
+        )
         row = self.lock_row(
             conn,
             resource,
@@ -524,19 +529,27 @@ class TransactionalStatements(StaleStatements, PlacesStatements):
             # before the clock read, so the quota count rides on that read. A
             # held row locks it only once it turns out expired (below).
             if not held and checks_token and self.uses_sequence:
-                token_row = self._token_row(conn, token, exclusive=counting and not far)
+                look = self._token_then_clock(
+                    conn,
+                    token,
+                    now,
+                    TokenLook(max_locks if counting else None, far, limit, after_read),
+                    resource=resource,
+                )
+                token_row, far = look.row, look.far
+                now, fence, frozen, over_quota = look.clock
                 token_locked = True
-            count_now = count_on_read or (token_locked and counting)
-            now, fence, frozen, over_quota = self.clock_after_lock(
-                conn,
-                now,
-                fence=True,
-                fence_unless_valid_until=row.expires_at if held else None,
-                unless_frozen=resource,
-                quota_token=token if count_now else None,
-                max_locks=limit if count_now else None,
-                live=row.live if count_on_read and row is not None else None,
-            )
+            else:
+                now, fence, frozen, over_quota = self.clock_after_lock(
+                    conn,
+                    now,
+                    fence=True,
+                    fence_unless_valid_until=row.expires_at if held else None,
+                    unless_frozen=resource,
+                    quota_token=token if count_on_read else None,
+                    max_locks=limit if count_on_read else None,
+                    live=row.live if count_on_read and row is not None else None,
+                )
         if (
             row is not None
             and row.places_until is not None
@@ -561,15 +574,21 @@ class TransactionalStatements(StaleStatements, PlacesStatements):
         if action is not Action.REACQUIRED and checks_token:
             # A new tenure: the token must be live where the grant commits.
             if not token_locked:
-                token_row = self._token_row(conn, token, exclusive=counting and not far)
-                if counting and not count_on_read:
-                    # A take-over: counted now, after the token's row lock.
-                    live = self._scalar(
-                        conn,
-                        self._live_count,
-                        {"now": now, "quota_token": token, "max_locks": limit},
-                    )
-                    over_quota = over_quota or live >= limit
+                # A take-over: the token's row locked now, and the quota
+                # counted after that lock.
+                look = self._token_then_count(
+                    conn,
+                    token,
+                    now,
+                    TokenLook(
+                        max_locks if counting and not count_on_read else None,
+                        far,
+                        limit,
+                        after_read,
+                    ),
+                )
+                token_row, far = look.row, look.far
+                over_quota = over_quota or look.over_quota
             if token_ended(token_row, now):
                 return Outcome(False, None, holder, now, token_ended=True)
         if action is not Action.REACQUIRED and frozen:
@@ -588,33 +607,6 @@ class TransactionalStatements(StaleStatements, PlacesStatements):
         if waiter is not None:
             self._dequeue(conn, waiter)
         return outcome
-
-    @staticmethod
-    def _far(first_look, max_locks: int) -> tuple[bool, int]:
-        """Whether the token is so far from its quota that its row lock is shared,
-        and the limit the count after that lock is held to.
-
-        Far: its live locks (the locking read's first look) plus ``margin``, the
-        server's max_connections, stay below ``max_locks``. Every grant in flight
-        holds a server connection, so no set of them, shared or not, can then
-        take the token past its quota, as long as each counts again after its
-        own lock and stops once it finds itself within ``margin`` of it (the
-        limit returned). Nearer than that the row is locked alone: the grant
-        waits for every grant of the token in flight and counts after them, one
-        at a time, to ``max_locks``.
-        """
-        margin = int(first_look.margin)
-        if max_locks > margin and first_look.live < max_locks - margin:
-            return True, max_locks - margin
-        return False, max_locks
-
-    def _token_row(self, conn, token: str, *, exclusive: bool) -> Row | None:
-        """The token's row (revoked_at, expires_at), locked until commit: for
-        update near its quota (one new grant of the token at a time), else
-        shared (only a revocation, or a grant near the quota, waits); a
-        revocation that committed first is seen, one that comes later waits for
-        this grant. None: no such token."""
-        return self._row(conn, self._token_rows[exclusive], {"token": token})
 
     def renew(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
         row = self.lock_row(conn, resource, now)
