@@ -33,6 +33,7 @@ import re
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from lockkeeper_core import transactions
@@ -46,12 +47,16 @@ from lockkeeper_core.errors import (
     SessionExpired,
     UnknownSession,
 )
-from sqlalchemy import create_engine, text
+from lockkeeper_core.models import DistributedLock
+from sqlalchemy import create_engine, insert, text
 from sqlalchemy.exc import DBAPIError
 
 from app.auth.models import ApiToken
 from app.auth.service import create_token
 from app.extensions import db, lock_service
+from tests.row_waits import DEADLINE, RowHolder, run_blocked
+
+locks = DistributedLock.__table__
 
 # The app's pool (16 racers at most, and the test's own reads) and the
 # counter's connection.
@@ -448,3 +453,56 @@ def test_no_two_operations_deadlock_on_one_resource(race_app, monkeypatch):
     # one uncontended call takes more than an eighth of a second, within
     # eight such calls.
     assert answers.slowest < max(SLOWEST, 8 * meeting.pace), answers.slowest_call
+
+
+# -- the operator's stale sweep and a path that locks several rows -----------
+
+
+def test_a_stale_release_takes_its_rows_in_the_lock_order(race_app, monkeypatch):
+    """``release_stale`` locks its batch by name in resource order, as every
+    path that locks several rows does (a set's acquire, a purge). It locked
+    them as the statement that found them scanned them: on MariaDB, when the
+    stale rows are few among live ones, through (expires_at, resource), sorted
+    after the locks. Here ``sweep:b`` ran out before ``sweep:a``: the sweep
+    held b and waited for a while a set's acquire, holding a, asked for b (a
+    deadlock; PostgreSQL locks rows once it has sorted them)."""
+    now = datetime.now(UTC)
+
+    def grant(name: str, n: int, expires_at: datetime) -> dict:
+        return {
+            "resource": name,
+            "owner": "w",
+            "token": "one",
+            "fence": 10**9 + n,
+            "acquired_at": now - timedelta(minutes=5),
+            "expires_at": expires_at,
+        }
+
+    with race_app.app_context():
+        live = now + timedelta(hours=1)
+        db.session.execute(
+            insert(locks),
+            [grant(f"busy:{n:03}", n, live) for n in range(300)]
+            + [
+                grant("sweep:a", 300, now - timedelta(minutes=1)),
+                grant("sweep:b", 301, now - timedelta(minutes=2)),
+            ],
+        )
+        db.session.commit()
+    deadlocks = Deadlocks(race_app, monkeypatch)
+    with race_app.app_context():
+        service = lock_service()
+        # A set's acquire of both, in resource order: a, then (below) b.
+        with RowHolder(service, "sweep:a") as set_acquire:
+            sweep = run_blocked(
+                service, lambda: service.release_stale(actor="op", reason="race")
+            )
+            set_acquire.finish(
+                lambda conn: service.core.transactional.lock_row(
+                    conn, "sweep:b", service.core.given_now()
+                )
+            )
+        released = sweep.result(DEADLINE)
+    assert sorted(lock.resource for lock in released) == ["sweep:a", "sweep:b"]
+    assert deadlocks.counted() == 0, deadlocks.conflicts
+    assert not deadlocks.conflicts

@@ -226,7 +226,7 @@ class ClaimView:
 
 @dataclass(frozen=True, slots=True)
 class StaleBatch:
-    candidates: int  # rows the batch locked (fewer than asked: the last batch)
+    candidates: int  # rows the batch found (fewer than asked: the last batch)
     released: list[Any]
     now: datetime
 

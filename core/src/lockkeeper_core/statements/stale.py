@@ -36,28 +36,51 @@ class StaleStatements:
     ) -> StaleBatch:
         """Force-release up to ``batch`` stale locks matching ``prefix``/``owner``
         (and owners containing ``owner_contains``, as the overview searches):
-        lock the candidates (in resource order, so concurrent batches do not
-        deadlock), read the clock, free those still stale by it."""
-        query = (
-            select(locks)
+        a plain read finds the candidates, which are then locked by name in
+        resource order and read again (the lock order, ``through_names``); the
+        clock read after that lock decides which are still stale.
+
+        Locked by the statement that found them, they were locked in the order
+        of the index it scanned: MariaDB finds stale rows through (expires_at,
+        resource) and sorts them after locking them, so a batch took its rows
+        in expiry order, and a path that takes several in resource order (a
+        set's acquire, a purge) could hold one it waited for while waiting for
+        one it held: a deadlock.
+        """
+
+        def matching(query):
+            query = query.where(locks.c.owner.is_not(None))
+            if prefix:
+                query = query.where(
+                    locks.c.resource.startswith(prefix, autoescape=True),
+                    func.substr(locks.c.resource, 1, len(prefix)) == prefix,
+                )
+            if owner is not None:
+                query = query.where(locks.c.owner == owner)
+            if owner_contains:
+                query = query.where(listing.owner_contains(owner_contains))
+            return query
+
+        names = conn.scalars(
+            matching(select(locks.c.resource))
             .where(
-                locks.c.owner.is_not(None),
-                locks.c.expires_at <= (now if now is not None else self._server_now()),
+                locks.c.expires_at <= (now if now is not None else self._server_now())
             )
             .order_by(locks.c.resource)
             .limit(batch)
-            .with_for_update()
+        ).all()
+        candidates = (
+            conn.execute(
+                through_names(
+                    matching(select(locks))
+                    .where(locks.c.resource.in_(names))
+                    .order_by(locks.c.resource)
+                    .with_for_update()
+                )
+            ).all()
+            if names
+            else []
         )
-        if prefix:
-            query = query.where(
-                locks.c.resource.startswith(prefix, autoescape=True),
-                func.substr(locks.c.resource, 1, len(prefix)) == prefix,
-            )
-        if owner is not None:
-            query = query.where(locks.c.owner == owner)
-        if owner_contains:
-            query = query.where(listing.owner_contains(owner_contains))
-        candidates = conn.execute(query).all()
         now = self.clock_after_lock(conn, now).now
         stale = [row for row in candidates if row.expires_at <= now]
         if stale:
@@ -86,7 +109,9 @@ class StaleStatements:
                 ],
             )
         released = [LockRow.of(row, expires_at=now) for row in stale]
-        return StaleBatch(len(candidates), released, now)
+        # A row renewed or granted again between the look and the lock stays,
+        # and is not found again: a batch that found ``batch`` names was full.
+        return StaleBatch(len(names), released, now)
 
     def purge_stale_batch(
         self, conn, cutoff: datetime, batch: int
