@@ -1,5 +1,6 @@
 """A lock taken in the embedded mode is on the dashboard like any other, and
-an operator's force-release of it from there reaches the embedded holder."""
+an operator's force-release of it from there reaches the embedded holder and
+an embedded watcher of the log."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ def test_an_embedded_holder_is_on_the_dashboard_and_sees_its_force_release(
             )
             assert answer.status_code in (200, 303), answer.get_data(as_text=True)
             assert held.lost.wait(10)
+        # An embedded watcher reads the operator's release from the same log.
+        seen = next(
+            iter(client.watch(resource="emb:dash", action="force_released", after=0))
+        )
+        assert (seen.actor, seen.data["reason"]) == ("olga", "test: embedded holder")
+        assert seen.fence == held.fence
     history = soup(browser.get("/locks/emb:dash")).get_text()
     assert "force_released" in history or "force-released" in history
     assert "test: embedded holder" in history

@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+from lockkeeper_core import follow
 from lockkeeper_core.models import LockEvent
 from sqlalchemy import insert, select, text
 
-from app.audit import follow
 from app.extensions import db, lock_service
 from tests.live_server import serve
 

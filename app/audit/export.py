@@ -15,9 +15,8 @@ from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
+from lockkeeper_core import wire
 from lockkeeper_core.results import Event
-
-from app.timestamps import rfc3339
 
 COLUMNS = (
     "id",
@@ -57,24 +56,9 @@ class ExportFormat(StrEnum):
 
 
 def event_record(event: Event) -> dict[str, Any]:
-    """The event as plain JSON-ready values, keyed in ``COLUMNS`` order."""
-    return {
-        "id": event.id,
-        "occurred_at": rfc3339(event.occurred_at),
-        "resource": event.resource,
-        "action": event.action.value,
-        "owner": event.owner,
-        "previous_owner": event.previous_owner,
-        "fence": event.fence,
-        "acquired_at": rfc3339(event.acquired_at),
-        "expires_at": rfc3339(event.expires_at),
-        "actor": event.actor,
-        "token": event.token,
-        "reason": event.reason,
-        "mode": event.mode,
-        "details": event.details,
-        "set": event.set_id,
-    }
+    """The event as plain JSON-ready values, keyed in ``COLUMNS`` order (the
+    embedded mode's stream gives the same object)."""
+    return wire.event_to_json(event)
 
 
 def csv_cell(value: Any) -> Any:

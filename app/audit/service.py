@@ -13,14 +13,14 @@ from typing import Any
 
 from lockkeeper_core import validation
 from lockkeeper_core.errors import InvalidInput
-from lockkeeper_core.models import EXCLUSIVE, SHARED, LockEvent, LockSession
+from lockkeeper_core.follow import BY_PREFIX, BY_TIME, EventFilter
+from lockkeeper_core.models import LockEvent, LockSession
 from lockkeeper_core.pagination import (
     DEFAULT_PAGE,
     fetch_page,
     page_limit_error,
     read_cursor,
     starts_with,
-    within,
 )
 from lockkeeper_core.results import Event, Page
 from lockkeeper_core.state import Action
@@ -35,8 +35,6 @@ from sqlalchemy import (
     select,
     union_all,
 )
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.functions import FunctionElement
 
 from app.audit.tenures import (
     ENDINGS,
@@ -59,98 +57,6 @@ events = LockEvent.__table__
 _sessions = LockSession.__table__
 
 
-@dataclass(frozen=True, slots=True)
-class EventFilter:
-    resource: str | None = None
-    prefix: str | None = None
-    owner: str | None = None
-    action: str | None = None
-    # Several actions: events with one of them, or with none of them when
-    # ``except_actions`` (the dashboard's "everything but renewals").
-    actions: tuple[str, ...] = ()
-    except_actions: bool = False
-    actor: str | None = None
-    # The grant's mode ("exclusive" or "shared"); events before modes and
-    # freezes have none and match neither.
-    mode: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    # The prefixes of the asking API token: events of other resources are not seen.
-    scope: tuple[str, ...] | None = None
-
-    def validate(self) -> None:
-        errors: list[tuple[str, str]] = []
-        if self.resource is not None and validation.resource_error(self.resource):
-            errors.append(("resource", validation.resource_error(self.resource)))
-        for field in ("prefix", "owner", "actor"):
-            value = getattr(self, field)
-            if value is not None and (
-                len(value) > validation.MAX_NAME
-                or validation.has_control_characters(value)
-            ):
-                errors.append((field, "must be at most 255 printable characters"))
-        for action in (self.action, *self.actions):
-            if action is not None and action not in set(Action):
-                errors.append(
-                    ("action", "must be one of " + ", ".join(a.value for a in Action))
-                )
-                break
-        if self.mode is not None and self.mode not in (EXCLUSIVE, SHARED):
-            errors.append(("mode", "must be exclusive or shared"))
-        for field in ("since", "until"):
-            value = getattr(self, field)
-            if value is not None and value.tzinfo is None:
-                errors.append((field, "must include a timezone (e.g. Z)"))
-        if self.since and self.until and self.since.tzinfo and self.until.tzinfo:
-            if self.since > self.until:
-                errors.append(("until", "must not be before since"))
-        if errors:
-            raise InvalidInput(errors)
-
-    def apply(self, query: Select, *, read_by: str | None = None) -> Select:
-        """``query`` narrowed to the matching events. ``read_by``: the index
-        (``BY_PREFIX``, ``BY_TIME``) whose range of the prefix or the time
-        window SQLite may read; it reads no other by those (``_newest_first``
-        chooses). Elsewhere the same rows and the planner's own choice."""
-        if self.resource is not None:
-            query = query.where(events.c.resource == self.resource)
-        if self.prefix:
-            query = query.where(
-                starts_with(events.c.resource, self.prefix, ranged=read_by == BY_PREFIX)
-            )
-        if self.scope is not None:
-            # Row by row: a token's broad scope would read and sort its range.
-            query = query.where(within(events.c.resource, self.scope, ranged=False))
-        if self.owner is not None:
-            query = query.where(events.c.owner == self.owner)
-        if self.action is not None:
-            query = query.where(events.c.action == self.action)
-        if self.actions:
-            chosen = [str(a) for a in self.actions]
-            query = query.where(
-                events.c.action.not_in(chosen)
-                if self.except_actions
-                else events.c.action.in_(chosen)
-            )
-        if self.actor is not None:
-            query = query.where(events.c.actor == self.actor)
-        if self.mode is not None:
-            query = query.where(events.c.mode == self.mode)
-        occurred_at = (
-            events.c.occurred_at
-            if read_by == BY_TIME
-            else _Unindexed(events.c.occurred_at)
-        )
-        if self.since is not None:
-            query = query.where(occurred_at >= self.since)
-        if self.until is not None:
-            query = query.where(occurred_at < self.until)
-        return query
-
-
-# The indexes whose ranges the prefix and the time window are (``read_by``).
-BY_PREFIX = "ix_lock_events_resource_id"
-BY_TIME = "ix_lock_events_occurred_at"
 # SQLite keeps no histograms, so it cannot tell a rare prefix or a short
 # window from a common one: offered either range it reads the whole range and
 # sorts it by id (100,000 events under "job:"), offered none it walks the ids
@@ -158,29 +64,6 @@ BY_TIME = "ix_lock_events_occurred_at"
 # range of fewer events than this is read and sorted in a few milliseconds;
 # past it its events are common enough that the walk meets a page of them soon.
 NARROW_RANGE = 5000
-
-
-class _Unindexed(FunctionElement[Any]):
-    """SQLite: ``+column``, the same value that no index serves (so the
-    planner walks the ids rather than reading and sorting a wide range);
-    elsewhere the column itself."""
-
-    inherit_cache = True
-    name = "lockkeeper_unindexed"
-
-    def __init__(self, column) -> None:
-        super().__init__(column)
-        self.type = column.type
-
-
-@compiles(_Unindexed)
-def _the_column(element, compiler, **kw):
-    return compiler.process(element.clauses, **kw)
-
-
-@compiles(_Unindexed, "sqlite")
-def _no_index(element, compiler, **kw):
-    return "+" + compiler.process(element.clauses, **kw)
 
 
 def _newest_first(conn: Connection, filters: EventFilter) -> Select:

@@ -23,8 +23,9 @@ refused here as the API's guard refuses them, and quotas, freezes and a token
 revoked or expired by the grant are decided in the grant's transaction,
 exactly as over HTTP.
 
-Not served in process: the audit log (``watch()``, events), lists and the
-operator's actions; they need the server (a 501 problem names it).
+``watch()`` (``GET /events?follow=true``) is served in process too, read from
+the events table (``EventStream``). Not served: pages of the audit log, lists
+and the operator's actions; they need the server (a 501 problem names it).
 
 The asyncio transport never blocks the event loop: each request runs the core
 in a thread of its own pool; a waiting acquire whose caller is cancelled stops
@@ -84,11 +85,19 @@ from lockkeeper_core.errors import (
     ServiceBusy,
     TokenEnded,
 )
+from lockkeeper_core.follow import (
+    EventFilter,
+    FollowPosition,
+    FollowWakeup,
+    follow_step,
+    start_position,
+)
 from lockkeeper_core.queue import WaitQueue
 from lockkeeper_core.results import AcquireResult, Lock
 from lockkeeper_core.schema import require_schema
 from lockkeeper_core.service import LockService
 from lockkeeper_core.transactions import Raced, is_lost_insert
+from lockkeeper_core.validation import MAX_BIGINT, client_integer
 
 API_PREFIX = "/api/v1"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -100,6 +109,14 @@ DRIVERS = {
     "mariadb": "mariadb+pymysql",
 }
 TOKEN_CACHE_SECONDS = 2.0
+# A followed stream's look at the events between wake-ups, as the server's
+# ``LOCKKEEPER_STREAM_POLL_INTERVAL`` (PostgreSQL's NOTIFY wakes it sooner).
+STREAM_POLL_INTERVAL = 0.1
+# A quiet stream's longest sleep before it looks again (the server's keepalive).
+STREAM_KEEPALIVE = 15.0
+# What a followed stream may be narrowed by (the query of ``GET /events``).
+EVENT_FILTERS = ("resource", "prefix", "owner", "action", "actor")
+EVENT_STREAM = "text/event-stream"
 
 
 def engine_for(database: str | Engine) -> Engine:
@@ -263,6 +280,8 @@ class Embedded:
     :param settings: the service's limits (ttl bounds, waiting room, ...).
     :param check_schema: refuse to start on a lock schema that is not the
         one this code needs (``SchemaNotReady`` names the command to run).
+    :param stream_poll: seconds between a followed stream's looks at the
+        events on MariaDB and SQLite (PostgreSQL's NOTIFY wakes it at once).
     """
 
     def __init__(
@@ -272,7 +291,9 @@ class Embedded:
         settings: LockSettings | None = None,
         token_cache_seconds: float = TOKEN_CACHE_SECONDS,
         check_schema: bool = True,
+        stream_poll: float = STREAM_POLL_INTERVAL,
     ):
+        self.stream_poll = stream_poll
         self._own_engine = not isinstance(database, Engine)
         self.engine = engine_for(database)
         if check_schema:
@@ -281,8 +302,12 @@ class Embedded:
             self.engine, clock_for(self.engine, None), settings or LockSettings()
         )
         self.tokens = Tokens(self.engine, token_cache_seconds)
+        # The followed streams open now: closing ends them.
+        self.streams: set[EventStream] = set()
 
     def close(self) -> None:
+        for stream in list(self.streams):
+            stream.close()
         self.service.close()
         if self._own_engine:
             self.engine.dispose()
@@ -383,13 +408,15 @@ class Embedded:
                 return self._session(parts[1:], method, fields, identity)
             elif parts == ["sets"]:
                 return self._set(method, fields, identity)
+            elif parts == ["events"] and method == "GET" and query.get("follow"):
+                return self._follow(query, request.headers, identity)
         except LockError as exc:
             return self._refused(exc, releasing=method == "DELETE")
         return _problem(
             501,
             "Not served in process",
             f"{method} {path} needs the Lockkeeper server (the embedded mode "
-            "serves locks, sets and sessions only)",
+            "serves locks, sets, sessions and the followed event stream only)",
         )
 
     def _refused(self, exc: LockError, *, releasing: bool = False) -> httpx.Response:
@@ -486,6 +513,50 @@ class Embedded:
         )
         return httpx.Response(204)
 
+    def _follow(self, query, headers, identity) -> httpx.Response:
+        """``GET /events?follow=true``: the audit log as it is written, as the
+        server's stream gives it (Server-Sent Events, the same messages), read
+        from the events table in this process (``lockkeeper_core.follow``)."""
+        unknown = sorted(set(query) - {"follow", "cursor", *EVENT_FILTERS})
+        if unknown:
+            raise InvalidInput([(name, "is not a parameter here") for name in unknown])
+        if query["follow"] not in ("true", "false"):
+            raise InvalidInput([("follow", "must be true or false")])
+        if query["follow"] == "false":
+            return _problem(
+                501,
+                "Not served in process",
+                "pages of events need the Lockkeeper server; follow=true is "
+                "served in process",
+            )
+        resource = query.get("resource")
+        if resource is not None and not identity.covers(resource):
+            return _problem(
+                403, "Forbidden", "the resource is outside this API token's scope"
+            )
+        filters = EventFilter(
+            **{name: query.get(name) for name in EVENT_FILTERS},
+            scope=identity.prefixes,
+        )
+        filters.validate()
+        # Where to start: after ``Last-Event-ID`` (a reconnecting client), else
+        # after the ``cursor`` event id, else after the newest event now.
+        after = None
+        for name, given in (
+            ("Last-Event-ID", headers.get("Last-Event-ID")),
+            ("cursor", query.get("cursor")),
+        ):
+            if given is not None:
+                after = client_integer(given, minimum=0, maximum=MAX_BIGINT)
+                if after is None:
+                    raise InvalidInput([(name, "must be an event id")])
+                break
+        return httpx.Response(
+            200,
+            headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-store"},
+            stream=EventStream(self, filters, start_position(self.engine, after)),
+        )
+
     def _set(self, method, fields, identity) -> httpx.Response:
         """A set's acquire, renewal or release (``app.api.sets``'s answers)."""
         if method == "POST":
@@ -550,6 +621,108 @@ class Embedded:
         else:
             raise InvalidInput([("method", f"{method} is not a session method")])
         return _json(200, wire.session_to_json(session))
+
+
+class EventStream(httpx.SyncByteStream):
+    """One followed stream of the audit log, in process: the server's stream
+    messages (``: open`` with the id it starts after, then ``id:``/``data:``
+    per event), each read when the reader asks for more.
+
+    Between looks it sleeps as the server's stream does (``FollowWakeup``:
+    PostgreSQL's NOTIFY, else ``stream_poll``) in the reading thread: the
+    blocking face's caller, or a thread of the asyncio transport's pool
+    (``AsyncEventStream``). A database that stops answering ends the stream
+    with a read error, which the client's ``watch()`` takes as a dropped
+    connection: it reconnects after the last id it saw, missing nothing."""
+
+    def __init__(self, embedded: Embedded, filters: EventFilter, start: FollowPosition):
+        self._engine = embedded.engine
+        self._filters = filters
+        self._position = start
+        self._poll = embedded.stream_poll
+        self._wakeup = FollowWakeup(embedded.service.queue, self._engine, self._poll)
+        self._opening: bytes | None = f": open\nid: {start.after}\n\n".encode()
+        self.closed = threading.Event()
+        # Held while a look or a sleep runs: the wake-up's registration is
+        # undone by ``close`` only once none does.
+        self._busy = threading.Lock()
+        self._entered = False
+        self._streams = embedded.streams
+        self._streams.add(self)
+
+    def still_there(self) -> bool:
+        return not self.closed.is_set()
+
+    def next_chunk(self) -> bytes:
+        """The next messages (several events at once when they are there),
+        or b"" once the stream is closed."""
+        with self._busy:
+            if self.closed.is_set():
+                return b""
+            if self._opening is not None:
+                opening, self._opening = self._opening, None
+                self._wakeup.__enter__()
+                self._entered = True
+                return opening
+            while not self.closed.is_set():
+                try:
+                    found, self._position = follow_step(
+                        self._engine, self._filters, self._position
+                    )
+                except DBAPIError as exc:
+                    raise httpx.ReadError(
+                        f"the lock database did not answer: {type(exc.orig).__name__}"
+                    ) from exc
+                if found:
+                    return "".join(
+                        f"id: {event.id}\ndata: "
+                        f"{json.dumps(wire.event_to_json(event))}\n\n"
+                        for event in found
+                    ).encode()
+                position = self._position
+                # Waiting for an open transaction to end: no NOTIFY says so.
+                settling = position.pending is not None or position.hole is not None
+                self._wakeup.wait(
+                    self._poll if settling else STREAM_KEEPALIVE, self.still_there
+                )
+            return b""
+
+    def __iter__(self):
+        while chunk := self.next_chunk():
+            yield chunk
+
+    def close(self) -> None:
+        self.closed.set()
+        self._streams.discard(self)
+        with self._busy:
+            if self._entered:
+                self._entered = False
+                self._wakeup.__exit__(None, None, None)
+
+
+class AsyncEventStream(httpx.AsyncByteStream):
+    """``EventStream`` for the asyncio face: each look and sleep runs in a
+    thread of the transport's pool, never on the event loop; a reader that
+    stops (or is cancelled) ends the sleep at its next look."""
+
+    def __init__(self, stream: EventStream, pool: ThreadPoolExecutor):
+        self._stream = stream
+        self._pool = pool
+
+    async def __aiter__(self):
+        loop = asyncio.get_running_loop()
+        try:
+            while chunk := await loop.run_in_executor(
+                self._pool, self._stream.next_chunk
+            ):
+                yield chunk
+        finally:
+            self._stream.closed.set()
+
+    async def aclose(self) -> None:
+        self._stream.closed.set()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._stream.close)
 
 
 class AccessRefused(LockError):
@@ -766,7 +939,7 @@ class AsyncEmbeddedTransport(httpx.AsyncBaseTransport):
         wanted.set()
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
+            response = await loop.run_in_executor(
                 self._pool, self.embedded.answer, request, wanted.is_set
             )
         except asyncio.CancelledError:
@@ -774,6 +947,13 @@ class AsyncEmbeddedTransport(httpx.AsyncBaseTransport):
             # is released by the client (its cancel path, as over HTTP).
             wanted.clear()
             raise
+        if isinstance(response.stream, EventStream):
+            response = httpx.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=AsyncEventStream(response.stream, self._pool),
+            )
+        return response
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -790,6 +970,7 @@ __all__ = [
     "AsyncEmbeddedTransport",
     "Embedded",
     "EmbeddedTransport",
+    "EventStream",
     "InTransaction",
     "in_transaction_commands",
     "engine_for",

@@ -34,7 +34,7 @@ from lockkeeper_core.errors import (
     UnknownSession,
     WaitersFull,
 )
-from lockkeeper_core.results import Freeze, Lock, SetRelease, SetResult
+from lockkeeper_core.results import Event, Freeze, Lock, SetRelease, SetResult
 from lockkeeper_core.sessions import Session
 from lockkeeper_core.values import Member
 
@@ -97,6 +97,28 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
         # Only a bound grant names its session (absent otherwise).
         found["session"] = lock.session
     return found
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    """An event of the audit log as the API, its stream and the JSON Lines
+    export give it."""
+    return {
+        "id": event.id,
+        "occurred_at": rfc3339(event.occurred_at),
+        "resource": event.resource,
+        "action": event.action.value,
+        "owner": event.owner,
+        "previous_owner": event.previous_owner,
+        "fence": event.fence,
+        "acquired_at": rfc3339(event.acquired_at),
+        "expires_at": rfc3339(event.expires_at),
+        "actor": event.actor,
+        "token": event.token,
+        "reason": event.reason,
+        "mode": event.mode,
+        "details": event.details,
+        "set": event.set_id,
+    }
 
 
 def freeze_to_json(freeze: Freeze) -> dict[str, Any]:
