@@ -4,15 +4,22 @@
 threads sharing one ``LockClient``, each cycling acquire + release on a resource
 of its own (no contention: what is measured is the client, not the line), against
 the same gunicorn server in the same run, alternated A B A B.
+
+Beside the rates, each side's CPU time per cycle in this process (the client's
+own work: the server is another process). On a shared two-core machine the
+rates also follow how the server's workers happened to accept the 16
+connections (one worker holding 12 of them halves a side's rate); the CPU per
+cycle does not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import resource
 import threading
 import time
 
-from bench.measure import Comparison, Sample, alternate, median_rate
+from bench.measure import Comparison, Sample, alternate, median_of, median_rate
 
 WORKERS = 16
 TTL = 10.0
@@ -24,6 +31,7 @@ def _threads(
     from lockkeeper_client import LockClient
 
     cycles = [0] * WORKERS
+    cpu = _cpu_seconds()
     with LockClient(base_url, token, transport=transport) as client:
         end = time.monotonic() + seconds
 
@@ -41,7 +49,19 @@ def _threads(
         for thread in threads:
             thread.join()
         elapsed = time.monotonic() - began
-    return Sample(sum(cycles) / elapsed, {"cycles": sum(cycles)})
+    return _sample(cycles, elapsed, cpu)
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU time of this process so far."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def _sample(cycles: list[int], elapsed: float, cpu_before: float) -> Sample:
+    done = sum(cycles)
+    cpu_ms = (_cpu_seconds() - cpu_before) * 1000 / done if done else None
+    return Sample(done / elapsed, {"cycles": done, "client_cpu_ms_per_cycle": cpu_ms})
 
 
 def _tasks(
@@ -66,8 +86,9 @@ def _tasks(
             await asyncio.gather(*(cycle(i) for i in range(WORKERS)))
             return time.monotonic() - began
 
+    cpu = _cpu_seconds()
     elapsed = asyncio.run(run())
-    return Sample(sum(cycles) / elapsed, {"cycles": sum(cycles)})
+    return _sample(cycles, elapsed, cpu)
 
 
 def bench_client_faces(
@@ -93,8 +114,18 @@ def bench_client_faces(
             "seconds": seconds,
             "rounds": rounds,
             "cycle": "acquire + release, a resource per worker",
+            "tasks_cpu_ms_per_cycle": _rounded(
+                median_of(samples["tasks"], "client_cpu_ms_per_cycle")
+            ),
+            "threads_cpu_ms_per_cycle": _rounded(
+                median_of(samples["threads"], "client_cpu_ms_per_cycle")
+            ),
         },
     )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def bench_embedded_faces(

@@ -225,7 +225,9 @@ def bench_contention(backend, database, workdir, token, plan, log):
         )
         log(
             f"async_client_vs_threads {backend}: {faces.value:.0f} vs "
-            f"{faces.baseline:.0f} cycles/s (x{faces.ratio:.2f})"
+            f"{faces.baseline:.0f} cycles/s (x{faces.ratio:.2f}); client CPU "
+            f"{faces.detail['tasks_cpu_ms_per_cycle']} vs "
+            f"{faces.detail['threads_cpu_ms_per_cycle']} ms a cycle"
         )
         from bench.client_faces import bench_embedded_faces
 

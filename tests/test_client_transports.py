@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 from lockkeeper_client import AsyncLockClient, LockClient, ServiceUnavailable
@@ -135,3 +135,91 @@ async def test_a_kept_alive_connection_the_server_closed_is_not_reused():
             await asyncio.sleep(0.01)
         assert stream.get_extra_info("is_readable") is True  # closed by the peer
         await stream.aclose()
+
+
+@asynccontextmanager
+async def keep_alive_server() -> AsyncIterator[tuple[str, dict[str, int]]]:
+    """An HTTP/1.1 server on 127.0.0.1 that answers every request on a
+    connection kept alive: (url, counts of connections opened and open at
+    once at most)."""
+    import asyncio
+
+    counts = {"opened": 0, "open": 0, "most": 0}
+
+    async def serve(reader, writer):
+        counts["opened"] += 1
+        counts["open"] += 1
+        counts["most"] = max(counts["most"], counts["open"])
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                await asyncio.sleep(0.001)  # a server's work: others ask meanwhile
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            counts["open"] -= 1
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"http://127.0.0.1:{port}/", counts
+
+
+@pytest.mark.anyio
+async def test_tasks_of_one_client_are_each_handed_a_connection_once(monkeypatch):
+    """16 tasks sending requests one after another on one client of the
+    asyncio face: each request is handed an idle connection nobody else was
+    handed, so none fails on it and asks again (httpcore's own pool handed
+    one idle connection to every task that asked in the same turn of the
+    loop: 2.7 retries a request, each a pass over every connection)."""
+    import asyncio
+
+    import httpx
+    from httpcore._async.connection_pool import AsyncPoolRequest
+    from lockkeeper_client._transports import async_fast_streams
+
+    retried = 0
+    clear = AsyncPoolRequest.clear_connection
+
+    def counted(self):
+        nonlocal retried
+        retried += 1
+        clear(self)
+
+    monkeypatch.setattr(AsyncPoolRequest, "clear_connection", counted)
+    tasks = 16
+    async with keep_alive_server() as (url, counts), httpx.AsyncClient() as http:
+        async_fast_streams(http)
+
+        async def requests() -> None:
+            for _ in range(10):
+                assert (await http.get(url)).status_code == 200
+
+        await asyncio.gather(*(requests() for _ in range(tasks)))
+    assert retried == 0
+    assert counts["opened"] == tasks
+
+
+@pytest.mark.anyio
+async def test_the_asyncio_pool_keeps_its_limits():
+    """More requests at once than the pool may open connections: they wait
+    for one to come free, and no more than ``max_keepalive_connections`` stay
+    open once they are done."""
+    import asyncio
+
+    from lockkeeper_client._transports import AsyncioPool
+
+    async with (
+        keep_alive_server() as (url, counts),
+        AsyncioPool(
+            max_connections=2,
+            max_keepalive_connections=1,
+            network_backend=AsyncioBackend(),
+        ) as pool,
+    ):
+        answers = await asyncio.gather(*(pool.request("GET", url) for _ in range(8)))
+        assert [answer.status for answer in answers] == [200] * 8
+        assert counts["most"] == 2
+        assert len(pool.connections) == 1
