@@ -26,6 +26,17 @@ How an id is known to be settled, per database:
   (microseconds): it holds the follower back for ``HOLE_GRACE`` seconds, then is
   taken as rolled back. (``information_schema.innodb_trx`` is no help: it is a
   cache that is not refreshed while it is read more often than every 0.1 s.)
+* MariaDB Galera: the locking read waits only for rows being inserted on the
+  follower's own node. An id drawn by an open transaction on another node is
+  missing until that node commits, which can be later than any grace (a
+  stalled node, flow control). So after the grace the follower *closes* the
+  missing ids of its window instead of assuming them rolled back: in one
+  transaction it inserts a row under each and deletes it again, and commits.
+  The transaction writes those ids, so certification orders it against any
+  transaction that drew one of them: if the follower's commits first, the
+  other fails (1213; a lock operation is retried under a new id) and the id
+  can never appear; if the other's commits first, the follower's transaction
+  fails or leaves that id alone, and the event is read.
 
 The cost is latency, never an event.
 
@@ -47,11 +58,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, bindparam, func, select, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from lockkeeper_core import validation
+from lockkeeper_core.engine import galera_connection
 from lockkeeper_core.errors import InvalidInput
 from lockkeeper_core.models import EXCLUSIVE, SHARED, LockEvent
 from lockkeeper_core.pagination import starts_with, within
@@ -205,6 +217,15 @@ _MARIADB_SETTLED_IDS = text(
 ).bindparams(bindparam("after"), bindparam("upto"))
 
 
+# The action of the rows a follower on Galera writes and deletes at once to
+# close a hole: no event is one.
+_CLOSED = "hole"
+_DELETE_CLOSED = text(
+    "DELETE FROM lock_events WHERE id BETWEEN :first AND :last"
+    f" AND action = '{_CLOSED}' AND resource = ''"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class FollowPosition:
     """Where a follower is: every event with an id up to ``after`` has been read,
@@ -262,6 +283,7 @@ def _settle_mariadb(conn, position: FollowPosition, newest: int) -> FollowPositi
     # the window reaches the first id present after it, not LOCK_WINDOW ids at a
     # time (a follower that started on an empty table whose counter stood at
     # 50,000 waited 100 s for its first event).
+    galera = galera_connection(conn)
     first = conn.scalar(_FIRST_AFTER, {"after": position.settled}) or newest
     upto = min(newest, max(first, position.settled + LOCK_WINDOW))
     try:
@@ -281,12 +303,46 @@ def _settle_mariadb(conn, position: FollowPosition, newest: int) -> FollowPositi
             hole = (settled + 1, now)
         if now - hole[1] < HOLE_GRACE:
             break
+        if galera:
+            # Missing for the whole grace: every id still missing in the window
+            # is closed at once (so none commits later). One hole at a time
+            # would hold the follower back a grace per event: a node draws ids
+            # at its own offset, so one writing node leaves a hole after each.
+            last = min(upto, settled + LOCK_WINDOW)
+            if _close_holes(conn, settled + 1, last):
+                settled, hole = last, None
+            break
         # Missing for the whole grace: rolled back.
         settled, hole = found, None
     settled = min(settled, upto)
     if hole is not None and hole[0] <= settled:
         hole = None
     return replace(position, settled=settled, hole=hole)
+
+
+def _close_holes(conn: Connection, first: int, last: int) -> bool:
+    """Galera: make sure no event with a missing id from ``first`` to ``last``
+    ever commits, as the module docstring says; True when done. False when
+    the cluster ordered a transaction holding one of them first (1213), or a
+    transaction on this node still inserts one (its lock), or one committed
+    meanwhile: looked at again on the next step."""
+    try:
+        # The ids are integers from the database; the sequence engine's table
+        # names the range.
+        ids = f"seq_{int(first)}_to_{int(last)}"
+        conn.exec_driver_sql(
+            "SET STATEMENT innodb_lock_wait_timeout = 1 FOR"
+            " INSERT INTO lock_events (id, resource, action, occurred_at)"
+            f" SELECT seq, '', '{_CLOSED}', UTC_TIMESTAMP(6) FROM {ids}"
+            " WHERE seq NOT IN (SELECT id FROM lock_events"
+            f" WHERE id BETWEEN {int(first)} AND {int(last)})"
+        )
+        conn.execute(_DELETE_CLOSED, {"first": first, "last": last})
+        conn.commit()
+    except (IntegrityError, OperationalError):
+        conn.rollback()
+        return False
+    return True
 
 
 def follow_step(
