@@ -174,7 +174,16 @@ def acquire_body(
 def acquire_headers(wait: float | None, place: int | None) -> dict[str, str] | None:
     """A retry presenting a kept place (its room was full) closes its
     connection after its answer, so the next try reaches whichever server
-    worker takes a new one, not the full one its connection stays with."""
+    worker takes a new one, not the full one its connection stays with.
+
+    The client asks for it: the server cannot. gunicorn drops a
+    ``Connection: close`` the app sets on its answer (a hop-by-hop header is
+    the server's, not the app's) but closes after an answer to a request that
+    carries one. Behind a proxy it closes only the client's connection to the
+    proxy: which worker serves the retry is the proxy's choice, and the kept
+    place keeps the wait's order either way. A wait that ran out and rejoins
+    presents its place too, and so opens a new connection once per request
+    of the server's largest wait (30 s)."""
     return {"Connection": "close"} if wait and place else None
 
 
