@@ -659,9 +659,8 @@ class WholeModel(RuleBasedStateMachine):
             grant.expires_at = lock.expires_at
             expiry = self.now + timedelta(seconds=ttl)
             assert abs(lock.expires_at - expiry) <= timedelta(microseconds=1)
-        self._events_name_sets(
-            locks, {r: grant.set_id for r, grant in zip(resources, mine, strict=True)}
-        )
+        # A renewal's events name no set (the grant's and the release's do).
+        self._events_name_sets(locks, dict.fromkeys(resources))
 
     @rule(
         resources=st.lists(

@@ -566,9 +566,9 @@ def lock_page(resource: str):
     waiting = service.queue.line(resource)
     # The live grants a set took with others: each links to its set's page.
     grant_sets = service.sets_of_grants(
-        [(resource, h.fence) for h in held_by.holders]
+        [(resource, h.fence, h.acquired_at) for h in held_by.holders]
         if held_by is not None
-        else [(resource, lock.fence)]
+        else [(resource, lock.fence, lock.acquired_at)]
         if lock is not None and lock.owner
         else []
     )

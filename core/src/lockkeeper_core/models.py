@@ -116,7 +116,7 @@ class LockEvent(Base):
     # JSON a releasing worker reports (``lockkeeper exec``: exit status, duration,
     # host); NULL otherwise.
     details: Mapped[str | None] = mapped_column(Text)
-    # The set whose grant this event is of (its acquire, renewal, release or
+    # The set whose grant this event is of (its acquire, its release or
     # an operator's release of it, ``lockkeeper_core.sets``); NULL otherwise
     # (migration 0037).
     set_id: Mapped[str | None] = mapped_column(String(SET_ID_LENGTH))

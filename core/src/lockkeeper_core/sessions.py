@@ -19,7 +19,7 @@ from lockkeeper_core.core import LockCore, check_session_id
 from lockkeeper_core.errors import SessionExpired, SessionQuotaReached, UnknownSession
 from lockkeeper_core.instrumentation import held_for
 from lockkeeper_core.results import Lock
-from lockkeeper_core.set_names import name_set, sets_of
+from lockkeeper_core.set_names import name_sets
 from lockkeeper_core.state import Action
 from lockkeeper_core.statements.sessions import SessionRow, SessionsFull
 
@@ -250,8 +250,13 @@ class SessionService:
             )
             # A set bound to the session ends with it: its members' events
             # name it, as a release of the set does.
-            released = [(grant.resource, grant.fence) for grant in ended.released]
-            name_set(conn, sets_of(conn, released))
+            name_sets(
+                conn,
+                [
+                    (grant.resource, grant.fence, grant.acquired_at, None)
+                    for grant in ended.released
+                ],
+            )
             return ended
 
         ended = self.core.run(work)

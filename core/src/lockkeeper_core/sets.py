@@ -90,10 +90,10 @@ from lockkeeper_core.results import (
 )
 from lockkeeper_core.set_names import (
     check_set_id,
+    current_grants,
     grant_events,
     grants_of,
-    live_grants,
-    name_set,
+    name_sets,
     new_set_id,
     sets_of,
 )
@@ -304,7 +304,7 @@ class Sets:
                         granted = self._grant_all(
                             conn, ordered, token, max_locks, session
                         )
-                        name_set(conn, {set_id: grants_of(granted)})
+                        name_sets(conn, grants_of(granted, set_id))
                         return granted
                 except _Missing as missing:
                     created.extend(self._create_rows(missing.asks))
@@ -543,7 +543,6 @@ class Sets:
                     ask = Ask(resource, owner, token, seconds, actor)
                     raise _Refused(ask, outcome)
                 renewed[resource] = outcome
-            name_set(conn, sets_of(conn, grants_of(renewed)))
             return renewed
 
         def attempt() -> list[Lock]:
@@ -609,7 +608,7 @@ class Sets:
                     )
                 if outcome.done:
                     released[resource] = outcome
-            name_set(conn, sets_of(conn, grants_of(released)))
+            name_sets(conn, grants_of(released))
             return released
 
         released = core.run(work)
@@ -642,9 +641,8 @@ class Sets:
             if not granted:
                 return None
             grants = [(row.resource, row.fence) for row in granted]
-            held = live_grants(conn, grants, now) & set(
-                sets_of(conn, grants).get(set_id, ())
-            )
+            current = current_grants(conn, grants, now)
+            held = set(sets_of(conn, _at(current)).get(set_id, ()))
             shown = conn.execute(
                 select(events)
                 .where(events.c.set_id == set_id)
@@ -668,9 +666,9 @@ class Sets:
             [Event.from_row(row) for row in shown],
         )
 
-    def of_grants(self, grants: Sequence[tuple[str, int]]) -> dict[tuple, str]:
-        """The set each (resource, fence) grant was made by, for those made
-        by one (a lock page's holders)."""
+    def of_grants(self, grants: Sequence[tuple[str, int, Any]]) -> dict[tuple, str]:
+        """The set each (resource, fence, acquired_at) grant was made by, by
+        (resource, fence), for those made by one (a lock page's holders)."""
         if not grants:
             return {}
         with self.core.reads.connect() as conn:
@@ -701,7 +699,8 @@ class Sets:
             if not granted:
                 return None
             grants = sorted((row.resource, row.fence) for row in granted)
-            mine = set(sets_of(conn, grants).get(set_id, ()))
+            current = current_grants(conn, grants, core.now(), stale_rows=True)
+            mine = set(sets_of(conn, _at(current)).get(set_id, ()))
             ended, now, waiters = [], None, {}
             for resource, fence in grants:
                 if (resource, fence) not in mine:
@@ -713,7 +712,7 @@ class Sets:
                 if done.released:
                     ended.extend(done.released)
                     waiters[resource] = done.waiters
-            name_set(conn, {set_id: [(g.resource, g.fence) for g in ended]})
+            name_sets(conn, [(g.resource, g.fence, None, set_id) for g in ended])
             return grants, ended, now, waiters
 
         found = core.run(work)
@@ -755,6 +754,11 @@ class _InTransaction:
                 for name, value in row._mapping.items()
             }
         )
+
+
+def _at(current: dict[tuple[str, int], Any]) -> list[tuple[str, int, Any]]:
+    """``current_grants``' answer as (resource, fence, acquired_at)."""
+    return [(resource, fence, at) for (resource, fence), at in current.items()]
 
 
 def _refused_by_row(ask: Ask, row, now) -> Outcome | None:
