@@ -160,17 +160,19 @@ class BlockingAsyncClient:
 def _embedded(flavour: str, database: str, acquire_sent: threading.Event | None):
     from lockkeeper_core.embedded import AsyncEmbeddedTransport, EmbeddedTransport
 
+    # The client's calls come in through ``lockkeeper_request``, not as HTTP
+    # requests (only the followed event stream is one).
     class SeenSync(EmbeddedTransport):
-        def handle_request(self, request):
-            if request.method == "POST" and acquire_sent is not None:
+        def lockkeeper_request(self, method, path, **parts):
+            if method == "POST" and acquire_sent is not None:
                 acquire_sent.set()
-            return super().handle_request(request)
+            return super().lockkeeper_request(method, path, **parts)
 
     class SeenAsync(AsyncEmbeddedTransport):
-        async def handle_async_request(self, request):
-            if request.method == "POST" and acquire_sent is not None:
+        async def lockkeeper_request(self, method, path, **parts):
+            if method == "POST" and acquire_sent is not None:
                 acquire_sent.set()
-            return await super().handle_async_request(request)
+            return await super().lockkeeper_request(method, path, **parts)
 
     return (SeenSync if flavour == "embedded-sync" else SeenAsync)(database)
 

@@ -223,13 +223,13 @@ def test_the_async_transport_never_runs_the_core_on_the_loop(live_server, backen
     transport = AsyncEmbeddedTransport(database_of(live_server))
     loop_threads: set[int] = set()
     ran_in: set[int] = set()
-    answer = transport.embedded.answer
+    call = transport.embedded.call
 
     def spy(*args, **kwargs):
         ran_in.add(threading.get_ident())
-        return answer(*args, **kwargs)
+        return call(*args, **kwargs)
 
-    transport.embedded.answer = spy  # type: ignore[method-assign]
+    transport.embedded.call = spy  # type: ignore[method-assign]
 
     async def main() -> int:
         loop_threads.add(threading.get_ident())

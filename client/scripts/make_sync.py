@@ -31,6 +31,7 @@ RENAMES = {
     "AsyncSetPort": "SetPort",
     "AsyncGrantWait": "GrantWait",
     "AsyncLockPort": "LockPort",
+    "AsyncDirectCalls": "DirectCalls",
     "AsyncLockSession": "LockSession",
     "AsyncSessionLock": "SessionLock",
     "AsyncLeadership": "Leadership",

@@ -45,6 +45,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
+from http import HTTPStatus
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import unquote
 
@@ -219,9 +222,66 @@ class Tokens:
         return identity
 
 
+class Answer:
+    """The API's answer to one call, as the client reads a response: its
+    ``status_code``, ``headers`` and ``json()`` (the body object itself, not
+    encoded and parsed again). ``to_httpx()`` is the same answer as the HTTP
+    response an httpx transport returns. ``stream``: a followed event stream's
+    messages (``EventStream``), for the httpx transports only."""
+
+    __slots__ = ("body", "headers", "path", "status_code", "stream")
+
+    def __init__(
+        self,
+        status: int,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        stream: EventStream | None = None,
+    ):
+        self.status_code = status
+        self.body = body
+        self.headers = headers if headers is not None else {}
+        self.stream = stream
+        self.path = ""
+
+    def json(self) -> Any:
+        if self.body is None:
+            raise ValueError("this answer has no body")
+        return self.body
+
+    @property
+    def text(self) -> str:
+        return "" if self.body is None else json.dumps(self.body)
+
+    @property
+    def reason_phrase(self) -> str:
+        try:
+            return HTTPStatus(self.status_code).phrase
+        except ValueError:
+            return ""
+
+    @property
+    def request(self) -> Any:
+        """What the client names in an unexpected answer's message."""
+        return SimpleNamespace(url=f"embedded:{API_PREFIX}{self.path}")
+
+    def to_httpx(self) -> httpx.Response:
+        if self.stream is not None:
+            return httpx.Response(
+                self.status_code, headers=self.headers, stream=self.stream
+            )
+        if self.body is None:
+            return httpx.Response(self.status_code, headers=self.headers)
+        return httpx.Response(
+            self.status_code,
+            headers=self.headers,
+            content=json.dumps(self.body).encode(),
+        )
+
+
 def _problem(
     status: int, title: str, detail: str, headers: dict[str, str] | None = None, **extra
-) -> httpx.Response:
+) -> Answer:
     body = {
         "type": extra.pop("type", "about:blank"),
         "title": title,
@@ -229,19 +289,15 @@ def _problem(
         "detail": detail or title,
         **extra,
     }
-    return httpx.Response(
+    return Answer(
         status,
-        headers={"Content-Type": "application/problem+json", **(headers or {})},
-        content=json.dumps(body).encode(),
+        body,
+        {"Content-Type": "application/problem+json", **(headers or {})},
     )
 
 
-def _json(status: int, body: Any, headers: dict[str, str] | None = None):
-    return httpx.Response(
-        status,
-        headers={"Content-Type": "application/json", **(headers or {})},
-        content=json.dumps(body).encode(),
-    )
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Answer:
+    return Answer(status, body, {"Content-Type": "application/json", **(headers or {})})
 
 
 def _seconds(fields: dict[str, Any], name: str) -> float | None:
@@ -333,26 +389,64 @@ class Embedded:
     def answer(
         self, request: httpx.Request, still_wanted: Callable[[], bool] | None = None
     ) -> httpx.Response:
-        """The API's answer to ``request`` (its body read). A database that
-        cannot be reached is the server's 503, which the client retries."""
+        """The API's answer to ``request`` (its body read), as an HTTP
+        response (``EmbeddedTransport``'s path)."""
+        path = request.url.path
+        if not path.startswith(API_PREFIX + "/"):
+            return _problem(404, "Not Found", "not a path of the lock API").to_httpx()
         try:
-            return self._answer(request, still_wanted)
+            fields = json.loads(request.content) if request.content else None
+        except ValueError:
+            fields = ""  # not an object: refused as the API refuses it
+        return self.call(
+            request.method,
+            path[len(API_PREFIX) :],
+            fields,
+            dict(request.url.params),
+            request.headers,
+            still_wanted,
+        ).to_httpx()
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        fields: Any,
+        query: dict[str, str] | None,
+        headers: Any,
+        still_wanted: Callable[[], bool] | None = None,
+    ) -> Answer:
+        """The API's answer to one call: ``path`` under ``/api/v1`` (its parts
+        percent-encoded), ``fields`` the JSON body's value (None: no body),
+        ``headers`` a mapping with ``Authorization``. The client's own calls
+        come here without an HTTP request around them (``lockkeeper_request``
+        of the transports). A database that cannot be reached is the
+        server's 503, which the client retries."""
+        try:
+            answer = self._answer(
+                method, path, fields, query or {}, headers, still_wanted
+            )
         except DBAPIError as exc:
-            return _problem(
+            answer = _problem(
                 503,
                 "Database unavailable",
                 f"the lock database did not answer: {type(exc.orig).__name__}",
                 {"Retry-After": "1"},
             )
+        answer.path = path
+        return answer
 
     def _answer(
-        self, request: httpx.Request, still_wanted: Callable[[], bool] | None
-    ) -> httpx.Response:
-        path = request.url.path
-        if not path.startswith(API_PREFIX + "/"):
-            return _problem(404, "Not Found", "not a path of the lock API")
-        parts = [unquote(part) for part in path[len(API_PREFIX) + 1 :].split("/")]
-        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+        self,
+        method: str,
+        path: str,
+        fields: Any,
+        query: dict[str, str],
+        headers: Any,
+        still_wanted: Callable[[], bool] | None,
+    ) -> Answer:
+        parts = [unquote(part) for part in path[1:].split("/")]
+        scheme, _, credential = (headers.get("Authorization") or "").partition(" ")
         identity = (
             self.tokens.verify(credential.strip())
             if scheme.lower() == "bearer"
@@ -365,16 +459,12 @@ class Embedded:
                 "send 'Authorization: Bearer <token>' with a live API token",
                 {"WWW-Authenticate": wire.AUTHENTICATE},
             )
-        method = request.method
         if identity.read_only and method not in READ_METHODS:
             return _problem(403, "Forbidden", "this API token is read-only")
-        try:
-            fields = json.loads(request.content) if request.content else {}
-        except ValueError:
-            fields = None
+        if fields is None:
+            fields = {}
         if not isinstance(fields, dict):
             return self._refused(InvalidInput([("body", "must be a JSON object")]))
-        query = dict(request.url.params)
         try:
             if parts[0] == "locks" and len(parts) in (2, 3):
                 resource = parts[1]
@@ -409,17 +499,18 @@ class Embedded:
             elif parts == ["sets"]:
                 return self._set(method, fields, identity)
             elif parts == ["events"] and method == "GET" and query.get("follow"):
-                return self._follow(query, request.headers, identity)
+                return self._follow(query, headers, identity)
         except LockError as exc:
             return self._refused(exc, releasing=method == "DELETE")
         return _problem(
             501,
             "Not served in process",
-            f"{method} {path} needs the Lockkeeper server (the embedded mode "
-            "serves locks, sets, sessions and the followed event stream only)",
+            f"{method} {API_PREFIX}{path} needs the Lockkeeper server (the "
+            "embedded mode serves locks, sets, sessions and the followed event "
+            "stream only)",
         )
 
-    def _refused(self, exc: LockError, *, releasing: bool = False) -> httpx.Response:
+    def _refused(self, exc: LockError, *, releasing: bool = False) -> Answer:
         status, title, extra = wire.refusal(exc)
         if releasing and isinstance(exc, NotOwner):
             status = 403
@@ -476,7 +567,7 @@ class Embedded:
             {"Retry-After": str(retry_after)},
         )
 
-    def _get(self, resource: str, query: dict[str, str]) -> httpx.Response:
+    def _get(self, resource: str, query: dict[str, str]) -> Answer:
         fence = query.get("fence")
         if fence is not None:
             if not (fence.isascii() and fence.isdigit()) or int(fence) < 1:
@@ -496,7 +587,7 @@ class Embedded:
             "waiters": found.waiters,
         }
 
-    def _release(self, resource, fields, query, identity) -> httpx.Response:
+    def _release(self, resource, fields, query, identity) -> Answer:
         in_body, in_query = fields.get("owner"), query.get("owner")
         if in_body is not None and in_query is not None and in_body != in_query:
             raise InvalidInput([("owner", "differs between the body and the query")])
@@ -511,9 +602,9 @@ class Embedded:
             token=identity.name,
             details=None if run is None else {"run": run},
         )
-        return httpx.Response(204)
+        return Answer(204)
 
-    def _follow(self, query, headers, identity) -> httpx.Response:
+    def _follow(self, query, headers, identity) -> Answer:
         """``GET /events?follow=true``: the audit log as it is written, as the
         server's stream gives it (Server-Sent Events, the same messages), read
         from the events table in this process (``lockkeeper_core.follow``)."""
@@ -551,13 +642,13 @@ class Embedded:
                 if after is None:
                     raise InvalidInput([(name, "must be an event id")])
                 break
-        return httpx.Response(
+        return Answer(
             200,
             headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-store"},
             stream=EventStream(self, filters, start_position(self.engine, after)),
         )
 
-    def _set(self, method, fields, identity) -> httpx.Response:
+    def _set(self, method, fields, identity) -> Answer:
         """A set's acquire, renewal or release (``app.api.sets``'s answers)."""
         if method == "POST":
             members = wire.set_members(fields)
@@ -597,7 +688,7 @@ class Embedded:
             return _json(200, wire.set_release_to_json(released))
         raise InvalidInput([("method", "sets are taken, renewed and released")])
 
-    def _session(self, rest, method, fields, identity) -> httpx.Response:
+    def _session(self, rest, method, fields, identity) -> Answer:
         sessions = self.service.sessions
         if not rest:
             if method != "POST":
@@ -617,7 +708,7 @@ class Embedded:
             session = sessions.heartbeat(session_id, token=identity.name)
         elif method == "DELETE":
             sessions.end(session_id, token=identity.name, actor=identity.name)
-            return httpx.Response(204)
+            return Answer(204)
         else:
             raise InvalidInput([("method", f"{method} is not a session method")])
         return _json(200, wire.session_to_json(session))
@@ -910,6 +1001,22 @@ class EmbeddedTransport(httpx.BaseTransport):
         request.read()
         return self.embedded.answer(request)
 
+    def lockkeeper_request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any,
+        params: dict[str, str] | None,
+        headers: dict[str, str],
+    ) -> Answer:
+        """The client's call without an HTTP request around it: the client
+        takes this path when its transport offers it (``DirectCalls``), and
+        reads the ``Answer`` as it reads a response. Building and parsing an
+        httpx request, its URL and its JSON both ways cost about as much CPU
+        as the lock core's own work."""
+        return self.embedded.call(method, path, json, params, headers)
+
     def close(self) -> None:
         if self._owns:
             self.embedded.close()
@@ -935,18 +1042,7 @@ class AsyncEmbeddedTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
-        wanted = threading.Event()
-        wanted.set()
-        loop = asyncio.get_running_loop()
-        try:
-            response = await loop.run_in_executor(
-                self._pool, self.embedded.answer, request, wanted.is_set
-            )
-        except asyncio.CancelledError:
-            # A waiting acquire stops at its next look; one being granted now
-            # is released by the client (its cancel path, as over HTTP).
-            wanted.clear()
-            raise
+        response = await self._in_pool(self.embedded.answer, request)
         if isinstance(response.stream, EventStream):
             response = httpx.Response(
                 response.status_code,
@@ -954,6 +1050,33 @@ class AsyncEmbeddedTransport(httpx.AsyncBaseTransport):
                 stream=AsyncEventStream(response.stream, self._pool),
             )
         return response
+
+    async def lockkeeper_request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any,
+        params: dict[str, str] | None,
+        headers: dict[str, str],
+    ) -> Answer:
+        """``EmbeddedTransport.lockkeeper_request``, in the pool."""
+        return await self._in_pool(
+            partial(self.embedded.call, method, path, json, params, headers)
+        )
+
+    async def _in_pool(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args, still_wanted)`` in a thread of the pool."""
+        wanted = threading.Event()
+        wanted.set()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, work, *args, wanted.is_set)
+        except asyncio.CancelledError:
+            # A waiting acquire stops at its next look; one being granted now
+            # is released by the client (its cancel path, as over HTTP).
+            wanted.clear()
+            raise
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -967,6 +1090,7 @@ class AsyncEmbeddedTransport(httpx.AsyncBaseTransport):
 
 __all__ = [
     "AccessRefused",
+    "Answer",
     "AsyncEmbeddedTransport",
     "Embedded",
     "EmbeddedTransport",

@@ -17,6 +17,7 @@ import httpx
 from lockkeeper_client import decisions
 from lockkeeper_client._async.held import AsyncHeldLock
 from lockkeeper_client._async.held_set import AsyncHeldSet
+from lockkeeper_client._async.port import AsyncDirectCalls
 from lockkeeper_client._async.session import AsyncLeadership, AsyncLockSession
 from lockkeeper_client._async.watch import follow_events
 from lockkeeper_client._concurrency import async_sleep
@@ -84,17 +85,20 @@ class AsyncLockClient:
         self.max_server_wait = max_server_wait
         self.rng = rng or random.Random()
         self.holding: set[tuple[str, str]] = set()
+        authorization = decisions.bearer(token)
         self._http = httpx.AsyncClient(
             base_url=self.base_url + API_PREFIX,
-            headers={
-                "Authorization": decisions.bearer(token),
-                "Accept": "application/json",
-            },
+            headers={"Authorization": authorization, "Accept": "application/json"},
             timeout=timeout,
             transport=transport,
         )
         if transport is None:
             async_fast_streams(self._http)
+        # A transport that answers in this process takes the calls directly.
+        self._direct: AsyncDirectCalls | None = (
+            transport if hasattr(transport, "lockkeeper_request") else None
+        )
+        self._authorization = {"Authorization": authorization}
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -553,16 +557,26 @@ class AsyncLockClient:
             self.rng,
             retry_until=retry_until,
         )
+        where = path if path is not None else decisions.lock_path(resource)
         while True:
             try:
-                response = await self._http.request(
-                    method,
-                    path if path is not None else decisions.lock_path(resource),
-                    json=json,
-                    params=params,
-                    headers=headers,
-                    timeout=retries.timeout(self.timeout) + waiting,
-                )
+                if self._direct is not None:
+                    response = await self._direct.lockkeeper_request(
+                        method,
+                        where,
+                        json=json,
+                        params=params,
+                        headers={**self._authorization, **(headers or {})},
+                    )
+                else:
+                    response = await self._http.request(
+                        method,
+                        where,
+                        json=json,
+                        params=params,
+                        headers=headers,
+                        timeout=retries.timeout(self.timeout) + waiting,
+                    )
             except httpx.TransportError as exc:
                 delay = retries.next_delay(error=exc)
                 if delay is None:

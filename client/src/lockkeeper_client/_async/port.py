@@ -1,4 +1,5 @@
-"""What a held lock and a wait need of a client: three calls and its tuning.
+"""What a held lock and a wait need of a client: three calls and its tuning;
+and what a client needs of a transport that answers in its own process.
 
 ``AsyncHeldLock`` and ``AsyncGrantWait`` take this port, not the client class:
 they depend on what they use, and anything that speaks the lock API (a test
@@ -87,3 +88,23 @@ class AsyncSetPort(Protocol):
     ) -> tuple[LockGrant, ...]: ...
 
     async def release_all(self, resources: Sequence[str], owner: str) -> SetRelease: ...
+
+
+class AsyncDirectCalls(Protocol):
+    """A transport that answers the client's calls in this process (the
+    embedded mode's) may offer this: the client then calls it with the call's
+    parts instead of sending an HTTP request through it, and reads its answer
+    as a response (``status_code``, ``headers``, ``json()``). Over a network
+    the request is the cost that matters; in process, building and parsing it
+    and its JSON would cost as much CPU as the lock's own work. The followed
+    event stream (``watch()``) still goes through the transport's requests."""
+
+    async def lockkeeper_request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any,
+        params: dict[str, str] | None,
+        headers: dict[str, str],
+    ) -> Any: ...

@@ -19,6 +19,7 @@ from lockkeeper_client import decisions
 from lockkeeper_client._concurrency import sleep
 from lockkeeper_client._sync.held import HeldLock
 from lockkeeper_client._sync.held_set import HeldSet
+from lockkeeper_client._sync.port import DirectCalls
 from lockkeeper_client._sync.session import Leadership, LockSession
 from lockkeeper_client._sync.watch import follow_events
 from lockkeeper_client._transports import fast_streams
@@ -85,17 +86,20 @@ class LockClient:
         self.max_server_wait = max_server_wait
         self.rng = rng or random.Random()
         self.holding: set[tuple[str, str]] = set()
+        authorization = decisions.bearer(token)
         self._http = httpx.Client(
             base_url=self.base_url + API_PREFIX,
-            headers={
-                "Authorization": decisions.bearer(token),
-                "Accept": "application/json",
-            },
+            headers={"Authorization": authorization, "Accept": "application/json"},
             timeout=timeout,
             transport=transport,
         )
         if transport is None:
             fast_streams(self._http)
+        # A transport that answers in this process takes the calls directly.
+        self._direct: DirectCalls | None = (
+            transport if hasattr(transport, "lockkeeper_request") else None
+        )
+        self._authorization = {"Authorization": authorization}
 
     def close(self) -> None:
         self._http.close()
@@ -550,16 +554,26 @@ class LockClient:
             self.rng,
             retry_until=retry_until,
         )
+        where = path if path is not None else decisions.lock_path(resource)
         while True:
             try:
-                response = self._http.request(
-                    method,
-                    path if path is not None else decisions.lock_path(resource),
-                    json=json,
-                    params=params,
-                    headers=headers,
-                    timeout=retries.timeout(self.timeout) + waiting,
-                )
+                if self._direct is not None:
+                    response = self._direct.lockkeeper_request(
+                        method,
+                        where,
+                        json=json,
+                        params=params,
+                        headers={**self._authorization, **(headers or {})},
+                    )
+                else:
+                    response = self._http.request(
+                        method,
+                        where,
+                        json=json,
+                        params=params,
+                        headers=headers,
+                        timeout=retries.timeout(self.timeout) + waiting,
+                    )
             except httpx.TransportError as exc:
                 delay = retries.next_delay(error=exc)
                 if delay is None:
