@@ -484,6 +484,28 @@ def test_a_set_bound_to_a_session_it_cannot_have_writes_nothing(service, clock):
     assert snapshot() == before
 
 
+def test_a_freeze_event_newer_than_a_members_grant_event_is_not_named(service, clock):
+    """A freeze names its prefix as its resource and is written under no row
+    lock: when it is a member's newest event, the naming finds the grant's
+    own event by its fence (``name_sets``' second look), on every database."""
+    from lockkeeper_core.set_names import name_sets
+
+    held = service.acquire("set:a", "w-1", ttl=30).lock
+    service.freeze("set:a", actor="op", reason="maintenance")
+    with db.engine.begin() as conn:
+        name_sets(conn, [("set:a", held.fence, held.acquired_at, "planted")])
+    assert [(e.action, e.set_id) for e in events_of("set:a")] == [
+        (Action.ACQUIRED.value, "planted"),
+        ("frozen", None),
+    ]
+    # A release looks the set up by the grant's event (acquired_at), not by
+    # the newest event.
+    service.unfreeze("set:a", actor="op", reason="done")
+    released = service.release_set(["set:a"], "w-1")
+    assert released.released
+    assert events_of("set:a")[-1].set_id == "planted"
+
+
 def test_a_set_past_the_bound_or_naming_a_resource_twice_is_invalid(make_app):
     app = make_app(LOCKKEEPER_MAX_SET_SIZE=2)
     from app.extensions import lock_service
