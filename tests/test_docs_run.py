@@ -415,6 +415,25 @@ class Proxy:
             line, shell=True, check=True, capture_output=True, text=True
         ).stdout
 
+    def wait_until_up(self, *servers: str) -> None:
+        """Until HAProxy's health checks hold ``servers`` up (`show servers
+        state`: the 6th column, srv_op_state, 2 when running). A check of a
+        loaded machine's /healthz can miss its 2 s and take one down a while."""
+        deadline = time.monotonic() + 60
+        while True:
+            shown = self.run(
+                f'echo "show servers state lockkeeper" | socat stdio {self.socket}'
+            )
+            states = {
+                row.split()[3]: row.split()[5]
+                for row in shown.splitlines()
+                if len(row.split()) > 5 and row.split()[1] == "lockkeeper"
+            }
+            if all(states.get(server) == "2" for server in servers):
+                return
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.1)
+
     def in_use(self, server: str) -> int:
         """Requests in flight on ``server``'s connections (`show servers
         conn`: its 7th column, used_cur)."""
@@ -512,10 +531,12 @@ def test_the_documented_haproxy_drains_an_instance_with_the_documented_commands(
                         assert client.get("/livez").status_code == 200
                 return livez_answered(a) - before[0], livez_answered(b) - before[1]
 
+            proxy.wait_until_up("a", "b")
             proxy.run(drain)
             assert re.search(r"^lockkeeper/a ", proxy.run(show), re.M)
             assert through_the_proxy() == (0, 8)
             proxy.run(ready)
+            proxy.wait_until_up("a", "b")
             to_a, to_b = through_the_proxy()
             assert to_a > 0
             assert to_b > 0
