@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 
+from lockkeeper_core.schema import LEGACY_VERSION_TABLE, VERSION_TABLE
+from sqlalchemy import Engine, text
+
 from app.paths import PROJECT_ROOT
 
 # Where the migration scripts are, and were before the lock core became a
@@ -44,6 +47,24 @@ server = make_server("127.0.0.1", 0, app, threaded=True)
 print(json.dumps({"port": server.server_port, "token": token}), flush=True)
 server.serve_forever()
 """
+
+
+def as_a_release_left_it(engine: Engine) -> None:
+    """The schema's revision moved to where every release up to 0.2 kept it,
+    ``alembic_version``, as if that release's own migrations had made the
+    database (the same objects: tests/test_routines.py holds them equal)."""
+    with engine.begin() as conn:
+        revisions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
+        rows = [{"r": revision} for revision in revisions.scalars()]
+        conn.execute(text(f"DROP TABLE {VERSION_TABLE}"))
+        conn.execute(
+            text(
+                f"CREATE TABLE {LEGACY_VERSION_TABLE} (version_num VARCHAR(32)"
+                f" NOT NULL, CONSTRAINT {LEGACY_VERSION_TABLE}_pkc"
+                " PRIMARY KEY (version_num))"
+            )
+        )
+        conn.execute(text(f"INSERT INTO {LEGACY_VERSION_TABLE} VALUES (:r)"), rows)
 
 
 def _git(*args: str) -> bytes:

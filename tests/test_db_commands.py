@@ -9,7 +9,16 @@ import threading
 
 import pytest
 from alembic.script import ScriptDirectory
-from lockkeeper_core.schema import MIGRATIONS_DIR, oldest_code
+from lockkeeper_core.schema import (
+    LEGACY_VERSION_TABLE,
+    MIGRATIONS_DIR,
+    VERSION_TABLE,
+    database_revisions,
+    oldest_code,
+    required_revisions,
+    schema_state,
+    scripts,
+)
 from sqlalchemy import create_engine, text
 
 from app.config import normalize_database_url
@@ -142,3 +151,78 @@ def test_an_upgrade_that_cannot_take_its_lock_names_the_holder_and_stops_cleanly
     done = app.test_cli_runner().invoke(args=["db", "upgrade"])
     assert done.exit_code == 0, done.output
     assert "Upgraded the database from revision 0025 to" in done.stdout
+
+
+# -- the schema's own version table ---------------------------------------------
+
+APPLICATIONS_OWN = "a1b2c3d4e5f6"  # a revision of an application's own history
+
+
+def _versions(conn, table: str) -> set[str]:
+    return set(conn.execute(text(f"SELECT version_num FROM {table}")).scalars())
+
+
+def _legacy_table(conn, *revisions: str) -> None:
+    """``alembic_version`` as Alembic makes it, holding ``revisions``."""
+    conn.execute(
+        text(
+            f"CREATE TABLE {LEGACY_VERSION_TABLE} (version_num VARCHAR(32) NOT NULL,"
+            f" CONSTRAINT {LEGACY_VERSION_TABLE}_pkc PRIMARY KEY (version_num))"
+        )
+    )
+    for revision in revisions:
+        conn.execute(
+            text(f"INSERT INTO {LEGACY_VERSION_TABLE} VALUES (:r)"), {"r": revision}
+        )
+
+
+def test_the_schema_keeps_its_revision_beside_an_applications_own_history(
+    make_app, empty_url
+):
+    """A worker's application that runs its own Alembic migrations in the same
+    database keeps ``alembic_version`` to itself: the lock schema's revision is
+    in ``lockkeeper_version``, and the application's row is neither read as
+    ours nor moved."""
+    engine = create_engine(normalize_database_url(empty_url))
+    try:
+        with engine.begin() as conn:
+            _legacy_table(conn, APPLICATIONS_OWN)
+            assert database_revisions(conn) == frozenset()
+        app = make_app(LOCKKEEPER_DATABASE_URL=empty_url)
+        done = upgrade(app)
+        assert done.before == frozenset()
+        with engine.connect() as conn:
+            assert _versions(conn, VERSION_TABLE) == set(required_revisions())
+            assert _versions(conn, LEGACY_VERSION_TABLE) == {APPLICATIONS_OWN}
+            assert schema_state(conn).ready
+    finally:
+        engine.dispose()
+
+
+def test_a_database_a_release_up_to_0_2_migrated_is_taken_over_and_kept_in_step(
+    make_app, empty_url
+):
+    """Releases up to 0.2 kept the revision in ``alembic_version``: it is read
+    there, the first upgrade stamps the schema's own table from it and goes on,
+    and the old row moves with each migration (that release's instances read it
+    during a rolling upgrade)."""
+    (head,) = required_revisions()
+    previous = scripts().get_revision(head).down_revision
+    app = make_app(LOCKKEEPER_DATABASE_URL=empty_url)
+    upgrade(app, previous)
+    engine = create_engine(normalize_database_url(empty_url))
+    try:
+        with engine.begin() as conn:  # as an older release left it
+            conn.execute(text(f"DROP TABLE {VERSION_TABLE}"))
+            _legacy_table(conn, previous)
+        with engine.connect() as conn:
+            assert database_revisions(conn) == {previous}
+            assert not schema_state(conn).ready
+        done = upgrade(app)
+        assert (done.before, done.after) == ({previous}, {head})
+        with engine.connect() as conn:
+            assert _versions(conn, VERSION_TABLE) == {head}
+            assert _versions(conn, LEGACY_VERSION_TABLE) == {head}
+            assert schema_state(conn).ready
+    finally:
+        engine.dispose()

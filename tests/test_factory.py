@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lockkeeper_core.schema import VERSION_TABLE
 from sqlalchemy import create_engine, inspect, text
 
 from app import create_app
@@ -155,6 +156,6 @@ def test_four_gunicorn_workers_on_an_empty_database_start_once(tmp_path):
     with engine.connect() as conn:
         assert conn.scalar(text("SELECT count(*) FROM users")) == 1
         assert conn.scalar(text("SELECT count(*) FROM api_tokens")) == 1
-        assert conn.scalar(text("SELECT count(*) FROM alembic_version")) == 1
+        assert conn.scalar(text(f"SELECT count(*) FROM {VERSION_TABLE}")) == 1
     engine.dispose()
     assert len(list(tmp_path.glob(".secret_key.*"))) == 0

@@ -21,6 +21,7 @@ from lockkeeper_client import (
     LockLost,
     guard,
 )
+from lockkeeper_core.schema import database_revisions
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
@@ -285,7 +286,7 @@ def test_a_database_whose_schema_predates_the_guard_is_told_to_upgrade(
     upgrade(make_app(LOCKKEEPER_DATABASE_URL=url), "0007")
     lock = _Lock(RESOURCE, 1)
     with unmigrated_engine.connect() as conn:
-        assert conn.scalar(text("SELECT version_num FROM alembic_version")) == "0007"
+        assert database_revisions(conn) == {"0007"}
         with pytest.raises(GuardNotInstalled) as through_core:
             guard(conn, lock)
     raw = unmigrated_engine.raw_connection()

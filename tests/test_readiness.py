@@ -13,6 +13,7 @@ from alembic.script import ScriptDirectory
 from lockkeeper_core.schema import (
     MIGRATIONS_DIR,
     READY_RECHECK_SECONDS,
+    VERSION_TABLE,
     SchemaCheck,
     required_revisions,
 )
@@ -34,7 +35,7 @@ def stamp(url: str, revision: str) -> None:
     try:
         with engine.begin() as conn:
             conn.execute(
-                text("UPDATE alembic_version SET version_num = :r"), {"r": revision}
+                text(f"UPDATE {VERSION_TABLE} SET version_num = :r"), {"r": revision}
             )
     finally:
         engine.dispose()

@@ -26,14 +26,14 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from lockkeeper_core.schema import required_revisions
+from lockkeeper_core.schema import VERSION_TABLE, legacy_revisions, required_revisions
 from sqlalchemy import text
 
 from app import create_app
 from app.extensions import db, lock_service
 from app.ops.upgrade import upgrade
 from app.paths import PROJECT_ROOT
-from tests.old_release import release_tree, serving
+from tests.old_release import as_a_release_left_it, release_tree, serving
 
 pytestmark = [
     pytest.mark.usefixtures("backend"),
@@ -243,6 +243,8 @@ def test_db_upgrade_completes_while_the_previous_release_serves_traffic(
     app = new_app(empty_url, tmp_path / "instance")
     try:
         assert upgrade(app, release).after == {release}
+        with app.app_context():
+            as_a_release_left_it(db.engine)
         tree = release_tree(release, tmp_path_factory.getbasetemp())
         with serving(tree, empty_url, tmp_path / "old-instance") as old:
             traffic = Traffic(old.url, old.token)
@@ -286,6 +288,9 @@ def test_db_upgrade_completes_while_the_previous_release_serves_traffic(
                 for thread in traffic.threads:
                     thread.join(timeout=30)
         assert done.after == required_revisions()
+        with app.app_context(), db.engine.connect() as conn:
+            # Where the old release reads the revision, it moved too.
+            assert legacy_revisions(conn) == required_revisions()
         assert traffic.failures == [], traffic.failures[:5]
         # The traffic ran during the upgrade, not only around it (on SQLite the
         # upgrade from a recent release takes milliseconds: a request in
@@ -316,7 +321,7 @@ def test_a_served_release_on_a_schema_it_is_too_old_for_answers_503(
         upgrade(app)
         with app.app_context(), db.engine.begin() as conn:
             conn.execute(
-                text("UPDATE alembic_version SET version_num = :r"),
+                text(f"UPDATE {VERSION_TABLE} SET version_num = :r"),
                 {"r": NOT_ADDITIVE},
             )
             conn.execute(

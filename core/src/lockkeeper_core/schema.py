@@ -5,7 +5,13 @@ mode before its first lock, with the same rules.
 The revision the code needs is the head of its own migration scripts
 (``lockkeeper_core/migrations/versions``), read once per process: a new
 migration is picked up by the code that ships it, never by a number written
-here. The database's revision is Alembic's ``alembic_version`` row.
+here. The database's revision is the row of the schema's own version table,
+``lockkeeper_version``, so that an application's own Alembic history keeps
+Alembic's default ``alembic_version`` to itself. Releases up to 0.2 kept the
+revision in ``alembic_version``: a database only they migrated is read there,
+and the first upgrade by this code copies it over (``lockkeeper_core.upgrade``)
+and keeps it equal there while it holds one (``migrations/env.py``), for the
+previous release's instances that still read it during a rolling upgrade.
 
 Every migration names the oldest code that may run on its schema
 (``oldest_code``: the revision of that code's head; the revision itself when the
@@ -14,7 +20,7 @@ previous code would not work on it, as when a function's answer changes shape).
 (``schema_compatibility``), so code that does not know a newer revision can
 still read what it admits.
 
-- no ``alembic_version`` table, or no row: an empty database, not ready;
+- no version table, or no row: an empty database, not ready;
 - a revision the scripts know but not the head: behind (the code is newer than
   the database), not ready;
 - the head: ready;
@@ -39,7 +45,9 @@ from lockkeeper_core.errors import LockError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 UPGRADE_COMMAND = "lockkeeper db upgrade"
-VERSION_TABLE = "alembic_version"
+VERSION_TABLE = "lockkeeper_version"
+# Alembic's default, where releases up to 0.2 kept the schema's revision.
+LEGACY_VERSION_TABLE = "alembic_version"
 COMPATIBILITY_TABLE = "schema_compatibility"
 # A database found ready is looked at again after this long (a downgrade, a
 # restore of an older backup); one that is not ready is looked at on every check,
@@ -150,12 +158,29 @@ class SchemaState:
         )
 
 
-def database_revisions(conn: Connection) -> frozenset[str]:
-    """The revisions stamped in the database ``conn`` is connected to."""
-    if not inspect(conn).has_table(VERSION_TABLE):
+def _versions(conn: Connection, table: str) -> frozenset[str]:
+    if not inspect(conn).has_table(table):
         return frozenset()
-    rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars()
-    return frozenset(rows)
+    return frozenset(conn.execute(text(f"SELECT version_num FROM {table}")).scalars())
+
+
+def legacy_revisions(conn: Connection) -> frozenset[str]:
+    """This schema's revisions in ``alembic_version``, where releases up to 0.2
+    kept them: its rows that are migrations of ours (another row is an
+    application's own Alembic history, and is not ours to read)."""
+    return frozenset(
+        revision
+        for revision in _versions(conn, LEGACY_VERSION_TABLE)
+        if _known(revision)
+    )
+
+
+def database_revisions(conn: Connection) -> frozenset[str]:
+    """The revisions stamped in the database ``conn`` is connected to: its own
+    version table's, or where a release up to 0.2 left them."""
+    if inspect(conn).has_table(VERSION_TABLE):
+        return _versions(conn, VERSION_TABLE)
+    return legacy_revisions(conn)
 
 
 def admitted_code(conn: Connection, revisions: frozenset[str]) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -30,7 +30,9 @@ from lockkeeper_core.engine import core_engine_options, install_engine_events
 from lockkeeper_core.schema import (
     MIGRATIONS_DIR,
     UPGRADE_COMMAND,
+    VERSION_TABLE,
     database_revisions,
+    legacy_revisions,
     scripts,
 )
 
@@ -141,6 +143,16 @@ def upgrade(
     try:
         with engine.connect() as conn:
             before = database_revisions(conn)
+            adopt = not inspect(conn).has_table(VERSION_TABLE) and legacy_revisions(
+                conn
+            )
+        if adopt:
+            # A database that only releases up to 0.2 migrated keeps its
+            # revision in ``alembic_version``: stamped in the schema's own
+            # version table first, the migrations go on from there (and
+            # ``env.py`` keeps the old row moving with them).
+            with engine.connect() as connection:
+                command.stamp(migration_config(connection), sorted(adopt))
         for attempt in range(1, attempts + 1):
             try:
                 with engine.connect() as connection:

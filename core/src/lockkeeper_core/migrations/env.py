@@ -13,7 +13,12 @@ so a migration never queues the lock traffic behind it for longer than that.
 from alembic import context
 from sqlalchemy import inspect, text
 
-from lockkeeper_core.schema import COMPATIBILITY_TABLE, oldest_code
+from lockkeeper_core.schema import (
+    COMPATIBILITY_TABLE,
+    LEGACY_VERSION_TABLE,
+    VERSION_TABLE,
+    oldest_code,
+)
 from lockkeeper_core.upgrade import (
     CONNECTION_ATTRIBUTE,
     LOCK_TIMEOUT_ATTRIBUTE,
@@ -44,6 +49,32 @@ def record_compatibility(ctx, step, heads, run_args) -> None:
         )
 
 
+def mirror_to_legacy(ctx, step) -> None:
+    """While ``alembic_version`` holds this schema's revision (a database that a
+    release up to 0.2 migrated), move it with ours, in the same transaction:
+    that release's instances read it during a rolling upgrade, to learn (with
+    ``schema_compatibility``) whether they may still serve. A row of an
+    application's own history is another revision, and is left alone."""
+    sources, destinations = step.source_revision_ids, step.destination_revision_ids
+    if len(sources) != 1 or len(destinations) != 1:
+        return  # from or to nothing, or a merge: no release up to 0.2 made one
+    conn = ctx.connection
+    if not inspect(conn).has_table(LEGACY_VERSION_TABLE):
+        return
+    conn.execute(
+        text(
+            f"UPDATE {LEGACY_VERSION_TABLE} SET version_num = :destination"
+            " WHERE version_num = :source"
+        ),
+        {"source": sources[0], "destination": destinations[0]},
+    )
+
+
+def after_each_step(ctx, step, heads, run_args) -> None:
+    record_compatibility(ctx, step, heads, run_args)
+    mirror_to_legacy(ctx, step)
+
+
 def run_migrations_online() -> None:
     connection = config.attributes[CONNECTION_ATTRIBUTE]
     # SQLite: each migration's transaction takes the write lock as it
@@ -56,7 +87,8 @@ def run_migrations_online() -> None:
         context.configure(
             connection=connection,
             transaction_per_migration=True,
-            on_version_apply=record_compatibility,
+            on_version_apply=after_each_step,
+            version_table=VERSION_TABLE,
             # SQLite alters a table by copying it (the migrations' own
             # ``batch_alter_table``): a script rendered for a new migration does too.
             render_as_batch=True,
