@@ -12,6 +12,12 @@ etcd here is one private member on loopback (Debian's ``etcd-server``, the one
 the failover harness uses), with its defaults (it syncs its log to disk on every
 write, as PostgreSQL does on every commit).
 
+``embedded_vs_etcd_lock_postgresql``: acquire+release cycles per second of the
+worker client in the embedded mode (``LockClient`` on ``EmbeddedTransport``, no
+server: ``bench/service_layer.py``'s embedded cycle) in ``EMBEDDED_WORKERS``
+worker processes, as a deployment runs several, each cycling a resource of its
+own, against the same etcd lock cycles, alternating in the same run.
+
 ``session_heartbeat_vs_etcd_keepalive``: heartbeats per second of Lockkeeper
 sessions (``PATCH /api/v1/sessions/{id}``: the session and every grant bound to
 it renewed in one statement) against keep-alives of etcd leases
@@ -46,6 +52,7 @@ from bench.servers import (
     process_cpu_seconds,
     server_configs,
 )
+from bench.service_layer import run_cycles
 
 BOUND_LOCKS = 100
 START_ATTEMPTS = 3
@@ -53,6 +60,8 @@ START_ATTEMPTS = 3
 # databases keep busy.
 START_SECONDS = 90
 SESSIONS = 4
+# The embedded side's worker processes (the service section's larger count).
+EMBEDDED_WORKERS = 8
 
 
 class Etcd:
@@ -187,6 +196,13 @@ def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
             "keepalive": partial(
                 wrk_sample, etcd, "/", "etcd-keepalive", "ka", token=",".join(leases)
             ),
+            "embedded": lambda seconds: run_cycles(
+                "embedded",
+                database.url,
+                workdir / "instance-postgresql",
+                EMBEDDED_WORKERS,
+                seconds,
+            ),
         }
         for run in runs.values():
             try:
@@ -231,7 +247,21 @@ def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
         f"{result.name}: {result.value:.0f} vs etcd {result.baseline:.0f} "
         f"cycles/s -> {result.ratio:.2f}x"
     )
-    return [result, heartbeats]
+    embedded = compare(
+        "embedded_vs_etcd_lock_postgresql",
+        samples,
+        "embedded",
+        "etcd",
+        "cycles/s",
+        workers=EMBEDDED_WORKERS,
+        server="none (in process); etcd one member",
+    )
+    log(
+        f"{embedded.name}: {EMBEDDED_WORKERS} embedded worker processes "
+        f"{embedded.value:.0f} vs etcd {embedded.baseline:.0f} cycles/s -> "
+        f"{embedded.ratio:.2f}x"
+    )
+    return [result, heartbeats, embedded]
 
 
 def _bound_sessions(server: Server, token: str) -> list[str]:
