@@ -181,14 +181,11 @@ class PlacesStatements:
 
     def _set_places_until(self, conn, row, live_expiries, holder_limit) -> None:
         """Write the resource's ``places_until`` and limit after a change of
-        its places. On a Galera node the row is written even when neither
-        changes (one more to ``guard_writes``): its lock orders the places of
-        a resource on one node only, and certification compares only the rows
-        transactions write, so two places admitted on two nodes at once,
-        each inserting its own row, both committed past the limit. Written
-        by both, the row fails the one the cluster orders second (1213,
-        retried): the places of a resource are decided one after another,
-        whichever node decides."""
+        its places. On a Galera node, even when neither changes (one more to
+        ``guard_writes``): its lock orders places on one node only, and
+        certification compares only written rows, so two places admitted on
+        two nodes at once both committed past the limit. Written by both, the
+        row fails the one the cluster orders second (1213, retried)."""
         until = max(live_expiries) if live_expiries else None
         values: dict[str, Any] = {"places_until": until, "holder_limit": holder_limit}
         if galera_connection(conn):
