@@ -15,9 +15,13 @@
 --    With no quota, shared: only a revocation waits for it.
 -- 2. The token's row, locked.
 -- 3. The clock, whether a freeze covers p_resource by it, the token's live
---    grants (exclusive grants and places, each kind counted no further than
---    the limit) and, with p_fence, a new fence, drawn only for a grant none of
---    these refuses.
+--    grants (exclusive grants and places) and, with p_fence, a new fence,
+--    drawn only for a grant none of these refuses.
+--
+-- A count is of index entries, (token, expires_at) in each table, so it costs
+-- what the token holds, which its quota bounds. Each kind counted through a
+-- derived table with LIMIT (the statements' bound) cost a temporary table per
+-- kind and count, about 200 us of the server's time per grant in all.
 --
 -- One row back: found (the token has a row), revoked_at, expires_at, now,
 -- frozen, over_quota (the limit is reached), far (the row was locked shared
@@ -44,17 +48,12 @@ BEGIN
     DECLARE v_over BOOLEAN DEFAULT FALSE;
     DECLARE v_fence BIGINT DEFAULT NULL;
     IF p_max_locks > v_margin THEN
-        -- Counted no further than the far limit: that settles it.
         SET v_now = UTC_TIMESTAMP(6), v_limit = p_max_locks - v_margin;
         SELECT
-            (SELECT COUNT(*) FROM (
-                SELECT 1 FROM distributed_locks
-                WHERE token = p_token AND expires_at > v_now
-                LIMIT v_limit) AS live)
-          + (SELECT COUNT(*) FROM (
-                SELECT 1 FROM lock_holders
-                WHERE token = p_token AND expires_at > v_now
-                LIMIT v_limit) AS places)
+            (SELECT COUNT(*) FROM distributed_locks
+                WHERE token = p_token AND expires_at > v_now)
+          + (SELECT COUNT(*) FROM lock_holders
+                WHERE token = p_token AND expires_at > v_now)
             INTO v_live;
         SET v_far = v_live < v_limit;
         IF NOT v_far THEN
@@ -80,14 +79,10 @@ BEGIN
           AND (ends_at IS NULL OR ends_at > v_now));
     IF p_max_locks IS NOT NULL THEN
         SELECT
-            (SELECT COUNT(*) FROM (
-                SELECT 1 FROM distributed_locks
-                WHERE token = p_token AND expires_at > v_now
-                LIMIT v_limit) AS live)
-          + (SELECT COUNT(*) FROM (
-                SELECT 1 FROM lock_holders
-                WHERE token = p_token AND expires_at > v_now
-                LIMIT v_limit) AS places)
+            (SELECT COUNT(*) FROM distributed_locks
+                WHERE token = p_token AND expires_at > v_now)
+          + (SELECT COUNT(*) FROM lock_holders
+                WHERE token = p_token AND expires_at > v_now)
             INTO v_live;
         SET v_over = v_live >= v_limit;
     END IF;
