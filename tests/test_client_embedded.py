@@ -258,6 +258,35 @@ def test_the_async_transport_never_runs_the_core_on_the_loop(live_server, backen
     assert not (ran_in & loop_threads)
 
 
+def test_a_waiting_acquire_leaves_the_quick_calls_their_own_threads(
+    live_server, backend
+):
+    """The asyncio transport's calls that answer at once run on threads of
+    their own: with every waiting thread taken by a waiting acquire, another
+    resource is still taken and released at once."""
+    transport = AsyncEmbeddedTransport(database_of(live_server), threads=1)
+
+    async def main() -> None:
+        async with AsyncLockClient(
+            "http://embedded", live_server.token, transport=transport
+        ) as client:
+            await client.acquire("emb:held", "w-1", ttl=30)
+            waiting = asyncio.create_task(
+                client.acquire("emb:held", "w-2", ttl=30, wait=20)
+            )
+            deadline = asyncio.get_running_loop().time() + 10
+            while not (await client.get("emb:held")).waiters:
+                assert asyncio.get_running_loop().time() < deadline
+            # The only waiting thread is taken: these calls answer all the same.
+            quick = await asyncio.wait_for(client.acquire("emb:free", "w-3"), 5)
+            assert quick.acquired
+            await asyncio.wait_for(client.release("emb:free", "w-3"), 5)
+            await client.release("emb:held", "w-1")
+            assert (await asyncio.wait_for(waiting, 20)).acquired
+
+    asyncio.run(main())
+
+
 def test_one_constructor_switches_a_worker(live_server, backend):
     """A worker's code, unchanged, over HTTP and in process."""
 
