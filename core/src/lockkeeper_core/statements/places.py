@@ -702,9 +702,10 @@ class PlacesStatements:
         ending = [p for p in live if confirmed_grant(p.fence)]
         staying = [p for p in live if not confirmed_grant(p.fence)]
         if ending:
-            conn.execute(
-                delete(holders).where(holders.c.id.in_([p.id for p in ending]))
-            )
+            # By primary key, one by one: MariaDB read ``id IN (…)`` as the
+            # whole table, waiting on other resources' places (a deadlock).
+            for place in ending:
+                conn.execute(delete(holders).where(holders.c.id == place.id))
             rest = [p.expires_at for p in staying]
             self._set_places_until(conn, row, rest, row.holder_limit)
         for place in ending:
