@@ -158,3 +158,20 @@ def test_a_set_bound_to_a_session_ends_with_it(api, clock):
         json={"owner": "w-8", "session": expired["id"], "members": MEMBERS},
     )
     assert late.status_code == 409
+
+
+def test_a_set_that_waits_in_line_and_runs_out_leaves_every_line(api, fake_app):
+    other = api.with_token("other")
+    assert other.post("/api/v1/locks/acct:1", json={"owner": "w-2"}).status_code == 200
+    too_long = api.post(
+        "/api/v1/sets", json={"owner": "w-1", "wait": 3600, "members": MEMBERS}
+    )
+    assert too_long.status_code == 400
+    refused = api.post(
+        "/api/v1/sets", json={"owner": "w-1", "wait": 0.2, "members": MEMBERS}
+    )
+    assert refused.status_code == 409
+    assert refused.get_json()["refused"] == "acct:1"
+    with fake_app.app_context():
+        for resource in ("acct:1", "acct:2", "pool:x"):
+            assert lock_service().queue.line(resource) == []

@@ -1,8 +1,9 @@
 """Sets raced by real threads on every database: workers take random
 overlapping sets of 2-5 resources, named in random orders, in random modes
 (one worker binds each of its sets to a session of its own, heartbeats it,
-and ends every other one by ending the session), and an operator releases the
-newest granted set as one, again and again.
+and ends every other one by ending the session; another's sets wait in line,
+each granted within its wait), and an operator releases the newest granted
+set as one, again and again.
 
 While they run, a reader reads every grant in one statement (one snapshot)
 again and again: no reading ever shows part of a set (each set's owner is its
@@ -45,6 +46,8 @@ PLAIN = [f"set:r{i}" for i in range(6)]
 SEMAPHORES = {f"set:s{i}": 2 for i in range(2)}
 RESOURCES = PLAIN + list(SEMAPHORES)
 TTL = 60.0
+# A waiting set's wait (worker 2's).
+WAIT = 10.0
 # The API token of the sets bound to sessions (a name with no row: a label).
 SESSIONS = "sessions"
 
@@ -166,6 +169,13 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                         result = service.acquire_set(
                             members, owner, token=SESSIONS, session=session.id
                         )
+                    elif n == 2:
+                        # Worker 2's sets wait in line: each is granted
+                        # within its wait.
+                        result = service.acquire_set(members, owner, ttl=TTL, wait=WAIT)
+                        counts["waited"] += 1
+                        if not result.acquired:
+                            counts["wait ran out"] += 1
                     else:
                         result = service.acquire_set(members, owner, ttl=TTL)
                 except ServiceBusy:
@@ -342,6 +352,8 @@ def test_random_overlapping_sets_never_show_a_partial_set_nor_deadlock(
     assert counts["reads"] >= 20, counts
     assert counts["force released"] >= 1, counts
     assert counts["ended by its session"] >= 1, counts
+    assert counts["waited"] >= 1, counts
+    assert counts["wait ran out"] == 0, counts
     whole = _history_is_whole(set_app, found["sets"], found["named"])
     assert whole == counts["granted"]
     if deadlocks is not None:

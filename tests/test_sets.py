@@ -9,6 +9,7 @@ for every member.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -37,7 +38,7 @@ from lockkeeper_core.values import Ask, Member
 from sqlalchemy import create_engine, select
 
 from app.auth.service import create_token
-from app.extensions import db
+from app.extensions import db, lock_service
 from tests.row_waits import DEADLINE, RowHolder, lock_waits
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -504,6 +505,64 @@ def test_a_freeze_event_newer_than_a_members_grant_event_is_not_named(service, c
     released = service.release_set(["set:a"], "w-1")
     assert released.released
     assert events_of("set:a")[-1].set_id == "planted"
+
+
+def _poll(condition, what: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        threading.Event().wait(0.01)
+
+
+def test_a_waiting_set_keeps_its_place_in_every_line_and_is_not_starved(
+    make_app, clock
+):
+    """A set waits in line for a held member: it holds nothing meanwhile,
+    and a single acquire that comes after it is refused on every member,
+    the free one too; once the holder releases, the set is granted and its
+    places are gone."""
+    app = make_app()
+    with app.app_context():
+        service = lock_service()
+        service.acquire("set:a", "holder", ttl=30)
+        answers = []
+
+        def waiting_set():
+            with app.app_context():
+                answers.append(
+                    lock_service().acquire_set(
+                        [Member("set:a"), Member("set:b")], "w-set", ttl=30, wait=10
+                    )
+                )
+
+        thread = threading.Thread(target=waiting_set)
+        thread.start()
+        _poll(
+            lambda: [w.owner for w in service.queue.line("set:b")] == ["w-set"],
+            "the set took its places",
+        )
+        assert [w.owner for w in service.queue.line("set:a")] == ["w-set"]
+        assert service.holders("set:b").holders == []  # nothing held meanwhile
+        late = service.acquire("set:b", "single", ttl=30)
+        assert not late.acquired  # the set is ahead of it, b free or not
+        service.release("set:a", "holder")
+        thread.join(timeout=15)
+        assert not thread.is_alive()
+        (answer,) = answers
+        assert answer.acquired
+        assert [lock.owner for lock in answer.locks] == ["w-set", "w-set"]
+        assert service.queue.line("set:a") == service.queue.line("set:b") == []
+
+
+def test_a_set_whose_wait_runs_out_leaves_both_lines(service, clock):
+    service.acquire("set:a", "holder", ttl=30)
+    result = service.acquire_set(
+        [Member("set:a"), Member("set:b")], "w-set", ttl=30, wait=0.2
+    )
+    assert not result.acquired
+    assert result.refused == "set:a"
+    assert service.queue.line("set:a") == service.queue.line("set:b") == []
+    assert service.acquire("set:b", "single", ttl=30).acquired
 
 
 def test_a_set_past_the_bound_or_naming_a_resource_twice_is_invalid(make_app):

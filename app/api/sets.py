@@ -41,6 +41,7 @@ def acquire_set():
         token=g.token.name,
         max_locks=g.token.max_locks,
         session=fields.get("session"),
+        wait=seconds(fields.get("wait")),
     )
     status, answer, headers = wire.set_answer(result)
     response = jsonify(answer)

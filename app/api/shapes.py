@@ -63,8 +63,9 @@ def served_document(base: Mapping[str, Any], config: Mapping[str, Any]) -> dict:
     document = copy.deepcopy(dict(base))
     schemas = document["components"]["schemas"]
     schemas["Ttl"]["maximum"] = _json_number(config["LOCKKEEPER_MAX_TTL"])
-    wait = schemas["AcquireRequest"]["properties"]["wait"]
-    wait["maximum"] = _json_number(config["LOCKKEEPER_MAX_WAIT"])
+    for request in ("AcquireRequest", "SetAcquireRequest"):
+        wait = schemas[request]["properties"]["wait"]
+        wait["maximum"] = _json_number(config["LOCKKEEPER_MAX_WAIT"])
     schemas["SetMembers"]["maxItems"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
     schemas["SetResources"]["maxItems"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
     return document

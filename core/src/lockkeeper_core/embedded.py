@@ -669,6 +669,7 @@ class Embedded:
                 token=identity.name,
                 max_locks=identity.max_locks,
                 session=fields.get("session"),
+                wait=_seconds(fields, "wait"),
             )
             status, body, headers = wire.set_answer(result)
             return _json(status, body, headers)

@@ -47,8 +47,8 @@ Every event of a set names it (``lock_events.set_id``, migration 0037;
 ``lockkeeper_core.set_names``), by which the dashboard shows a set's members
 together (``view``).
 
-Sets do not wait in line (yet): an acquire is answered at once, and a client
-polls with backoff (the waiting line holds one resource per waiter).
+A set asked with ``wait`` waits in line: a place in every member's line at
+once (``lockkeeper_core.set_waiting``).
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ from lockkeeper_core.set_names import (
     new_set_id,
     sets_of,
 )
+from lockkeeper_core.set_waiting import wait_in_line
 from lockkeeper_core.state import Action, holds
 from lockkeeper_core.statements.common import Outcome, events, locks
 from lockkeeper_core.statements.sessions import SessionEnded, SessionNotFound
@@ -203,9 +204,12 @@ class Sets:
         token: str | None = None,
         max_locks: int | None = None,
         session: str | None = None,
+        wait: float | None = None,
     ) -> SetResult:
         """Grant every member to (``token``, ``owner``) for ``ttl`` seconds in
         one transaction, or none (``SetResult.refused`` names the member).
+
+        ``wait``: seconds in every member's line (``set_waiting``).
 
         ``session``: the id of a session of ``token`` and ``owner`` to bind
         every member to instead of a ``ttl``: their expiry is the session's,
@@ -219,7 +223,7 @@ class Sets:
         :raise SessionExpired: the session ran out before the grant.
         """
         core = self.core
-        core.validate(owner=owner, ttl=ttl, actor=actor)
+        core.validate(owner=owner, ttl=ttl, actor=actor, wait=wait)
         if session is not None:
             both = session_ttl_error(ttl, session)
             if both:
@@ -236,11 +240,11 @@ class Sets:
         ordered = [asks[resource] for resource in sorted(asks)]
         set_id = new_set_id()
 
-        def attempt() -> SetResult:
+        def attempt(places=None) -> SetResult:
             created: list[str] = []
             try:
                 outcomes = self._granted_whole(
-                    ordered, token, max_locks, created, set_id, session
+                    ordered, token, max_locks, created, set_id, session, places
                 )
             except _Refused as refused:
                 # Rolled back whole, and the rows made for it gone again; the
@@ -265,15 +269,23 @@ class Sets:
                 set_id=set_id,
             )  # fmt: skip
 
-        try:
-            result = core.runner(attempt)
-        except QuotaExceeded:
-            core.metrics.acquire_refused("over_quota")
-            raise
-        except ResourceFrozen:
-            core.metrics.acquire_refused("frozen")
-            raise
+        def asked(places=None) -> SetResult:
+            try:
+                return core.runner(lambda: attempt(places))
+            except QuotaExceeded:
+                core.metrics.acquire_refused("over_quota")
+                raise
+            except ResourceFrozen:
+                core.metrics.acquire_refused("frozen")
+                raise
+
+        result = asked()
+        if not result.acquired and wait:
+            made = self._create_rows(ordered) if core.dialect != "sqlite" else []
+            result, also = wait_in_line(core, self._notify, ordered, wait, asked)
         if not result.acquired:
+            if wait:  # refused: nothing left behind, as without a wait
+                self._forget_rows(made + also)
             core.metrics.acquire_refused()
         return result
 
@@ -285,6 +297,7 @@ class Sets:
         created: list[str],
         set_id: str,
         session: str | None,
+        places: dict[str, int] | None = None,
     ) -> dict[str, Outcome]:
         """The set's transaction; on a server database, first the free rows
         of the members that have none, each in a statement of its own
@@ -302,7 +315,7 @@ class Sets:
                 try:
                     with core.write_engine.connect() as conn, conn.begin():
                         granted = self._grant_all(
-                            conn, ordered, token, max_locks, session
+                            conn, ordered, token, max_locks, session, places
                         )
                         name_sets(conn, grants_of(granted, set_id))
                         return granted
@@ -373,7 +386,7 @@ class Sets:
         on ``session_id``, which the conditions name too)."""
         if not names:
             return
-        mariadb = self.core.dialect != "postgresql"
+        mariadb = self.core.dialect not in ("postgresql", "sqlite")
         with self.core.reads.connect() as conn:
             for name in names:
                 if mariadb:
@@ -396,8 +409,10 @@ class Sets:
         token: str | None,
         max_locks: int | None,
         session: str | None,
+        places: dict[str, int] | None = None,
     ) -> dict[str, Outcome]:
-        """The set's transaction (see the module's docstring for its order)."""
+        """The set's transaction (see the module's docstring for its order);
+        ``places``: the set's places in line, one per member."""
         core = self.core
         tx = core.transactional
         given = core.given_now()
@@ -425,7 +440,8 @@ class Sets:
                 if freeze is not None:
                     raise _Refused(ask, Outcome(False, None, None, now, freeze))
                 tx._insert_free_row(conn, ask.resource, now, ask.limit)
-            outcome = self._one_grant(conn, ask, now, session)
+            place = (places or {}).get(ask.resource)
+            outcome = self._one_grant(conn, ask, now, session, place)
             if not outcome.done:
                 raise _Refused(ask, outcome)
             outcomes[ask.resource] = outcome
@@ -446,7 +462,9 @@ class Sets:
                 [("owner", f"must be the session's owner, {found.owner!r}")]
             )
 
-    def _one_grant(self, conn, ask: Ask, now, session: str | None) -> Outcome:
+    def _one_grant(
+        self, conn, ask: Ask, now, session: str | None, place: int | None
+    ) -> Outcome:
         """One member's grant, its row (and the token's) already locked: the
         places path, which decides every mode. On PostgreSQL its one
         statement (``lockkeeper_acquire_place``) on the set's connection, in
@@ -456,14 +474,14 @@ class Sets:
         core = self.core
         if session is not None:
             try:
-                return core.session_statements.acquire(conn, ask, session, now)
+                return core.session_statements.acquire(conn, ask, session, now, place)
             except SessionNotFound:
                 raise UnknownSession(session) from None
             except SessionEnded:
                 raise SessionExpired(session) from None
         if core.statements.autocommit:
-            return core.statements.acquire_place(_InTransaction(conn), ask, now)
-        return core.transactional.acquire_place(conn, ask, now, None)
+            return core.statements.acquire_place(_InTransaction(conn), ask, now, place)
+        return core.transactional.acquire_place(conn, ask, now, place)
 
     def _statements_on(self, conn) -> _On:
         """The statements a renewal or release of a set sends, and what they

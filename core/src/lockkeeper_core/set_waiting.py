@@ -1,0 +1,134 @@
+"""A set waiting in line: a place in the line of every member, taken at once.
+
+A set asked with ``wait`` that is refused joins the line of each of its
+members in one transaction that first locks the members' rows in the lock
+order (as the set's acquire does): two sets that share members take their
+places one after the other, so on every member they share the same one is
+ahead, and neither waits for the other's place on one member while holding
+its own ahead on another. A single acquire's place (``WaitQueue.join``) takes
+no row lock: it waits for one resource only, so it can be ahead of a set on
+one member and behind it on none that it needs.
+
+The set is then asked again with its places (each member's grant passes the
+waiters ahead of it on that member only, as a single waiter's does, and
+deletes that place when it is granted), until it is granted whole or its
+wait runs out. It holds nothing while it waits, and single acquires that come
+after it queue behind it on every member: it is not starved by them. Its
+places left when it gives up are deleted, and the members' lines woken.
+
+The set looks again every ``wait_poll_interval`` (it is woken by no
+release); the waiting room's caps count single waiters only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import delete, insert, select
+
+from lockkeeper_core.core import LockCore
+from lockkeeper_core.queue import DEADLINE_SLACK
+from lockkeeper_core.statements.common import locks, waiters
+from lockkeeper_core.values import Ask
+
+
+def join_lines(
+    core: LockCore, ordered: list[Ask], wait: float
+) -> tuple[dict[str, int], list[str]]:
+    """A place for the set in each member's line, in one transaction, the
+    members' rows locked first in the lock order (on a server database the
+    caller made those that had none: a row missing here would leave two
+    sets' places on it in either order); {resource: place}, and the names
+    of the rows made here (SQLite)."""
+    now = core.now()
+    deadline = now + timedelta(seconds=wait) + DEADLINE_SLACK
+
+    def work(conn):
+        made.clear()
+        for ask in ordered:  # sorted: the lock order
+            found = conn.execute(
+                select(locks.c.id).where(locks.c.resource == ask.resource)
+                .with_for_update()
+            ).all()  # fmt: skip
+            if not found and core.dialect == "sqlite":
+                made.append(ask.resource)
+                # One writer at a time: made here. A place in the line of a
+                # resource with no row would not hold up an acquire there.
+                core.transactional._insert_free_row(conn, ask.resource, now, ask.limit)
+        places = {}
+        for ask in ordered:
+            result = conn.execute(
+                insert(waiters).values(
+                    resource=ask.resource,
+                    owner=ask.owner,
+                    token=ask.token,
+                    enqueued_at=now,
+                    deadline=deadline,
+                    mode=ask.mode,
+                    holder_limit=ask.limit,
+                )
+            )
+            places[ask.resource] = result.inserted_primary_key[0]
+        return places
+
+    made: list[str] = []
+    return core.run(work), made
+
+
+def leave_lines(
+    core: LockCore,
+    notify: Callable[[str, int], Any],
+    places: dict[str, int],
+    *,
+    wake: bool,
+) -> None:
+    """Delete the set's places still in line (a grant deletes its own, but
+    an exclusive grant made again keeps it) and, when ``wake``, wake each
+    member's line: the next may go now."""
+    if not places:
+        return
+
+    def work(conn):
+        # One primary-key delete each (MariaDB may read a small table whole
+        # for ``id IN (…)``, waiting on rows others hold).
+        for place in places.values():
+            conn.execute(delete(waiters).where(waiters.c.id == place))
+
+    core.run(work)
+    if wake:
+        for resource in places:
+            notify(resource, 1)
+
+
+# Never set: a waiting set's pause between looks.
+_PAUSE = threading.Event()
+
+
+def wait_in_line(
+    core: LockCore,
+    notify: Callable[[str, int], Any],
+    ordered: list[Ask],
+    wait: float,
+    asked: Callable[[dict[str, int] | None], Any],
+) -> Any:
+    """Places in every member's line (``join_lines``), then ``asked(places)``
+    every poll interval until the set is granted or ``wait`` runs out; the
+    places left are deleted however it ends. Returns the last answer and the
+    rows ``join_lines`` made (a refused set deletes them)."""
+    places, made = join_lines(core, ordered, wait)
+    until = time.monotonic() + wait
+    result = None
+    try:
+        while True:
+            result = asked(places)
+            left = until - time.monotonic()
+            if result.acquired or left <= 0:
+                return result, made
+            _PAUSE.wait(min(left, core.settings.wait_poll_interval))
+    finally:
+        granted = result is not None and result.acquired
+        leave_lines(core, notify, places, wake=not granted)
