@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 from lockkeeper_client import AccessDenied, AsyncLockClient, LockClient, LockEvent
-from lockkeeper_core import embedded as embedded_module
+from lockkeeper_core import event_streams as streams_module
 from lockkeeper_core.embedded import AsyncEmbeddedTransport, EmbeddedTransport
 from lockkeeper_core.models import LockEvent as EventRow
 from sqlalchemy import select
@@ -67,7 +67,7 @@ class DatabaseDrops:
     def __init__(self, monkeypatch, times: int = 2):
         self.armed = threading.Event()
         self.left = times
-        real = embedded_module.follow_step
+        real = streams_module.follow_step
 
         def follow_step(*args, **kwargs):
             if self.armed.is_set() and self.left > 0:
@@ -75,7 +75,7 @@ class DatabaseDrops:
                 raise OperationalError("SELECT", {}, ConnectionError("dropped"))
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(embedded_module, "follow_step", follow_step)
+        monkeypatch.setattr(streams_module, "follow_step", follow_step)
 
 
 def database(app) -> str:
@@ -160,7 +160,7 @@ def test_async_embedded_watch_resumes_after_the_database_drops(app, token, monke
 
     async def main():
         transport = AsyncEmbeddedTransport(database(app))
-        real = embedded_module.follow_step
+        real = streams_module.follow_step
 
         def step(*args, **kwargs):
             # The core's reads never run on the event loop's thread.
@@ -171,7 +171,7 @@ def test_async_embedded_watch_resumes_after_the_database_drops(app, token, monke
                 pass
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(embedded_module, "follow_step", step)
+        monkeypatch.setattr(streams_module, "follow_step", step)
         async with AsyncLockClient(
             "http://embedded", token, transport=transport, backoff=0.05
         ) as client:

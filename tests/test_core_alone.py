@@ -210,3 +210,18 @@ def test_the_cores_schema_command_says_when_the_database_does_not_answer(capsys)
 
     assert main(["current", "postgresql+psycopg://nobody@127.0.0.1:1/none"]) == 2
     assert "the database does not answer" in capsys.readouterr().err
+
+
+@pytest.mark.backends("postgresql", "mariadb")
+def test_the_cores_schema_command_takes_a_plain_url(backend, empty_url, capsys):
+    """``postgresql://…`` or ``mariadb://…`` as a worker writes it: the drivers
+    the core ships, not SQLAlchemy's defaults (psycopg2, mysqlclient)."""
+    from lockkeeper_core.__main__ import main
+    from sqlalchemy.engine import make_url
+
+    url = make_url(empty_url)
+    plain = url.set(drivername=url.get_backend_name())
+    assert "+" not in plain.drivername
+    assert main(["upgrade", plain.render_as_string(hide_password=False)]) == 0
+    assert "Upgraded the database from revision none" in capsys.readouterr().out
+    assert main(["current", plain.render_as_string(hide_password=False)]) == 0

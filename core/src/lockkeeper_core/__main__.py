@@ -12,6 +12,7 @@ import sys
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from lockkeeper_core.engine import engine_for
 from lockkeeper_core.schema import (
     CORE_UPGRADE_COMMAND,
     schema_state,
@@ -22,7 +23,6 @@ from lockkeeper_core.upgrade import (
     DEFAULT_ATTEMPTS,
     DEFAULT_LOCK_TIMEOUT,
     UpgradeFailed,
-    engine_for,
     upgrade,
 )
 

@@ -36,15 +36,10 @@ cancelled acquire may have been granted, as over HTTP.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import partial
 from http import HTTPStatus
 from types import SimpleNamespace
@@ -53,173 +48,41 @@ from urllib.parse import unquote
 
 import httpx
 from sqlalchemy import (
-    Boolean,
     Connection,
     Engine,
-    Integer,
-    String,
-    Text,
-    bindparam,
-    column,
-    create_engine,
-    event,
-    select,
-    table,
 )
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session as OrmSession
 
 from lockkeeper_core import wire
-from lockkeeper_core.columns import UTCDateTime
-from lockkeeper_core.commands import Commands
-from lockkeeper_core.core import LockCore, LockSettings, clock_for
-from lockkeeper_core.driver import DriverSQL
-from lockkeeper_core.engine import (
-    attach_autocommit_engine,
-    autocommit,
-    core_engine_options,
-    install_engine_events,
-)
+from lockkeeper_core.core import LockSettings, clock_for
+from lockkeeper_core.engine import engine_for
 from lockkeeper_core.errors import (
+    AccessRefused,
     InvalidInput,
     LockError,
     NotOwner,
-    ServiceBusy,
     TokenEnded,
 )
+from lockkeeper_core.event_streams import AsyncEventStream, EventStream
 from lockkeeper_core.follow import (
     EventFilter,
-    FollowPosition,
-    FollowWakeup,
-    follow_step,
     start_position,
 )
-from lockkeeper_core.queue import WaitQueue
-from lockkeeper_core.results import AcquireResult, Lock
+from lockkeeper_core.identity import TOKEN_CACHE_SECONDS, Tokens
+from lockkeeper_core.in_transaction import InTransaction, in_transaction_commands
 from lockkeeper_core.schema import require_schema
 from lockkeeper_core.service import LockService
-from lockkeeper_core.transactions import Raced, is_lost_insert
 from lockkeeper_core.validation import MAX_BIGINT, client_integer
 
 API_PREFIX = "/api/v1"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# The drivers the server ships for plain URLs (``app.config``'s table).
-DRIVERS = {
-    "postgres": "postgresql+psycopg",
-    "postgresql": "postgresql+psycopg",
-    "mysql": "mysql+pymysql",
-    "mariadb": "mariadb+pymysql",
-}
-TOKEN_CACHE_SECONDS = 2.0
 # A followed stream's look at the events between wake-ups, as the server's
 # ``LOCKKEEPER_STREAM_POLL_INTERVAL`` (PostgreSQL's NOTIFY wakes it sooner).
 STREAM_POLL_INTERVAL = 0.1
-# A quiet stream's longest sleep before it looks again (the server's keepalive).
-STREAM_KEEPALIVE = 15.0
 # What a followed stream may be narrowed by (the query of ``GET /events``).
 EVENT_FILTERS = ("resource", "prefix", "owner", "action", "actor")
 EVENT_STREAM = "text/event-stream"
-
-
-def engine_for(database: str | Engine) -> Engine:
-    """A worker's engine (given), or one made from a URL with the shipped
-    drivers; either way with the setup the core needs, as the server gives
-    its own: the per-dialect events, READ COMMITTED on MariaDB/MySQL, and the
-    autocommit twin its single statements run on (PostgreSQL's functions,
-    the reads). Without the twin a statement sent on a pooled driver
-    connection would run in a transaction nobody commits."""
-    if isinstance(database, Engine):
-        engine = database
-        options: dict[str, Any] = {}
-    else:
-        url = make_url(database)
-        if url.drivername in DRIVERS:
-            url = url.set(drivername=DRIVERS[url.drivername])
-        options = core_engine_options(url.get_backend_name())
-        engine = create_engine(url, **options)
-    if engine.dialect.name in ("mysql", "mariadb"):
-        engine = engine.execution_options(isolation_level="READ COMMITTED")
-    install_engine_events(engine)
-    if not hasattr(engine, "_lockkeeper_autocommit"):
-        attach_autocommit_engine(
-            engine, {k: v for k, v in options.items() if k != "isolation_level"}
-        )
-    return engine
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """A live API token, as the embedded caller acts."""
-
-    name: str
-    prefixes: tuple[str, ...] | None
-    read_only: bool
-    expires_at: datetime | None
-    max_locks: int | None
-
-    def covers(self, resource: str) -> bool:
-        return self.prefixes is None or resource.startswith(self.prefixes)
-
-
-# The API tokens as the guard reads them (the core does not import ``app.auth``).
-api_tokens = table(
-    "api_tokens",
-    column("name", String()),
-    column("token_hash", String()),
-    column("revoked_at", UTCDateTime()),
-    column("prefixes", Text()),
-    column("read_only", Boolean()),
-    column("expires_at", UTCDateTime()),
-    column("max_locks", Integer()),
-)
-_LIVE_TOKEN = select(
-    api_tokens.c.name,
-    api_tokens.c.token_hash,
-    api_tokens.c.prefixes,
-    api_tokens.c.read_only,
-    api_tokens.c.expires_at,
-    api_tokens.c.max_locks,
-).where(
-    api_tokens.c.token_hash == bindparam("digest"), api_tokens.c.revoked_at.is_(None)
-)
-
-
-class Tokens:
-    """The token check of the API's guard, on the worker's engine: by SHA-256
-    digest, cached ``seconds`` (a revocation reaches this process within them;
-    the grant itself refuses a revoked token at once)."""
-
-    def __init__(self, engine: Engine, seconds: float = TOKEN_CACHE_SECONDS):
-        self._reads = autocommit(engine)
-        self.seconds = seconds
-        self._cache: dict[str, tuple[Identity, float]] = {}
-
-    def verify(self, token: str | None) -> Identity | None:
-        if not token or len(token) > 512:
-            return None
-        digest = hashlib.sha256(token.encode()).hexdigest()
-        cached = self._cache.get(digest)
-        if cached is not None and time.monotonic() - cached[1] < self.seconds:
-            identity = cached[0]
-        else:
-            with self._reads.connect() as conn:
-                row = conn.execute(_LIVE_TOKEN, {"digest": digest}).one_or_none()
-            if row is None or not hmac.compare_digest(row.token_hash, digest):
-                self._cache.pop(digest, None)
-                return None
-            identity = Identity(
-                name=row.name,
-                prefixes=tuple(row.prefixes.split("\n")) if row.prefixes else None,
-                read_only=bool(row.read_only),
-                expires_at=row.expires_at,
-                max_locks=row.max_locks,
-            )
-            if self.seconds > 0:
-                self._cache[digest] = (identity, time.monotonic())
-        if identity.expires_at is not None and identity.expires_at <= datetime.now(UTC):
-            return None
-        return identity
 
 
 class Answer:
@@ -382,7 +245,7 @@ class Embedded:
         identity = self.tokens.verify(token)
         if identity is None:
             raise TokenEnded("(the token given)")
-        return InTransaction(self, conn, identity)
+        return InTransaction(self.service, conn, identity)
 
     # -- one request -------------------------------------------------------------
 
@@ -645,7 +508,14 @@ class Embedded:
         return Answer(
             200,
             headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-store"},
-            stream=EventStream(self, filters, start_position(self.engine, after)),
+            stream=EventStream(
+                self.engine,
+                self.service.queue,
+                self.stream_poll,
+                self.streams,
+                filters,
+                start_position(self.engine, after),
+            ),
         )
 
     def _set(self, method, fields, identity) -> Answer:
@@ -713,274 +583,6 @@ class Embedded:
         else:
             raise InvalidInput([("method", f"{method} is not a session method")])
         return _json(200, wire.session_to_json(session))
-
-
-class EventStream(httpx.SyncByteStream):
-    """One followed stream of the audit log, in process: the server's stream
-    messages (``: open`` with the id it starts after, then ``id:``/``data:``
-    per event), each read when the reader asks for more.
-
-    Between looks it sleeps as the server's stream does (``FollowWakeup``:
-    PostgreSQL's NOTIFY, else ``stream_poll``) in the reading thread: the
-    blocking face's caller, or a thread of the asyncio transport's pool
-    (``AsyncEventStream``). A database that stops answering ends the stream
-    with a read error, which the client's ``watch()`` takes as a dropped
-    connection: it reconnects after the last id it saw, missing nothing."""
-
-    def __init__(self, embedded: Embedded, filters: EventFilter, start: FollowPosition):
-        self._engine = embedded.engine
-        self._filters = filters
-        self._position = start
-        self._poll = embedded.stream_poll
-        self._wakeup = FollowWakeup(embedded.service.queue, self._engine, self._poll)
-        self._opening: bytes | None = f": open\nid: {start.after}\n\n".encode()
-        self.closed = threading.Event()
-        # Held while a look or a sleep runs: the wake-up's registration is
-        # undone by ``close`` only once none does.
-        self._busy = threading.Lock()
-        self._entered = False
-        self._streams = embedded.streams
-        self._streams.add(self)
-
-    def still_there(self) -> bool:
-        return not self.closed.is_set()
-
-    def next_chunk(self) -> bytes:
-        """The next messages (several events at once when they are there),
-        or b"" once the stream is closed."""
-        with self._busy:
-            if self.closed.is_set():
-                return b""
-            if self._opening is not None:
-                opening, self._opening = self._opening, None
-                self._wakeup.__enter__()
-                self._entered = True
-                return opening
-            while not self.closed.is_set():
-                try:
-                    found, self._position = follow_step(
-                        self._engine, self._filters, self._position
-                    )
-                except DBAPIError as exc:
-                    raise httpx.ReadError(
-                        f"the lock database did not answer: {type(exc.orig).__name__}"
-                    ) from exc
-                if found:
-                    return "".join(
-                        f"id: {event.id}\ndata: "
-                        f"{json.dumps(wire.event_to_json(event))}\n\n"
-                        for event in found
-                    ).encode()
-                position = self._position
-                # Waiting for an open transaction to end: no NOTIFY says so.
-                settling = position.pending is not None or position.hole is not None
-                self._wakeup.wait(
-                    self._poll if settling else STREAM_KEEPALIVE, self.still_there
-                )
-            return b""
-
-    def __iter__(self):
-        while chunk := self.next_chunk():
-            yield chunk
-
-    def close(self) -> None:
-        self.closed.set()
-        self._streams.discard(self)
-        with self._busy:
-            if self._entered:
-                self._entered = False
-                self._wakeup.__exit__(None, None, None)
-
-
-class AsyncEventStream(httpx.AsyncByteStream):
-    """``EventStream`` for the asyncio face: each look and sleep runs in a
-    thread of the transport's pool, never on the event loop; a reader that
-    stops (or is cancelled) ends the sleep at its next look."""
-
-    def __init__(self, stream: EventStream, pool: ThreadPoolExecutor):
-        self._stream = stream
-        self._pool = pool
-
-    async def __aiter__(self):
-        loop = asyncio.get_running_loop()
-        try:
-            while chunk := await loop.run_in_executor(
-                self._pool, self._stream.next_chunk
-            ):
-                yield chunk
-        finally:
-            self._stream.closed.set()
-
-    async def aclose(self) -> None:
-        self._stream.closed.set()
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self._stream.close)
-
-
-class AccessRefused(LockError):
-    """The token may not do this (read-only, or the resource outside its
-    scope): the API's 403."""
-
-
-class _CallerCore:
-    """The core, with every transaction of a command run as a savepoint of the
-    caller's own transaction on ``conn`` (the transactional statements on
-    every dialect: PostgreSQL's one-statement functions run in autocommit).
-
-    A savepoint undoes only our part when a first insert lost a race to a
-    concurrent one or the decision found the row changed (``Raced``): those
-    are tried again inside it. A deadlock or a lock-wait timeout is not: on
-    MariaDB it rolls back the caller's whole transaction, so it is raised for
-    the caller to retry its transaction as a whole."""
-
-    def __init__(self, base: LockCore, conn: Connection):
-        self._base = base
-        self._conn = conn
-        # PostgreSQL's one-statement functions run as they are, in the
-        # caller's transaction (``_OnConnection``); elsewhere the transactional
-        # statements, on the caller's SQLAlchemy connection.
-        self._one_statement = base.statements.autocommit
-        if not self._one_statement:
-            self.statements = base.transactional
-            self.places = base.transactional
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._base, name)
-
-    def run(self, work, *, autocommit=False, driver=False, decide=None):
-        raced: Raced | None = None
-        for _ in range(self._base.settings.retries + 1):
-            try:
-                with self._conn.begin_nested():
-                    result = work(
-                        _OnConnection(self._conn)
-                        if autocommit and self._one_statement
-                        else self._conn
-                    )
-                return result if decide is None else decide(result)
-            except Raced as exc:
-                raced = exc
-            except IntegrityError as exc:
-                if not is_lost_insert(exc):
-                    raise
-        if raced is not None and raced.answer is not None:
-            return raced.answer
-        raise ServiceBusy("the lock's row kept changing; try again")
-
-
-class _OnConnection:
-    """``DriverConnection``'s one method on the caller's connection: a
-    function of the schema run inside the caller's transaction."""
-
-    def __init__(self, conn: Connection):
-        self._conn = conn
-
-    def one(self, statement: DriverSQL, params: dict[str, Any]) -> Any | None:
-        return self._conn.exec_driver_sql(statement.sql, params).first()
-
-
-class _AfterCommit:
-    """The waiting line's wake-up, rung once the caller's transaction has
-    committed (before it, a woken waiter would find the lock still held)."""
-
-    def __init__(self, queue: WaitQueue, conn: Connection):
-        self._queue = queue
-        self._conn = conn
-
-    def notify_released(self, resource: str, waiting: int) -> None:
-        if waiting > 0:
-            event.listen(
-                self._conn,
-                "commit",
-                lambda _conn: self._queue.notify_released(resource, waiting),
-                once=True,
-            )
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidInput([("wait", IN_TRANSACTION_WAIT)])
-
-
-def in_transaction_commands(service: LockService, conn: Connection) -> Commands:
-    """``service``'s worker commands, each run in ``conn``'s transaction."""
-    return Commands(
-        _CallerCore(service.core, conn),  # type: ignore[arg-type]
-        _AfterCommit(service.queue, conn),  # type: ignore[arg-type]
-        service.reads.holders,
-    )
-
-
-IN_TRANSACTION_WAIT = (
-    "an acquire inside your transaction does not wait: a transaction that "
-    "waits holds every lock it has taken meanwhile; acquire with wait=0 and "
-    "retry the transaction, or wait outside it"
-)
-
-
-class InTransaction:
-    """Acquire, renew and release in the caller's own transaction: the grant,
-    its fence and its audit event commit with the caller's writes or vanish
-    with its rollback (a fence number a rollback skips is never used again:
-    fences increase, they need not be dense).
-
-    Refused here, because they cannot be made safe: waiting (``wait`` > 0:
-    the transaction would hold its locks while it waits) and a grant bound to
-    a session (the session's heartbeat is not the caller's transaction).
-    The caller's transaction holds the resource's row until it ends: keep it
-    short, as any transaction that takes a row lock.
-
-    On SQLite the caller's engine needs the core's setup (``engine_for``), and
-    a transaction that writes is best begun ``BEGIN IMMEDIATE``
-    (``engine.execution_options(sqlite_immediate=True)``), as the core's own
-    are: a deferred one that turns into a writer fails at once when another
-    writer went first.
-    """
-
-    def __init__(self, embedded: Embedded, conn: Connection, identity: Identity):
-        self._embedded = embedded
-        self._identity = identity
-        self._commands = in_transaction_commands(embedded.service, conn)
-
-    def _check(self, resource: str) -> None:
-        if self._identity.read_only:
-            raise AccessRefused("this API token is read-only")
-        if not self._identity.covers(resource):
-            raise AccessRefused("the resource is outside this API token's scope")
-
-    def acquire(
-        self,
-        resource: str,
-        owner: str,
-        ttl: float | None = None,
-        *,
-        limit: int = 1,
-        shared: bool = False,
-    ) -> AcquireResult:
-        """One try, no waiting: the grant (in the caller's transaction), or the
-        refusal naming the holder. Raises what the API's acquire refuses with
-        (``ResourceFrozen``, ``QuotaExceeded``, ``TokenEnded``, ...)."""
-        self._check(resource)
-        return self._commands.acquire(
-            resource,
-            owner,
-            ttl,
-            actor=self._identity.name,
-            token=self._identity.name,
-            max_locks=self._identity.max_locks,
-            limit=limit,
-            mode="shared" if shared else "exclusive",
-        )
-
-    def renew(self, resource: str, owner: str, ttl: float | None = None) -> Lock:
-        self._check(resource)
-        return self._commands.renew(
-            resource, owner, ttl, actor=self._identity.name, token=self._identity.name
-        )
-
-    def release(self, resource: str, owner: str) -> Lock:
-        self._check(resource)
-        return self._commands.release(
-            resource, owner, actor=self._identity.name, token=self._identity.name
-        )
 
 
 class EmbeddedTransport(httpx.BaseTransport):

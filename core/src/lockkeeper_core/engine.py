@@ -25,6 +25,7 @@ import select
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -244,3 +245,38 @@ def autocommit(engine: Engine) -> Engine:
     shared = engine.execution_options(sqlite_autocommit=True)
     engine._lockkeeper_autocommit = shared  # type: ignore[attr-defined]
     return shared
+
+
+# The drivers the server ships for plain URLs (``app.config``'s table).
+DRIVERS = {
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+}
+
+
+def engine_for(database: str | Engine) -> Engine:
+    """A worker's engine (given), or one made from a URL with the shipped
+    drivers; either way with the setup the core needs, as the server gives
+    its own: the per-dialect events, READ COMMITTED on MariaDB/MySQL, and the
+    autocommit twin its single statements run on (PostgreSQL's functions,
+    the reads). Without the twin a statement sent on a pooled driver
+    connection would run in a transaction nobody commits."""
+    if isinstance(database, Engine):
+        engine = database
+        options: dict[str, Any] = {}
+    else:
+        url = make_url(database)
+        if url.drivername in DRIVERS:
+            url = url.set(drivername=DRIVERS[url.drivername])
+        options = core_engine_options(url.get_backend_name())
+        engine = create_engine(url, **options)
+    if engine.dialect.name in ("mysql", "mariadb"):
+        engine = engine.execution_options(isolation_level="READ COMMITTED")
+    install_engine_events(engine)
+    if not hasattr(engine, "_lockkeeper_autocommit"):
+        attach_autocommit_engine(
+            engine, {k: v for k, v in options.items() if k != "isolation_level"}
+        )
+    return engine

@@ -251,3 +251,8 @@ class SessionQuotaReached(LockError):
             f"({self.setting}): end one, or reuse one (a session holds any number "
             "of locks)"
         )
+
+
+class AccessRefused(LockError):
+    """The token may not do this (read-only, or the resource outside its
+    scope): the API's 403."""

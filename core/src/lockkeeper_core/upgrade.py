@@ -22,11 +22,10 @@ from dataclasses import dataclass
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, create_engine, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from lockkeeper_core.engine import core_engine_options, install_engine_events
+from lockkeeper_core.engine import engine_for
 from lockkeeper_core.schema import (
     MIGRATIONS_DIR,
     UPGRADE_COMMAND,
@@ -115,17 +114,6 @@ def migration_config(connection: Connection) -> Config:
     return config
 
 
-def engine_for(database: str | Engine) -> Engine:
-    """``database`` if it is an engine, else one made from its URL as the core
-    makes its own."""
-    if isinstance(database, Engine):
-        return database
-    backend = make_url(database).get_backend_name()
-    engine = create_engine(database, **core_engine_options(backend))
-    install_engine_events(engine)
-    return engine
-
-
 def upgrade(
     database: str | Engine,
     target: str = "head",
@@ -139,7 +127,9 @@ def upgrade(
     """Run the migrations up to ``target`` on ``database`` (a URL or an
     engine); ``report`` hears of each retry; ``command_name`` is what the
     messages tell the operator to run again."""
-    engine = engine_for(database)
+    # An engine is used as it is (the server's, set up already); a URL gets the
+    # core's setup, its shipped drivers included.
+    engine = database if isinstance(database, Engine) else engine_for(database)
     try:
         with engine.connect() as conn:
             before = database_revisions(conn)
@@ -188,7 +178,7 @@ def upgrade(
         with engine.connect() as conn:
             after = database_revisions(conn)
     finally:
-        if engine is not database:
+        if not isinstance(database, Engine):  # made here from a URL
             engine.dispose()
     return Upgraded(before, after)
 
