@@ -76,7 +76,7 @@ from sqlalchemy.exc import DBAPIError
 from lockkeeper_core.columns import UTCDateTime
 from lockkeeper_core.errors import TokenEnded, WaitersFull
 from lockkeeper_core.models import EXCLUSIVE, DistributedLock, LockWaiter
-from lockkeeper_core.results import AcquireResult
+from lockkeeper_core.results import AcquireResult, SetResult
 from lockkeeper_core.wakeups import (
     CHANNEL,
     PROCESS_WAKEUPS,
@@ -303,6 +303,13 @@ class WaitQueue:
                     self._bell_failed = True
                     return
                 self._own(self._bell)
+
+    def start_wakers(self) -> NotificationListener | None:
+        """Start what wakes this process's waiters, if need be: PostgreSQL's
+        listener (returned; None elsewhere), SQLite's doorbell."""
+        listener = self._listener_for_waiting()
+        self._ring_for_waiting()
+        return listener
 
     def listener(self) -> NotificationListener | None:
         """This process's listener, started if need be (None off PostgreSQL)."""
@@ -544,8 +551,7 @@ class WaitQueue:
         metrics.wait_started()
         outcome = "timeout"
         try:
-            listener = self._listener_for_waiting()
-            self._ring_for_waiting()
+            listener = self.start_wakers()
             with self.wakeups.subscribe(resource) as woken:
                 waiter_id = woken.waiter_id = self.join(
                     resource, owner, token, wait, place, mode=mode, limit=limit
@@ -654,7 +660,7 @@ class WaitQueue:
             now = time.monotonic()
             if now >= deadline or not still_wanted():
                 return result
-            pause = self._pause(result, listener)
+            pause = self.pause(result, listener)
             next_look = now + pause
             while True:
                 timeout = min(next_look, deadline) - time.monotonic()
@@ -675,8 +681,9 @@ class WaitQueue:
             self.metrics.handed_over(time.monotonic() - woken_at)
         return result
 
-    def _pause(self, refusal: AcquireResult, listener) -> float:
-        """How long to sleep after ``refusal`` unless woken."""
+    def pause(self, refusal: AcquireResult | SetResult, listener) -> float:
+        """How long to sleep after ``refusal`` unless woken (``listener``:
+        ``start_wakers``' answer)."""
         holder = refusal.lock
         until_expiry = (
             holder.ttl_remaining + EXPIRY_MARGIN

@@ -69,7 +69,7 @@ class LockService:
         self.sessions = SessionService(core, self.queue.notify_released)
         self.reads = Reads(core)
         self.commands = Commands(core, self.queue, self.reads.holders)
-        self.sets = Sets(core, self.queue.notify_released, self.commands.answer)
+        self.sets = Sets(core, self.queue, self.commands.answer)
         self.operator = Operator(core, self.queue, self.sessions.purge_expired)
         self.freezes = Freezes(core)
         self.lists = Lists(core)

@@ -16,13 +16,15 @@ wait runs out. It holds nothing while it waits, and single acquires that come
 after it queue behind it on every member: it is not starved by them. Its
 places left when it gives up are deleted, and the members' lines woken.
 
-The set looks again every ``wait_poll_interval`` (it is woken by no
-release); the waiting room's caps count single waiters only.
+A set is woken as a single waiter is (``lockkeeper_core.queue``): a
+release that names its place as the head of a member's line rings it
+(PostgreSQL's NOTIFY; SQLite's doorbell; in this process on every
+database), else it looks again after the line's pause. The waiting room's
+caps count single waiters only.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -31,7 +33,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select
 
 from lockkeeper_core.core import LockCore
-from lockkeeper_core.queue import DEADLINE_SLACK
+from lockkeeper_core.queue import DEADLINE_SLACK, WaitQueue
 from lockkeeper_core.statements.common import locks, waiters
 from lockkeeper_core.values import Ask
 
@@ -104,31 +106,37 @@ def leave_lines(
             notify(resource, 1)
 
 
-# Never set: a waiting set's pause between looks.
-_PAUSE = threading.Event()
-
-
 def wait_in_line(
     core: LockCore,
-    notify: Callable[[str, int], Any],
+    queue: WaitQueue,
     ordered: list[Ask],
     wait: float,
     asked: Callable[[dict[str, int] | None], Any],
 ) -> Any:
     """Places in every member's line (``join_lines``), then ``asked(places)``
-    every poll interval until the set is granted or ``wait`` runs out; the
-    places left are deleted however it ends. Returns the last answer and the
-    rows ``join_lines`` made (a refused set deletes them)."""
-    places, made = join_lines(core, ordered, wait)
-    until = time.monotonic() + wait
-    result = None
-    try:
-        while True:
-            result = asked(places)
-            left = until - time.monotonic()
-            if result.acquired or left <= 0:
-                return result, made
-            _PAUSE.wait(min(left, core.settings.wait_poll_interval))
-    finally:
-        granted = result is not None and result.acquired
-        leave_lines(core, notify, places, wake=not granted)
+    each time a release wakes the set, or after the line's pause (as a
+    single waiter's: the holder's expiry, else the poll interval), until the
+    set is granted or ``wait`` runs out; the places left are deleted however
+    it ends. Returns the last answer and the rows ``join_lines`` made (a
+    refused set deletes them)."""
+    listener = queue.start_wakers()
+    # Subscribed before the places are taken: a release between the two
+    # still rings.
+    with queue.wakeups.subscribe_all([ask.resource for ask in ordered]) as woken:
+        places, made = join_lines(core, ordered, wait)
+        for resource, place in places.items():
+            woken[resource].waiter_id = place  # the head named by a release
+        doorbell = woken[ordered[0].resource].event
+        until = time.monotonic() + wait
+        result = None
+        try:
+            while True:
+                result = asked(places)
+                left = until - time.monotonic()
+                if result.acquired or left <= 0:
+                    return result, made
+                doorbell.wait(min(left, queue.pause(result, listener)))
+                doorbell.clear()  # before the next look: a later ring is kept
+        finally:
+            granted = result is not None and result.acquired
+            leave_lines(core, queue.notify_released, places, wake=not granted)

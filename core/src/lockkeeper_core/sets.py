@@ -78,6 +78,7 @@ from lockkeeper_core.errors import (
 )
 from lockkeeper_core.instrumentation import held_for
 from lockkeeper_core.models import NO_TOKEN
+from lockkeeper_core.queue import WaitQueue
 from lockkeeper_core.results import (
     AcquireResult,
     Event,
@@ -139,18 +140,18 @@ class _Refused(Exception):
 
 
 class Sets:
-    """Handed the core, the waiting line's wake-up (``notify_released``), the
-    worker's answer to one refused acquire (``Commands.answer``: the refusal
-    decided from the outcome, then its second look)."""
+    """Handed the core, the waiting line, the worker's answer to one refused
+    acquire (``Commands.answer``: the refusal, then its second look)."""
 
     def __init__(
         self,
         core: LockCore,
-        notify_released: Callable[[str, int], Any],
+        queue: WaitQueue,
         answer: Callable[[Ask, Outcome], AcquireResult],
     ) -> None:
         self.core = core
-        self._notify = notify_released
+        self.queue = queue
+        self._notify = queue.notify_released
         self._answer = answer
 
     # -- checks ------------------------------------------------------------------
@@ -282,7 +283,7 @@ class Sets:
         result = asked()
         if not result.acquired and wait:
             made = self._create_rows(ordered) if core.dialect != "sqlite" else []
-            result, also = wait_in_line(core, self._notify, ordered, wait, asked)
+            result, also = wait_in_line(core, self.queue, ordered, wait, asked)
         if not result.acquired:
             if wait:  # refused: nothing left behind, as without a wait
                 self._forget_rows(made + also)

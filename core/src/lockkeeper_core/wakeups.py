@@ -48,8 +48,8 @@ class Subscription:
 
     __slots__ = ("event", "waiter_id")
 
-    def __init__(self) -> None:
-        self.event = threading.Event()
+    def __init__(self, event: threading.Event | None = None) -> None:
+        self.event = event if event is not None else threading.Event()
         self.waiter_id: int | None = None  # its place in line, once it has one
 
 
@@ -65,8 +65,8 @@ class Wakeups:
         self._by_resource: dict[str, set[Subscription]] = {}
 
     @contextmanager
-    def subscribe(self, resource: str):
-        subscription = Subscription()
+    def subscribe(self, resource: str, event: threading.Event | None = None):
+        subscription = Subscription(event)
         with self._lock:
             self._by_resource.setdefault(resource, set()).add(subscription)
         try:
@@ -78,6 +78,19 @@ class Wakeups:
                     found.discard(subscription)
                     if not found:
                         del self._by_resource[resource]
+
+    @contextmanager
+    def subscribe_all(self, resources: list[str]):
+        """A request in several lines at once (a set): {resource: subscription},
+        each with its own place (``waiter_id``), all ringing one event: a
+        release of any of them that names the request's place there as the
+        head (or names none) wakes it."""
+        event = threading.Event()
+        with contextlib.ExitStack() as stack:
+            yield {
+                resource: stack.enter_context(self.subscribe(resource, event))
+                for resource in resources
+            }
 
     def wake(self, resource: str, head: int | None = None) -> None:
         with self._lock:
