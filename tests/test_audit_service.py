@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from lockkeeper_core import event_pages
 from lockkeeper_core.errors import InvalidInput
 from lockkeeper_core.pagination import encode_cursor
 from lockkeeper_core.state import Action
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from app.audit import service as audit_service
 from app.audit.service import (
     EventFilter,
     iter_events,
@@ -217,7 +217,7 @@ SPREAD_FILTERS = [
 def test_a_range_read_or_an_id_walk_pages_the_same_events(spread, filters, monkeypatch):
     every = [e for e in iter_events(EventFilter()) if _matches(filters, e)]
     for narrow_below in (1, 10**9):  # always walk the ids; always read the range
-        monkeypatch.setattr(audit_service, "NARROW_RANGE", narrow_below)
+        monkeypatch.setattr(event_pages, "NARROW_RANGE", narrow_below)
         assert all_pages(filters, limit=7) == [e.id for e in every]
         assert [e.id for e in iter_events(filters)] == [e.id for e in every]
 
@@ -273,7 +273,7 @@ def test_sqlite_reads_a_narrow_range_and_walks_the_ids_past_a_wide_one(
     backend, spread, filters, index, monkeypatch
 ):
     _, narrow = page_plan(backend, filters)
-    monkeypatch.setattr(audit_service, "NARROW_RANGE", 1)
+    monkeypatch.setattr(event_pages, "NARROW_RANGE", 1)
     _, wide = page_plan(backend, filters)
     assert index in narrow, narrow
     assert "TEMP B-TREE" in narrow, narrow
@@ -289,7 +289,7 @@ def test_other_planners_get_one_statement_however_wide_the_range(
 ):
     # They estimate a range from statistics: nothing is counted first.
     narrow_statements, _ = page_plan(backend, filters)
-    monkeypatch.setattr(audit_service, "NARROW_RANGE", 1)
+    monkeypatch.setattr(event_pages, "NARROW_RANGE", 1)
     wide_statements, _ = page_plan(backend, filters)
     assert len(narrow_statements) == 1
     assert narrow_statements == wide_statements

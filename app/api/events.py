@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 from flask import Response, current_app, g, jsonify, request, stream_with_context
 from lockkeeper_core.errors import InvalidInput
+from lockkeeper_core.event_pages import cursor_event_id
 from lockkeeper_core.pagination import read_cursor
 from lockkeeper_core.queue import client_still_there
 from lockkeeper_core.validation import MAX_BIGINT, client_integer
@@ -17,7 +18,7 @@ from app.api.blueprint import bp
 from app.api.schemas import event_to_json
 from app.api.shapes import query
 from app.audit.follow import FollowWakeup, follow_step, start_position
-from app.audit.service import EventFilter, cursor_event_id, list_events
+from app.audit.service import EventFilter, list_events
 from app.errors import problem
 from app.extensions import db, lock_service
 

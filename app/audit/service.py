@@ -1,8 +1,5 @@
-"""Reading the audit log: filters, keyset pagination, streaming.
-
-Events are ordered newest first by id: ids grow with every insert, so ``id < cursor``
-pages through ties in ``occurred_at`` without gaps or repeats.
-"""
+"""Reading the audit log: pages and exports (``lockkeeper_core.event_pages``, on
+the server's engine), how long grants lasted, retention."""
 
 from __future__ import annotations
 
@@ -11,21 +8,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from lockkeeper_core import validation
+from lockkeeper_core import event_pages
 from lockkeeper_core.errors import InvalidInput
-from lockkeeper_core.follow import BY_PREFIX, BY_TIME, EventFilter
+from lockkeeper_core.follow import EventFilter
 from lockkeeper_core.models import LockEvent, LockSession
-from lockkeeper_core.pagination import (
-    DEFAULT_PAGE,
-    fetch_page,
-    page_limit_error,
-    read_cursor,
-    starts_with,
-)
+from lockkeeper_core.pagination import DEFAULT_PAGE
 from lockkeeper_core.results import Event, Page
 from lockkeeper_core.state import Action
 from sqlalchemy import (
-    Connection,
     Select,
     and_,
     bindparam,
@@ -57,121 +47,15 @@ events = LockEvent.__table__
 _sessions = LockSession.__table__
 
 
-# SQLite keeps no histograms, so it cannot tell a rare prefix or a short
-# window from a common one: offered either range it reads the whole range and
-# sorts it by id (100,000 events under "job:"), offered none it walks the ids
-# newest first past every other event (all 1,000,000 for a rare prefix). A
-# range of fewer events than this is read and sorted in a few milliseconds;
-# past it its events are common enough that the walk meets a page of them soon.
-NARROW_RANGE = 5000
-
-
-def _newest_first(conn: Connection, filters: EventFilter) -> Select:
-    """The events matching ``filters``, newest first.
-
-    On SQLite the planner is offered the index range of the prefix or of the
-    time window only when it holds fewer than ``NARROW_RANGE`` events (the
-    smaller of the two). Otherwise it walks the ids newest first (or the
-    owner's, the actor's...); from the top when fewer than ``NARROW_RANGE``
-    events came after the window, else (an old, wide window) from the window's
-    newest id down to its oldest, found in one pass over its index, not past
-    every newer event. One statement counts all three, each up to
-    ``NARROW_RANGE``, on its index alone."""
-    if conn.dialect.name != "sqlite":
-        return filters.apply(select(events)).order_by(events.c.id.desc())
-    window = _window(filters)
-    counted = {}
-    if filters.prefix:
-        counted[BY_PREFIX] = starts_with(events.c.resource, filters.prefix)
-    if window is not None:
-        counted[BY_TIME] = window
-    if filters.until is not None:
-        counted[_AFTER_WINDOW] = events.c.occurred_at >= filters.until
-    sizes = {}
-    if counted:
-        found = conn.execute(_at_most_narrow(counted)).one()
-        sizes = dict(zip(counted, found, strict=True))
-    narrow = [
-        index
-        for index in (BY_PREFIX, BY_TIME)
-        if sizes.get(index, NARROW_RANGE) < NARROW_RANGE
-    ]
-    read_by = min(narrow, key=sizes.__getitem__, default=None)
-    query = filters.apply(select(events), read_by=read_by)
-    if read_by != BY_TIME and sizes.get(_AFTER_WINDOW, 0) >= NARROW_RANGE:
-        first, last = conn.execute(
-            select(func.min(events.c.id), func.max(events.c.id)).where(window)
-        ).one()
-        # None (every event pruned since it was counted) matches nothing.
-        query = query.where(events.c.id.between(first, last))
-    return query.order_by(events.c.id.desc())
-
-
-# Counted with the ranges: the events after the window (``_newest_first``).
-_AFTER_WINDOW = "after the window"
-
-
-def _window(filters: EventFilter) -> Any:
-    """``filters``' time window, as its index reads it; None without one."""
-    bounds = []
-    if filters.since is not None:
-        bounds.append(events.c.occurred_at >= filters.since)
-    if filters.until is not None:
-        bounds.append(events.c.occurred_at < filters.until)
-    return and_(*bounds) if bounds else None
-
-
-def _at_most_narrow(ranges: dict[str, Any]) -> Select:
-    """How many events match each of ``ranges``, counting up to
-    ``NARROW_RANGE``."""
-    return select(
-        *(
-            select(func.count())
-            .select_from(
-                select(events.c.id).where(where).limit(NARROW_RANGE).subquery()
-            )
-            .scalar_subquery()
-            for where in ranges.values()
-        )
-    )
-
-
-def cursor_event_id(position: dict[str, Any]) -> int:
-    """The event id a cursor's position holds (client input: a JSON integer)."""
-    found = position["id"]
-    if (
-        isinstance(found, bool)
-        or not isinstance(found, int)
-        or not 0 < found <= validation.MAX_BIGINT
-    ):
-        raise ValueError(found)
-    return found
-
-
 def list_events(
     filters: EventFilter | None = None,
     *,
     limit: Any = DEFAULT_PAGE,
     cursor: str | None = None,
 ) -> Page[Event]:
-    """One page of events matching ``filters``, newest first."""
-    filters = filters or EventFilter()
-    filters.validate()
-    limit_error = page_limit_error(limit)
-    if limit_error:
-        raise InvalidInput([("limit", limit_error)])
-    before = None
-    if cursor is not None:
-        try:
-            before = read_cursor(cursor, cursor_event_id)
-        except ValueError as exc:
-            raise InvalidInput([("cursor", str(exc))]) from None
-    with db.engine.connect() as conn:
-        query = _newest_first(conn, filters)
-        if before is not None:
-            query = query.where(events.c.id < before)
-        rows, next_cursor = fetch_page(conn, query, limit, lambda row: {"id": row.id})
-    return Page([Event.from_row(row) for row in rows], next_cursor)
+    """One page of events matching ``filters``, newest first
+    (``lockkeeper_core.event_pages`` on the server's engine)."""
+    return event_pages.list_events(db.engine, filters, limit=limit, cursor=cursor)
 
 
 def newest_event_id(resource: str | None = None) -> int:
@@ -217,7 +101,7 @@ def iter_events(
     filters = filters or EventFilter()
     filters.validate()
     with db.engine.connect() as conn:
-        query = _newest_first(conn, filters)
+        query = event_pages.newest_first(conn, filters)
         result = conn.execution_options(yield_per=batch).execute(query)
         for row in result:
             yield Event.from_row(row)

@@ -23,9 +23,11 @@ refused here as the API's guard refuses them, and quotas, freezes and a token
 revoked or expired by the grant are decided in the grant's transaction,
 exactly as over HTTP.
 
-``watch()`` (``GET /events?follow=true``) is served in process too, read from
-the events table (``EventStream``). Not served: pages of the audit log, lists
-and the operator's actions; they need the server (a 501 problem names it).
+The audit log is served in process too, read from the events table as the
+server reads it: its pages (``GET /events``, ``GET /locks/<resource>/events``,
+``lockkeeper_core.event_pages``) and ``watch()`` (``GET /events?follow=true``,
+``EventStream``). Not served: the lists of locks and the operator's actions;
+they need the server (a 501 problem names it).
 
 The asyncio transport never blocks the event loop: each request runs the core
 in a thread of its own pool; a waiting acquire whose caller is cancelled stops
@@ -64,6 +66,7 @@ from lockkeeper_core.errors import (
     NotOwner,
     TokenEnded,
 )
+from lockkeeper_core.event_pages import cursor_event_id, list_events, page_query
 from lockkeeper_core.event_streams import AsyncEventStream, EventStream
 from lockkeeper_core.follow import (
     EventFilter,
@@ -71,6 +74,7 @@ from lockkeeper_core.follow import (
 )
 from lockkeeper_core.identity import TOKEN_CACHE_SECONDS, Tokens
 from lockkeeper_core.in_transaction import InTransaction, in_transaction_commands
+from lockkeeper_core.pagination import read_cursor
 from lockkeeper_core.schema import require_schema
 from lockkeeper_core.service import LockService
 from lockkeeper_core.validation import MAX_BIGINT, client_integer
@@ -80,9 +84,8 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # A followed stream's look at the events between wake-ups, as the server's
 # ``LOCKKEEPER_STREAM_POLL_INTERVAL`` (PostgreSQL's NOTIFY wakes it sooner).
 STREAM_POLL_INTERVAL = 0.1
-# What a followed stream may be narrowed by (the query of ``GET /events``).
-EVENT_FILTERS = ("resource", "prefix", "owner", "action", "actor")
 EVENT_STREAM = "text/event-stream"
+PROBLEM = "application/problem+json"
 
 
 class Answer:
@@ -155,7 +158,7 @@ def _problem(
     return Answer(
         status,
         body,
-        {"Content-Type": "application/problem+json", **(headers or {})},
+        {"Content-Type": PROBLEM, **(headers or {})},
     )
 
 
@@ -188,6 +191,27 @@ def _rejoin(fields: dict[str, Any]) -> bool:
     if not isinstance(value, bool):
         raise InvalidInput([("rejoin", "must be true or false")])
     return value
+
+
+def _start_after(headers: Any, cursor: str | None) -> int | None:
+    """Where a followed stream starts: after ``Last-Event-ID`` (a reconnecting
+    client), else after ``cursor`` (an event id, or a page's ``next_cursor``),
+    else (None) after the newest event now, as the server's stream starts."""
+    last = headers.get("Last-Event-ID")
+    if last is not None:
+        after = client_integer(last, minimum=0, maximum=MAX_BIGINT)
+        if after is None:
+            raise InvalidInput([("Last-Event-ID", "must be an event id")])
+        return after
+    if cursor is None:
+        return None
+    after = client_integer(cursor, minimum=0, maximum=MAX_BIGINT)
+    if after is not None:
+        return after
+    try:
+        return read_cursor(cursor, cursor_event_id)
+    except ValueError as exc:
+        raise InvalidInput([("cursor", str(exc))]) from None
 
 
 class Embedded:
@@ -297,6 +321,9 @@ class Embedded:
                 {"Retry-After": "1"},
             )
         answer.path = path
+        if answer.headers.get("Content-Type") == PROBLEM:
+            # As the server's problems name the path asked (``app.errors``).
+            answer.body["instance"] = unquote(API_PREFIX + path)
         return answer
 
     def _answer(
@@ -340,6 +367,11 @@ class Embedded:
                 if len(parts) == 3:
                     if parts[2] == "holders" and method == "GET":
                         return _json(200, self._holders(resource))
+                    if parts[2] == "events" and method == "GET":
+                        _, limit, cursor = page_query(query, filters=())
+                        return self._page(
+                            {"resource": resource}, identity, limit, cursor
+                        )
                 elif method == "POST":
                     return self._acquire(
                         resource, fields, identity, credential.strip(), still_wanted
@@ -361,16 +393,15 @@ class Embedded:
                 return self._session(parts[1:], method, fields, identity)
             elif parts == ["sets"]:
                 return self._set(method, fields, identity)
-            elif parts == ["events"] and method == "GET" and query.get("follow"):
-                return self._follow(query, headers, identity)
+            elif parts == ["events"] and method == "GET":
+                return self._events(query, headers, identity)
         except LockError as exc:
             return self._refused(exc, releasing=method == "DELETE")
         return _problem(
             501,
             "Not served in process",
             f"{method} {API_PREFIX}{path} needs the Lockkeeper server (the "
-            "embedded mode serves locks, sets, sessions and the followed event "
-            "stream only)",
+            "embedded mode serves locks, sets, sessions and the audit log only)",
         )
 
     def _refused(self, exc: LockError, *, releasing: bool = False) -> Answer:
@@ -467,44 +498,27 @@ class Embedded:
         )
         return Answer(204)
 
-    def _follow(self, query, headers, identity) -> Answer:
-        """``GET /events?follow=true``: the audit log as it is written, as the
-        server's stream gives it (Server-Sent Events, the same messages), read
-        from the events table in this process (``lockkeeper_core.follow``)."""
-        unknown = sorted(set(query) - {"follow", "cursor", *EVENT_FILTERS})
-        if unknown:
-            raise InvalidInput([(name, "is not a parameter here") for name in unknown])
-        if query["follow"] not in ("true", "false"):
-            raise InvalidInput([("follow", "must be true or false")])
-        if query["follow"] == "false":
-            return _problem(
-                501,
-                "Not served in process",
-                "pages of events need the Lockkeeper server; follow=true is "
-                "served in process",
-            )
+    def _events(self, query, headers, identity) -> Answer:
+        """``GET /events``: a page of the audit log, newest first, or with
+        ``follow=true`` the log as it is written (Server-Sent Events, the
+        server's messages), both read from the events table in this process,
+        the query read and the events narrowed to the token's scope as the
+        server reads and narrows them."""
         resource = query.get("resource")
         if resource is not None and not identity.covers(resource):
             return _problem(
                 403, "Forbidden", "the resource is outside this API token's scope"
             )
-        filters = EventFilter(
-            **{name: query.get(name) for name in EVENT_FILTERS},
-            scope=identity.prefixes,
+        follow = query.get("follow", "false")
+        found, limit, cursor = page_query(
+            {name: value for name, value in query.items() if name != "follow"}
         )
+        if follow not in ("true", "false"):
+            raise InvalidInput([("follow", "must be one of true, false")])
+        if follow == "false":
+            return self._page(found, identity, limit, cursor)
+        filters = EventFilter(**found, scope=identity.prefixes)
         filters.validate()
-        # Where to start: after ``Last-Event-ID`` (a reconnecting client), else
-        # after the ``cursor`` event id, else after the newest event now.
-        after = None
-        for name, given in (
-            ("Last-Event-ID", headers.get("Last-Event-ID")),
-            ("cursor", query.get("cursor")),
-        ):
-            if given is not None:
-                after = client_integer(given, minimum=0, maximum=MAX_BIGINT)
-                if after is None:
-                    raise InvalidInput([(name, "must be an event id")])
-                break
         return Answer(
             200,
             headers={"Content-Type": EVENT_STREAM, "Cache-Control": "no-store"},
@@ -514,8 +528,25 @@ class Embedded:
                 self.stream_poll,
                 self.streams,
                 filters,
-                start_position(self.engine, after),
+                start_position(self.engine, _start_after(headers, cursor)),
             ),
+        )
+
+    def _page(self, found, identity, limit, cursor) -> Answer:
+        """One page of events (``lockkeeper_core.event_pages``), as the
+        server's ``{"events": [...], "next_cursor": ...}``."""
+        page = list_events(
+            self.engine,
+            EventFilter(**found, scope=identity.prefixes),
+            limit=limit,
+            cursor=cursor,
+        )
+        return _json(
+            200,
+            {
+                "events": [wire.event_to_json(event) for event in page.items],
+                "next_cursor": page.next_cursor,
+            },
         )
 
     def _set(self, method, fields, identity) -> Answer:
