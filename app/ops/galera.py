@@ -18,6 +18,10 @@ What the service needs from the node (docs/deploy.md, "Galera"):
   cache a node hands out values from a block it reserved before another
   node's draws, and the fences of a resource granted by several nodes can go
   backwards.
+- The fences of grant events unique (``uq_lock_events_granted_fence``, which
+  migration 0040 adds on a Galera node): two nodes can draw the same fence
+  while one leaves or joins (their offsets of different cluster sizes), and
+  certification compares a unique key, never the sequence's draws.
 
 Off Galera (``wsrep_on`` OFF, or a server without it) nothing is checked.
 """
@@ -27,6 +31,16 @@ from __future__ import annotations
 from lockkeeper_core.engine import GALERA_SYNC_WAIT
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import SQLAlchemyError
+
+GRANTED_FENCES_INDEX = "uq_lock_events_granted_fence"
+# What revision 0040 runs on a Galera node whose log holds no fence granted
+# twice (it starts the column above the largest one that is).
+GRANTED_FENCES_DDL = (
+    "ALTER TABLE lock_events ADD COLUMN granted_fence BIGINT AS (CASE WHEN"
+    " action IN ('acquired', 'took_over', 'claimed', 'force_claimed') AND"
+    " fence > 0 THEN fence END) VIRTUAL, ADD UNIQUE INDEX"
+    f" {GRANTED_FENCES_INDEX} (granted_fence)"
+)
 
 
 class UnsafeGaleraNode(RuntimeError):
@@ -87,7 +101,28 @@ def galera_problems(conn: Connection) -> list[str] | None:
             " already upgraded off Galera, `ALTER SEQUENCE lock_fence_seq"
             " INCREMENT BY 0 NOCACHE` on one node"
         )
+    if not _has_index(conn, "lock_events", GRANTED_FENCES_INDEX):
+        problems.append(
+            f"lock_events has no unique index {GRANTED_FENCES_INDEX}: two nodes"
+            " could grant the same fence while one leaves or joins. Run"
+            " `lockkeeper db upgrade` (revision 0040 adds it on a Galera node),"
+            " or, on a database already upgraded off Galera, on one node:"
+            f" {GRANTED_FENCES_DDL}"
+        )
     return problems
+
+
+def _has_index(conn: Connection, table: str, name: str) -> bool:
+    return bool(
+        conn.execute(
+            text(
+                "SELECT COUNT(*) FROM information_schema.STATISTICS"
+                " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :table"
+                " AND INDEX_NAME = :name AND NON_UNIQUE = 0"
+            ),
+            {"table": table, "name": name},
+        ).scalar()
+    )
 
 
 def refuse_unsafe_galera(app) -> None:
@@ -112,6 +147,6 @@ def refuse_unsafe_galera(app) -> None:
         app.logger.critical("start: %s", message)
         raise UnsafeGaleraNode(message)
     app.logger.info(
-        "start: on a Galera node; wsrep_sync_wait, durability and the fence"
-        " sequence are as the service needs them"
+        "start: on a Galera node; wsrep_sync_wait, durability, the fence"
+        " sequence and the unique granted fences are as the service needs them"
     )

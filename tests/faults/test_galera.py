@@ -2,14 +2,15 @@
 through the service layer with one app per node (multi-writer).
 
 Each test shows on the real cluster what failed there before its fix. The schema
-installs (migration 0034's sequence, 0038 without its cache, under traffic),
-fences of one resource increase across nodes (exclusive grants, places,
-shared and session-bound grants; also after a purge), a semaphore admits no
-more places than its limit across nodes (the places path writes the
-resource's row), the guard conflicts with a take-over from another node
-(0035), a follower reading one node misses no event committed late on
-another, the service sets and checks the node settings it needs, and the fault
-harness finds no violation with one writing node.
+installs (migration 0034's sequence, 0038 without its cache and 0040's unique
+granted fences, under traffic), fences of one resource increase across nodes
+(exclusive grants, places, shared and session-bound grants; also after a
+purge), a semaphore admits no more places than its limit across nodes (the
+places path writes the resource's row), no fence is granted twice while nodes
+draw at the offsets of two views (0040), the guard conflicts with a take-over
+from another node (0035), a follower reading one node misses no event
+committed late on another, the service sets and checks the node settings it
+needs, and the fault harness finds no violation with one writing node.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 
+import pymysql
 import pytest
 from lockkeeper_core.engine import GALERA_SYNC_WAIT
 from lockkeeper_core.errors import ServiceBusy
@@ -98,13 +100,14 @@ def _release(app, resource: str, owner: str) -> None:
         lock_service().release(resource, owner)
 
 
-def test_the_schema_installs_on_a_galera_cluster_and_0038_runs_under_traffic(
+def test_the_schema_installs_on_a_galera_cluster_and_0038_0040_run_under_traffic(
     galera, tmp_path
 ):
     """Migration 0001 created the fence sequence with a cache and INCREMENT BY
     1, which Galera refuses (error 1235); it is INCREMENT BY 0 now. 0038 takes
-    its cache away on a Galera node while two nodes grant: the grants it
-    aborts are retried, and the fences of each resource increase across it."""
+    its cache away on a Galera node while two nodes grant, and 0040 adds the
+    unique index of granted fences: the grants they abort are retried, and the
+    fences of each resource increase across them."""
     cluster, _apps = galera
     with cluster.nodes[0].connect() as conn, conn.cursor() as cursor:
         cursor.execute("CREATE DATABASE lk_fresh")
@@ -122,8 +125,9 @@ def test_the_schema_installs_on_a_galera_cluster_and_0038_runs_under_traffic(
             )
             assert tuple(cached.one()) == (0, 1000)
             # What a server started now would refuse to start with.
-            (problem,) = galera_problems(conn)
-            assert "with a cache of 1000" in problem, problem
+            cache, index = galera_problems(conn)
+            assert "with a cache of 1000" in cache, cache
+            assert "no unique index uq_lock_events_granted_fence" in index, index
         stop, upgraded = threading.Event(), threading.Event()
         # Grants asked for once the upgrade was done: (granted at, fence); and
         # before it, only counted.
@@ -457,6 +461,165 @@ def test_fences_of_places_and_shared_grants_increase_under_contention_across_nod
     assert total >= 20, f"{measured}; errors: {dict(errors)}"
     assert not backwards, f"{len(backwards)} went backwards ({measured}): {backwards}"
     assert not errors, f"{measured}; errors: {dict(errors)}"
+
+
+GRANT_ACTIONS = ("acquired", "took_over", "claimed", "force_claimed")
+
+
+def _granted_twice(node, prefix: str) -> dict[int, str]:
+    """The fences that more than one grant event under ``prefix`` names, with
+    the resources they went to."""
+    with node.connect() as conn, conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT fence, GROUP_CONCAT(resource ORDER BY id) FROM lock_events"
+            f" WHERE resource LIKE %s AND action IN {GRANT_ACTIONS}"
+            " GROUP BY fence HAVING COUNT(*) > 1",
+            (prefix + "%",),
+        )
+        return dict(cursor.fetchall())
+
+
+def _offsets(node) -> tuple[int, int]:
+    with node.connect() as conn, conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT @@global.auto_increment_increment, @@global.auto_increment_offset"
+        )
+        return cursor.fetchone()
+
+
+def _set_offsets(node, increment: int, offset: int) -> None:
+    with node.connect() as conn, conn.cursor() as cursor:
+        cursor.execute(
+            "SET GLOBAL auto_increment_increment = %s, auto_increment_offset = %s",
+            (increment, offset),
+        )
+
+
+def test_no_fence_is_granted_twice_while_nodes_draw_at_offsets_of_two_views(galera):
+    """Galera sets each node's ``auto_increment_increment`` (the cluster's size)
+    and ``auto_increment_offset`` anew when a node leaves or joins, and the
+    fence sequence (``INCREMENT BY 0``) draws at them. Across a view change a
+    node can draw at the old view's while another draws at the new one's: a
+    multi-writer fault run granted fence 525 (3 x 175, offset 3 of 3; and
+    offset 1 of 2) to two resources around a node's rejoin. Here node 1 draws
+    as in a view of two nodes (odd values) for the whole test, nodes 0 and 2 as
+    in the view of three (1 and 0 mod 3), while threads on every node grant
+    exclusive locks of new resources and places of semaphores.
+
+    Certification never compares the sequence's draws, so on the code before
+    0040 both grants of a fence committed: duplicates within seconds. The
+    fences of grant events are a unique key on Galera now (0040): of two
+    grants of one fence the cluster orders second, or the one on a node that
+    applied the other, fails (1213 or 1062) and is retried with a new draw."""
+    cluster, apps = galera
+    prefix = "galera:once:"
+    saved = _offsets(cluster.nodes[1])
+    granted: dict[int, tuple[str, str]] = {}
+    twice: list[tuple[int, str, str]] = []
+    busy: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    stop = threading.Event()
+    deadline = time.monotonic() + 30
+    aborts_before = _aborts(cluster)
+    guard = threading.Lock()
+
+    def note(result, resource: str) -> None:
+        if not result.acquired or result.action is Action.REACQUIRED:
+            return
+        with guard:
+            other = granted.setdefault(result.lock.fence, (resource, result.action))
+            if other[0] != resource:
+                twice.append((result.lock.fence, other[0], resource))
+                stop.set()
+
+    def work(app, name: str) -> None:
+        turn = 0
+        while not stop.is_set() and time.monotonic() < deadline:
+            turn += 1
+            for resource, kind in (
+                (f"{prefix}{name}:{turn}", {}),
+                (f"{prefix}{name}:places", {"limit": 2}),
+            ):
+                try:
+                    with app.app_context():
+                        result = lock_service().acquire(resource, name, ttl=60, **kind)
+                        note(result, resource)
+                        if result.acquired:
+                            lock_service().release(resource, name)
+                except ServiceBusy:
+                    busy[name] += 1
+                except Exception as exc:  # noqa: BLE001 - counted and reported
+                    errors[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
+            if len(granted) >= 400:
+                stop.set()
+
+    _set_offsets(cluster.nodes[1], 2, 1)
+    try:
+        threads = [
+            threading.Thread(target=work, args=(app, f"{node}-{n}"))
+            for node, app in enumerate(apps)
+            for n in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        _set_offsets(cluster.nodes[1], *saved)
+    in_log = _granted_twice(cluster.nodes[0], prefix)
+    measured = (
+        f"{len(granted)} fences granted, {_aborts(cluster) - aborts_before}"
+        f" transactions aborted for another node's write, {sum(busy.values())}"
+        " ServiceBusy"
+    )
+    print(measured)
+    assert not twice, f"fences granted twice ({measured}): {twice[:5]}"
+    assert not in_log, f"in the log ({measured}): {in_log}"
+    assert len(granted) >= 100, f"{measured}; errors: {dict(errors)}"
+    assert not errors, f"{measured}; errors: {dict(errors)}"
+    # Every node applied every grant: none failed to apply a duplicate (which
+    # would have made it leave the cluster as inconsistent).
+    for node in cluster.nodes:
+        assert node.status("wsrep_local_state_comment") == "Synced", node.name
+        assert node.status("wsrep_cluster_size") == str(len(cluster.nodes))
+
+
+def test_0040_starts_above_a_fence_a_log_already_holds_twice(galera, tmp_path):
+    """A log written by several nodes before 0040 may name a fence in two
+    grants: the unique index could not be built over it. The column starts
+    above the largest such fence, and a fence above it is granted once."""
+    cluster, _apps = galera
+    node = cluster.nodes[0]
+    with node.connect() as conn, conn.cursor() as cursor:
+        cursor.execute("CREATE DATABASE lk_twice")
+    app = _app(cluster.url(node, database="lk_twice"), str(tmp_path / "twice"))
+    insert = (
+        "INSERT INTO lock_events (resource, action, owner, fence, occurred_at)"
+        " VALUES (%s, %s, 'w', %s, UTC_TIMESTAMP(6))"
+    )
+    try:
+        upgrade(app, "0039")
+        with node.connect(database="lk_twice") as conn, conn.cursor() as cursor:
+            for resource, action, fence in (
+                ("sem:0", "acquired", 525),
+                ("rw:0", "took_over", 525),
+                ("rw:0", "renewed", 525),
+                ("rw:1", "acquired", 600),
+            ):
+                cursor.execute(insert, (resource, action, fence))
+        upgrade(app)
+        with app.app_context(), db.engine.connect() as conn:
+            assert galera_problems(conn) == []
+        with node.connect(database="lk_twice") as conn, conn.cursor() as cursor:
+            cursor.execute(insert, ("rw:2", "acquired", 525))
+            with pytest.raises(pymysql.err.IntegrityError, match="1062|Duplicate"):
+                cursor.execute(insert, ("rw:2", "claimed", 600))
+            cursor.execute(insert, ("rw:1", "released", 600))
+    finally:
+        app.extensions["lockkeeper.refusals"].stop()
+        _dispose(app)
+        with node.connect() as conn, conn.cursor() as cursor:
+            cursor.execute("DROP DATABASE lk_twice")
 
 
 def test_a_guarded_write_never_commits_past_a_take_over_on_another_node(galera):
