@@ -109,13 +109,23 @@ def register_database_error_handlers(app: Flask) -> None:
 
 
 def database_unavailable(exc: Exception):
+    from lockkeeper_core import wire
+    from lockkeeper_core.errors import ServiceBusy
+
     from app.extensions import db
 
     db.session.rollback()
     current_app.logger.warning("database unavailable: %s", type(exc).__name__)
     if wants_problem():
+        # Busy (writers kept it locked, or conflicts kept aborting) or gone:
+        # either is retried later, and the type says which.
+        kind = (
+            wire.SERVICE_BUSY
+            if isinstance(exc, ServiceBusy)
+            else wire.DATABASE_UNAVAILABLE
+        )
         response = problem(
-            503, "Service Unavailable", "the lock database is not answering"
+            503, "Service Unavailable", "the lock database is not answering", type=kind
         )
     else:
         response = current_app.make_response(

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from flask import Response, current_app, g, jsonify, request, stream_with_context
+from lockkeeper_core import wire
 from lockkeeper_core.errors import InvalidInput
 from lockkeeper_core.event_pages import cursor_event_id
 from lockkeeper_core.pagination import read_cursor
@@ -161,7 +162,10 @@ def _follow(filters: EventFilter, cursor: str | None) -> Response:
     stopping = _stopping(current_app)
     if stopping.is_set():
         response = problem(
-            503, "Server stopping", "this server is shutting down; reconnect"
+            503,
+            "Server stopping",
+            "this server is shutting down; reconnect",
+            type=wire.SERVER_STOPPING,
         )
         response.headers["Retry-After"] = "1"
         return response
@@ -175,6 +179,7 @@ def _follow(filters: EventFilter, cursor: str | None) -> Response:
             f"this API token already has {_streams().per_token} event streams open"
             f" on this server ({release}); close one, or poll /api/v1/events",
             setting=release,
+            type=wire.TOO_MANY_STREAMS,
         )
         response.headers["Retry-After"] = "5"
         return response
@@ -185,6 +190,7 @@ def _follow(filters: EventFilter, cursor: str | None) -> Response:
             f"this server already has {_streams().limit} event streams open"
             " (LOCKKEEPER_MAX_STREAMS); retry later, or poll /api/v1/events",
             setting="LOCKKEEPER_MAX_STREAMS",
+            type=wire.TOO_MANY_STREAMS,
         )
         response.headers["Retry-After"] = "5"
         return response

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from flask import Response, g, jsonify, request
+from lockkeeper_core import wire
 from lockkeeper_core.errors import InvalidInput
 from lockkeeper_core.filters import ENTRIES_GRANTS
 from lockkeeper_core.queue import client_still_there
@@ -65,6 +66,7 @@ def acquire_lock(resource: str):
             503,
             "Lock changed hands",
             "the lock changed while deciding; retry now",
+            type=wire.LOCK_CHANGED_HANDS,
             **kept,
         )
         response.headers["Retry-After"] = "1"

@@ -16,6 +16,7 @@ other request is answered 503 with ``Retry-After`` and the revisions named
 from __future__ import annotations
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from lockkeeper_core import wire
 from lockkeeper_core.schema import SchemaCheck, SchemaState
 from sqlalchemy import text
 from sqlalchemy.exc import (
@@ -112,7 +113,9 @@ def _schema_unavailable(detail: str, named: dict[str, str]):
     ``/healthz``, a page to a browser. Returned, not raised, so that it serves
     an error handler as well as ``before_request``."""
     if request.path.startswith("/api/") or request.endpoint == "ops.healthz":
-        response = problem(503, "Service Unavailable", detail, **named)
+        response = problem(
+            503, "Service Unavailable", detail, type=wire.SCHEMA_NOT_READY, **named
+        )
         response.headers["Retry-After"] = NOT_READY_RETRY_AFTER
         return _no_store(response)
     return html_error(
@@ -155,7 +158,9 @@ def healthz():
         detail, state = found
         if state is not None:
             return not_ready(state)
-        response = problem(503, "Service Unavailable", detail)
+        response = problem(
+            503, "Service Unavailable", detail, type=wire.DATABASE_UNAVAILABLE
+        )
         response.headers["Retry-After"] = NOT_READY_RETRY_AFTER
         return _no_store(response)
     return _no_store(jsonify(status="ok", database="ok"))

@@ -67,8 +67,15 @@ DEFAULT_TIMEOUT = 10.0
 # Gateways answer 502/504 when the app behind them restarts; the app answers 503
 # when its database does not.
 TRANSIENT_STATUSES = frozenset({502, 503, 504})
-# The title of the server's 503 for "too many waiting acquires in this worker".
+# The server's problem types (``urn:lockkeeper:problem:<kind>``) say which 503 it
+# is; of them only these two are not "try later": they answer the acquire.
+PROBLEM_TYPE_PREFIX = "urn:lockkeeper:problem:"
+ROOM_FULL_KIND = "waiting-room-full"  # this worker's waiting room: poll instead
+CHANGED_HANDS_KIND = "lock-changed-hands"  # free again while deciding: ask now
+# The titles of the same two 503s, for a server that sends no type (0.2 and
+# before).
 WAITING_ROOM_FULL = "Too many waiting acquires"
+LOCK_CHANGED_HANDS = "Lock changed hands"
 ACCESS_DENIED_TITLE = "Forbidden"  # the 403 of a token's scope
 # The titles of the server's answers to an acquire in an unknown or expired session.
 SESSION_ENDED = frozenset({"Session not found", "Session expired"})
@@ -255,8 +262,35 @@ def _setting(response: httpx.Response) -> str | None:
     return setting if isinstance(setting, str) else None
 
 
+def problem_kind(response: httpx.Response) -> str | None:
+    """The last part of the server's problem type (``waiting-room-full``, ...),
+    or None when it sends none of its own (``about:blank``, not a problem)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    kind = body.get("type") if isinstance(body, dict) else None
+    if isinstance(kind, str) and kind.startswith(PROBLEM_TYPE_PREFIX):
+        return kind[len(PROBLEM_TYPE_PREFIX) :]
+    return None
+
+
+def _is_503(response: httpx.Response, kind: str, title: str) -> bool:
+    """A 503 of ``kind``; by its ``title`` only from a server that types none."""
+    if response.status_code != 503:
+        return False
+    found = problem_kind(response)
+    return found == kind if found is not None else _title(response) == title
+
+
 def is_waiting_room_full(response: httpx.Response) -> bool:
-    return response.status_code == 503 and _title(response) == WAITING_ROOM_FULL
+    return _is_503(response, ROOM_FULL_KIND, WAITING_ROOM_FULL)
+
+
+def is_lock_changed_hands(response: httpx.Response) -> bool:
+    """The 503 of an acquire whose holder went while the server decided: not
+    an outage, and not a reason to wait (the lock is likely free)."""
+    return _is_503(response, CHANGED_HANDS_KIND, LOCK_CHANGED_HANDS)
 
 
 def _is_access_denied(response: httpx.Response) -> bool:
@@ -332,10 +366,11 @@ def failure(response: httpx.Response, resource: str, operation: str) -> LockClie
 
 
 def acquire_outcome(response: httpx.Response, resource: str) -> AcquireAttempt:
-    """200: granted; 409: refused with the holder; 503 (only returned for a full
-    waiting room): refused, poll instead."""
+    """200: granted; 409: refused with the holder; 503 of a full waiting room:
+    refused, poll instead; 503 "lock changed hands": refused with no holder,
+    ask again now. (Every other 503 is retried, then ``ServiceUnavailable``.)"""
     retry_after = parse_retry_after(response.headers.get("Retry-After"))
-    if response.status_code == 503:
+    if is_waiting_room_full(response):
         return AcquireAttempt(
             False,
             None,
@@ -344,6 +379,14 @@ def acquire_outcome(response: httpx.Response, resource: str) -> AcquireAttempt:
             waiting_room_cap=_setting(response),
             place=_place(response),
         )
+    if is_lock_changed_hands(response):
+        return AcquireAttempt(
+            False, None, None, place=_place(response), changed_hands=True
+        )
+    if response.status_code in TRANSIENT_STATUSES:
+        # Another 503 (busy, gone) here only from a call not retried: an outage
+        # still, never a full room.
+        raise TransientRetries.gave_up("acquire", resource, "", response=response)
     if response.status_code == 200:
         data = _json(response, resource)
         return AcquireAttempt(True, _lock_from(data.get("lock"), resource))
@@ -613,9 +656,13 @@ class TransientRetries:
         return min(timeout, max(self.retry_until - time.monotonic(), 0.1))
 
     def should_retry(self, response: httpx.Response, waiting: bool) -> bool:
-        """A 502/503/504 is retried; a waiting acquire's "room full" 503 is an
-        answer (the caller polls)."""
+        """A 502/503/504 is retried (the database busy or gone, a gateway, a
+        schema being upgraded); a waiting acquire's "room full" 503 and an
+        acquire's "lock changed hands" are answers (the caller polls, or asks
+        again at once)."""
         if waiting and is_waiting_room_full(response):
+            return False
+        if is_lock_changed_hands(response):
             return False
         return response.status_code in TRANSIENT_STATUSES
 
@@ -727,6 +774,8 @@ def contention_delay(
     and by what is left of the wait. A refusal that kept the wait's place in
     line is asked again within ``KEPT_PLACE_POLL``, well before the place
     lapses."""
+    if result.changed_hands:
+        return 0.0  # the holder went while the server decided: free, ask now
     window = min(max_backoff, max_lock_poll, backoff * 2 ** (attempt_number - 1))
     if result.place is not None:
         window = min(window, KEPT_PLACE_POLL)

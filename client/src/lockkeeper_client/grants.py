@@ -128,6 +128,9 @@ class AcquireAttempt:
     # ``place``), or for the wait that ran out (it asked to ``rejoin``): the
     # retry presents it and waits from there, not at the end.
     place: int | None = None
+    # The holder went while the server decided (its "lock changed hands" 503):
+    # ``lock`` is None and the lock likely free; ask again now.
+    changed_hands: bool = False
 
 
 def parse_timestamp(text: str) -> datetime:

@@ -319,6 +319,7 @@ class Embedded:
                 "Database unavailable",
                 f"the lock database did not answer: {type(exc.orig).__name__}",
                 {"Retry-After": "1"},
+                type=wire.DATABASE_UNAVAILABLE,
             )
         answer.path = path
         if answer.headers.get("Content-Type") == PROBLEM:
@@ -447,6 +448,7 @@ class Embedded:
                 "Lock changed hands",
                 "the lock changed while deciding; retry now",
                 {"Retry-After": "1"},
+                type=wire.LOCK_CHANGED_HANDS,
                 **kept,
             )
         retry_after = max(1, int(-(-result.lock.ttl_remaining // 1)))

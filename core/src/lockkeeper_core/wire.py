@@ -64,9 +64,21 @@ STATUS: dict[type[LockError], tuple[int, str]] = {
 }
 
 # Problem types other than about:blank: a URN (names no host), whose last part
-# says what went wrong.
+# says what went wrong. Every 503 has one: a client tells "the waiting room is
+# full" (poll) from "the lock changed while deciding" (ask again now) and from
+# "the database is busy or gone" (back off) by it, not by its title.
+PROBLEM = "urn:lockkeeper:problem:"
+WAITING_ROOM_FULL = PROBLEM + "waiting-room-full"
+LOCK_CHANGED_HANDS = PROBLEM + "lock-changed-hands"
+SERVICE_BUSY = PROBLEM + "service-busy"
+DATABASE_UNAVAILABLE = PROBLEM + "database-unavailable"
+SCHEMA_NOT_READY = PROBLEM + "schema-not-ready"
+SERVER_STOPPING = PROBLEM + "server-stopping"
+TOO_MANY_STREAMS = PROBLEM + "too-many-streams"
 PROBLEM_TYPES: dict[type[LockError], str] = {
-    LimitMismatch: "urn:lockkeeper:problem:limit-mismatch",
+    LimitMismatch: PROBLEM + "limit-mismatch",
+    ServiceBusy: SERVICE_BUSY,
+    WaitersFull: WAITING_ROOM_FULL,
 }
 
 

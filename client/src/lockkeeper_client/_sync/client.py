@@ -155,23 +155,36 @@ class LockClient:
 
         A same-owner acquire of a still-valid lock keeps its fence, so a retry of an
         acquire whose reply was lost does not fence out its own caller.
+
+        A holder that went while the server decided (its "lock changed hands"
+        503) is asked about again at once, up to ``retries`` times, by an
+        acquire without ``wait``; a waiting one returns it (``changed_hands``,
+        ``lock`` None): its caller decides whether time is left to ask again.
         """
-        response, _ = self._send(
-            "POST",
-            resource,
-            json=decisions.acquire_body(
-                owner,
-                ttl,
-                wait,
-                kind=LockKind(limit, shared),
-                session=session,
-                place=place,
-                rejoin=rejoin,
-            ),
-            waiting=float(wait or 0.0),
-            headers=decisions.acquire_headers(wait, place),
-        )
-        return decisions.acquire_outcome(response, resource)
+        changed_hands = 0
+        while True:
+            response, _ = self._send(
+                "POST",
+                resource,
+                json=decisions.acquire_body(
+                    owner,
+                    ttl,
+                    wait,
+                    kind=LockKind(limit, shared),
+                    session=session,
+                    place=place,
+                    rejoin=rejoin,
+                ),
+                waiting=float(wait or 0.0),
+                headers=decisions.acquire_headers(wait, place),
+            )
+            if (
+                wait
+                or changed_hands >= self.retries
+                or not decisions.is_lock_changed_hands(response)
+            ):
+                return decisions.acquire_outcome(response, resource)
+            changed_hands += 1
 
     def renew(
         self,
