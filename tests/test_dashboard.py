@@ -779,7 +779,7 @@ def test_one_format_for_each_kind_of_instant(operator, service, clock):
     """Past instants read "… ago", coming ones "in …" as a countdown; the
     exact instant is on hover; no page prints a bare timestamp for either."""
     service.acquire("job:1", "w1", ttl=100)
-    service.queue.join("job:1", "w2", None, 60)
+    service.queue.join("job:1", "w2", None, 60, mode="exclusive", limit=1)
     service.freeze("job:", actor="olga", reason="migration", duration=None)
     clock.advance(3)
     lock_page = soup(operator.get("/locks/job:1"))

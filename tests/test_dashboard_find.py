@@ -200,8 +200,8 @@ def numbered(service, clock):
     service.acquire("job:short", "w", ttl=2)
     clock.advance(3)  # job:short is stale now
     for _ in range(3):
-        service.queue.join("job:9", "other", None, 60)
-    service.queue.join("jobs", "other", None, 60)
+        service.queue.join("job:9", "other", None, 60, mode="exclusive", limit=1)
+    service.queue.join("jobs", "other", None, 60, mode="exclusive", limit=1)
     return service
 
 
@@ -332,7 +332,7 @@ def test_counts_and_contended_are_the_counts_and_the_contended_count(numbered):
     replaced, a semaphore's places (one entry) and their waiter among them."""
     numbered.acquire("sem:1", "w", limit=2, ttl=100)
     numbered.acquire("sem:1", "v", limit=2, ttl=100)
-    numbered.queue.join("sem:1", "other", None, 60)
+    numbered.queue.join("sem:1", "other", None, 60, mode="exclusive", limit=1)
     for filters in ({}, {"prefix": "job"}, {"prefix": "sem"}, {"owner_contains": "V"}):
         counts, contended = numbered.counts_and_contended(**filters)
         assert counts == numbered.counts(**filters), filters
@@ -351,7 +351,7 @@ def test_a_grouped_views_counts_come_with_its_groups_as_read_apart(numbered, clo
     owner) and shared grants, waiters, every state, under each search."""
     numbered.acquire("sem:1", "w", limit=3, ttl=100)
     numbered.acquire("sem:1", "v", limit=3, ttl=5)
-    numbered.queue.join("sem:1", "other", None, 60)
+    numbered.queue.join("sem:1", "other", None, 60, mode="exclusive", limit=1)
     numbered.acquire("rw:cfg", "v", mode="shared", ttl=100)
     numbered.acquire("rw:cfg", "x:1:a", mode="shared", ttl=100)
     numbered.acquire("job:gone", "v", ttl=100)

@@ -414,7 +414,9 @@ def test_a_place_in_line_is_written_with_its_mode_by_the_insert_that_enqueues(
         try:
             trips = RoundTrips(db.engine)
             measured = trips.measure(
-                lambda: service.queue.join("rt:q", "w-1", None, 5, limit=3)
+                lambda: service.queue.join(
+                    "rt:q", "w-1", None, 5, limit=3, mode="exclusive"
+                )
             )
         finally:
             event.remove(db.engine, "before_cursor_execute", seen)

@@ -142,7 +142,7 @@ def test_a_free_lock_with_a_line_is_refused_to_a_non_waiting_acquire(api, fake_a
     assert released.status_code == 204
     with fake_app.app_context():
         queue = lock_service().queue
-        place = queue.join("q:3", "ghost", None, 5)
+        place = queue.join("q:3", "ghost", None, 5, mode="exclusive", limit=1)
     response = api.post("/api/v1/locks/q:3", json={"owner": "barger"})
     assert response.status_code == 409
     assert response.get_json() == {"acquired": False, "lock": None, "waiters": 1}
@@ -177,7 +177,7 @@ def test_an_expiry_hands_over_to_the_head_of_the_line(locks):
 def test_a_dead_instances_waiter_blocks_no_longer_than_its_deadline(locks):
     assert locks.acquire("q:6", "before", ttl=30).acquired
     locks.release("q:6", "before")
-    dead = locks.queue.join("q:6", "ghost", None, 0.2)
+    dead = locks.queue.join("q:6", "ghost", None, 0.2, mode="exclusive", limit=1)
     deadline = next(w.deadline for w in locks.queue.line("q:6") if w.id == dead)
     result = locks.acquire("q:6", "alive", ttl=30, wait=10)
     assert result.acquired
@@ -643,9 +643,9 @@ def test_the_dashboard_shows_who_waits(fake_app, clock):
     with fake_app.app_context():
         locks = lock_service()
         assert locks.acquire("q:15", "holder", ttl=60).acquired
-        locks.queue.join("q:15", "first", "billing", 20)
+        locks.queue.join("q:15", "first", "billing", 20, mode="exclusive", limit=1)
         clock.advance(2)
-        locks.queue.join("q:15", "second", None, 20)
+        locks.queue.join("q:15", "second", None, 20, mode="exclusive", limit=1)
 
     overview = soup(browser.get("/"))
     assert overview.select_one("#q-15-waiters, .waiters").get_text() == "2 waiting"
@@ -668,7 +668,7 @@ def test_the_dashboard_shows_who_waits(fake_app, clock):
     headers = {**poll, **shown}
     assert browser.get("/locks/q:15?live=1", headers=headers).status_code == 204
     with fake_app.app_context():
-        locks.queue.join("q:15", "third", None, 20)
+        locks.queue.join("q:15", "third", None, 20, mode="exclusive", limit=1)
     again = browser.get("/locks/q:15?live=1", headers=headers)
     assert again.status_code == 200
     assert "third" in again.get_data(as_text=True)
@@ -766,7 +766,7 @@ def test_a_place_written_by_older_code_reads_as_not_recorded(locks):
     places of this code."""
     assert locks.acquire("q:old", "holder", ttl=30).acquired
     older_codes_place(locks, "q:old", "old-code")
-    locks.queue.join("q:old", "new-code", None, 20, mode="shared")
+    locks.queue.join("q:old", "new-code", None, 20, mode="shared", limit=1)
     assert wants(locks, "q:old") == [
         ("old-code", None, None),
         ("new-code", "shared", 1),
@@ -804,10 +804,10 @@ def test_the_lock_page_says_what_each_waiter_wants(fake_app, clock):
         assert locks.acquire("q:16", "writer", ttl=60).acquired
         assert locks.acquire("q:17", "a", ttl=60, limit=4).acquired
         queue = locks.queue
-        queue.join("q:16", "reader-1", None, 20, mode="shared")
-        queue.join("q:16", "reader-2", None, 20, mode="shared")
-        queue.join("q:16", "writer-2", None, 20)
-        queue.join("q:17", "b", None, 20, limit=4)
+        queue.join("q:16", "reader-1", None, 20, mode="shared", limit=1)
+        queue.join("q:16", "reader-2", None, 20, mode="shared", limit=1)
+        queue.join("q:16", "writer-2", None, 20, mode="exclusive", limit=1)
+        queue.join("q:17", "b", None, 20, limit=4, mode="exclusive")
         older_codes_place(locks, "q:16", "old-code")
 
     def rows(resource):
@@ -957,7 +957,9 @@ def test_a_wait_that_runs_out_and_rejoins_keeps_its_place(make_app, monkeypatch)
     place = ran_out.get_json()["place"]
     with app.app_context():
         assert line(lock_service(), "q:48") == ["first"]
-        lock_service().queue.join("q:48", "second", api.token_name, 30)
+        lock_service().queue.join(
+            "q:48", "second", api.token_name, 30, mode="exclusive", limit=1
+        )
     stolen = api.post(
         path, json={"owner": "thief", "wait": 0.1, "place": place, "rejoin": True}
     )
@@ -1075,3 +1077,14 @@ def test_waits_past_a_full_room_are_served_in_order_of_arrival(make_app):
     ]
     assert len(waits) == clients * rounds
     assert max(overtaken) <= 2 * (clients - 1), sorted(overtaken)[-5:]
+
+
+def test_a_place_in_line_names_what_it_waits_for(locks):
+    """``mode`` and ``limit`` are required: a default recorded an exclusive
+    single wait for a caller that passed neither (a reader's place shown, and
+    ordered, as a writer's)."""
+    with pytest.raises(TypeError, match="mode"):
+        locks.queue.join("q:49", "reader", None, 5)
+    place = locks.queue.join("q:49", "reader", None, 5, mode="shared", limit=1)
+    (waiter,) = locks.queue.line("q:49")
+    assert (waiter.id, waiter.mode, waiter.limit) == (place, "shared", 1)

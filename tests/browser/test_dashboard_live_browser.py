@@ -452,9 +452,13 @@ def test_axe_finds_no_serious_violation_on_any_page(
         service.acquire("leader:main", "host-7:1:s", session=session.id, token="w")
         # Waiting lines of each kind: a writer behind the readers, a reader
         # behind it, a semaphore's place.
-        service.queue.join("cfg:main", "host-8:1:w", None, 600)
-        service.queue.join("cfg:main", "host-8:2:r", None, 600, mode="shared")
-        service.queue.join("sem:pool", "host-9:1:p", None, 600, limit=3)
+        service.queue.join(
+            "cfg:main", "host-8:1:w", None, 600, mode="exclusive", limit=1
+        )
+        service.queue.join("cfg:main", "host-8:2:r", None, 600, mode="shared", limit=1)
+        service.queue.join(
+            "sem:pool", "host-9:1:p", None, 600, limit=3, mode="exclusive"
+        )
     page = operator_page
     page.set_viewport_size({"width": width, "height": 900})
     page.emulate_media(color_scheme=scheme)

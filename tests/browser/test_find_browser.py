@@ -19,7 +19,9 @@ def wait_in_line(site: Site, resource: str, count: int = 1) -> None:
 
     with site.server.app.app_context():
         for n in range(count):
-            lock_service().queue.join(resource, f"waiter-{n}", None, 120)
+            lock_service().queue.join(
+                resource, f"waiter-{n}", None, 120, mode="exclusive", limit=1
+            )
 
 
 def test_contended_first_then_numbered_pages_in_natural_order(

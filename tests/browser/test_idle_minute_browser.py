@@ -66,7 +66,9 @@ def incident(site: Site, clock: FakeClock) -> None:
                     token="w",
                 )
         for n in range(5):
-            service.queue.join(f"job:{n}", f"host-09:{n}:q", None, 3600)
+            service.queue.join(
+                f"job:{n}", f"host-09:{n}:q", None, 3600, mode="exclusive", limit=1
+            )
         # Renewed on time until now (a renewal at a third of each ttl).
         for n in range(1200):
             host = 1 + n % (HOSTS - 1)

@@ -153,7 +153,12 @@ def test_a_semaphores_lock_page_at_390_px_reads_without_sideways_scroll(
             owner = f"batch-07.example.internal:{n}:abcdef0123456789"
             assert service.acquire("sem:nightly", owner, ttl=600, limit=3).acquired
         service.queue.join(
-            "sem:nightly", "batch-08.example.internal:1:x", None, 60, limit=3
+            "sem:nightly",
+            "batch-08.example.internal:1:x",
+            None,
+            60,
+            limit=3,
+            mode="exclusive",
         )
     page = operator_page
     page.set_viewport_size({"width": 390, "height": 844})

@@ -75,7 +75,7 @@ from sqlalchemy.exc import DBAPIError
 
 from lockkeeper_core.columns import UTCDateTime
 from lockkeeper_core.errors import TokenEnded, WaitersFull
-from lockkeeper_core.models import EXCLUSIVE, DistributedLock, LockWaiter
+from lockkeeper_core.models import DistributedLock, LockWaiter
 from lockkeeper_core.results import AcquireResult, SetResult
 from lockkeeper_core.wakeups import (
     CHANNEL,
@@ -352,15 +352,17 @@ class WaitQueue:
         wait: float,
         place: int | None = None,
         *,
-        mode: str = EXCLUSIVE,
-        limit: int = 1,
+        mode: str,
+        limit: int,
         slack: timedelta = DEADLINE_SLACK,
     ) -> int:
         """Add a waiter at the end of ``resource``'s line; returns its place (id).
         ``place``: a place kept for this (resource, owner, token), taken back
         with the new deadline if it is still live; else (lapsed, another's, 0)
         the waiter joins at the end. ``mode`` and ``limit``: what the acquire
-        asks for, written by the statement that enqueues (the line shows them).
+        asks for, written by the statement that enqueues (the line shows them
+        and the grant order reads them). Required: a default would record an
+        exclusive single wait for a caller that forgot to say.
 
         The same transaction drops the resource's rows whose deadline has passed
         (left by requests of app instances that died)."""
@@ -514,8 +516,8 @@ class WaitQueue:
         token_live: Callable[[], bool],
         place: int | None = None,
         rejoin: bool = False,
-        mode: str = EXCLUSIVE,
-        limit: int = 1,
+        mode: str,
+        limit: int,
     ) -> AcquireResult:
         """Wait in line up to ``seconds``; ``attempt(waiter_id)`` is the service's
         acquire for one place in line, of ``mode`` and ``limit`` (recorded with
