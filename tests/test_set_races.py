@@ -2,8 +2,9 @@
 overlapping sets of 2-5 resources, named in random orders, in random modes
 (one worker binds each of its sets to a session of its own, heartbeats it,
 and ends every other one by ending the session; another's sets wait in line,
-each granted within its wait), and an operator releases the newest granted
-set as one, again and again.
+each granted within its wait; a third's ask to wait with their token's share
+of the waiting room taken, and are turned away unless granted at once), and
+an operator releases the newest granted set as one, again and again.
 
 While they run, a reader reads every grant in one statement (one snapshot)
 again and again: no reading ever shows part of a set (each set's owner is its
@@ -21,6 +22,7 @@ as one set) all finish their meals on PostgreSQL and MariaDB.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -28,7 +30,7 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from lockkeeper_core.errors import ServiceBusy
+from lockkeeper_core.errors import ServiceBusy, WaitersFull
 from lockkeeper_core.models import EXCLUSIVE, SHARED, LockEvent
 from lockkeeper_core.statements.common import holders, locks
 from lockkeeper_core.values import Member
@@ -50,6 +52,8 @@ TTL = 60.0
 WAIT = 10.0
 # The API token of the sets bound to sessions (a name with no row: a label).
 SESSIONS = "sessions"
+# The API token whose share of the waiting room is taken (worker 3's).
+CROWDED = "crowded"
 
 pytestmark = [
     pytest.mark.usefixtures("backend"),
@@ -74,6 +78,21 @@ def _random_set(rng: random.Random) -> list[Member]:
         else Member(r, 1, rng.choice((EXCLUSIVE, SHARED)))
         for r in chosen
     ]
+
+
+def _in_a_full_room(service, members: list[Member], owner: str):
+    """A waiting set asked while its token's share of the waiting room is
+    taken: its answer, or None when the room turned it away."""
+    queue = service.queue
+    with contextlib.ExitStack() as room:
+        for _ in range(queue.max_waiters_per_token):
+            room.enter_context(queue.seat(CROWDED))
+        try:
+            return service.acquire_set(
+                members, owner, ttl=TTL, token=CROWDED, wait=WAIT
+            )
+        except WaitersFull:
+            return None
 
 
 class Reader:
@@ -163,8 +182,10 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                 # (the session's row, then the members'), heartbeats it while
                 # held, and ends every other one by ending its session.
                 session = None
+                token = None  # the sets' API token (a label)
                 try:
                     if n == 1:
+                        token = SESSIONS
                         session = service.sessions.create(owner, TTL, token=SESSIONS)
                         result = service.acquire_set(
                             members, owner, token=SESSIONS, session=session.id
@@ -176,6 +197,15 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                         counts["waited"] += 1
                         if not result.acquired:
                             counts["wait ran out"] += 1
+                    elif n == 3 and i % 2:
+                        # Every other set of worker 3 asks to wait with its
+                        # token's share of the waiting room taken: granted
+                        # at its first look, or turned away writing nothing.
+                        token = CROWDED
+                        result = _in_a_full_room(service, members, owner)
+                        if result is None:
+                            counts["turned away"] += 1
+                            continue
                     else:
                         result = service.acquire_set(members, owner, ttl=TTL)
                 except ServiceBusy:
@@ -215,10 +245,8 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                     ended_here = len(ended.locks)
                 else:
                     released = retried(
-                        lambda m=members, o=owner, s=session: service.release_set(
-                            [x.resource for x in reversed(m)],
-                            o,
-                            token=SESSIONS if s is not None else None,
+                        lambda m=members, o=owner, t=token: service.release_set(
+                            [x.resource for x in reversed(m)], o, token=t
                         )
                     )
                     ended_here = len(released.released)
@@ -354,6 +382,7 @@ def test_random_overlapping_sets_never_show_a_partial_set_nor_deadlock(
     assert counts["ended by its session"] >= 1, counts
     assert counts["waited"] >= 1, counts
     assert counts["wait ran out"] == 0, counts
+    assert counts["turned away"] >= 1, counts
     whole = _history_is_whole(set_app, found["sets"], found["named"])
     assert whole == counts["granted"]
     if deadlocks is not None:

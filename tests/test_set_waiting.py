@@ -3,14 +3,19 @@ for, as a single waiter is (not by its next poll)."""
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from lockkeeper_core import queue as line_module
+from lockkeeper_core.models import DistributedLock
 from lockkeeper_core.values import Member
+from sqlalchemy import select
 
 from app.extensions import lock_service
+from tests.conftest import ApiClient
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -86,3 +91,137 @@ def test_a_waiting_set_is_woken_by_the_release_not_by_its_poll(
         assert [lock.owner for lock in answer.locks] == ["w-set", "w-set"]
         assert _owners(service, "set:a") == _owners(service, "set:b") == []
         thread.join(GRANTED_WITHIN)
+
+
+# -- the waiting room: a waiting set takes one seat, as a single waiter does --
+
+MEMBERS = [{"resource": "room:a"}, {"resource": "room:b"}]
+
+
+def _lines(app) -> dict[str, list[str]]:
+    with app.app_context():
+        service = lock_service()
+        return {r: _owners(service, r) for r in ("room:a", "room:b", "room:c")}
+
+
+def _row_names(app) -> list[str]:
+    with app.app_context(), lock_service().engine.connect() as conn:
+        return sorted(conn.scalars(select(DistributedLock.resource)))
+
+
+def _same_token(api: ApiClient) -> ApiClient:
+    """Another client (a connection of its own) under ``api``'s token."""
+    twin = copy.copy(api)
+    twin.client = api.app.test_client()
+    return twin
+
+
+def _turned_away(answer, setting: str) -> None:
+    """The room's 503: a problem naming the cap it hit."""
+    assert answer.status_code == 503, answer.get_json()
+    assert answer.content_type == "application/problem+json"
+    assert answer.headers["Retry-After"] == "1"
+    assert answer.get_json()["setting"] == setting
+    assert f"({setting})" in answer.get_json()["detail"]
+
+
+def test_a_waiting_set_takes_the_seat_a_single_waiter_would(make_app):
+    """A room of one seat: a set waiting in it turns a waiting single away,
+    and a single waiting in it turns a waiting set away (writing nothing:
+    no place, no row for its free member)."""
+    app = make_app(LOCKKEEPER_MAX_WAITERS=1)
+    api = ApiClient(app)
+    setter, single = api.with_token("set"), api.with_token("single")
+    for resource in ("room:a", "room:c"):
+        taken = api.post(f"/api/v1/locks/{resource}", json={"owner": "holder"})
+        assert taken.status_code == 200
+    with ThreadPoolExecutor(1) as pool:
+        waiting_set = pool.submit(
+            setter.post,
+            "/api/v1/sets",
+            json={"owner": "w-set", "wait": 30, "members": MEMBERS},
+        )
+        _poll(lambda: _lines(app)["room:b"] == ["w-set"], "the set took its places")
+        turned_away = single.post(
+            "/api/v1/locks/room:c", json={"owner": "w-1", "wait": 5}
+        )
+        _turned_away(turned_away, "LOCKKEEPER_MAX_WAITERS")
+        assert _lines(app)["room:c"] == []
+        assert api.delete("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+        assert waiting_set.result(timeout=60).status_code == 200
+
+    # The other way round: a single waits in the seat, the set is turned away.
+    with ThreadPoolExecutor(1) as pool:
+        waiting_single = pool.submit(
+            single.post,
+            "/api/v1/locks/room:c",
+            json={"owner": "w-1", "wait": 30},
+        )
+        _poll(lambda: _lines(app)["room:c"] == ["w-1"], "the single took its place")
+        released = setter.delete(
+            "/api/v1/sets", json={"owner": "w-set", "resources": ["room:a", "room:b"]}
+        )
+        assert released.status_code == 200
+        assert api.post("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+        rows = _row_names(app)
+        refused = setter.post(
+            "/api/v1/sets",
+            json={
+                "owner": "w-set",
+                "wait": 5,
+                "members": [{"resource": "room:a"}, {"resource": "room:new"}],
+            },
+        )
+        _turned_away(refused, "LOCKKEEPER_MAX_WAITERS")
+        assert _row_names(app) == rows  # no row made for room:new
+        assert _lines(app) == {"room:a": [], "room:b": [], "room:c": ["w-1"]}
+        assert api.delete("/api/v1/locks/room:c", json={"owner": "holder"}).status_code
+        assert waiting_single.result(timeout=60).status_code == 200
+
+
+def test_a_waiting_set_takes_one_of_its_tokens_share_of_the_room(make_app):
+    """The token's share of one seat: its waiting set turns its waiting
+    single away, and the other way round; another token still waits."""
+    app = make_app(LOCKKEEPER_MAX_WAITERS=4, LOCKKEEPER_MAX_WAITERS_PER_TOKEN=1)
+    api = ApiClient(app)
+    greedy = api.with_token("greedy")
+    assert api.post("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+    with ThreadPoolExecutor(2) as pool:
+        waiting_set = pool.submit(
+            greedy.post,
+            "/api/v1/sets",
+            json={"owner": "g-set", "wait": 30, "members": MEMBERS},
+        )
+        _poll(lambda: _lines(app)["room:b"] == ["g-set"], "the set took its places")
+        single = _same_token(greedy)
+        turned_away = single.post(
+            "/api/v1/locks/room:a", json={"owner": "g-1", "wait": 5}
+        )
+        _turned_away(turned_away, "LOCKKEEPER_MAX_WAITERS_PER_TOKEN")
+        other = pool.submit(
+            api.with_token("other").post,
+            "/api/v1/locks/room:b",
+            json={"owner": "o-1", "wait": 30},
+        )
+        _poll(lambda: _lines(app)["room:b"] == ["g-set", "o-1"], "the other waits")
+        assert api.delete("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+        assert waiting_set.result(timeout=60).status_code == 200
+        released = greedy.delete(
+            "/api/v1/sets", json={"owner": "g-set", "resources": ["room:a", "room:b"]}
+        )
+        assert released.status_code == 200
+        assert other.result(timeout=60).status_code == 200
+
+    assert api.post("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+    with ThreadPoolExecutor(1) as pool:
+        waiting_single = pool.submit(
+            single.post, "/api/v1/locks/room:a", json={"owner": "g-1", "wait": 30}
+        )
+        _poll(lambda: _lines(app)["room:a"] == ["g-1"], "the single took its place")
+        refused = greedy.post(
+            "/api/v1/sets", json={"owner": "g-set", "wait": 5, "members": MEMBERS}
+        )
+        _turned_away(refused, "LOCKKEEPER_MAX_WAITERS_PER_TOKEN")
+        assert _lines(app) == {"room:a": ["g-1"], "room:b": [], "room:c": []}
+        assert api.delete("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+        assert waiting_single.result(timeout=60).status_code == 200

@@ -21,6 +21,7 @@ machine fail: the checker is proven to catch what it claims to.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from lockkeeper_core.errors import (
     SessionBound,
     SessionExpired,
     UnknownSession,
+    WaitersFull,
 )
 from lockkeeper_core.models import (
     EXCLUSIVE,
@@ -140,6 +142,7 @@ class WholeModel(RuleBasedStateMachine):
     clock: FakeClock = None
     guard_sql: str | None = None  # "SELECT" / "CALL" where the database has one
     seen: dict[str, int] = {}
+    sets_waited = 0  # refused sets asked to wait, over the run
 
     def __init__(self):
         super().__init__()
@@ -544,14 +547,37 @@ class WholeModel(RuleBasedStateMachine):
             before = self._snapshot()
             result, error = None, None
             # Every other refused set waits in line a moment first: it runs
-            # out the same, and leaves no place and no row behind.
+            # out the same, and leaves no place and no row behind. Every
+            # other of those finds its token's share of the waiting room
+            # taken: turned away (WaitersFull), with nothing changed.
             waits = session is None and len(members) % 2 == 0
-            try:
-                result = call(0.05 if waits else None)
-            except (LimitMismatch, ResourceFrozen, QuotaExceeded) as refusal:
-                error = refusal
+            room_full = waits and WholeModel.sets_waited % 2 == 1
+            WholeModel.sets_waited += waits
+            with contextlib.ExitStack() as room:
+                if room_full:
+                    queue = self.service.queue
+                    for _ in range(queue.max_waiters_per_token):
+                        room.enter_context(queue.seat(token))
+                try:
+                    result = call(0.05 if waits else None)
+                except (
+                    LimitMismatch,
+                    ResourceFrozen,
+                    QuotaExceeded,
+                    WaitersFull,
+                ) as refusal:
+                    error = refusal
             named = [m.resource for m in members]
-            if error is not None:
+            # A full room refuses (503) the set its first look refused (409);
+            # a refusal before that (423, 429, a limit's 409) comes first.
+            if room_full:
+                assert result is None, result
+            else:
+                assert not isinstance(error, WaitersFull), error
+            if isinstance(error, WaitersFull):
+                assert error.setting == "LOCKKEEPER_MAX_WAITERS_PER_TOKEN"
+                WholeModel.seen["sets turned away"] = 1
+            elif error is not None:
                 assert getattr(error, "resource", named[0]) in named, error
             else:
                 assert not result.acquired, (expected, result)
@@ -1175,6 +1201,7 @@ def run_machine(backend: str, app, *, examples: int | None = None) -> dict:
         WholeModel.clock = app.config["LOCKKEEPER_CLOCK"]
         WholeModel.guard_sql = {"postgresql": "SELECT", "mariadb": "CALL"}.get(backend)
         WholeModel.seen = {}
+        WholeModel.sets_waited = 0
         run_state_machine_as_test(
             WholeModel,
             settings=settings(
@@ -1218,6 +1245,7 @@ def test_the_service_holds_the_whole_model_under_any_sequence(backend, model_app
     assert seen.get("sets force-released"), seen
     assert seen.get("sets in sessions"), seen
     assert seen.get("sets waited"), seen
+    assert seen.get("sets turned away"), seen
     if backend == "sqlite":
         assert seen.get("limit 2", 0) == 2, seen
     else:

@@ -54,7 +54,8 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -535,16 +536,8 @@ class WaitQueue:
         :raise TokenEnded: the token was revoked or expired while in line.
         """
         wait = seconds
-        if self._slots is None or not self._slots.acquire(blocking=False):
-            self.metrics.wait_refused("worker_full")
-            refusal = WaitersFull(self.max_waiters)
-            return self._turned_away(
-                refusal, attempt, resource, owner, token, place, (mode, limit)
-            )
-        if not self._take_token_share(token):
-            self._slots.release()
-            self.metrics.wait_refused("token_share")
-            refusal = WaitersFull(self.max_waiters_per_token, token=token)
+        refusal = self._take_seat(token)
+        if refusal is not None:
             return self._turned_away(
                 refusal, attempt, resource, owner, token, place, (mode, limit)
             )
@@ -593,7 +586,44 @@ class WaitQueue:
             return result if kept is None else replace(result, place=kept)
         finally:
             metrics.wait_ended(outcome, time.monotonic() - started)
-            self._give_token_share(token)
+            self._give_seat(token)
+
+    @contextmanager
+    def seat(self, token: str | None) -> Iterator[dict[str, str]]:
+        """A seat in this worker's waiting room for a request of ``token``
+        that waits in several lines (a set: one request, one seat, whatever
+        its members), against the caps a single waiter's ``wait`` takes its
+        seat under, and counted in the same metrics. Yields {"outcome": …},
+        which the caller sets ("granted"; "timeout" unless set).
+
+        :raise WaitersFull: the room, or the token's share of it, is full."""
+        refusal = self._take_seat(token)
+        if refusal is not None:
+            raise refusal
+        started = time.monotonic()
+        self.metrics.wait_started()
+        ended = {"outcome": "timeout"}
+        try:
+            yield ended
+        finally:
+            self.metrics.wait_ended(ended["outcome"], time.monotonic() - started)
+            self._give_seat(token)
+
+    def _take_seat(self, token: str | None) -> WaitersFull | None:
+        """Take a seat in the room and one of ``token``'s share; else the
+        refusal (counted), and nothing taken."""
+        if self._slots is None or not self._slots.acquire(blocking=False):
+            self.metrics.wait_refused("worker_full")
+            return WaitersFull(self.max_waiters)
+        if not self._take_token_share(token):
+            self._slots.release()
+            self.metrics.wait_refused("token_share")
+            return WaitersFull(self.max_waiters_per_token, token=token)
+        return None
+
+    def _give_seat(self, token: str | None) -> None:
+        self._give_token_share(token)
+        if self._slots is not None:
             self._slots.release()
 
     def _turned_away(

@@ -19,8 +19,9 @@ places left when it gives up are deleted, and the members' lines woken.
 A set is woken as a single waiter is (``lockkeeper_core.queue``): a
 release that names its place as the head of a member's line rings it
 (PostgreSQL's NOTIFY; SQLite's doorbell; in this process on every
-database), else it looks again after the line's pause. The waiting room's
-caps count single waiters only.
+database), else it looks again after the line's pause. It takes one seat
+of the worker's waiting room (``WaitQueue.seat``: one request, whatever
+its members), under the caps single waiters take theirs under.
 """
 
 from __future__ import annotations

@@ -190,9 +190,6 @@ class Sets:
         if errors:
             raise InvalidInput(errors)
 
-    def _check_resources(self, resources: Sequence[str]) -> None:
-        self.check_members([Member(resource) for resource in resources])
-
     # -- acquire -----------------------------------------------------------------
 
     def acquire(
@@ -210,7 +207,8 @@ class Sets:
         """Grant every member to (``token``, ``owner``) for ``ttl`` seconds in
         one transaction, or none (``SetResult.refused`` names the member).
 
-        ``wait``: seconds in every member's line (``set_waiting``).
+        ``wait``: seconds in every member's line (``set_waiting``), in one
+        seat of the waiting room (``WaitersFull`` when there is none).
 
         ``session``: the id of a session of ``token`` and ``owner`` to bind
         every member to instead of a ``ttl``: their expiry is the session's,
@@ -218,8 +216,9 @@ class Sets:
         grant bound to it.
 
         :raise ResourceFrozen, LimitMismatch, QuotaExceeded, TokenEnded,
-            SessionBound: as a single acquire of the member that refused
-            would (each names its resource where it has one); nothing written.
+            SessionBound, WaitersFull: as a single acquire of the member that
+            refused would (each names its resource where it has one); nothing
+            written.
         :raise UnknownSession: no such session of ``token``.
         :raise SessionExpired: the session ran out before the grant.
         """
@@ -282,8 +281,10 @@ class Sets:
 
         result = asked()
         if not result.acquired and wait:
-            made = self._create_rows(ordered) if core.dialect != "sqlite" else []
-            result, also = wait_in_line(core, self.queue, ordered, wait, asked)
+            with self.queue.seat(token) as seat:  # one request, one seat
+                made = self._create_rows(ordered) if core.dialect != "sqlite" else []
+                result, also = wait_in_line(core, self.queue, ordered, wait, asked)
+                seat["outcome"] = "granted" if result.acquired else "timeout"
         if not result.acquired:
             if wait:  # refused: nothing left behind, as without a wait
                 self._forget_rows(made + also)
@@ -536,7 +537,7 @@ class Sets:
         """
         core = self.core
         core.validate(owner=owner, ttl=ttl, actor=actor)
-        self._check_resources(resources)
+        self.check_members([Member(r) for r in resources])
         seconds = core.ttl(ttl)
 
         def work(conn) -> dict[str, Outcome]:
@@ -612,7 +613,7 @@ class Sets:
         one transaction; the others are named (``SetRelease.not_held``)."""
         core = self.core
         core.validate(owner=owner, actor=actor)
-        self._check_resources(resources)
+        self.check_members([Member(r) for r in resources])
 
         def work(conn) -> dict[str, Outcome]:
             released = {}
