@@ -213,8 +213,28 @@ def attach_autocommit_engine(engine: Engine, options: dict[str, Any]) -> None:
         },
     )
     install_engine_events(twin)
+    if twin.dialect.name in ("mysql", "mariadb"):
+        _read_committed_sessions(twin)
     engine._lockkeeper_autocommit = twin  # type: ignore[attr-defined]
     event.listen(engine, "engine_disposed", lambda _engine: twin.dispose())
+
+
+def _read_committed_sessions(twin: Engine) -> None:
+    """READ COMMITTED for the autocommit twin's MariaDB sessions, as for every
+    transaction of the service. SQLAlchemy's AUTOCOMMIT level leaves a session
+    at the server's default, REPEATABLE READ, where a single DELETE locks the
+    gap before its row too: a set's cleanup of a free row it made (by name)
+    waited there for another set's insert of a free row just before it, whose
+    insert then waited behind that request (a deadlock, seen in the set
+    race). One statement per new connection."""
+
+    @event.listens_for(twin, "connect")
+    def _on_connect(dbapi_connection, _record):
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        finally:
+            cursor.close()
 
 
 def autocommit(engine: Engine) -> Engine:

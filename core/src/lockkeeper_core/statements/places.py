@@ -41,6 +41,7 @@ from lockkeeper_core.statements.common import (
     Outcome,
     SessionEnded,
     clear_exclusive_grant,
+    delete_where_in,
     events,
     holders,
     insert_lock_row,
@@ -407,9 +408,7 @@ class PlacesStatements:
             # An exclusive grant on the row names the row's previous owner only.
             named = None if mode == EXCLUSIVE and limit == 1 else taken
             self._log_cleared(conn, expired, now, named)
-            conn.execute(
-                delete(holders).where(holders.c.id.in_([p.id for p in expired]))
-            )
+            delete_where_in(conn, holders.c.id, [p.id for p in expired])
         fence = self._next_fence(conn)
         if mode == EXCLUSIVE and limit == 1:
             # No place is live: the exclusive grant lives on the row.
@@ -767,7 +766,7 @@ class PlacesStatements:
         ending = [p.id for p in places if p not in staying]
         self._log_cleared(conn, places, now)
         if ending:
-            conn.execute(delete(holders).where(holders.c.id.in_(ending)))
+            delete_where_in(conn, holders.c.id, ending)
         previous_owner = row.owner
         if row.owner is not None:
             conn.execute(clear_exclusive_grant([row.id], now))

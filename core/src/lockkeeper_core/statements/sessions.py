@@ -50,6 +50,7 @@ from lockkeeper_core.statements.common import (
     SessionEnded,
     api_tokens,
     clear_exclusive_grant,
+    delete_where_in,
     events,
     insert_lock_row,
     locks,
@@ -249,7 +250,7 @@ def _remove_places(conn, places) -> None:
     and bring their resources' ``places_until`` down to the places left."""
     if not places:
         return
-    conn.execute(delete(holders).where(holders.c.id.in_([row.id for row in places])))
+    delete_where_in(conn, holders.c.id, [row.id for row in places])
     latest = (
         select(func.max(holders.c.expires_at))
         .where(holders.c.resource == locks.c.resource)
@@ -638,7 +639,7 @@ class SessionStatements:
         # force-released meanwhile, ending the same tenure a second time.
         purged = [r for r in rows if r.session_id in ran_out and r.purgeable]
         self.t.delete_purged(conn, purged)
-        conn.execute(delete(sessions).where(sessions.c.id.in_(ids)))
+        delete_where_in(conn, sessions.c.id, ids)
         return len(ids), [r.resource for r in purged if r.owner is not None]
 
     # -- the session-bound acquire -------------------------------------------

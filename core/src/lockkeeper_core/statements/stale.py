@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Row, and_, delete, func, insert, or_, select
+from sqlalchemy import Row, and_, func, insert, or_, select
 
 from lockkeeper_core.models import EXCLUSIVE
 from lockkeeper_core.state import Action
@@ -16,6 +16,7 @@ from lockkeeper_core.statements.common import (
     LockRow,
     StaleBatch,
     clear_exclusive_grant,
+    delete_where_in,
     events,
     holders,
     locks,
@@ -166,9 +167,5 @@ class StaleStatements:
         """Delete ``rows`` (locked, ``purgeable``) and their places, which all
         ended by the cutoff too."""
         if rows:
-            conn.execute(delete(locks).where(locks.c.id.in_([r.id for r in rows])))
-            conn.execute(
-                delete(holders).where(
-                    holders.c.resource.in_([r.resource for r in rows])
-                )
-            )
+            delete_where_in(conn, locks.c.id, [r.id for r in rows])
+            delete_where_in(conn, holders.c.resource, [r.resource for r in rows])
