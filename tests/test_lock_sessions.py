@@ -286,3 +286,52 @@ def test_a_session_bound_acquire_waits_in_line_and_binds_when_granted(app):
         assert granted.lock.expires_at == session.expires_at
         found = service.sessions.get(session.id, token="t")
         assert [lock.resource for lock in found.locks] == ["job:w"]
+
+
+# -- a session of no token, through the service -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limit", "mode"), [(1, "exclusive"), (3, "exclusive"), (1, "shared")]
+)
+def test_a_session_of_no_token_releases_a_grant_bound_by_a_caller_of_none(
+    service, limit, mode
+):
+    """A direct caller of the service: a session made for no token (``""``)
+    and a grant bound to it by a caller passing ``token=None``. The grant is
+    recorded under the session's token, so it is the session's own: a second
+    bind is a re-acquire (same fence), the session lists it and its end
+    releases it (an exclusive grant was written with a NULL token, which the
+    end did not find, and stayed held until its expiry)."""
+    from lockkeeper_core.sessions import Session
+
+    session: Session = service.sessions.create("w-1", 30, token="")
+
+    def bind():
+        return service.acquire(
+            "nt:1", "w-1", token=None, session=session.id, limit=limit, mode=mode
+        )
+
+    first = bind()
+    assert first.acquired
+    again = bind()
+    assert again.acquired
+    assert again.lock.fence == first.lock.fence
+    found = service.sessions.get(session.id, token="")
+    assert [lock.resource for lock in found.locks] == ["nt:1"]
+    ended = service.sessions.end(session.id, token="", actor="w-1")
+    assert [lock.resource for lock in ended.locks] == ["nt:1"]
+    assert service.holders("nt:1").holders == []
+
+
+def test_a_set_bound_to_a_session_of_no_token_ends_with_it(service):
+    from lockkeeper_core.values import Member
+
+    session = service.sessions.create("w-1", 30, token="")
+    members = [Member("nt:a", 1, "exclusive"), Member("nt:b", 2, "exclusive")]
+    result = service.acquire_set(members, "w-1", token=None, session=session.id)
+    assert result.acquired
+    ended = service.sessions.end(session.id, token="", actor="w-1")
+    assert sorted(lock.resource for lock in ended.locks) == ["nt:a", "nt:b"]
+    assert service.holders("nt:a").holders == []
+    assert service.holders("nt:b").holders == []

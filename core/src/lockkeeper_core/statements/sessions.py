@@ -669,6 +669,10 @@ class SessionStatements:
         max_locks = ask.max_locks
         counting = bool(max_locks) and token is not None
         checks_token = token is not None and token != NO_TOKEN
+        # The grant is the session's holder's, recorded under the session's
+        # token: a caller with none (None) binds to a session of NO_TOKEN, and
+        # a NULL token would be a grant its heartbeat and end do not find.
+        token = session.token
         row = t.lock_row(conn, resource, now, waiter)
         held = row is not None and row.owner is not None
         token_row = None
