@@ -269,9 +269,10 @@ class FaultInjector(threading.Thread):
 class GaleraInjector(FaultInjector):
     """For a Galera cluster, with instance n on node n: a "database restart" is
     a SIGKILL of one node (its instance's database goes; the others serve on),
-    which rejoins once it has been down ``config.outage`` seconds, receiving
-    what it missed from a donor's cache (IST) or, failing that, a full state
-    transfer (SST): which one is noted."""
+    with several writing nodes also of an instance on another node, started
+    again at once. The node rejoins once it has been down ``config.outage``
+    seconds, receiving what it missed from a donor's cache (IST) or, failing
+    that, a full state transfer (SST): which one is noted."""
 
     @property
     def needs_instances(self) -> bool:
@@ -286,7 +287,19 @@ class GaleraInjector(FaultInjector):
         index = self.rng.randrange(0 if writers > 1 else 1, len(nodes))
         restart["node"] = nodes[index].name
         self.cluster.kill(nodes[index])
-        return [i for n, i in enumerate(self.instances) if n % writers == index]
+        affected = [i for n, i in enumerate(self.instances) if n % writers == index]
+        if writers > 1:
+            # An instance on another node crashes with it, as one does with a
+            # Patroni primary: a short run's one node fault, whose rejoin
+            # takes the rest of the run, left no time for a kill of its own
+            # (a 20 s multi-writer run killed no instance).
+            victim = self.rng.choice([i for i in self.instances if i not in affected])
+            victim.kill()
+            self.kills += 1
+            self._halt.wait(self.rng.uniform(0.2, 1.0))
+            victim.start()
+            restart["instance_killed"] = victim.name
+        return affected
 
     def bring_database_up(self, restart: dict) -> None:
         node = next(n for n in self.cluster.nodes if n.name == restart["node"])
@@ -294,6 +307,10 @@ class GaleraInjector(FaultInjector):
         self.cluster.restart_node(node)
         restart["rejoin_s"] = round(time.monotonic() - started, 3)
         restart["transfer"] = self.cluster.last_transfer(node)
+        if "instance_killed" in restart:  # one that cannot start is a failure
+            next(
+                i for i in self.instances if i.name == restart["instance_killed"]
+            ).wait_ready()
 
 
 class FailoverInjector(FaultInjector):
@@ -565,10 +582,15 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
         for process in processes:
             process.join(timeout=max(deadline - time.time(), 0) + 60)
         injector.halt()
-        injector.join(timeout=60)
+        # A fault under way runs to its end: a Galera node's rejoin waits up to
+        # 120 s for it to be Synced (and says why not), and 30 s for the
+        # instances to serve after it.
+        injector.join(timeout=180)
         stalls = canary.stop()
         if injector.failure is not None:
             raise RuntimeError("the fault injector failed") from injector.failure
+        if injector.is_alive():
+            raise RuntimeError("the fault injector did not end within 180 s")
         hung = [p.pid for p in processes if p.exitcode is None]
         if hung:
             raise RuntimeError(f"workers {hung} did not finish")
