@@ -3,13 +3,22 @@ asyncio) against a real server."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections import Counter
 
 import pytest
-from lockkeeper_client import LockKind, LockLost, LockNotAcquired, SetMember
+from lockkeeper_client import (
+    AsyncLockClient,
+    LockKind,
+    LockLost,
+    LockNotAcquired,
+    SetMember,
+)
 
 from tests.client_flavours import FLAVOURS, connect
+from tests.live_server import serve
 
 
 @pytest.fixture(params=FLAVOURS)
@@ -116,3 +125,136 @@ def test_a_set_bound_to_a_session_ends_with_it(live_server, make_client):
     with live_server.service() as service:
         for resource in ("acct:5", "acct:6"):
             assert service.holders(resource).holders == []
+
+
+def _poll(condition, what: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        threading.Event().wait(0.01)
+
+
+def _line(live_server, resource: str) -> list[tuple[str, int]]:
+    with live_server.service() as service:
+        return [(w.owner, w.id) for w in service.queue.line(resource)]
+
+
+class _Block:
+    """``with client.lock_all(...)`` entered in a thread of its own, held
+    until ``leave`` is set."""
+
+    def __init__(self, client, members, **options):
+        self.entered = threading.Event()
+        self.leave = threading.Event()
+        self.failure: list[BaseException] = []
+        self.fences: dict[str, int] = {}
+
+        def run():
+            try:
+                with client.lock_all(members, **options) as held:
+                    self.fences = held.fences
+                    self.entered.set()
+                    self.leave.wait(60)
+            except BaseException as exc:  # noqa: BLE001 - the test reads it
+                self.failure.append(exc)
+                self.entered.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def end(self) -> None:
+        self.leave.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+def test_lock_all_waits_in_the_servers_lines(live_server, make_client):
+    """The set takes a place in every member's line (the free one's too,
+    holding none of them), so a later acquire of its free member is refused,
+    and it is granted once the holder lets go."""
+    client = make_client(live_server.url, live_server.token, timeout=5)
+    with live_server.service() as service:
+        assert service.acquire("acct:9", "someone", ttl=30).acquired
+    block = _Block(client, ["acct:8", "acct:9"], ttl=30, wait=30, owner="w-set")
+    _poll(lambda: [o for o, _ in _line(live_server, "acct:8")] == ["w-set"], "in line")
+    assert [o for o, _ in _line(live_server, "acct:9")] == ["w-set"]
+    with live_server.service() as service:
+        assert service.holders("acct:8").holders == []  # nothing held meanwhile
+        assert not service.acquire("acct:8", "late", ttl=30).acquired
+        service.release("acct:9", "someone")
+    assert block.entered.wait(30)
+    assert not block.failure, block.failure
+    assert set(block.fences) == {"acct:8", "acct:9"}
+    block.end()
+    assert _line(live_server, "acct:8") == _line(live_server, "acct:9") == []
+
+
+def test_lock_all_waits_on_in_requests_of_the_servers_largest_wait(
+    make_app, make_client
+):
+    """A server whose largest wait is 0.5 s: the client learns it from the
+    400 of its first request and waits on in requests of that, one after
+    another, until the holder lets go."""
+    with serve(make_app(LOCKKEEPER_MAX_WAIT=0.5)) as server:
+        client = make_client(server.url, server.token, timeout=5)
+        with server.service() as service:
+            assert service.acquire("acct:9", "someone", ttl=30).acquired
+        block = _Block(client, ["acct:8", "acct:9"], ttl=30, wait=60, owner="w-set")
+        places = set()
+
+        def another_request() -> bool:
+            places.update(place for _, place in _line(server, "acct:8"))
+            return len(places) >= 3  # three requests in line, one by one
+
+        _poll(another_request, "the wait goes on in requests of 0.5 s", 30)
+        assert not block.entered.is_set()
+        with server.service() as service:
+            service.release("acct:9", "someone")
+        assert block.entered.wait(30)
+        assert not block.failure, block.failure
+        block.end()
+
+
+def test_lock_all_turned_away_by_a_full_room_says_which_cap(make_app, make_client):
+    """A server with no waiting room (LOCKKEEPER_MAX_WAITERS=0): the set's
+    waiting requests are turned away (503) and the client polls; its wait
+    ends naming the cap to raise."""
+    with serve(make_app(LOCKKEEPER_MAX_WAITERS=0)) as server:
+        client = make_client(server.url, server.token, timeout=5)
+        with server.service() as service:
+            assert service.acquire("acct:9", "someone", ttl=30).acquired
+        with (
+            pytest.raises(LockNotAcquired, match=r"full \(LOCKKEEPER_MAX_WAITERS\)"),
+            client.lock_all(["acct:8", "acct:9"], ttl=30, wait=0.5),
+        ):
+            pass
+        with server.service() as service:
+            assert service.holders("acct:8").holders == []
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_waiting_lock_all_leaves_no_set_behind(live_server):
+    """The set's request is out, waiting in the server's lines, when its
+    caller gives up: the server ends the wait when it sees the connection
+    close (its places leave the lines) and nothing is granted after, even
+    once the holder lets go."""
+    async with AsyncLockClient(live_server.url, live_server.token) as client:
+        with live_server.service() as service:
+            assert service.acquire("acct:9", "someone", ttl=30).acquired
+        held = client.lock_all(["acct:8", "acct:9"], ttl=30, wait=30, owner="w-set")
+        waiting = asyncio.create_task(held.acquire())
+        deadline = time.monotonic() + 10
+        while not _line(live_server, "acct:8"):
+            assert time.monotonic() < deadline, "the set never joined the lines"
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        (outcome,) = await asyncio.gather(waiting, return_exceptions=True)
+        assert isinstance(outcome, asyncio.CancelledError)
+        deadline = time.monotonic() + 10
+        while _line(live_server, "acct:8") or _line(live_server, "acct:9"):
+            assert time.monotonic() < deadline, "the set's places stayed in line"
+            await asyncio.sleep(0.01)
+        with live_server.service() as service:
+            service.release("acct:9", "someone")
+            assert service.holders("acct:8").holders == []
+            assert service.holders("acct:9").holders == []

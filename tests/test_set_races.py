@@ -3,8 +3,9 @@ overlapping sets of 2-5 resources, named in random orders, in random modes
 (one worker binds each of its sets to a session of its own, heartbeats it,
 and ends every other one by ending the session; another's sets wait in line,
 each granted within its wait; a third's ask to wait with their token's share
-of the waiting room taken, and are turned away unless granted at once), and
-an operator releases the newest granted set as one, again and again.
+of the waiting room taken, and are turned away unless granted at once, or
+wait until their client hangs up), and an operator releases the newest
+granted set as one, again and again.
 
 While they run, a reader reads every grant in one statement (one snapshot)
 again and again: no reading ever shows part of a set (each set's owner is its
@@ -208,6 +209,20 @@ def _race(app, workers: int, seconds: float, *, busy_answers: bool = False) -> d
                         if result is None:
                             counts["turned away"] += 1
                             continue
+                    elif n == 3:
+                        # Its others wait in line until their client hangs
+                        # up, within half a second: granted by then, or they
+                        # leave the lines having written nothing.
+                        gone_at = time.monotonic() + rng.uniform(0, 0.5)
+                        result = service.acquire_set(
+                            members,
+                            owner,
+                            ttl=TTL,
+                            wait=WAIT,
+                            still_wanted=lambda t=gone_at: time.monotonic() < t,
+                        )
+                        if not result.acquired:
+                            counts["client gone"] += 1
                     else:
                         result = service.acquire_set(members, owner, ttl=TTL)
                 except ServiceBusy:
@@ -385,6 +400,7 @@ def test_random_overlapping_sets_never_show_a_partial_set_nor_deadlock(
     assert counts["waited"] >= 1, counts
     assert counts["wait ran out"] == 0, counts
     assert counts["turned away"] >= 1, counts
+    assert counts["client gone"] >= 1, counts
     whole = _history_is_whole(set_app, found["sets"], found["named"])
     assert whole == counts["granted"]
     if deadlocks is not None:

@@ -1,5 +1,7 @@
-"""A set waiting in line, on every database: woken by the release it waits
-for, as a single waiter is (not by its next poll)."""
+"""A set waiting in line, on every database, as a single waiter does: woken
+by the release it waits for (not by its next poll), in one seat of the
+worker's waiting room, and gone from every line when its client hangs up or
+its API token ends."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from lockkeeper_core import queue as line_module
+from lockkeeper_core.errors import TokenEnded
 from lockkeeper_core.models import DistributedLock
 from lockkeeper_core.values import Member
 from sqlalchemy import select
@@ -225,3 +228,53 @@ def test_a_waiting_set_takes_one_of_its_tokens_share_of_the_room(make_app):
         assert _lines(app) == {"room:a": ["g-1"], "room:b": [], "room:c": []}
         assert api.delete("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
         assert waiting_single.result(timeout=60).status_code == 200
+
+
+# -- a waiting set leaves when its client has gone or its token ended --------
+
+
+@pytest.mark.parametrize("ends", ["client", "token"])
+def test_a_waiting_set_leaves_every_line_when_its_client_or_token_goes(make_app, ends):
+    """As a single waiter: its client hangs up (the refusal is its answer)
+    or its API token ends (``TokenEnded``) while it waits; its places leave
+    every line and the row made for its free member is gone."""
+    app = make_app()
+    with app.app_context():
+        service = lock_service()
+        assert service.acquire("room:a", "holder", ttl=30).acquired
+        rows = _row_names(app)
+        there = threading.Event()
+        there.set()
+        answers = []
+
+        def waiting_set():
+            try:
+                with app.app_context():
+                    answers.append(
+                        lock_service().acquire_set(
+                            [Member("room:a"), Member("room:new")],
+                            "w-set",
+                            ttl=30,
+                            wait=30,
+                            token="t",
+                            still_wanted=there.is_set if ends == "client" else None,
+                            token_live=there.is_set if ends == "token" else None,
+                        )
+                    )
+            except BaseException as exc:  # noqa: BLE001 - the test reads it
+                answers.append(exc)
+
+        thread = threading.Thread(target=waiting_set, daemon=True)
+        thread.start()
+        _poll(lambda: _owners(service, "room:new") == ["w-set"], "in line")
+        there.clear()
+        thread.join(GRANTED_WITHIN)
+        assert not thread.is_alive()
+        (answer,) = answers
+        if ends == "client":
+            assert not answer.acquired
+            assert answer.refused == "room:a"
+        else:
+            assert isinstance(answer, TokenEnded), answer
+        assert _owners(service, "room:a") == _owners(service, "room:new") == []
+        assert _row_names(app) == rows

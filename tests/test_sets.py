@@ -164,8 +164,8 @@ def test_a_set_counts_as_its_members_against_the_quota(service):
 
 @pytest.mark.backends("mariadb")
 def test_two_sets_making_a_deleted_row_again_at_once_take_turns(service):
-    """A refused set deletes the free row it made (``_forget_rows``); two sets
-    then make it again at once (``_create_rows``), while a third holds the
+    """A refused set deletes the free row it made (``forget_rows``); two sets
+    then make it again at once (``create_rows``), while a third holds the
     row after it in the name's index. The deleted row's index entry stays
     until InnoDB purges it (here an older read view keeps it): two ``INSERT
     IGNORE`` each took a shared lock on the next entry and each waited for
@@ -176,17 +176,17 @@ def test_two_sets_making_a_deleted_row_again_at_once_take_turns(service):
     def ask(resource: str) -> Ask:
         return Ask(resource, "w-1", None, 30.0)
 
-    made = sets._create_rows([ask("set:f3"), ask("set:f4")])
+    made = sets.create_rows([ask("set:f3"), ask("set:f4")])
     assert len(made) == 2
     keeper = create_engine(db.engine.url, isolation_level="REPEATABLE READ")
     pool = ThreadPoolExecutor(2)
     try:
         with keeper.connect() as view:
             view.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            sets._forget_rows([made[0]])  # deleted, its entry not purged
+            sets.forget_rows([made[0]])  # deleted, its entry not purged
             with RowHolder(service, "set:f4") as held:
                 again = [
-                    pool.submit(sets._create_rows, [ask("set:f3")]) for _ in range(2)
+                    pool.submit(sets.create_rows, [ask("set:f3")]) for _ in range(2)
                 ]
                 deadline = time.monotonic() + DEADLINE
                 while True:
@@ -213,7 +213,7 @@ def test_two_sets_making_a_deleted_row_again_at_once_take_turns(service):
 
 @pytest.mark.backends("mariadb")
 def test_a_refused_sets_row_is_deleted_in_the_lock_order(service):
-    """The delete of a free row a refused set made (``_forget_rows``) and
+    """The delete of a free row a refused set made (``forget_rows``) and
     another set's locking read of it (``_lock_rows``) meet. Queued in that
     order behind a transaction holding the row alone (by its primary key),
     a delete by primary key took the row, then waited for its name's index
@@ -221,7 +221,7 @@ def test_a_refused_sets_row_is_deleted_in_the_lock_order(service):
     deadlock. Found by name, the delete locks the entry first; the read
     waits for it and finds no row."""
     sets = service.sets
-    (made,) = sets._create_rows([Ask("set:d", "w-1", None, 30.0)])
+    (made,) = sets.create_rows([Ask("set:d", "w-1", None, 30.0)])
     pool = ThreadPoolExecutor(2)
 
     def read_locked():
@@ -252,7 +252,7 @@ def test_a_refused_sets_row_is_deleted_in_the_lock_order(service):
                 .where(DistributedLock.id == row_id)
                 .with_for_update()
             )
-            forgotten = pool.submit(sets._forget_rows, [made])
+            forgotten = pool.submit(sets.forget_rows, [made])
             waits(1, [forgotten])
             read = pool.submit(read_locked)
             waits(2, [forgotten, read])

@@ -534,13 +534,19 @@ class WholeModel(RuleBasedStateMachine):
                 refused = refused or counted >= quota
                 counted += 1
 
-        def call(wait=None):
+        def call(wait=None, still_wanted=None):
             if session is not None:
                 return self.service.acquire_set(
                     members, owner, token=token, max_locks=quota, session=session.id
                 )
             return self.service.acquire_set(
-                members, owner, ttl=ttl, token=token, max_locks=quota, wait=wait
+                members,
+                owner,
+                ttl=ttl,
+                token=token,
+                max_locks=quota,
+                wait=wait,
+                still_wanted=still_wanted,
             )
 
         if refused:
@@ -549,9 +555,12 @@ class WholeModel(RuleBasedStateMachine):
             # Every other refused set waits in line a moment first: it runs
             # out the same, and leaves no place and no row behind. Every
             # other of those finds its token's share of the waiting room
-            # taken: turned away (WaitersFull), with nothing changed.
+            # taken: turned away (WaitersFull), with nothing changed; and
+            # every other of the rest has lost its client after its first
+            # look in line.
             waits = session is None and len(members) % 2 == 0
             room_full = waits and WholeModel.sets_waited % 2 == 1
+            gone = waits and WholeModel.sets_waited % 4 == 2
             WholeModel.sets_waited += waits
             with contextlib.ExitStack() as room:
                 if room_full:
@@ -559,7 +568,9 @@ class WholeModel(RuleBasedStateMachine):
                     for _ in range(queue.max_waiters_per_token):
                         room.enter_context(queue.seat(token))
                 try:
-                    result = call(0.05 if waits else None)
+                    result = call(
+                        0.05 if waits else None, (lambda: False) if gone else None
+                    )
                 except (
                     LimitMismatch,
                     ResourceFrozen,
@@ -589,6 +600,8 @@ class WholeModel(RuleBasedStateMachine):
             WholeModel.seen["sets refused"] = 1
             if waits:
                 WholeModel.seen["sets waited"] = 1
+            if gone and result is not None:
+                WholeModel.seen["sets whose client went"] = 1
             return
         result = call()
         assert result.acquired, (expected, result)
@@ -1246,6 +1259,7 @@ def test_the_service_holds_the_whole_model_under_any_sequence(backend, model_app
     assert seen.get("sets in sessions"), seen
     assert seen.get("sets waited"), seen
     assert seen.get("sets turned away"), seen
+    assert seen.get("sets whose client went"), seen
     if backend == "sqlite":
         assert seen.get("limit 2", 0) == 2, seen
     else:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from flask import g, jsonify
+from flask import g, jsonify, request
 from lockkeeper_core import wire
+from lockkeeper_core.queue import client_still_there
 
-from app.api.blueprint import bp
+from app.api.blueprint import bearer_token, bp
 from app.api.shapes import body, seconds
+from app.auth.service import verify_token
 from app.errors import problem
 from app.extensions import lock_service
 
@@ -29,6 +31,7 @@ def _out_of_scope(resources: Iterable[str]):
 @bp.post("/sets")
 def acquire_set():
     fields = body()
+    credential = bearer_token()
     members = wire.set_members(fields)
     refused = _out_of_scope(m.resource for m in members)
     if refused is not None:
@@ -42,6 +45,9 @@ def acquire_set():
         max_locks=g.token.max_locks,
         session=fields.get("session"),
         wait=seconds(fields.get("wait")),
+        still_wanted=client_still_there(request.environ),
+        # Asked again while the set waits in line (the token cache's bound).
+        token_live=lambda: verify_token(credential) is not None,
     )
     status, answer, headers = wire.set_answer(result)
     response = jsonify(answer)

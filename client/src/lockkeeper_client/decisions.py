@@ -544,19 +544,31 @@ def set_acquire_body(
     ttl: float | None,
     members: list[SetMember],
     session: str | None = None,
+    wait: float | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"owner": owner, "members": [m.body() for m in members]}
     if ttl is not None:
         body["ttl"] = ttl
     if session is not None:
         body["session"] = session
+    if wait:
+        body["wait"] = wait
     return body
 
 
 def set_acquire_outcome(response: httpx.Response, label: str) -> SetAttempt:
     """200: every member granted; 409: refused whole, naming the member (a
-    limit mismatch raises, as for one lock)."""
+    limit mismatch raises, as for one lock); 503 (a set asked to wait): the
+    server's waiting room is full, poll instead."""
     retry_after = parse_retry_after(response.headers.get("Retry-After"))
+    if is_waiting_room_full(response):
+        return SetAttempt(
+            False,
+            (),
+            retry_after=retry_after,
+            waiting_room_full=True,
+            waiting_room_cap=_setting(response),
+        )
     if response.status_code == 200:
         data = _json(response, label)
         locks = data.get("locks")
@@ -615,12 +627,40 @@ def set_release_outcome(response: httpx.Response, label: str) -> SetRelease:
     raise failure(response, label, "release")
 
 
-def set_not_acquired(label: str, wait: float, last: SetAttempt) -> LockNotAcquired:
-    """The end of a set's wait that was never granted whole."""
+def set_not_acquired(
+    label: str,
+    wait: float,
+    last: SetAttempt,
+    *,
+    turned_away: int = 0,
+    cap: str | None = None,
+) -> LockNotAcquired:
+    """The end of a set's wait that was never granted whole. ``turned_away``:
+    how many of its attempts found the server's waiting room full, whose
+    ``cap`` (the setting) the message names, so the user knows which to
+    raise."""
     holder = f" by {last.lock.owner!r}" if last.lock else ""
     member = f"; {last.refused!r} stayed held{holder}" if last.refused else ""
-    return LockNotAcquired(
-        label, f"set {label!r} was not free whole for {wait:g} s{member}", last.lock
+    message = f"set {label!r} was not free whole for {wait:g} s{member}"
+    if turned_away:
+        full = f"full ({cap})" if cap else "full"
+        message += (
+            f"; the server's waiting room was {full} for {turned_away} of this "
+            "wait's attempts, which had no place in line meanwhile. Raise "
+            f"{cap or 'the waiting room'} or run fewer waiting acquires at once"
+        )
+    return LockNotAcquired(label, message, last.lock)
+
+
+def set_waits_again_at_once(
+    last: SetAttempt, in_line_for: float, waited: float
+) -> bool:
+    """After a set's turn in the server's lines ran out: join them again at
+    once (``rejoin_at_once``, for a set)."""
+    return rejoin_at_once(
+        AcquireAttempt(False, None, waiting_room_full=last.waiting_room_full),
+        in_line_for,
+        waited,
     )
 
 
@@ -724,6 +764,16 @@ def server_max_wait(exc: InvalidRequest) -> float | None:
             found = _MAX_WAIT_MESSAGE.search(message)
             return float(found.group(1)) if found else None
     return None
+
+
+def smaller_server_wait(exc: InvalidRequest, asked: float) -> float:
+    """After a waiting request's 400: the server's largest wait, when it
+    names one below ``asked``; else 0 (a server that does not wait, or a
+    400 about something else, which the plain request then answers)."""
+    server_max = server_max_wait(exc)
+    if server_max is None or server_max >= asked:
+        return 0.0
+    return server_max
 
 
 def knows_no_places(exc: InvalidRequest) -> bool:

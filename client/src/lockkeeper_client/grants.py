@@ -207,6 +207,10 @@ class SetAttempt:
     # The set's id, which every event of its grants names (None: refused, or
     # a server before sets were named).
     set_id: str | None = None
+    # A set asked to wait found the server's waiting room full (503): poll
+    # instead; the cap it hit, as the server names it.
+    waiting_room_full: bool = False
+    waiting_room_cap: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

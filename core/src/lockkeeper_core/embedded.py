@@ -393,7 +393,9 @@ class Embedded:
             elif parts[0] == "sessions" and len(parts) in (1, 2):
                 return self._session(parts[1:], method, fields, identity)
             elif parts == ["sets"]:
-                return self._set(method, fields, identity)
+                return self._set(
+                    method, fields, identity, credential.strip(), still_wanted
+                )
             elif parts == ["events"] and method == "GET":
                 return self._events(query, headers, identity)
         except LockError as exc:
@@ -551,7 +553,7 @@ class Embedded:
             },
         )
 
-    def _set(self, method, fields, identity) -> Answer:
+    def _set(self, method, fields, identity, credential, still_wanted) -> Answer:
         """A set's acquire, renewal or release (``app.api.sets``'s answers)."""
         if method == "POST":
             members = wire.set_members(fields)
@@ -573,6 +575,8 @@ class Embedded:
                 max_locks=identity.max_locks,
                 session=fields.get("session"),
                 wait=_seconds(fields, "wait"),
+                still_wanted=still_wanted,
+                token_live=lambda: self.tokens.verify(credential) is not None,
             )
             status, body, headers = wire.set_answer(result)
             return _json(status, body, headers)

@@ -21,22 +21,31 @@ release that names its place as the head of a member's line rings it
 (PostgreSQL's NOTIFY; SQLite's doorbell; in this process on every
 database), else it looks again after the line's pause. It takes one seat
 of the worker's waiting room (``WaitQueue.seat``: one request, whatever
-its members), under the caps single waiters take theirs under.
+its members), under the caps single waiters take theirs under, and leaves
+the lines as soon as its client has gone or its API token ended, as a
+single waiter does.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, insert, select
 
 from lockkeeper_core.core import LockCore
-from lockkeeper_core.queue import DEADLINE_SLACK, WaitQueue
+from lockkeeper_core.errors import TokenEnded
+from lockkeeper_core.queue import CLIENT_CHECK_INTERVAL, DEADLINE_SLACK
+from lockkeeper_core.results import SetResult
 from lockkeeper_core.statements.common import locks, waiters
 from lockkeeper_core.values import Ask
+
+if TYPE_CHECKING:
+    from lockkeeper_core.sets import Sets
 
 
 def join_lines(
@@ -107,24 +116,67 @@ def leave_lines(
             notify(resource, 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """What a waiting set asks about its request while it waits, as a single
+    waiter does (``WaitQueue.wait``): whether its client is still there
+    (``still_wanted``, looked at every ``CLIENT_CHECK_INTERVAL``), and
+    whether its API token is still live (before every look, and with the
+    client: an ended token raises ``TokenEnded``)."""
+
+    still_wanted: Callable[[], bool] | None
+    token_live: Callable[[], bool] | None
+    token: str | None
+
+    def check_token(self) -> None:
+        if self.token_live is not None and not self.token_live():
+            raise TokenEnded(self.token)
+
+    def client_there(self) -> bool:
+        self.check_token()
+        return self.still_wanted is None or self.still_wanted()
+
+
 def wait_in_line(
-    core: LockCore,
-    queue: WaitQueue,
+    sets: Sets,
     ordered: list[Ask],
     wait: float,
-    asked: Callable[[dict[str, int] | None], Any],
-) -> Any:
-    """Places in every member's line (``join_lines``), then ``asked(places)``
-    each time a release wakes the set, or after the line's pause (as a
-    single waiter's: the holder's expiry, else the poll interval), until the
-    set is granted or ``wait`` runs out; the places left are deleted however
-    it ends. Returns the last answer and the rows ``join_lines`` made (a
-    refused set deletes them)."""
+    asked: Callable[[dict[str, int] | None], SetResult],
+    wanted: Wanted,
+) -> SetResult:
+    """The set's wait, in one seat of the waiting room (``WaitersFull``
+    before anything is written): the free rows of the members that have
+    none (``Sets.create_rows``), places in every member's line
+    (``join_lines``), then ``asked(places)`` each time a release wakes the
+    set, or after the line's pause (as a single waiter's: the holder's
+    expiry, else the poll interval), until the set is granted, its wait runs
+    out or its client has gone. However it ends, its places left are
+    deleted; unless granted, the rows made for it too."""
+    core, queue = sets.core, sets.queue
+    made: list[str] = []
+    result = None
+    with queue.seat(wanted.token) as seat:
+        try:
+            if core.dialect != "sqlite":
+                made += sets.create_rows(ordered)
+            result = _in_line(core, queue, ordered, wait, asked, wanted, made)
+            return result
+        finally:
+            if result is not None and result.acquired:
+                seat["outcome"] = "granted"
+            else:
+                if result is not None and not wanted.client_there():
+                    seat["outcome"] = "gone"
+                sets.forget_rows(made)  # nothing left behind, as without a wait
+
+
+def _in_line(core, queue, ordered, wait, asked, wanted, made) -> SetResult:
     listener = queue.start_wakers()
     # Subscribed before the places are taken: a release between the two
     # still rings.
     with queue.wakeups.subscribe_all([ask.resource for ask in ordered]) as woken:
-        places, made = join_lines(core, ordered, wait)
+        places, also = join_lines(core, ordered, wait)
+        made += also
         for resource, place in places.items():
             woken[resource].waiter_id = place  # the head named by a release
         doorbell = woken[ordered[0].resource].event
@@ -132,12 +184,29 @@ def wait_in_line(
         result = None
         try:
             while True:
+                wanted.check_token()
                 result = asked(places)
                 left = until - time.monotonic()
                 if result.acquired or left <= 0:
-                    return result, made
-                doorbell.wait(min(left, queue.pause(result, listener)))
+                    return result
+                pause = min(left, queue.pause(result, listener))
+                if not _woken_or_paused(doorbell, pause, wanted.client_there):
+                    return result  # its client has gone
                 doorbell.clear()  # before the next look: a later ring is kept
         finally:
             granted = result is not None and result.acquired
             leave_lines(core, queue.notify_released, places, wake=not granted)
+
+
+def _woken_or_paused(
+    doorbell: threading.Event, seconds: float, client_there: Callable[[], bool]
+) -> bool:
+    """Wait for ``doorbell`` up to ``seconds``, looking at the client every
+    ``CLIENT_CHECK_INTERVAL``; False as soon as it has gone."""
+    until = time.monotonic() + seconds
+    while (left := until - time.monotonic()) > 0:
+        if doorbell.wait(min(left, CLIENT_CHECK_INTERVAL)):
+            return True
+        if not client_there():
+            return False
+    return True

@@ -31,7 +31,7 @@ each take a shared lock on the entry after it (their duplicate check), then
 each wait for the other's to insert before it: a deadlock, which a third
 transaction holding that next row (another set's member) makes certain. The
 upsert's duplicate check locks exclusively: the second waits for the first
-and then finds its row (``_create_rows``).
+and then finds its row (``create_rows``).
 
 A set counts as its members against the token's quota (each grant's count
 sees the set's grants before it); rights are checked by the face for every
@@ -98,7 +98,7 @@ from lockkeeper_core.set_names import (
     new_set_id,
     sets_of,
 )
-from lockkeeper_core.set_waiting import wait_in_line
+from lockkeeper_core.set_waiting import Wanted, wait_in_line
 from lockkeeper_core.state import Action, holds
 from lockkeeper_core.statements.common import Outcome, events, locks
 from lockkeeper_core.statements.sessions import SessionEnded, SessionNotFound
@@ -106,7 +106,7 @@ from lockkeeper_core.transactions import Raced
 from lockkeeper_core.validation import session_ttl_error
 from lockkeeper_core.values import Ask, Member
 
-# ``Sets._forget_rows`` on MariaDB: one free row by name, through the names'
+# ``Sets.forget_rows`` on MariaDB: one free row by name, through the names'
 # unique index (the multi-table form takes an index hint).
 _FORGET_BY_NAME = text(
     "DELETE distributed_locks FROM distributed_locks"
@@ -203,12 +203,15 @@ class Sets:
         max_locks: int | None = None,
         session: str | None = None,
         wait: float | None = None,
+        still_wanted: Callable[[], bool] | None = None,
+        token_live: Callable[[], bool] | None = None,
     ) -> SetResult:
         """Grant every member to (``token``, ``owner``) for ``ttl`` seconds in
         one transaction, or none (``SetResult.refused`` names the member).
 
         ``wait``: seconds in every member's line (``set_waiting``), in one
-        seat of the waiting room (``WaitersFull`` when there is none).
+        seat of the waiting room (``WaitersFull`` when there is none), while
+        ``still_wanted()`` and ``token_live()`` hold (as a single waiter's).
 
         ``session``: the id of a session of ``token`` and ``owner`` to bind
         every member to instead of a ``ttl``: their expiry is the session's,
@@ -250,7 +253,7 @@ class Sets:
                 # Rolled back whole, and the rows made for it gone again; the
                 # refusal's answer (a second look may find the row changed:
                 # ``Raced``, tried again).
-                self._forget_rows(created)
+                self.forget_rows(created)
                 answer = self._answer(refused.ask, refused.outcome)
                 return SetResult(
                     False,
@@ -281,13 +284,9 @@ class Sets:
 
         result = asked()
         if not result.acquired and wait:
-            with self.queue.seat(token) as seat:  # one request, one seat
-                made = self._create_rows(ordered) if core.dialect != "sqlite" else []
-                result, also = wait_in_line(core, self.queue, ordered, wait, asked)
-                seat["outcome"] = "granted" if result.acquired else "timeout"
+            wanted = Wanted(still_wanted, token_live, token)
+            result = wait_in_line(self, ordered, wait, asked, wanted)
         if not result.acquired:
-            if wait:  # refused: nothing left behind, as without a wait
-                self._forget_rows(made + also)
             core.metrics.acquire_refused()
         return result
 
@@ -303,7 +302,7 @@ class Sets:
     ) -> dict[str, Outcome]:
         """The set's transaction; on a server database, first the free rows
         of the members that have none, each in a statement of its own
-        (``created``: the names of those this call made; ``_forget_rows``).
+        (``created``: the names of those this call made; ``forget_rows``).
 
         A row inserted inside the transaction would be a lock taken out of
         the lock order: on MariaDB an insert whose resource another
@@ -322,15 +321,15 @@ class Sets:
                         name_sets(conn, grants_of(granted, set_id))
                         return granted
                 except _Missing as missing:
-                    created.extend(self._create_rows(missing.asks))
+                    created.extend(self.create_rows(missing.asks))
             raise Raced("a set's rows kept vanishing (purged); try again")
         except _Refused:
             raise
         except BaseException:
-            self._forget_rows(created)
+            self.forget_rows(created)
             raise
 
-    def _create_rows(self, asks: list[Ask]) -> list[str]:
+    def create_rows(self, asks: list[Ask]) -> list[str]:
         """Insert the free row of each resource of ``asks`` that has none, one
         autocommit statement each (holding nothing else meanwhile), in the
         lock order; the names of the rows this call inserted.
@@ -374,7 +373,7 @@ class Sets:
                     names.append(ask.resource)
         return names
 
-    def _forget_rows(self, names: list[str]) -> None:
+    def forget_rows(self, names: list[str]) -> None:
         """Delete the free rows a refused set made, unless a grant has used
         them since (one autocommit statement each): a refused set leaves
         nothing behind.

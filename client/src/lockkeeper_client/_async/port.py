@@ -68,6 +68,7 @@ class AsyncSetPort(Protocol):
     backoff: float
     max_backoff: float
     max_lock_poll: float
+    max_server_wait: float
     rng: random.Random
     holding: set[tuple[str, str]]
 
@@ -76,6 +77,8 @@ class AsyncSetPort(Protocol):
         members: Sequence[SetMember | str],
         owner: str,
         ttl: float | None = None,
+        *,
+        wait: float | None = None,
     ) -> SetAttempt: ...
 
     async def renew_all(

@@ -235,6 +235,7 @@ class LockClient:
         ttl: float | None = None,
         *,
         session: str | None = None,
+        wait: float | None = None,
     ) -> SetAttempt:
         """Try once to take every member at once for ``owner``: granted whole
         (each its own grant and fence) or refused whole, naming the member
@@ -243,14 +244,21 @@ class LockClient:
         ``session``: the id of a session of ``owner`` to bind every member to,
         instead of a ``ttl``: its heartbeat renews them and its end releases
         them. ``SetAttempt.set_id`` names the set its events carry.
+
+        With ``wait`` > 0 the server keeps the set in every member's line
+        (holding none of them meanwhile) for up to ``wait`` seconds, at most
+        its LOCKKEEPER_MAX_WAIT (past it a 400); when that server worker's
+        waiting room is full the result has ``waiting_room_full`` set and the
+        caller should poll (``lock_all()`` does both).
         """
         found = decisions.set_members(list(members))
         label = decisions.set_label([m.resource for m in found])
         response, _ = self._send(
             "POST",
             label,
-            json=decisions.set_acquire_body(owner, ttl, found, session),
+            json=decisions.set_acquire_body(owner, ttl, found, session, wait),
             path=decisions.SETS_PATH,
+            waiting=float(wait or 0.0),
         )
         return decisions.set_acquire_outcome(response, label)
 

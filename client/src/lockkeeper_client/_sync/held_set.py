@@ -15,11 +15,13 @@ from lockkeeper_client import decisions
 from lockkeeper_client._concurrency import (
     Background,
     Event,
+    shielded,
     sleep,
     wait_event,
 )
 from lockkeeper_client.errors import (
     AlreadyHeld,
+    InvalidRequest,
     LockClientError,
     LockLost,
     ServiceUnavailable,
@@ -38,11 +40,13 @@ class HeldSet:
     - ``held.locks``: each member's grant, in the order named;
       ``held.fences``: resource → fence; ``held.set_id``: the set's id, which
       each of its events names (the dashboard's page of the set).
-    - Entering asks for the whole set until it is granted whole, at most
-      ``wait`` seconds (None: until granted), backing off between refusals (a
-      set does not wait in the server's line: it is asked again, and holds
-      nothing meanwhile). Raises ``LockNotAcquired`` naming the member that
-      stayed held.
+    - Entering waits at most ``wait`` seconds (None: until granted) for the
+      whole set in the server's lines, a place in every member's line and
+      none of them held meanwhile, in requests of at most the server's
+      largest wait, one after another; when the server's waiting room is
+      full (503) it backs off and asks again (the set keeps no place
+      meanwhile). Raises ``LockNotAcquired`` naming the member that stayed
+      held. A cancel while a request is out releases what the set may hold.
     - ``held.lost`` is set when a renewal of the set is refused (a member was
       lost) or the ttl ran out by the local clock before one reached the
       server; ``held.check()`` raises ``LockLost`` then, and ``on_lost(held)``
@@ -89,6 +93,10 @@ class HeldSet:
         self._stop = Event()
         self._renewer: Background | None = None
         self._released = False
+        # The server's largest wait, as far as this set knows (learnt from
+        # its 400); 0: it waits for none, poll.
+        self._server_wait = client.max_server_wait
+        self._follow_up: Background | None = None
 
     @property
     def fences(self) -> dict[str, int]:
@@ -134,21 +142,51 @@ class HeldSet:
                     "enclosing block of this client: locks are not re-entrant",
                 )
         started = time.monotonic()
+        deadline = started + self.wait
         attempt_number = 0
+        turned_away = 0  # attempts that found the server's waiting room full
+        cap = None  # the setting the last of them named
         while True:
             attempt_number += 1
             sent_at = time.monotonic()
+            # In the server's lines for the rest of the wait, at most its
+            # largest wait per request (a plain ask when it waits for none).
+            chunk = min(deadline - sent_at, self._server_wait)
+            in_line_for = chunk if chunk >= 0.001 else 0.0
             try:
-                result = self.client.acquire_all(self.members, self.owner, self.ttl)
+                result = self.client.acquire_all(
+                    self.members, self.owner, self.ttl, wait=in_line_for or None
+                )
+            except InvalidRequest as exc:
+                if not in_line_for:
+                    raise
+                self._server_wait = decisions.smaller_server_wait(
+                    exc, self._server_wait
+                )
+                continue  # at once, with a wait the server takes
             except ServiceUnavailable:
-                if time.monotonic() - started >= self.wait:
+                if time.monotonic() >= deadline:
                     raise
                 result = SetAttempt(False, ())
+            except Exception:
+                raise
+            except BaseException:
+                # Cancelled (or interrupted) with the request out: the server
+                # may have granted the set, or may before it notices.
+                shielded(self._release_what_may_be_granted)
+                raise
             if result.acquired:
                 break
-            waited = time.monotonic() - started
-            if waited >= self.wait:
-                raise decisions.set_not_acquired(self.label, self.wait, result)
+            if result.waiting_room_full:
+                turned_away += 1
+                cap = result.waiting_room_cap or cap
+            now = time.monotonic()
+            if now >= deadline:
+                raise decisions.set_not_acquired(
+                    self.label, self.wait, result, turned_away=turned_away, cap=cap
+                )
+            if decisions.set_waits_again_at_once(result, in_line_for, now - sent_at):
+                continue
             client = self.client
             sleep(
                 decisions.contention_delay(
@@ -158,7 +196,7 @@ class HeldSet:
                     max_backoff=client.max_backoff,
                     max_lock_poll=client.max_lock_poll,
                     rng=client.rng,
-                    remaining=self.wait - waited,
+                    remaining=deadline - now,
                 )
             )
         for resource in self.resources:
@@ -168,6 +206,28 @@ class HeldSet:
         self._renewer = Background(
             self._renew_until_stopped, name=f"lockkeeper-renew:{self.label}"
         )
+
+    def _release_what_may_be_granted(self) -> None:
+        """A wait cancelled with its request out: release the set it may hold
+        now, and look once more after ``LATE_GRANT_WITHIN`` (the server ends
+        a set's wait when it notices the closed connection), in the
+        background: the cancel goes on at once."""
+        self._release_if_granted()
+        self._follow_up = Background(
+            self._release_late_grant, name=f"lockkeeper-cancel:{self.label}"
+        )
+
+    def _release_late_grant(self) -> None:
+        sleep(decisions.LATE_GRANT_WITHIN)
+        self._release_if_granted()
+
+    def _release_if_granted(self) -> None:
+        """Release the members this wait may hold (a release of none is
+        harmless; a server that cannot be asked: they end with the ttl)."""
+        try:
+            self.client.release_all(self.resources, self.owner)
+        except LockClientError as exc:
+            log.warning("%s; a set granted to a cancelled wait ends with its ttl", exc)
 
     def release(self) -> None:
         """Stop renewing and release every member still held."""

@@ -69,6 +69,7 @@ class SetPort(Protocol):
     backoff: float
     max_backoff: float
     max_lock_poll: float
+    max_server_wait: float
     rng: random.Random
     holding: set[tuple[str, str]]
 
@@ -77,6 +78,8 @@ class SetPort(Protocol):
         members: Sequence[SetMember | str],
         owner: str,
         ttl: float | None = None,
+        *,
+        wait: float | None = None,
     ) -> SetAttempt: ...
 
     def renew_all(
