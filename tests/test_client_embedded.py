@@ -67,6 +67,7 @@ from tests.test_client_sets import (  # noqa: F401
     test_a_member_lost_during_the_block_raises_at_its_end,
     test_lock_all_holds_every_member_and_releases_them_as_one,
     test_lock_all_that_stays_refused_names_the_member,
+    test_lock_all_waits_in_the_servers_lines,
     test_two_workers_taking_overlapping_sets_in_opposite_orders_never_overlap,
 )
 
