@@ -93,6 +93,47 @@ def _semaphore_cycle(url: str, instance: Path):
     return cycle
 
 
+SET_SIZE = 3
+
+
+def _set_cycle(url: str, instance: Path):
+    """Three exclusive locks acquired as one set and released as one: one
+    transaction each way (``lockkeeper_core.sets``)."""
+    _service_cycle(url, instance)
+    from lockkeeper_core.values import Member
+
+    from app.extensions import lock_service
+
+    service = lock_service()
+
+    def cycle(resource: str, owner: str) -> bool:
+        names = [f"{resource}:{n}" for n in range(SET_SIZE)]
+        members = [Member(name) for name in names]
+        granted = service.acquire_set(members, owner, ttl=30).acquired
+        service.release_set(names, owner)
+        return granted
+
+    return cycle
+
+
+def _singles_cycle(url: str, instance: Path):
+    """What a set replaces: the same three locks acquired one after another,
+    then released one after another."""
+    _service_cycle(url, instance)
+    from app.extensions import lock_service
+
+    service = lock_service()
+
+    def cycle(resource: str, owner: str) -> bool:
+        names = [f"{resource}:{n}" for n in range(SET_SIZE)]
+        granted = [service.acquire(name, owner, ttl=30).acquired for name in names]
+        for name in names:
+            service.release(name, owner)
+        return all(granted)
+
+    return cycle
+
+
 def _embedded_cycle(url: str, instance: Path):
     """The worker client in the embedded mode: ``LockClient`` on the in-process
     transport (``lockkeeper_core.embedded``), acting as the shared API token, each
@@ -138,6 +179,8 @@ _CYCLES = {
     "token": _token_cycle,
     "semaphore": _semaphore_cycle,
     "embedded": _embedded_cycle,
+    "set": _set_cycle,
+    "singles": _singles_cycle,
 }
 
 
@@ -202,9 +245,10 @@ def bench_service_layer(
     for backend, database in databases.items():
         instance = workdir / f"instance-{backend}"
         for workers in worker_counts:
-            # PostgreSQL also runs a semaphore's cycle beside the exclusive one.
+            # PostgreSQL also runs a semaphore's cycle beside the exclusive
+            # one, and a set of three beside three single locks.
             kinds = ("service", "driver", "token", "embedded") + (
-                ("semaphore",) if backend == "postgresql" else ()
+                ("semaphore", "set", "singles") if backend == "postgresql" else ()
             )
             sides = {
                 kind: partial(
@@ -272,4 +316,20 @@ def bench_service_layer(
                     f"cycles/s -> {places.ratio:.2f}x"
                 )
                 comparisons.append(places)
+            if "set" in samples:
+                whole = compare(
+                    f"set_of_3_vs_3_singles_{backend}{suffix}",
+                    samples,
+                    "set",
+                    "singles",
+                    "cycles/s",
+                    workers=workers,
+                    backend=backend,
+                )
+                log(
+                    f"{whole.name}: a set of {SET_SIZE} {whole.value:.0f} vs "
+                    f"{SET_SIZE} single locks {whole.baseline:.0f} cycles/s -> "
+                    f"{whole.ratio:.2f}x"
+                )
+                comparisons.append(whole)
     return comparisons
