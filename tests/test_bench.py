@@ -202,6 +202,18 @@ def test_the_session_bench_counts_heartbeats_against_renewals(database_url, tmp_
     assert found.ratio <= 0.1
 
 
+@pytest.mark.parametrize("kind", ["set", "singles"])
+def test_the_set_and_singles_cycles_take_their_three_locks_and_let_go(
+    kind, database_url, tmp_path
+):
+    """Each cycle of set_of_3_vs_3_singles is granted on its free resources
+    (``run_cycles`` raises on a refused one, which one left held would cause)."""
+    from bench.service_layer import run_cycles
+
+    found = run_cycles(kind, database_url, tmp_path / "instance", 1, 0.3)
+    assert found.rate > 0
+
+
 def test_the_instruction_count_runs_its_cycles_on_a_trees_own_migration(
     tmp_path, database_url
 ):
