@@ -374,3 +374,42 @@ def test_an_embedded_wait_that_runs_out_keeps_its_place_when_it_rejoins(
         assert [e["field"] for e in refused.json()["errors"]] == ["rejoin"]
     finally:
         embedded.close()
+
+
+def test_a_workers_own_engine_serves_the_lock_core_and_is_left_as_it_was(
+    live_server, backend
+):
+    """A worker hands its own ``Engine``: the core's writes run at READ
+    COMMITTED on MariaDB (the hot path takes the driver's connection from the
+    pool itself, where an isolation level set at a ``Connection``'s checkout
+    never applied: its transactions ran at the worker's REPEATABLE READ),
+    while the worker's own connections keep the level it chose."""
+    worker_engine = create_engine(database_of(live_server))
+    try:
+        embedded = Embedded(worker_engine)
+        with LockClient(
+            live_server.url,
+            live_server.token,
+            transport=EmbeddedTransport(embedded),
+        ) as client:
+            with client.lock("emb:own-engine", ttl=10) as held:
+                assert held.fence >= 1
+        if backend == "mariadb":
+            writes = embedded.service.core.write_engine
+            for engine in (writes, embedded.service.core.reads):
+                raw = engine.raw_connection()
+                try:
+                    cursor = raw.cursor()
+                    cursor.execute("SELECT @@tx_isolation")
+                    assert cursor.fetchone()[0] == "READ-COMMITTED", engine
+                finally:
+                    raw.close()
+            with worker_engine.connect() as conn:
+                level = conn.exec_driver_sql("SELECT @@tx_isolation").scalar()
+            assert level == "REPEATABLE-READ"
+        embedded.close()
+        # The worker's engine is the worker's: still usable after the close.
+        with worker_engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+    finally:
+        worker_engine.dispose()

@@ -237,8 +237,10 @@ class Embedded:
         stream_poll: float = STREAM_POLL_INTERVAL,
     ):
         self.stream_poll = stream_poll
-        self._own_engine = not isinstance(database, Engine)
         self.engine = engine_for(database)
+        # A URL's engine, or the core's own beside a worker's (MariaDB's at
+        # READ COMMITTED): disposed of on close; the worker's own is not.
+        self._own_engine = self.engine is not database
         if check_schema:
             require_schema(self.engine)
         self.service = LockService(

@@ -267,6 +267,22 @@ def autocommit(engine: Engine) -> Engine:
     return shared
 
 
+def _read_committed_sibling(engine: Engine, options: dict[str, Any]) -> Engine:
+    """The core's own engine beside a worker's MariaDB/MySQL ``engine``, made
+    with ``options`` (its creator, READ COMMITTED), so its connections are at
+    READ COMMITTED from their start; disposed of with the worker's engine.
+
+    Not ``engine.execution_options(isolation_level=...)``: that level is set
+    on a ``Connection``'s checkout, and the hot path takes the driver's
+    connection from the pool itself (``lockkeeper_core.driver``), so its
+    transactions ran at the worker's level, REPEATABLE READ by default, with
+    the gap locks READ COMMITTED avoids. Nor a setting on the worker's own
+    connections, which are the worker's to set."""
+    sibling = create_engine(engine.url, **options)
+    event.listen(engine, "engine_disposed", lambda _engine: sibling.dispose())
+    return sibling
+
+
 # The drivers the server ships for plain URLs (``app.config``'s table).
 DRIVERS = {
     "postgres": "postgresql+psycopg",
@@ -284,16 +300,20 @@ def engine_for(database: str | Engine) -> Engine:
     the reads). Without the twin a statement sent on a pooled driver
     connection would run in a transaction nobody commits."""
     if isinstance(database, Engine):
+        # The core's engines beside it connect as the worker's does: the
+        # pool's creator carries its connect_args (TLS, timeouts) or its own
+        # creator, which the URL alone does not.
+        options: dict[str, Any] = {"creator": database.pool._creator}
         engine = database
-        options: dict[str, Any] = {}
+        if engine.dialect.name in ("mysql", "mariadb"):
+            options.update(core_engine_options(engine.dialect.name))
+            engine = _read_committed_sibling(database, options)
     else:
         url = make_url(database)
         if url.drivername in DRIVERS:
             url = url.set(drivername=DRIVERS[url.drivername])
         options = core_engine_options(url.get_backend_name())
         engine = create_engine(url, **options)
-    if engine.dialect.name in ("mysql", "mariadb"):
-        engine = engine.execution_options(isolation_level="READ COMMITTED")
     install_engine_events(engine)
     if not hasattr(engine, "_lockkeeper_autocommit"):
         attach_autocommit_engine(
