@@ -134,6 +134,10 @@ class Wanted:
 
     def client_there(self) -> bool:
         self.check_token()
+        return self.client_seen()
+
+    def client_seen(self) -> bool:
+        """The client's socket alone (no token check, which may raise)."""
         return self.still_wanted is None or self.still_wanted()
 
 
@@ -165,7 +169,7 @@ def wait_in_line(
             if result is not None and result.acquired:
                 seat["outcome"] = "granted"
             else:
-                if result is not None and not wanted.client_there():
+                if result is not None and not wanted.client_seen():
                     seat["outcome"] = "gone"
                 sets.forget_rows(made)  # nothing left behind, as without a wait
 
