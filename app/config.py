@@ -26,7 +26,7 @@ DEFAULTS: dict[str, Any] = {
     # Waiting acquires one server worker holds at once (each holds a thread);
     # past it a waiting acquire is answered 503 and the client polls instead.
     "LOCKKEEPER_MAX_WAITERS": 16,
-    # How many of those places one API token may hold at once, so one token
+    # How many of those holders one API token may hold at once, so one token
     # sending without pause cannot turn every other token's wait into a 503.
     "LOCKKEEPER_MAX_WAITERS_PER_TOKEN": 8,
     # SQLite/MariaDB: how often a waiting acquire looks whether its turn has come

@@ -110,60 +110,60 @@ def generate_events(
         )
 
 
-# One resource in this many is held by places, not by an exclusive grant:
-# alternately a semaphore of SEMAPHORE_LIMIT with 1 to 4 places and a lock with
+# One resource in this many is held by holders, not by an exclusive grant:
+# alternately a semaphore of SEMAPHORE_LIMIT with 1 to 4 holders and a lock with
 # 2 to 4 shared grants, so the lists read both sources (``listing``).
-PLACE_HELD_EVERY = 100
+HOLDER_HELD_EVERY = 100
 SEMAPHORE_LIMIT = 5
 
 
-def place_held(r: int) -> bool:
-    return r % PLACE_HELD_EVERY == PLACE_HELD_EVERY // 2
+def holder_held(r: int) -> bool:
+    return r % HOLDER_HELD_EVERY == HOLDER_HELD_EVERY // 2
 
 
 def generate_locks(
     locks: int,
     holder: dict,
     first_free_fence: int,
-    places: list | None = None,
+    holders: list | None = None,
     seed: int = 8,
 ):
     """Lock rows (resource, owner, fence, acquired_at, expires_at, holder_limit,
-    places_until); a place-held resource's places go to ``places`` as
+    places_until); a holder-held resource's holders go to ``holders`` as
     ``lock_holders`` rows (resource, owner, token, mode, fence, acquired_at,
     expires_at), their fences above every lock row's."""
     rng = random.Random(seed)
     now = datetime.now(UTC)
-    place_fence = first_free_fence + locks
+    holder_fence = first_free_fence + locks
     for r in range(locks):
         owner, fence, since = holder.get(
             r, (f"worker-{r % OWNERS}", first_free_fence + r, BASE)
         )
         expires = now + timedelta(seconds=rng.uniform(-3600, 3600))
-        if not place_held(r):
+        if not holder_held(r):
             yield (resource_name(r), owner, fence, since, expires, 1, None)
             continue
-        shared = (r // PLACE_HELD_EVERY) % 2 == 1
+        shared = (r // HOLDER_HELD_EVERY) % 2 == 1
         count = rng.randint(2, 4) if shared else rng.randint(1, 4)
         until = since
         for worker in rng.sample(range(OWNERS), count):
-            place_fence += 1
+            holder_fence += 1
             ends = now + timedelta(seconds=rng.uniform(60, 3600))
             until = max(until, ends)
-            if places is not None:
-                places.append(
+            if holders is not None:
+                holders.append(
                     (
                         resource_name(r),
                         f"worker-{worker}",
                         "bench",
                         "shared" if shared else "exclusive",
-                        place_fence,
+                        holder_fence,
                         now,
                         ends,
                     )
                 )
         limit = 1 if shared else SEMAPHORE_LIMIT
-        # The row of a resource held by places: no owner, free since its last
+        # The row of a resource held by holders: no owner, free since its last
         # exclusive grant ended.
         yield (resource_name(r), None, fence, since, since, limit, until)
 
@@ -187,13 +187,13 @@ def load(url: str, n_locks: int, n_events: int) -> None:
     # The newest event is about now, whatever the number of events.
     base = datetime.now(UTC).replace(microsecond=0) - EVENT_SPACING * n_events
     events = generate_events(n_locks, n_events, holder, base=base)
-    # Lock rows use fences above every event's, places above theirs; the
+    # Lock rows use fences above every event's, holders above theirs; the
     # counter starts above all of them.
     next_fence = n_events + n_locks * 5 + 1
-    places: list = []
+    holders: list = []
 
     def locks():
-        return generate_locks(n_locks, holder, n_events + 1, places)
+        return generate_locks(n_locks, holder, n_events + 1, holders)
 
     engine = create_engine(url)
     started = time.perf_counter()
@@ -206,8 +206,8 @@ def load(url: str, n_locks: int, n_events: int) -> None:
                     copy.write_row(row)
             for table, columns, rows in (
                 ("distributed_locks", LOCK_COLUMNS, locks()),
-                # After the locks: their generator fills ``places``.
-                ("lock_holders", HOLDER_COLUMNS, places),
+                # After the locks: their generator fills ``holders``.
+                ("lock_holders", HOLDER_COLUMNS, holders),
             ):
                 with cur.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
                     for row in rows:
@@ -244,7 +244,7 @@ def load(url: str, n_locks: int, n_events: int) -> None:
             cur.executemany(
                 f"INSERT INTO lock_holders ({HOLDER_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (naive(row) for row in places),
+                (naive(row) for row in holders),
             )
             cur.execute("UPDATE lock_fence_counter SET value = ?", (next_fence,))
             raw.commit()
@@ -264,8 +264,8 @@ def load(url: str, n_locks: int, n_events: int) -> None:
             size = f", {total / counted:.0f} bytes per event with its indexes"
     engine.dispose()
     print(
-        f"  loaded {n_locks} locks ({len(places)} places of "
-        f"{n_locks // PLACE_HELD_EVERY} place-held resources), {counted} events in "
+        f"  loaded {n_locks} locks ({len(holders)} places of "
+        f"{n_locks // HOLDER_HELD_EVERY} place-held resources), {counted} events in "
         f"{time.perf_counter() - started:.1f} s{size}",
         flush=True,
     )

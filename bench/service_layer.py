@@ -76,7 +76,7 @@ SEMAPHORE_LIMIT = 4
 
 
 def _semaphore_cycle(url: str, instance: Path):
-    """The service cycle on a semaphore of 4 (the places path: a plain read,
+    """The service cycle on a semaphore of 4 (the holders path: a plain read,
     then one transaction; the release tries the exclusive statement first)."""
     _service_cycle(url, instance)
     from app.extensions import lock_service
@@ -301,7 +301,7 @@ def bench_service_layer(
             )
             comparisons.append(embedded)
             if "semaphore" in samples:
-                places = compare(
+                holders = compare(
                     f"semaphore_vs_exclusive_{backend}{suffix}",
                     samples,
                     "semaphore",
@@ -311,11 +311,11 @@ def bench_service_layer(
                     backend=backend,
                 )
                 log(
-                    f"{places.name}: semaphore of {SEMAPHORE_LIMIT} "
-                    f"{places.value:.0f} vs exclusive {places.baseline:.0f} "
-                    f"cycles/s -> {places.ratio:.2f}x"
+                    f"{holders.name}: semaphore of {SEMAPHORE_LIMIT} "
+                    f"{holders.value:.0f} vs exclusive {holders.baseline:.0f} "
+                    f"cycles/s -> {holders.ratio:.2f}x"
                 )
-                comparisons.append(places)
+                comparisons.append(holders)
             if "set" in samples:
                 whole = compare(
                     f"set_of_3_vs_3_singles_{backend}{suffix}",

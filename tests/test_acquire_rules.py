@@ -80,7 +80,7 @@ def test_what_needs_a_read_is_named_as_the_second_look():
     )
     # Our own valid grant refused: the session it is bound to is read after.
     assert _refused(_row()) == rules.SecondLook(0, bound_session=True)
-    # Held by places: the grant that ends first is read after.
+    # Held by holders: the grant that ends first is read after.
     held = _refused(_row(owner=None, places_until=NOW + timedelta(seconds=3)))
     assert held == rules.SecondLook(0, first_holder=True)
     # Nothing explains the refusal: the row changed under the attempt.
@@ -103,7 +103,7 @@ def _own(row) -> rules.OwnLook:
 
 def test_no_row_is_not_found_with_no_place_to_look_for():
     look = _own(None)
-    assert (type(look.refusal), look.outcome, look.place) == (
+    assert (type(look.refusal), look.outcome, look.maybe_holder) == (
         LockNotFound,
         "not_found",
         False,
@@ -119,11 +119,15 @@ def test_no_row_is_not_found_with_no_place_to_look_for():
     ],
     ids=["free", "run-out"],
 )
-def test_a_row_without_a_valid_exclusive_grant_looks_for_the_callers_place(
+def test_a_row_without_a_valid_exclusive_grant_looks_for_the_callers_holder(
     row, error, outcome
 ):
     look = _own(row)
-    assert (type(look.refusal), look.outcome, look.place) == (error, outcome, True)
+    assert (type(look.refusal), look.outcome, look.maybe_holder) == (
+        error,
+        outcome,
+        True,
+    )
     assert not look.bound_session
 
 
@@ -131,7 +135,11 @@ def test_another_holders_valid_grant_is_not_owner_naming_it_with_no_look():
     look = _own(_row(owner="w-2"))
     assert isinstance(look.refusal, NotOwner)
     assert look.refusal.holder.owner == "w-2"
-    assert (look.outcome, look.place, look.bound_session) == ("not_owner", False, False)
+    assert (look.outcome, look.maybe_holder, look.bound_session) == (
+        "not_owner",
+        False,
+        False,
+    )
 
 
 def test_our_own_valid_grant_refused_looks_for_its_session_else_raced():

@@ -145,7 +145,7 @@ def test_the_lock_list_has_one_entry_per_live_grant(api, clock):
     assert [(lock["resource"], lock["owner"]) for lock in mine] == [("sem:pool", "b")]
 
 
-def test_a_session_bound_place_names_its_session_in_the_lists(api):
+def test_a_session_bound_holder_names_its_session_in_the_lists(api):
     session = api.post("/api/v1/sessions", json={"owner": "w-7", "ttl": 15}).get_json()
     bound = api.post(
         "/api/v1/locks/sem:s",

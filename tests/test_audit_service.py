@@ -449,8 +449,8 @@ def test_tenures_of_a_page_take_a_fixed_number_of_queries(service, clock, fake_a
 # -- tenures of holders at once ---------------------------------------------------
 
 
-def test_three_places_held_at_once_each_keep_their_own_tenure(service, clock):
-    """Each place's grant ends its own holder's tenure only: before, the next
+def test_three_holders_at_once_each_keep_their_own_tenure(service, clock):
+    """Each holder's grant ends its own holder's tenure only: before, the next
     grant on the resource ended the one before it, so p-1 was 'held for 5 s
     until acquired' while it held on for 30."""
     for owner in ("p-1", "p-2", "p-3"):
@@ -480,7 +480,7 @@ def test_three_places_held_at_once_each_keep_their_own_tenure(service, clock):
         assert found.ended[release.id] == found.started[grants[owner].id]
 
 
-def test_a_place_taken_over_ends_only_the_place_that_ran_out(service, clock):
+def test_a_holder_taken_over_ends_only_the_holder_that_ran_out(service, clock):
     assert service.acquire("sem:2", "p-1", ttl=10, limit=2).acquired
     assert service.acquire("sem:2", "p-2", ttl=60, limit=2).acquired
     clock.advance(15)
@@ -497,18 +497,18 @@ def test_a_place_taken_over_ends_only_the_place_that_ran_out(service, clock):
     assert found.ended[took_over.id] == found.started[first.id]
     assert found.started[second.id].held_for == timedelta(seconds=20)
     assert found.started[second.id].ended_by == "released"
-    assert took_over.id not in found.started  # p-3 still holds its place
+    assert took_over.id not in found.started  # p-3 is still a holder
 
 
-def test_one_owner_under_two_tokens_holds_two_places_with_a_tenure_each(service, clock):
-    """The holder is (token, owner): w's place under t-2 is not a re-grant of
-    its place under t-1 (it ended it: "held for 5 s until acquired" while it
-    is still held), and a take-over of the t-2 place that ran out, naming w,
+def test_one_owner_under_two_tokens_is_two_holders_with_a_tenure_each(service, clock):
+    """The holder is (token, owner): w's holder under t-2 is not a re-grant of
+    its holder under t-1 (it ended it: "held for 5 s until acquired" while it
+    is still held), and a take-over of the t-2 holder that ran out, naming w,
     ends only that one."""
     assert service.acquire("sem:tok", "w", ttl=60, limit=2, token="t-1").acquired
     clock.advance(5)
     assert service.acquire("sem:tok", "w", ttl=10, limit=2, token="t-2").acquired
-    clock.advance(15)  # the t-2 place ran out at 15 s
+    clock.advance(15)  # the t-2 holder ran out at 15 s
     assert service.acquire("sem:tok", "c", ttl=60, limit=2).action is Action.TOOK_OVER
     clock.advance(10)
     page = list_events(EventFilter(resource="sem:tok"))
@@ -516,7 +516,7 @@ def test_one_owner_under_two_tokens_holds_two_places_with_a_tenure_each(service,
     first, second = by_action(page, Action.ACQUIRED)[::-1]
     (took_over,) = by_action(page, Action.TOOK_OVER)
     assert took_over.previous_owner == "w"
-    assert first.id not in found.started  # w still holds its t-1 place
+    assert first.id not in found.started  # w still holds its t-1 holder
     ran_out = found.started[second.id]
     assert (ran_out.held_for, ran_out.ended_by) == (timedelta(seconds=10), "expired")
     assert found.ended == {took_over.id: ran_out}
@@ -561,7 +561,7 @@ def test_the_audit_page_and_the_timeline_derive_the_same_parallel_tenures(
     clock.advance(30)  # p-1 ran out
     taken = service.acquire("sem:x", "p-4", ttl=60, limit=3)
     assert taken.action is Action.TOOK_OVER
-    service.force_release_place("sem:x", fences["p-2"], actor="al", reason="stuck")
+    service.force_release_holder("sem:x", fences["p-2"], actor="al", reason="stuck")
     clock.advance(2)
     service.release("sem:x", "p-3")
     assert service.acquire("sem:x", "p-5", ttl=5, limit=3).acquired

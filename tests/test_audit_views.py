@@ -65,11 +65,11 @@ def test_audit_page_shows_durations_held_where_the_end_is_known(viewer, history)
     assert held.get_text(strip=True) == ""
 
 
-def test_audit_page_shows_each_place_of_a_semaphore_held_for_its_own_time(
+def test_audit_page_shows_each_holder_of_a_semaphore_held_for_its_own_time(
     viewer, service, clock
 ):
-    """Three places held at once: each grant's row says how long its own
-    holder kept it, each release whose hold it ended (before, the next place's
+    """Three holders held at once: each grant's row says how long its own
+    holder kept it, each release whose hold it ended (before, the next holder's
     grant ended the previous holder's hold: 5 s, 5 s)."""
     for owner in ("p-1", "p-2", "p-3"):
         assert service.acquire("sem:audit", owner, ttl=60, limit=3).acquired

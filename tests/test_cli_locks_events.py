@@ -184,7 +184,7 @@ def test_events_prune_deletes_old_events_only(cli, history, clock, fake_app):
         assert [e.resource for e in iter_events()] == ["new:1"]
 
 
-def test_locks_list_prints_each_place_and_shared_grant(cli, service):
+def test_locks_list_prints_each_holder_and_shared_grant(cli, service):
     for owner in ("a", "b"):
         assert service.acquire("sem:pool", owner, ttl=30, limit=3).acquired
     for owner in ("r-1", "r-2"):

@@ -59,7 +59,7 @@ from tests.test_client import (  # noqa: F401
     test_wrong_token_raises_authentication_failed,
 )
 from tests.test_client_holders import (  # noqa: F401
-    test_a_semaphore_grants_its_places_each_with_a_fence_then_refuses,
+    test_a_semaphore_grants_its_holders_each_with_a_fence_then_refuses,
     test_another_limit_on_a_resource_in_use_raises_limit_mismatch,
     test_shared_grants_coexist_and_an_exclusive_one_waits_for_them,
 )

@@ -23,7 +23,7 @@ def worker(request, live_server, backend):
         yield lock_client
 
 
-def test_a_semaphore_grants_its_places_each_with_a_fence_then_refuses(worker):
+def test_a_semaphore_grants_its_holders_each_with_a_fence_then_refuses(worker):
     grants = [worker.acquire("report-builds", f"w-{n}", 30, limit=3) for n in range(3)]
     assert all(grant.acquired for grant in grants), grants
     fences = [grant.lock.fence for grant in grants]
@@ -34,7 +34,7 @@ def test_a_semaphore_grants_its_places_each_with_a_fence_then_refuses(worker):
 
     refused = worker.acquire("report-builds", "w-3", 30, limit=3)
     assert not refused.acquired
-    assert refused.lock is not None  # the place that ends first
+    assert refused.lock is not None  # the holder that ends first
     assert refused.lock.owner == "w-0"
     assert refused.retry_after is not None
 
@@ -75,20 +75,20 @@ def test_the_lock_block_with_a_limit_never_lets_more_inside(live_server, backend
     guard = threading.Lock()
     fences: list[int] = []
     # The first holder stays inside until a second one is there with it, so the
-    # two places are seen taken at once however the threads are scheduled.
+    # two holders are seen taken at once however the threads are scheduled.
     two_inside = threading.Event()
 
     def run(client: LockClient) -> None:
         nonlocal inside, most_inside
-        with client.lock("heavy-query", ttl=10, wait=30, limit=2) as place:
+        with client.lock("heavy-query", ttl=10, wait=30, limit=2) as holder:
             with guard:
                 inside += 1
                 most_inside = max(most_inside, inside)
-                fences.append(place.fence)
+                fences.append(holder.fence)
                 if inside == 2:
                     two_inside.set()
             two_inside.wait(timeout=30)
-            time.sleep(0.05)  # the work while holding a place: others must wait
+            time.sleep(0.05)  # the work while a holder: others must wait
             with guard:
                 inside -= 1
 

@@ -756,10 +756,10 @@ def test_the_charts_now_judges_short_ttls_as_the_cards_do(backend, fake_app, clo
     assert charted == cards
 
 
-def test_the_charts_count_a_place_held_resource_once_as_the_cards_do(
+def test_the_charts_count_a_holder_held_resource_once_as_the_cards_do(
     backend, fake_app, clock
 ):
-    """A semaphore held by 2 places and a shared lock held by 2 readers are one
+    """A semaphore held by 2 holders and a shared lock held by 2 readers are one
     lock each, in the state of their grant that ends first, on the charts as
     on the cards: held, then expiring as that grant nears its end, then held
     again by the later one, and gone once every grant ran out. Acquired in the
@@ -789,27 +789,27 @@ def test_the_charts_count_a_place_held_resource_once_as_the_cards_do(
     assert cards == (3, 0, 1)
     assert charted == cards
 
-    clock.advance(2 * hour - 180 - 10)  # place a: 10 s left, untouched for 2 h
+    clock.advance(2 * hour - 180 - 10)  # holder a: 10 s left, untouched for 2 h
     charted, cards = _charts_now_and_cards(fake_app, clock)
     assert cards == (2, 1, 1)
     assert charted == cards
 
-    clock.advance(20)  # place a ran out: place b holds the semaphore
+    clock.advance(20)  # holder a ran out: holder b holds the semaphore
     charted, cards = _charts_now_and_cards(fake_app, clock)
     assert cards == (3, 0, 1)
     assert charted == cards
 
-    clock.advance(2 * hour)  # every place and the exclusive grant ran out
+    clock.advance(2 * hour)  # every holder and the exclusive grant ran out
     charted, cards = _charts_now_and_cards(fake_app, clock)
     assert cards == (1, 0, 2)
     assert charted == cards
 
 
-def place_held_row(resource, limit, places_ends_minutes):
-    """The row of a resource held by places (no owner; ``places_until`` the
-    latest expiry of its places) and its places, granted before the window."""
+def holder_held_row(resource, limit, holders_ends_minutes):
+    """The row of a resource held by holders (no owner; ``places_until`` the
+    latest expiry of its holders) and its holders, granted before the window."""
     granted = minutes_ago(90)
-    ends = [minutes_ago(m) for m in places_ends_minutes]
+    ends = [minutes_ago(m) for m in holders_ends_minutes]
     row = DistributedLock(
         resource=resource,
         owner=None,
@@ -834,23 +834,23 @@ def place_held_row(resource, limit, places_ends_minutes):
     return [row, *held]
 
 
-def test_a_past_moment_counts_untouched_places_by_the_one_that_ends_first(stored):
-    """No event in the window: the places did not change, so at each past
-    moment the resource is in the state of its place that ends first after it
+def test_a_past_moment_counts_untouched_holders_by_the_one_that_ends_first(stored):
+    """No event in the window: the holders did not change, so at each past
+    moment the resource is in the state of its holder that ends first after it
     (expiring within 2 min of it, then held by the next), and free once the last
-    ran out (a place that ran out is nobody's grant: never stale)."""
+    ran out (a holder that ran out is nobody's grant: never stale)."""
     sampled = stored(
         rows=[
-            *place_held_row("job:sem", 3, [40, 20, -30]),
-            *place_held_row("job:readers", 1, [50, 10]),
+            *holder_held_row("job:sem", 3, [40, 20, -30]),
+            *holder_held_row("job:readers", 1, [50, 10]),
         ],
         within=120,
     )
     assert at_minute(sampled, 55) == (2, 0, 0)
     assert at_minute(sampled, 51) == (1, 1, 0)  # a reader: 1 min left
     assert at_minute(sampled, 45) == (2, 0, 0)  # the other reader holds it
-    assert at_minute(sampled, 41) == (1, 1, 0)  # a place: 1 min left
-    assert at_minute(sampled, 40) == (2, 0, 0)  # the next place holds it
+    assert at_minute(sampled, 41) == (1, 1, 0)  # a holder: 1 min left
+    assert at_minute(sampled, 40) == (2, 0, 0)  # the next holder holds it
     assert at_minute(sampled, 21) == (1, 1, 0)
     assert at_minute(sampled, 11) == (1, 1, 0)  # a reader: 1 min left
     assert at_minute(sampled, 10) == (1, 0, 0)  # the readers ran out: free
@@ -1038,8 +1038,8 @@ def test_a_bucket_not_counted_yet_leaves_the_stored_ones_drawn(
     assert len(page.select("rect.event-bar")) == 3  # 09:00, 09:20, 09:40
 
 
-def placed_event(action, minutes, resource, owner, fence, ttl_minutes=60.0, mode=None):
-    """An event of one holder of a resource held by places (its own fence)."""
+def holder_event(action, minutes, resource, owner, fence, ttl_minutes=60.0, mode=None):
+    """An event of one holder of a resource held by holders (its own fence)."""
     at = minutes_ago(minutes)
     ends = action in ("released", "force_released")
     return LockEvent(
@@ -1056,7 +1056,7 @@ def placed_event(action, minutes, resource, owner, fence, ttl_minutes=60.0, mode
 
 
 def test_overlapping_holders_in_the_past_each_hold_their_resource(stored):
-    """Two holders at once, in the past: a semaphore's places (a from 50 min
+    """Two holders at once, in the past: a semaphore's holders (a from 50 min
     ago and on, b from 40 to 30 min ago) and two readers (r1 from 55 min ago,
     renewed at 35 until 5 min ago; r2 from 45 to 25 min ago). Each holder is
     read from its own events, so a resource is held while any of its grants
@@ -1073,7 +1073,7 @@ def test_overlapping_holders_in_the_past_each_hold_their_resource(stored):
         holder_limit=2,
         places_until=a_ends,
     )
-    place_a = LockHolder(
+    holder_a = LockHolder(
         resource="sem:2",
         owner="a",
         token="t",
@@ -1102,15 +1102,15 @@ def test_overlapping_holders_in_the_past_each_hold_their_resource(stored):
     )
     sampled = stored(
         events=[
-            placed_event("acquired", 55, "rw:1", "r1", 21, 30, SHARED),
-            placed_event("acquired", 50, "sem:2", "a", 11),
-            placed_event("acquired", 45, "rw:1", "r2", 22, 60, SHARED),
-            placed_event("acquired", 40, "sem:2", "b", 12),
-            placed_event("renewed", 35, "rw:1", "r1", 21, 30, SHARED),
-            placed_event("released", 30, "sem:2", "b", 12),
-            placed_event("released", 25, "rw:1", "r2", 22, mode=SHARED),
+            holder_event("acquired", 55, "rw:1", "r1", 21, 30, SHARED),
+            holder_event("acquired", 50, "sem:2", "a", 11),
+            holder_event("acquired", 45, "rw:1", "r2", 22, 60, SHARED),
+            holder_event("acquired", 40, "sem:2", "b", 12),
+            holder_event("renewed", 35, "rw:1", "r1", 21, 30, SHARED),
+            holder_event("released", 30, "sem:2", "b", 12),
+            holder_event("released", 25, "rw:1", "r2", 22, mode=SHARED),
         ],
-        rows=[semaphore, place_a, readers, r1],
+        rows=[semaphore, holder_a, readers, r1],
         within=120,
     )
     assert at_minute(sampled, 58) == (0, 0, 0)

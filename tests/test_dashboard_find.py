@@ -329,7 +329,7 @@ def test_sort_by_waiters_and_the_contended_filter(numbered):
 
 def test_counts_and_contended_are_the_counts_and_the_contended_count(numbered):
     """The overview's counters in one statement: the numbers of the two reads it
-    replaced, a semaphore's places (one entry) and their waiter among them."""
+    replaced, a semaphore's holders (one entry) and their waiter among them."""
     numbered.acquire("sem:1", "w", limit=2, ttl=100)
     numbered.acquire("sem:1", "v", limit=2, ttl=100)
     numbered.queue.join("sem:1", "other", None, 60, mode="exclusive", limit=1)
@@ -347,7 +347,7 @@ def test_counts_and_contended_are_the_counts_and_the_contended_count(numbered):
 def test_a_grouped_views_counts_come_with_its_groups_as_read_apart(numbered, clock):
     """One statement for a grouped page: the groups of ``owner_counts`` and
     ``prefix_counts`` and the counts of ``counts_and_contended``, exclusive
-    grants, a released one, a semaphore's places (one resource, a grant per
+    grants, a released one, a semaphore's holders (one resource, a grant per
     owner) and shared grants, waiters, every state, under each search."""
     numbered.acquire("sem:1", "w", limit=3, ttl=100)
     numbered.acquire("sem:1", "v", limit=3, ttl=5)
@@ -357,7 +357,7 @@ def test_a_grouped_views_counts_come_with_its_groups_as_read_apart(numbered, clo
     numbered.acquire("job:gone", "v", ttl=100)
     numbered.release("job:gone", "v")
     numbered.acquire("job:soon", "v", ttl=14)
-    clock.advance(8)  # job:soon expiring, v's place of sem:1 gone
+    clock.advance(8)  # job:soon expiring, v's holder of sem:1 gone
     at = numbered.now()
     searches = ({}, {"prefix": "job"}, {"prefix": "job:"}, {"owner_contains": "V"})
     for filters in searches:
@@ -390,7 +390,7 @@ def test_numbered_pages_read_the_same_order_by_offset(numbered):
 def test_every_offset_reads_its_slice_of_the_urgent_order(numbered, state, sort):
     """A page whose live locks fill it reads no stale one (``_stale_fetch``):
     every slice, at each side of the live/stale boundary, is still the same
-    slice of the whole order, a semaphore's places among the live."""
+    slice of the whole order, a semaphore's holders among the live."""
     numbered.acquire("sem:1", "v", limit=2, ttl=50)
     numbered.acquire("sem:1", "u", limit=2, ttl=60)
     whole = [

@@ -1,4 +1,4 @@
-"""The lock page of a resource held by places (a semaphore's, or shared grants)
+"""The lock page of a resource held by holders (a semaphore's, or shared grants)
 says what holds it ("3 of 4 places", "2 readers") and lists every live holder:
 owner, token, time left, fence and time held, each with its own force-release
 (a reason, the fence seen) and, bound to a session, its own "End session…"; no
@@ -109,7 +109,7 @@ def test_one_holder_force_released_by_its_own_button(operator, service):
         for n in (1, 2, 3)
     ]
     page = soup(operator.get("/locks/sem:op"))
-    # No whole-lock force-release beside the holders' own: the places are
+    # No whole-lock force-release beside the holders' own: the holders are
     # not one grant (force_release answered "already released" for them).
     assert page.find(id="lock-release") is None
     link = page.find(id=f"holder-{fences[1]}-release")
@@ -175,7 +175,7 @@ def test_the_audit_filters_by_mode(viewer, service):
 
 
 def test_the_timeline_draws_a_semaphores_holders_side_by_side(viewer, service, clock):
-    # Three places held at once, renewed in turn: one bar per place, each in a
+    # Three holders held at once, renewed in turn: one bar per holder, each in a
     # lane of its own, every one of them still held (none cut short by the
     # others' grants or renewals, as one holder's history would read them).
     for owner in ("w-1", "w-2", "w-3"):
@@ -192,7 +192,7 @@ def test_the_timeline_draws_a_semaphores_holders_side_by_side(viewer, service, c
     assert all(title.endswith("(held)") for title in titles), titles
 
 
-def hold_places(service):
+def hold_holders(service):
     """A semaphore of 3 with 2 holders and a shared lock with 2 readers."""
     for owner, ttl in (("host-a:1", 60), ("host-b:2", 90)):
         assert service.acquire("sem:pool", owner, ttl=ttl, limit=3).acquired
@@ -207,8 +207,8 @@ def overview_rows(page):
     }
 
 
-def test_the_overview_shows_a_resource_held_by_places_as_one_row(operator, service):
-    hold_places(service)
+def test_the_overview_shows_a_resource_held_by_holders_as_one_row(operator, service):
+    hold_holders(service)
     assert service.acquire("job:1", "w-1", ttl=30).acquired
     page = soup(operator.get("/"))
     rows = overview_rows(page)
@@ -234,15 +234,15 @@ def test_the_overview_shows_a_resource_held_by_places_as_one_row(operator, servi
 
 
 def test_the_overview_finds_a_resource_by_any_holders_owner(viewer, service):
-    hold_places(service)
+    hold_holders(service)
     page = soup(viewer.get("/?owner=host-b"))
     assert list(overview_rows(page)) == ["sem:pool"]
     assert page.find(id="count-held").select_one(".count").get_text() == "1"
     assert page.find(id="tab-held").select_one(".tab-count").get_text() == "(1)"
 
 
-def test_the_groupings_count_places(viewer, service):
-    hold_places(service)
+def test_the_groupings_count_holders(viewer, service):
+    hold_holders(service)
     assert service.acquire("sem:pool", "host-a:7", ttl=60, limit=3).acquired
 
     def groups(view):

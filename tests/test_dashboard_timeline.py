@@ -270,9 +270,9 @@ def test_a_renewal_of_another_fence_shows_a_grant_whose_events_are_missing():
     ]
 
 
-def test_places_held_at_once_run_side_by_side_in_lanes_of_their_own():
-    # A semaphore of 3: a, b and c hold places at once; b releases, a renews,
-    # c's place runs out and d takes it over.
+def test_holders_at_once_run_side_by_side_in_lanes_of_their_own():
+    # A semaphore of 3: a, b and c are holders at once; b releases, a renews,
+    # c's holder runs out and d takes it over.
     events = [
         event("acquired", 0, "a", ttl=60, fence=1),
         event("acquired", 5, "b", ttl=60, fence=2),
@@ -294,14 +294,14 @@ def test_places_held_at_once_run_side_by_side_in_lanes_of_their_own():
     assert [lane.owner for lane in drawn.lanes] == ["a", "b", "c", "d"]
     bars = {bar.tenure.owner: bar for bar in drawn.bars}
     assert len({bar.y for bar in bars.values()}) == 4
-    # a's bar spans b's and c's: the places were held at once.
+    # a's bar spans b's and c's: the holders were held at once.
     assert bars["a"].x < bars["b"].x < bars["c"].x
     assert bars["a"].x + bars["a"].width > bars["c"].x + bars["c"].width
 
 
 def test_one_owner_under_two_tokens_is_two_holders_each_with_its_own_bar():
-    # w holds two places of a semaphore of 2, under t-1 and t-2; the t-2
-    # place runs out and c takes it over (naming w, with no token).
+    # w is two holders of a semaphore of 2, under t-1 and t-2; the t-2
+    # holder runs out and c takes it over (naming w, with no token).
     events = [
         event("acquired", 0, "w", ttl=60, fence=1, token="t-1"),
         event("acquired", 5, "w", ttl=10, fence=2, token="t-2"),
@@ -366,14 +366,14 @@ def test_a_session_bound_grant_ends_with_its_session_not_its_recorded_expiry():
             (s.owner, s.held_until, s.ended_by)
             for s in derive([events[0], took], at(70), sessions=sessions)
         ] == [("a", at(40), "expired"), ("b", at(70), "held")]
-    # A place bound to a live session is held, whatever other grants came.
-    places = [
+    # A holder bound to a live session is held, whatever other grants came.
+    holders = [
         replace(event("acquired", 0, "a", ttl=15, fence=1), details=bound),
         event("acquired", 20, "c", ttl=60, fence=2),
     ]
     assert [
         (s.owner, s.ended_by)
-        for s in derive(places, at(30), parallel=True, sessions={"s-1": at(45)})
+        for s in derive(holders, at(30), parallel=True, sessions={"s-1": at(45)})
     ] == [("a", "held"), ("c", "held")]
 
 
@@ -406,7 +406,7 @@ def test_a_promotion_ends_the_holders_shared_grant_where_its_exclusive_one_start
     ]
 
 
-def test_renewals_of_places_read_without_their_grants_stay_parallel_when_told():
+def test_renewals_of_holders_read_without_their_grants_stay_parallel_when_told():
     # The events read start after both grants: only renewals, which one
     # exclusive holder's history would read as a grant whose events are missing.
     events = [

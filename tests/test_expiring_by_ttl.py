@@ -79,7 +79,7 @@ def test_a_session_bound_grant_is_judged_by_its_sessions_ttl(service, clock):
     assert states(service, "leader:1") == {LockState.EXPIRING}
 
 
-def test_semaphore_places_and_shared_grants_each_keep_their_own_ttl(service, clock):
+def test_semaphore_holders_and_shared_grants_each_keep_their_own_ttl(service, clock):
     service.acquire("sem:1", "a", ttl=10, limit=2)
     service.acquire("sem:1", "b", ttl=600, limit=2)
     service.acquire("rw:1", "r", ttl=16, mode="shared")

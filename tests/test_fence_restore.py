@@ -39,8 +39,8 @@ def test_a_start_moves_a_rewound_fence_sequence_past_the_fences_held(
     with app.app_context():
         service = lock_service()
         held = service.acquire("restored:1", "w1", ttl=300).lock.fence
-        place = service.acquire("restored:sem", "w1", ttl=300, limit=3).lock.fence
-    highest = max(held, place)
+        holder = service.acquire("restored:sem", "w1", ttl=300, limit=3).lock.fence
+    highest = max(held, holder)
     rewind_fence_sequence(database_url)
 
     with caplog.at_level(logging.WARNING, logger="app"):

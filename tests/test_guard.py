@@ -199,12 +199,12 @@ def test_any_live_grants_fence_passes_and_holds_the_row(guarded_app, clock):
         service.acquire("guard:rw", owner, ttl=30, mode="shared").lock
         for owner in ("r-1", "r-2")
     ]
-    place = service.acquire("guard:sem", "s-1", ttl=30, limit=3).lock
+    holder = service.acquire("guard:sem", "s-1", ttl=30, limit=3).lock
     exclusive = service.acquire(RESOURCE, "w-1", ttl=30).lock
     for resource, fence in [
         ("guard:rw", readers[0].fence),
         ("guard:rw", readers[1].fence),
-        ("guard:sem", place.fence),
+        ("guard:sem", holder.fence),
         (RESOURCE, exclusive.fence),
     ]:
         with db.engine.connect() as conn:
@@ -219,7 +219,7 @@ def test_any_live_grants_fence_passes_and_holds_the_row(guarded_app, clock):
         guard(second, "guard:rw", readers[1].fence)
         first.rollback()
         second.rollback()
-    # A place released is lost; one past its ttl (the database's clock) is
+    # A holder released is lost; one past its ttl (the database's clock) is
     # expired; a demoted grant's fence is its shared grant's now.
     service.release("guard:rw", "r-1")
     with db.engine.connect() as conn:
@@ -232,10 +232,10 @@ def test_any_live_grants_fence_passes_and_holds_the_row(guarded_app, clock):
     with db.engine.connect() as conn:
         conn.execute(
             text("UPDATE lock_holders SET expires_at = :past WHERE fence = :f"),
-            {"past": datetime.now(UTC) - timedelta(seconds=5), "f": place.fence},
+            {"past": datetime.now(UTC) - timedelta(seconds=5), "f": holder.fence},
         )
         conn.commit()
-        assert refusal(conn, "guard:sem", place.fence)[0] == "LK002"
+        assert refusal(conn, "guard:sem", holder.fence)[0] == "LK002"
 
 
 @pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ"])
@@ -247,10 +247,10 @@ def test_a_refused_fence_leaves_the_row_free(guarded_app, clock, isolation):
     lost = service.acquire(RESOURCE, "w-1", ttl=30).lock
     clock.advance(31)
     held = service.acquire(RESOURCE, "w-2", ttl=30).lock
-    place = service.acquire("guard:sem", "s-1", ttl=30, limit=2).lock
+    holder = service.acquire("guard:sem", "s-1", ttl=30, limit=2).lock
     service.release("guard:sem", "s-1")
     service.acquire("guard:sem", "s-2", ttl=30, limit=2)
-    refused = [(RESOURCE, lost.fence, "LK001"), ("guard:sem", place.fence, "LK001")]
+    refused = [(RESOURCE, lost.fence, "LK001"), ("guard:sem", holder.fence, "LK001")]
     if isolation == "READ COMMITTED":
         # Under a snapshot a fence newer than any it knows may be a grant made
         # since: PostgreSQL fails it with 40001, MariaDB looks under the lock

@@ -37,7 +37,7 @@ def events_of(resource: str) -> list[LockEvent]:
     )
 
 
-def places_of(resource: str) -> list[LockHolder]:
+def holders_of(resource: str) -> list[LockHolder]:
     db.session.rollback()
     return list(
         db.session.scalars(
@@ -48,7 +48,7 @@ def places_of(resource: str) -> list[LockHolder]:
     )
 
 
-def test_a_semaphore_grants_limit_places_each_with_its_own_fence(service):
+def test_a_semaphore_grants_limit_holders_each_with_its_own_fence(service):
     grants = [service.acquire("sem:1", f"w-{i}", ttl=30, limit=3) for i in range(3)]
     assert all(g.acquired for g in grants)
     fences = [g.lock.fence for g in grants]
@@ -77,17 +77,17 @@ def test_a_same_holder_reacquire_keeps_its_fence(service, clock):
     assert again.action is Action.REACQUIRED
     assert again.lock.fence == first.lock.fence
     assert again.lock.ttl_remaining == 30
-    assert len(places_of("sem:re")) == 1
+    assert len(holders_of("sem:re")) == 1
 
 
-def test_renew_and_release_act_on_the_callers_own_place(service, clock):
+def test_renew_and_release_act_on_the_callers_own_holder(service, clock):
     a = service.acquire("sem:rr", "a", ttl=10, limit=2).lock
     b = service.acquire("sem:rr", "b", ttl=10, limit=2).lock
     renewed = service.renew("sem:rr", "b", ttl=40)
     assert (renewed.fence, renewed.ttl_remaining) == (b.fence, 40)
     released = service.release("sem:rr", "a")
     assert released.fence == a.fence
-    assert [p.owner for p in places_of("sem:rr")] == ["b"]
+    assert [p.owner for p in holders_of("sem:rr")] == ["b"]
     with pytest.raises(LockNotFound):
         service.release("sem:rr", "a")
     with pytest.raises(LockNotFound):
@@ -95,7 +95,7 @@ def test_renew_and_release_act_on_the_callers_own_place(service, clock):
     assert [e.action for e in events_of("sem:rr")][-2:] == ["renewed", "released"]
 
 
-def test_an_expired_place_is_taken_over_naming_its_owner(service, clock):
+def test_an_expired_holder_is_taken_over_naming_its_owner(service, clock):
     service.acquire("sem:tk", "old", ttl=5, limit=1 + 1)
     service.acquire("sem:tk", "live", ttl=60, limit=2)
     clock.advance(6)
@@ -104,7 +104,7 @@ def test_an_expired_place_is_taken_over_naming_its_owner(service, clock):
     assert taken.action is Action.TOOK_OVER
     last = events_of("sem:tk")[-1]
     assert (last.action, last.previous_owner) == ("took_over", "old")
-    assert sorted(p.owner for p in places_of("sem:tk")) == ["live", "new"]
+    assert sorted(p.owner for p in holders_of("sem:tk")) == ["live", "new"]
 
 
 def test_another_limit_is_a_mismatch_while_in_use(service, clock):
@@ -164,13 +164,13 @@ def test_promote_only_as_the_sole_holder_with_a_new_fence(service):
     refused = service.acquire("rw:p", "r1", ttl=10)
     assert not refused.acquired
     assert refused.lock.owner == "r2"
-    assert [p.owner for p in places_of("rw:p")] == ["r1", "r2"]  # kept
+    assert [p.owner for p in holders_of("rw:p")] == ["r1", "r2"]  # kept
     service.release("rw:p", "r2")
     promoted = service.acquire("rw:p", "r1", ttl=10)
     assert promoted.acquired
     assert promoted.lock.mode == "exclusive"
     assert promoted.lock.fence > r1.fence
-    assert places_of("rw:p") == []
+    assert holders_of("rw:p") == []
     assert service.get("rw:p").owner == "r1"
 
 
@@ -189,20 +189,20 @@ def test_demote_always_keeps_the_fence(service):
     assert row.places_until is not None
 
 
-def test_the_quota_counts_places(service):
+def test_the_quota_counts_holders(service):
     service.acquire("q:x", "w", ttl=10, token="q", max_locks=2)
     service.acquire("q:sem", "w", ttl=10, token="q", max_locks=2, limit=3)
     with pytest.raises(QuotaExceeded):
         service.acquire("q:sem", "w2", ttl=10, token="q", max_locks=2, limit=3)
     with pytest.raises(QuotaExceeded):
         service.acquire("q:y", "w", ttl=10, token="q", max_locks=2)
-    # A re-acquire of a place it holds is no new grant.
+    # A re-acquire of a holder it holds is no new grant.
     assert service.acquire(
         "q:sem", "w", ttl=10, token="q", max_locks=2, limit=3
     ).acquired
 
 
-def test_a_freeze_refuses_a_new_place(service):
+def test_a_freeze_refuses_a_new_holder(service):
     service.acquire("frz:sem", "a", ttl=10, limit=2)
     service.freeze("frz:", actor="op", reason="maintenance")
     with pytest.raises(ResourceFrozen):
@@ -223,7 +223,7 @@ def test_a_revoked_token_is_refused_at_the_place_grant(fake_app, service):
     db.session.commit()
     with pytest.raises(TokenEnded):
         service.acquire("tok:sem", "w", ttl=10, token="gone", limit=2)
-    assert places_of("tok:sem") == []
+    assert holders_of("tok:sem") == []
 
 
 def rows_of(resource: str) -> list[DistributedLock]:
@@ -238,9 +238,9 @@ def rows_of(resource: str) -> list[DistributedLock]:
 @pytest.mark.parametrize(
     "shape", [{"mode": "shared"}, {"limit": 3}], ids=["shared", "semaphore"]
 )
-def test_a_refused_place_of_a_new_resource_writes_nothing(fake_app, service, shape):
-    # Over its quota (429), frozen (423), its token ended: no row, no place,
-    # no event, for a resource that had none (the places path inserted a free
+def test_a_refused_holder_of_a_new_resource_writes_nothing(fake_app, service, shape):
+    # Over its quota (429), frozen (423), its token ended: no row, no holder,
+    # no event, for a resource that had none (the holders path inserted a free
     # row before it decided).
     service.acquire("full:x", "w", ttl=10, token="q", max_locks=1)
     with pytest.raises(QuotaExceeded):
@@ -259,13 +259,13 @@ def test_a_refused_place_of_a_new_resource_writes_nothing(fake_app, service, sha
         service.acquire("new:ended", "w", ttl=10, token="ended", **shape)
     for resource in ("new:quota", "new:frozen", "new:ended"):
         assert rows_of(resource) == []
-        assert places_of(resource) == []
+        assert holders_of(resource) == []
         assert events_of(resource) == []
-    # The first grant writes the row with its place.
+    # The first grant writes the row with its holder.
     granted = service.acquire("new:quota", "w", ttl=10, token="q2", **shape)
     assert granted.acquired
     assert [row.owner for row in rows_of("new:quota")] == [None]
-    assert [place.owner for place in places_of("new:quota")] == ["w"]
+    assert [holder_row.owner for holder_row in holders_of("new:quota")] == ["w"]
 
 
 def test_holders_of_another_token_are_other_holders(service):
@@ -293,7 +293,7 @@ def test_bad_limit_or_mode_is_bad_input(service, limit, mode, field):
     assert [f for f, _ in raised.value.errors] == [field]
 
 
-def test_a_claim_never_coexists_with_places(service):
+def test_a_claim_never_coexists_with_holders(service):
     service.acquire("op:rw", "r1", ttl=30, mode="shared")
     for force in (False, True):
         with pytest.raises(LockHeld) as raised:
@@ -301,14 +301,14 @@ def test_a_claim_never_coexists_with_places(service):
         assert raised.value.holder.owner == "r1"
 
 
-def test_purge_keeps_a_row_held_by_places(service, clock):
+def test_purge_keeps_a_row_held_by_holders(service, clock):
     service.acquire("pg:sem", "a", ttl=600, limit=2)
     service.acquire("pg:old", "b", ttl=5, limit=2)
     clock.advance(120)
     service.purge_stale(timedelta(minutes=1))
-    assert [p.owner for p in places_of("pg:sem")] == ["a"]
-    assert places_of("pg:old") == []
-    # The exclusive path still sees the live place.
+    assert [p.owner for p in holders_of("pg:sem")] == ["a"]
+    assert holders_of("pg:old") == []
+    # The exclusive path still sees the live holder.
     with pytest.raises(LimitMismatch):
         service.acquire("pg:sem", "x", ttl=5)
 
@@ -321,13 +321,13 @@ def test_a_session_bound_acquire_is_refused_by_shared_holders(service):
     assert refused.lock.owner == "r1"
 
 
-# -- listing and counting places ------------------------------------------------
+# -- listing and counting holders ------------------------------------------------
 
 
-def hold_places(service, clock):
+def hold_holders(service, clock):
     """A semaphore of 3 with 2 holders, a shared lock with 2 readers and one
     exclusive lock; the exclusive one ends first, then the readers, then the
-    semaphore's places."""
+    semaphore's holders."""
     assert service.acquire("job:solo", "w-9:1", ttl=20, token="ci").acquired
     for owner, ttl in (("host-a:1", 60), ("host-b:2", 90)):
         assert service.acquire("sem:pool", owner, ttl=ttl, limit=3, token="ci").acquired
@@ -337,7 +337,7 @@ def hold_places(service, clock):
 
 
 def test_every_live_grant_is_an_entry_of_the_grant_list(service, clock):
-    hold_places(service, clock)
+    hold_holders(service, clock)
     listed = service.list_locks(entries="grants").items
     assert [(lock.resource, lock.owner) for lock in listed] == [
         ("job:solo", "w-9:1"),
@@ -369,7 +369,7 @@ def test_every_live_grant_is_an_entry_of_the_grant_list(service, clock):
     ["resource", "-resource", "natural", "owner", "-expires", "urgent", "waiters"],
 )
 def test_pages_of_one_list_every_grant_exactly_once(service, clock, sort):
-    hold_places(service, clock)
+    hold_holders(service, clock)
     seen, cursor = [], None
     while True:
         page = service.list_locks(entries="grants", limit=1, cursor=cursor, sort=sort)
@@ -382,8 +382,8 @@ def test_pages_of_one_list_every_grant_exactly_once(service, clock, sort):
     assert len(set(seen)) == 5
 
 
-def test_a_resource_held_by_places_is_one_entry_of_the_resource_list(service, clock):
-    hold_places(service, clock)
+def test_a_resource_held_by_holders_is_one_entry_of_the_resource_list(service, clock):
+    hold_holders(service, clock)
     listed = service.list_locks(entries="resources", sort="urgent").items
     # Its grant that ends first stands for it.
     assert [(lock.resource, lock.owner, lock.holders) for lock in listed] == [
@@ -400,8 +400,8 @@ def test_a_resource_held_by_places_is_one_entry_of_the_resource_list(service, cl
     assert service.count_locks(prefix="sem:", state="held") == 1
 
 
-def test_places_count_in_every_counter_and_group(service, clock):
-    hold_places(service, clock)
+def test_holders_count_in_every_counter_and_group(service, clock):
+    hold_holders(service, clock)
     clock.advance(10)  # job:solo expiring
     assert service.counts() == {
         LockState.HELD: 2,
@@ -433,7 +433,7 @@ def test_places_count_in_every_counter_and_group(service, clock):
     assert sum(service.counts().values()) == 2
 
 
-def test_a_session_bound_place_names_its_session(fake_app, service, clock):
+def test_a_session_bound_holder_names_its_session(fake_app, service, clock):
     api = ApiClient(fake_app)
     session = api.post("/api/v1/sessions", json={"owner": "w-7", "ttl": 15}).get_json()
     bound = api.post(

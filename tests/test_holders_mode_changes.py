@@ -16,7 +16,7 @@ from sqlalchemy import update
 from app.auth.models import ApiToken
 from app.auth.service import create_token
 from app.extensions import db
-from tests.test_holders import events_of, places_of
+from tests.test_holders import events_of, holders_of
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -26,8 +26,8 @@ def test_a_promotion_is_refused_under_a_freeze(service):
     service.freeze("rw:", actor="olga", reason="migration")
     with pytest.raises(ResourceFrozen):
         service.acquire("rw:frozen", "r", ttl=30)
-    (place,) = places_of("rw:frozen")
-    assert (place.owner, place.fence, place.mode) == ("r", reader.fence, "shared")
+    (holder,) = holders_of("rw:frozen")
+    assert (holder.owner, holder.fence, holder.mode) == ("r", reader.fence, "shared")
     assert [e.action for e in events_of("rw:frozen")] == [Action.ACQUIRED]
     # Renewing the shared grant goes on, as renewals do under a freeze.
     again = service.acquire("rw:frozen", "r", ttl=30, mode="shared")
@@ -47,7 +47,7 @@ def test_a_promotion_is_refused_for_a_revoked_token(service):
     db.session.commit()
     with pytest.raises(TokenEnded):
         service.acquire("rw:token", "r", ttl=30, token="leaving")
-    assert [(p.owner, p.fence) for p in places_of("rw:token")] == [("r", reader.fence)]
+    assert [(p.owner, p.fence) for p in holders_of("rw:token")] == [("r", reader.fence)]
     assert len(events_of("rw:token")) == 1
 
 
@@ -100,7 +100,7 @@ def test_a_refused_promotion_names_the_other_grant_that_ends_first(api, service,
 
 
 def test_a_refused_session_bound_promotion_names_the_same_grant(api, service, clock):
-    """A session's shared grant asking to be exclusive decides in the places
+    """A session's shared grant asking to be exclusive decides in the holders
     transaction on every dialect: its refusal names the same grant."""
     session = api.post("/api/v1/sessions", json={"owner": "s", "ttl": 5}).get_json()
     shared = {"owner": "s", "session": session["id"], "mode": "shared"}

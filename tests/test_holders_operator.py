@@ -1,5 +1,5 @@
-"""An operator force-releases one grant of a resource held by places, by the
-fence confirmed: that place alone ends (one event), the others stay; a fence no
+"""An operator force-releases one grant of a resource held by holders, by the
+fence confirmed: that holder alone ends (one event), the others stay; a fence no
 grant carries any more is refused and names the grant there now. Every database."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 
 import pytest
 from lockkeeper_core.errors import (
+    HeldByHolders,
     InvalidInput,
     LockChanged,
     LockNotFound,
-    PlacesHeld,
     QuotaExceeded,
     ResourceFrozen,
 )
@@ -21,7 +21,7 @@ from lockkeeper_core.state import Action
 from app.auth.service import create_token
 from app.extensions import lock_service
 from tests.dashboard_helpers import post, soup
-from tests.test_holders import events_of, places_of
+from tests.test_holders import events_of, holders_of
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -32,10 +32,10 @@ def grant(service, resource, owner, **kwargs):
     return result.lock
 
 
-def test_one_place_force_released_by_its_fence(service, clock):
+def test_one_holder_force_released_by_its_fence(service, clock):
     fences = [grant(service, "sem:op", f"w-{n}", limit=3).fence for n in (1, 2, 3)]
     clock.advance(5)
-    ended = service.force_release_place(
+    ended = service.force_release_holder(
         "sem:op", fences[1], actor="olga", reason="wedged"
     )
     assert (ended.owner, ended.fence, ended.mode) == ("w-2", fences[1], "exclusive")
@@ -48,14 +48,14 @@ def test_one_place_force_released_by_its_fence(service, clock):
     assert [(e.owner, e.fence, e.actor, e.reason, e.mode) for e in forced] == [
         ("w-2", fences[1], "olga", "wedged", "exclusive")
     ]
-    # The freed place is a place again.
+    # The freed place is taken again.
     assert grant(service, "sem:op", "w-4", limit=3).fence > fences[2]
 
 
 def test_a_shared_grant_force_released_leaves_the_other_readers(service):
     first = grant(service, "rw:op", "r-1", mode="shared")
     second = grant(service, "rw:op", "r-2", mode="shared")
-    service.force_release_place("rw:op", first.fence, actor="olga", reason="stuck")
+    service.force_release_holder("rw:op", first.fence, actor="olga", reason="stuck")
     assert [h.fence for h in service.holders("rw:op").holders] == [second.fence]
     forced = [e for e in events_of("rw:op") if e.action == Action.FORCE_RELEASED]
     assert [(e.owner, e.mode) for e in forced] == [("r-1", "shared")]
@@ -66,7 +66,7 @@ def test_a_changed_fence_is_refused_and_named(service):
     second = grant(service, "sem:gone", "w-2", limit=2)
     service.release("sem:gone", "w-1")
     with pytest.raises(LockChanged) as refused:
-        service.force_release_place(
+        service.force_release_holder(
             "sem:gone", first.fence, actor="olga", reason="late"
         )
     assert refused.value.expected_fence == first.fence
@@ -78,7 +78,7 @@ def test_a_changed_fence_is_refused_and_named(service):
     assert [h.fence for h in service.holders("sem:gone").holders] == [second.fence]
     assert not [e for e in events_of("sem:gone") if e.action == Action.FORCE_RELEASED]
     with pytest.raises(LockChanged) as nobody:
-        service.force_release_place("sem:none", 7, actor="olga", reason="x")
+        service.force_release_holder("sem:none", 7, actor="olga", reason="x")
     assert nobody.value.holder is None
 
 
@@ -89,7 +89,7 @@ def test_a_changed_fence_is_refused_and_named(service):
 def test_a_reason_and_a_fence_are_required(service, fence, reason, field):
     grant(service, "sem:bad", "w-1", limit=2)
     with pytest.raises(InvalidInput) as refused:
-        service.force_release_place("sem:bad", fence, actor="olga", reason=reason)
+        service.force_release_holder("sem:bad", fence, actor="olga", reason=reason)
     assert field in [name for name, _ in refused.value.errors]
     assert len(service.holders("sem:bad").holders) == 1
 
@@ -105,7 +105,7 @@ def forced_events(resource):
     ]
 
 
-def test_force_release_all_ends_every_place_one_event_each(service):
+def test_force_release_all_ends_every_holder_one_event_each(service):
     fences = [grant(service, "sem:all", f"w-{n}", limit=3).fence for n in (1, 2, 3)]
     done = service.force_release_all("sem:all", actor="olga", reason="drain")
     assert sorted(lock.fence for lock in done.released) == fences
@@ -201,9 +201,9 @@ def run_threads(*targets) -> None:
     assert errors == []
 
 
-def test_release_all_racing_new_places_leaves_no_grant_without_its_event(race_app):
-    """Workers take places while an operator releases every grant, over and
-    over: each grant ever made either is still a place or has exactly one
+def test_release_all_racing_new_holders_leaves_no_grant_without_its_event(race_app):
+    """Workers take holders while an operator releases every grant, over and
+    over: each grant ever made either is still a holder or has exactly one
     force_released event, never both, never neither."""
     resource = "race:all"
     started = time.monotonic()
@@ -244,7 +244,7 @@ def test_release_all_racing_new_places_leaves_no_grant_without_its_event(race_ap
     run_threads(operator, *(worker(n) for n in range(4)))
     with race_app.app_context():
         events = [(e.action, e.fence) for e in events_of(resource)]
-        live = [place.fence for place in places_of(resource)]
+        live = [holder_row.fence for holder_row in holders_of(resource)]
     made = [fence for action, fence in events if action == Action.ACQUIRED]
     forced = [fence for action, fence in events if action == Action.FORCE_RELEASED]
     assert sorted(made) == sorted(granted)
@@ -253,9 +253,9 @@ def test_release_all_racing_new_places_leaves_no_grant_without_its_event(race_ap
     assert sorted(forced + live) == sorted(made)
 
 
-def test_a_place_granted_while_release_all_runs_outlives_stale_fences(race_app):
-    """The confirmation is read, then a new place and the release race: in
-    either order the new place carries a fence the operator never confirmed
+def test_a_holder_granted_while_release_all_runs_outlives_stale_fences(race_app):
+    """The confirmation is read, then a new holder and the release race: in
+    either order the new holder carries a fence the operator never confirmed
     and stays."""
     resource = "race:seen"
     with race_app.app_context():
@@ -342,11 +342,11 @@ def test_the_lock_page_releases_all_holders_it_showed(operator, service):
     assert [h.owner for h in service.holders("sem:page").holders] == ["w-4"]
 
 
-def test_the_whole_lock_release_form_shows_the_holders_of_a_place_held_resource(
+def test_the_whole_lock_release_form_shows_the_holders_of_a_holder_held_resource(
     operator, service
 ):
     """/locks/<resource>/release confirms one exclusive grant. Of a resource
-    held by places it said "not locked" (404), and posted "already released"
+    held by holders it said "not locked" (404), and posted "already released"
     while three grants stayed: it now shows the holders' confirmation, every
     grant with its fence, and releases them from there."""
     for n in (1, 2, 3):
@@ -363,7 +363,7 @@ def test_the_whole_lock_release_form_shows_the_holders_of_a_place_held_resource(
     assert service.holders("sem:old").holders == []
 
 
-def test_the_whole_lock_release_posted_for_places_releases_nothing_and_says_so(
+def test_the_whole_lock_release_posted_for_holders_releases_nothing_and_says_so(
     operator, service
 ):
     """The lock page showed one exclusive grant; before the post its holder
@@ -401,18 +401,18 @@ def test_the_whole_lock_release_of_a_free_resource_is_still_not_found(operator):
     assert gone.status_code == 404
 
 
-def test_release_the_matching_of_a_host_releases_its_places_and_shared_grants(
+def test_release_the_matching_of_a_host_releases_its_holders_and_shared_grants(
     operator, service
 ):
-    """A host's grants are an exclusive lock, two places of a semaphore (a
+    """A host's grants are an exclusive lock, two holders of a semaphore (a
     third is another host's) and a shared grant beside another host's. The
     host's "Release its…" confirmation names each of its grants by fence (it
     named the resources but released the exclusive lock only, reporting the
     others 'nobody holds it now'); posted, each ends by its fence, one event
-    each, the other hosts' grants stay, and a place that changed hands since
+    each, the other hosts' grants stay, and a holder that changed hands since
     the confirmation is left alone and reported."""
     exclusive = grant(service, "job:x", "batch-07:1:a")
-    places = [
+    holder_rows = [
         grant(service, "sem:h", f"batch-07:{n}:b", limit=3, token="ci") for n in (1, 2)
     ]
     grant(service, "sem:h", "web-1:1:c", limit=3, token="ci")
@@ -425,9 +425,9 @@ def test_release_the_matching_of_a_host_releases_its_places_and_shared_grants(
     confirm = soup(operator.get(link["href"]))
     assert confirm.find("h2").get_text() == "Force release 4 grants of 3 locks?"
     shown = [i["value"] for i in confirm.select("form input[name=lock]")]
-    ours = [exclusive, *places, shared]
+    ours = [exclusive, *holder_rows, shared]
     assert sorted(shown) == sorted(f"{g.fence}:{g.resource}" for g in ours)
-    # Meanwhile batch-07:2's place is released and taken by another worker.
+    # Meanwhile batch-07:2's holder is released and taken by another worker.
     service.release("sem:h", "batch-07:2:b", token="ci")
     newer = grant(service, "sem:h", "web-3:1:f", limit=3, token="ci")
     response = post(
@@ -457,19 +457,19 @@ def test_release_the_matching_of_a_host_releases_its_places_and_shared_grants(
     }
     assert released == {
         ("job:x", "batch-07:1:a", exclusive.fence, "exclusive"),
-        ("sem:h", "batch-07:1:b", places[0].fence, "exclusive"),
+        ("sem:h", "batch-07:1:b", holder_rows[0].fence, "exclusive"),
         ("rw:h", "batch-07:3:d", shared.fence, "shared"),
     }
     assert newer.fence not in {fence for _, _, fence, _ in released}
 
 
 def test_release_many_counts_the_grants_and_the_locks_it_released(operator, service):
-    """Three grants of two locks (two places of a semaphore, an exclusive
+    """Three grants of two locks (two holders of a semaphore, an exclusive
     lock) released together are reported as such, not as three locks; as
     many grants as locks are counted as locks."""
-    places = [grant(service, "sem:count", f"w-{n}", limit=3) for n in (1, 2)]
+    holder_rows = [grant(service, "sem:count", f"w-{n}", limit=3) for n in (1, 2)]
     exclusive = grant(service, "job:count", "w-3")
-    chosen = [f"{g.fence}:{g.resource}" for g in (*places, exclusive)]
+    chosen = [f"{g.fence}:{g.resource}" for g in (*holder_rows, exclusive)]
     response = post(
         operator,
         "/release-many",
@@ -496,14 +496,14 @@ def test_release_many_checks_every_selected_grant_before_it_changes_any(
     """A bad row among the selected ones is a 400 before any grant ends (the
     lock before it was released, then the bad one refused)."""
     kept = grant(service, "job:chk", "w-1")
-    place = grant(service, "sem:chk", "w-2", limit=2)
+    holder_row = grant(service, "sem:chk", "w-2", limit=2)
     bad = post(
         operator,
         "/release-many",
         {
             "lock": [
                 f"{kept.fence}:job:chk",
-                f"{place.fence}:sem:chk",
+                f"{holder_row.fence}:sem:chk",
                 f"1:{'x' * 300}",
             ],
             "reason": "r",
@@ -544,7 +544,7 @@ def test_the_cli_releases_every_grant_or_the_fences_named(fake_app, service):
     assert result.exit_code == 1
 
 
-# -- an operator's claim of one place ---------------------------------------------
+# -- an operator's claim of one holder ---------------------------------------------
 
 
 def claimed_events(resource):
@@ -582,7 +582,7 @@ def test_a_claim_takes_one_free_place_of_a_semaphore(service):
 def test_a_claim_of_a_full_semaphore_is_refused_and_says_why(service):
     fences = [grant(service, "sem:full", f"w-{n}", limit=2).fence for n in (1, 2)]
     for force in (False, True):
-        with pytest.raises(PlacesHeld) as refused:
+        with pytest.raises(HeldByHolders) as refused:
             service.claim("sem:full", "op", 60, actor="olga", reason="x", force=force)
         assert "no free place" in str(refused.value)
         assert refused.value.holder.fence == fences[0]
@@ -592,7 +592,7 @@ def test_a_claim_of_a_full_semaphore_is_refused_and_says_why(service):
 
 def test_a_claim_of_shared_grants_needs_the_shared_mode(service):
     reader = grant(service, "rw:claim", "r-1", mode="shared")
-    with pytest.raises(PlacesHeld) as refused:
+    with pytest.raises(HeldByHolders) as refused:
         service.claim("rw:claim", "op", 60, actor="olga", reason="x", force=True)
     assert "claim it shared" in str(refused.value)
     joined = service.claim("rw:claim", "op", 60, actor="olga", mode="shared")
@@ -607,17 +607,17 @@ def test_a_claim_of_shared_grants_needs_the_shared_mode(service):
     ]
     assert claimed_events("rw:free") == [("op", fresh.fence, "shared", "olga", None)]
     grant(service, "sem:rw", "w-1", limit=2)
-    with pytest.raises(PlacesHeld, match="semaphore of limit 2"):
+    with pytest.raises(HeldByHolders, match="semaphore of limit 2"):
         service.claim("sem:rw", "op", 60, actor="olga", mode="shared")
     grant(service, "job:rw", "w-1")
-    with pytest.raises(PlacesHeld, match="held exclusively"):
+    with pytest.raises(HeldByHolders, match="held exclusively"):
         service.claim("job:rw", "op", 60, actor="olga", mode="shared", force=True)
     with pytest.raises(InvalidInput):
         service.claim("rw:claim", "op", 60, actor="olga", mode="both")
     assert len(service.holders("rw:claim").holders) == 2
 
 
-def test_a_place_claim_keeps_freezes_fences_and_quotas(service):
+def test_a_holder_claim_keeps_freezes_fences_and_quotas(service):
     create_token("ci", max_locks=1)
     seen = grant(service, "sem:rules", "w-1", limit=3)
     service.freeze("sem:", actor="olga", reason="migration")
@@ -639,12 +639,12 @@ def test_a_place_claim_keeps_freezes_fences_and_quotas(service):
         expected_fence=seen.fence,
     )  # fmt: skip
     assert claimed.token == "ci"
-    # Quotas count grants: the claimed place is the token's one live lock.
+    # Quotas count grants: the claimed holder is the token's one live lock.
     with pytest.raises(QuotaExceeded):
         service.acquire("job:other", "w", ttl=30, token="ci", max_locks=1)
 
 
-def test_the_dashboard_claims_one_place(operator, service):
+def test_the_dashboard_claim_is_one_more_holder(operator, service):
     grant(service, "sem:faces", "w-1", limit=2)
     form = soup(operator.get("/locks/sem:faces/claim"))
     assert "places are held: a claim takes a free one" in form.get_text(" ", strip=True)
@@ -673,7 +673,7 @@ def test_the_dashboard_claims_one_place(operator, service):
     assert len(claimed_events("sem:faces")) == 1
 
 
-def test_the_cli_claims_one_place(fake_app, service):
+def test_the_cli_claim_is_one_more_holder(fake_app, service):
     grant(service, "sem:cli", "w-1", limit=2)
     cli = fake_app.test_cli_runner()
     result = cli.invoke(
@@ -693,7 +693,7 @@ def test_the_cli_claims_one_place(fake_app, service):
 
 
 def test_a_claim_racing_workers_for_the_last_place_never_overfills(race_app):
-    """One place left, an operator's claim and four workers at once, round
+    """One holder left, an operator's claim and four workers at once, round
     after round: one of them gets it, the others are refused (the claim
     because no place is free)."""
     with race_app.app_context():
@@ -711,7 +711,7 @@ def test_a_claim_racing_workers_for_the_last_place_never_overfills(race_app):
                     barrier.wait(timeout=30)
                     try:
                         lock_service().claim(resource, "op", 60, actor="olga")
-                    except PlacesHeld as refused:
+                    except HeldByHolders as refused:
                         # Refused only because a worker took the last place.
                         refusals.append(str(refused))
                         return
@@ -735,7 +735,7 @@ def test_a_claim_racing_workers_for_the_last_place_never_overfills(race_app):
             assert len(won) == 1
             assert len(refusals) == (0 if won == ["op"] else 1)
             assert all("no free place" in refusal for refusal in refusals)
-            assert len(places_of(resource)) == 3
+            assert len(holders_of(resource)) == 3
             made = [
                 e.owner
                 for e in events_of(resource)

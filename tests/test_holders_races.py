@@ -163,7 +163,7 @@ def semaphore_client(app, number: int, run: Run) -> None:
     with app.app_context():
         service = lock_service()
         while run.going():
-            # One grant in eight is left to expire: its place is taken over.
+            # One grant in eight is left to expire: its holder is taken over.
             dropped = chance.random() < 0.125
             # Half the contenders wait in line, half poll.
             result = service.acquire(
@@ -288,7 +288,7 @@ def app(make_app):
     return make_app(**RACE_CONFIG)
 
 
-def test_32_clients_in_threads_and_processes_never_hold_more_than_4_places(
+def test_32_clients_in_threads_and_processes_are_never_more_than_4_holders(
     app, database_url
 ):
     run = _race(
@@ -301,8 +301,8 @@ def test_32_clients_in_threads_and_processes_never_hold_more_than_4_places(
     _check_fences(events)
 
 
-def test_an_expired_place_is_taken_over_once(app):
-    """16 threads race for the one place that expired beside a live one."""
+def test_an_expired_holder_is_taken_over_once(app):
+    """16 threads race for the one holder that expired beside a live one."""
     resource = "race:takeover"
     with app.app_context():
         service = lock_service()

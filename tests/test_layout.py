@@ -300,7 +300,7 @@ def test_the_configuration_docs_list_every_setting_the_code_reads():
 
 def test_every_table_is_emptied_between_tests():
     """A table left out of ``tests.databases.TABLES`` keeps one test's rows for the
-    next on PostgreSQL and MariaDB (a semaphore's places once did)."""
+    next on PostgreSQL and MariaDB (a semaphore's holders once did)."""
     import lockkeeper_core.models  # noqa: F401
 
     import app.audit.models  # noqa: F401 - the tables of the models

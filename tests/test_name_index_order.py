@@ -114,7 +114,7 @@ def test_two_first_grants_of_a_deleted_name_take_turns(service, conflicts):
 
 
 def test_two_first_shared_grants_of_a_deleted_name_take_turns(service, conflicts):
-    """The places path's first grant inserts the row free, the same way: the
+    """The holders path's first grant inserts the row free, the same way: the
     second waits for the first, finds its row and shares it."""
     answers = _two_first_grants_of_a_deleted_name(service, conflicts, mode=SHARED)
     assert all(not isinstance(a, Exception) and a.acquired for a in answers), answers

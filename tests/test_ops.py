@@ -636,7 +636,7 @@ def test_sessions_and_heartbeats_are_counted_and_live_sessions_gauged(fake_app, 
 
 
 @pytest.mark.usefixtures("backend")
-def test_places_used_of_their_limit_and_shared_grants_are_gauged(fake_app, clock):
+def test_holders_used_of_their_limit_and_shared_grants_are_gauged(fake_app, clock):
     client = fake_app.test_client()
     with fake_app.app_context():
         service = lock_service()
@@ -690,7 +690,7 @@ def test_lost_locks_and_hold_times_are_counted_by_prefix_family(make_app, clock)
     assert value(samples, f"{held}_bucket", family="job:", le="1.0") == 0
 
 
-def test_a_semaphore_place_and_a_session_grant_record_their_hold_time(fake_app, clock):
+def test_a_semaphore_holder_and_a_session_grant_record_their_hold_time(fake_app, clock):
     client = fake_app.test_client()
     with fake_app.app_context():
         service = lock_service()

@@ -21,9 +21,9 @@ FUNCTIONS = {
     "lockkeeper_guard",
     # 0013: a session's heartbeat
     "lockkeeper_heartbeat",
-    # 0021: a semaphore's place or a shared grant
+    # 0021: a semaphore's holder or a shared grant
     "lockkeeper_acquire_place",
-    # 0022: renewing or releasing a place
+    # 0022: renewing or releasing a holder
     "lockkeeper_renew_place",
     "lockkeeper_release_place",
 }

@@ -119,7 +119,7 @@ def test_two_instances_scraped_by_prometheus_sum_to_the_databases_counts(
                 base, f"sum by (instance) ({acquired.removeprefix('sum(')}"
             )
             assert sorted(float(r["value"][1]) for r in per_instance) == [3, 3]
-            # The database's gauges, once: 6 held (5 locks and a place's resource).
+            # The database's gauges, once: 6 held (5 locks and a holder's resource).
             assert scalar(base, 'sum(lockkeeper_locks{state="held"})') == 6
             assert scalar(base, "sum(lockkeeper_places_used)") == 1
             assert scalar(base, "sum(lockkeeper_database_up)") == 1

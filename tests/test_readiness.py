@@ -167,7 +167,7 @@ def test_every_request_is_503_not_500_on_an_empty_database(make_app, empty_url):
 @pytest.mark.usefixtures("backend")
 def test_this_code_on_an_older_schema_answers_503_never_500(make_app, empty_url):
     """The new code on the previous release's schema (0020: PostgreSQL has no
-    place functions yet) refuses every call until `db upgrade`, then serves."""
+    holder functions yet) refuses every call until `db upgrade`, then serves."""
     from app.ops.upgrade import upgrade
 
     app = make_app(LOCKKEEPER_DATABASE_URL=empty_url)
@@ -223,7 +223,7 @@ def test_a_ready_schema_is_looked_at_again_only_after_the_recheck_time():
 
 # Where each database goes back to when "restored" under a ready instance: a
 # revision whose schema lacks what a semaphore acquire of this code uses. On
-# PostgreSQL (0020) the place function, an undefined_function; on MariaDB and
+# PostgreSQL (0020) the holder function, an undefined_function; on MariaDB and
 # SQLite (0011) the holder columns, which PyMySQL's error 1054 and SQLite raise
 # as an OperationalError, the class a database that does not answer raises.
 RESTORED_TO = {"postgresql": "0020", "mariadb": "0011", "sqlite": "0011"}

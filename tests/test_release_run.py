@@ -1,6 +1,6 @@
 """A release that reports how the work under the lock ended (``run``): kept with
 its ``released`` event, on every database and both paths (the exclusive lock's
-one statement, a semaphore's place), and sent by ``lockkeeper exec``."""
+one statement, a semaphore's holder), and sent by ``lockkeeper exec``."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_a_release_with_a_run_keeps_it_with_the_released_event(api):
 
 
 @pytest.mark.usefixtures("backend")
-def test_a_place_of_a_semaphore_released_with_a_run_keeps_it_too(api):
+def test_a_holder_of_a_semaphore_released_with_a_run_keeps_it_too(api):
     body = {"owner": "w-1", "ttl": 30, "limit": 2}
     assert api.post("/api/v1/locks/slots", json=body).status_code == 200
     released = api.delete("/api/v1/locks/slots", json={"owner": "w-1", "run": RUN})

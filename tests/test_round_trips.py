@@ -164,8 +164,8 @@ def test_refused_acquire_writes_and_locks_nothing(fake_app, clock):
 
 
 def test_a_full_semaphore_refuses_without_locking_or_writing(fake_app, clock):
-    """The plain look before the places' row lock (on PostgreSQL inside the
-    place's function): refused contenders of a full semaphore never lock its
+    """The plain look before the holders' row lock (on PostgreSQL inside the
+    holder's function): refused contenders of a full semaphore never lock its
     row, write, or draw a fence."""
     with fake_app.app_context():
         service = lock_service()
@@ -175,7 +175,7 @@ def test_a_full_semaphore_refuses_without_locking_or_writing(fake_app, clock):
         for _ in range(5):
             refused = service.acquire("rt:full", "w-3", ttl=60, limit=2)
             assert not refused.acquired
-            assert refused.lock.owner == "w-1"  # the place that ends first
+            assert refused.lock.owner == "w-1"  # the holder that ends first
         assert _row_state("rt:full") == before
 
 
@@ -184,9 +184,9 @@ def test_a_full_semaphore_refuses_without_locking_or_writing(fake_app, clock):
 HEARTBEAT = {
     "postgresql": (1, 0),
     # locking read of the session, clock, update of the session, its
-    # resources (a plain read of its grants' and of its places'), their rows
+    # resources (a plain read of its grants' and of its holders'), their rows
     # locked in resource order (the lock order), update of its grants, of its
-    # places' resources (places_until), of its places
+    # holders' resources (places_until), of its holders
     "mariadb": (9, 1),
     # BEGIN IMMEDIATE and the same, the host's clock read in Python
     "sqlite": (6, 1),
@@ -210,32 +210,32 @@ def test_a_heartbeat_of_fifty_grants_is_one_round_trip_on_postgresql(app, backen
     assert measured == HEARTBEAT[backend]
 
 
-# The places path (a semaphore's places, shared grants): on PostgreSQL one
+# The holders path (a semaphore's holders, shared grants): on PostgreSQL one
 # statement (migration 0021); elsewhere one transaction, before which a plain
 # read refuses a semaphore already full of others. A resource with no row yet
 # gets it with its first grant (migration 0029): the transaction reads its line
 # (no row carries it) and inserts the row, where the plain read inserted it.
 # (statements, commits) per operation.
-PLACES_EXPECTED = {
+HOLDERS_EXPECTED = {
     # the function: its plain look, then the row lock and the decision
     "postgresql": {
-        "place first grant": (1, 0),  # the function inserts the missing row
+        "holder first grant": (1, 0),  # the function inserts the missing row
         "place grant": (1, 0),
         "place reacquire": (1, 0),
         "place refused (full)": (1, 0),  # the plain look alone, inside it
-        # the exclusive statement first (the hot path), then the place's
+        # the exclusive statement first (the hot path), then the holder's
         # (migration 0022)
         "place renew": (2, 0),
         "place release": (2, 0),
         "shared grant": (1, 0),
     },
-    # the plain read (the row; then its live places), then the transaction:
-    # locking read, clock, places, the token's row, freeze, quota count, fence,
+    # the plain read (the row; then its live holders), then the transaction:
+    # locking read, clock, holders, the token's row, freeze, quota count, fence,
     # insert, update of the row's places_until, event; COMMIT. Renew and
     # release: the exclusive attempt a transaction of its own (2 statements),
-    # then the place's: locking read, clock, places, update, update, event.
+    # then the holder's: locking read, clock, holders, update, update, event.
     "mariadb": {
-        "place first grant": (13, 1),  # the line's read, the row's insert
+        "holder first grant": (13, 1),  # the line's read, the row's insert
         "place grant": (12, 1),
         "place reacquire": (8, 1),
         "place refused (full)": (2, 0),
@@ -245,7 +245,7 @@ PLACES_EXPECTED = {
     },
     # SQLite's clock is the host's; BEGIN IMMEDIATE counts
     "sqlite": {
-        "place first grant": (14, 1),
+        "holder first grant": (14, 1),
         "place grant": (14, 1),
         "place reacquire": (10, 1),
         "place refused (full)": (4, 0),
@@ -256,13 +256,13 @@ PLACES_EXPECTED = {
 }
 
 
-def test_places_round_trips_stay_as_documented(app, backend):
+def test_holders_round_trips_stay_as_documented(app, backend):
     with app.app_context():
         service = lock_service()
         trips = RoundTrips(db.engine)
         sem = {"limit": 2, **TOKEN}
         measured = {
-            "place first grant": trips.measure(
+            "holder first grant": trips.measure(
                 lambda: service.acquire("rt:sem", "w-1", **sem)
             ),
             "place grant": trips.measure(
@@ -284,26 +284,28 @@ def test_places_round_trips_stay_as_documented(app, backend):
                 lambda: service.acquire("rt:rw", "w-1", mode="shared", **TOKEN)
             ),
         }
-    assert measured == PLACES_EXPECTED[backend]
+    assert measured == HOLDERS_EXPECTED[backend]
 
 
 # An overview request (a viewer's page, no search): its statements, how many of
-# them read the database's clock, and how many evaluate the place-held
-# resources (a window over every live place). The page is judged at one
-# instant, read once, and the place-held resources are read by the counts
+# them read the database's clock, and how many evaluate the holder-held
+# resources (a window over every live holder). The page is judged at one
+# instant, read once, and the holder-held resources are read by the counts
 # (with the contended count) and by the listing, never more.
 OVERVIEW_EXPECTED = {
     # the viewer, the clock, the counts with the contended count, the newest
     # event, the lines' version, the listing, the freezes
-    "postgresql": {"statements": 7, "clock reads": 1, "place-held reads": 2},
-    "mariadb": {"statements": 7, "clock reads": 1, "place-held reads": 2},
+    "postgresql": {"statements": 7, "clock reads": 1, "holder-held reads": 2},
+    "mariadb": {"statements": 7, "clock reads": 1, "holder-held reads": 2},
     # SQLite's clock is the host's: no statement reads it; two BEGINs (in
     # process, no round trip).
-    "sqlite": {"statements": 8, "clock reads": 0, "place-held reads": 2},
+    "sqlite": {"statements": 8, "clock reads": 0, "holder-held reads": 2},
 }
 
 
-def test_an_overview_reads_the_clock_once_and_the_place_held_twice(app, backend):
+def test_an_overview_reads_the_clock_once_and_the_holder_held_resources_twice(
+    app, backend
+):
     from tests.dashboard_helpers import log_in, make_user
 
     with app.app_context():
@@ -342,23 +344,23 @@ def test_an_overview_reads_the_clock_once_and_the_place_held_twice(app, backend)
     measured = {
         "statements": len(sent),
         "clock reads": sum(statement == clock_sql for statement in sent),
-        "place-held reads": sum("live_places" in statement for statement in sent),
+        "holder-held reads": sum("live_holders" in statement for statement in sent),
     }
     assert measured == OVERVIEW_EXPECTED[backend]
 
 
-# A set of three (exclusive, shared, a semaphore's place) on rows that exist:
+# A set of three (exclusive, shared, a semaphore's holder) on rows that exist:
 # (statements, commits) of its acquire and of its release, per database.
 SET_EXPECTED = {
     # The rows locked in one statement, the clock, the token's row, then each
     # member's one statement (lockkeeper_acquire_place) in the set's
-    # transaction; a release: each member's release statement (a place's
+    # transaction; a release: each member's release statement (a holder's
     # after the exclusive one that found none).
     # Each then names the set on the members' newest events (set_names: one
     # statement on PostgreSQL; elsewhere the events found, then named by key,
     # and a release first finds which set the grants were made by).
     "postgresql": {"acquire set of 3": (7, 1), "release set of 3": (6, 1)},
-    # The transactional places path for each member (about 8 statements).
+    # The transactional holders path for each member (about 8 statements).
     "mariadb": {"acquire set of 3": (33, 1), "release set of 3": (23, 1)},
     "sqlite": {"acquire set of 3": (33, 1), "release set of 3": (19, 1)},
 }

@@ -8,8 +8,8 @@ the same number of audit events, fences only ever growing, and a rejected reques
 must have changed nothing at all.
 
 A second machine does the same for more than one holder: acquires of any limit
-and mode on a few resources (semaphore places, shared grants, exclusive locks,
-their promotions and demotions), renewals and releases of a place, expiry by the
+and mode on a few resources (semaphore holders, shared grants, exclusive locks,
+their promotions and demotions), renewals and releases of a holder, expiry by the
 fake clock. After every step no more than ``limit`` grants are live, an exclusive
 grant has no one beside it, every new grant's fence exceeds every earlier one, a
 re-acquire keeps its fence, and the service's holders equal the model's.
@@ -64,7 +64,7 @@ DEFAULT_TTL = 30.0
 EXPIRING_WITHIN = 15.0
 # Server databases cost a round trip per statement; SQLite explores more.
 # The whole-model checker (test_whole_model.py) holds every kind of grant at once;
-# these two machines go deeper into the exclusive lock and into places alone.
+# these two machines go deeper into the exclusive lock and into holders alone.
 EXAMPLES = {"sqlite": 30, "postgresql": 12, "mariadb": 12}
 
 # Few names, so that steps collide on the same lock. Owners differ only by case,
@@ -596,9 +596,9 @@ def test_service_matches_its_model_under_any_sequence(backend, make_app):
 # -- more than one holder: semaphores and shared grants ------------------------
 
 # Each resource has the kinds it is mostly asked as, (limit, mode): its
-# semaphore places fill, its readers share. Now and then any kind is asked of
+# semaphore holders fill, its readers share. Now and then any kind is asked of
 # any resource, so that kinds collide: another limit (a mismatch), shared
-# against exclusive (a promotion, a demotion), an exclusive lock against places.
+# against exclusive (a promotion, a demotion), an exclusive lock against holders.
 NATURAL_KINDS = {
     "sem:2": [(2, EXCLUSIVE)],
     "sem:3": [(3, EXCLUSIVE)],
@@ -609,7 +609,7 @@ HOLDER_RESOURCES = list(NATURAL_KINDS)
 # the server databases, which cost a round trip per statement.
 HOLDER_EXAMPLES = {"sqlite": 25, "postgresql": 8, "mariadb": 8}
 HOLDER_OWNERS = ["h-1", "h-2", "h-3", "h-4"]
-# Two real tokens: a holder is (token, owner) exactly, on the row and in places.
+# Two real tokens: a holder is (token, owner) exactly, on the row and in holders.
 HOLDER_TOKENS = ["t-1", "t-2"]
 HOLDER_TTLS = st.sampled_from([0.5, 5.0, 30.0, 30.0])
 HOLDER_ADVANCES = st.sampled_from([0.25, 1.0, 5.0, 31.0])
@@ -639,7 +639,7 @@ BAD_KINDS = st.sampled_from(
 
 @dataclass
 class Grant:
-    """One grant of the model: an exclusive lock, a semaphore place or a shared
+    """One grant of the model: an exclusive lock, a semaphore holder or a shared
     grant, as the service must show it."""
 
     owner: str
@@ -663,7 +663,7 @@ class HoldersMachine(RuleBasedStateMachine):
     service = None  # set by the test before running
     clock: FakeClock = None
     # Across all examples, the most live grants seen at once per kind ("shared",
-    # "limit 3"): the test checks the sequences did fill places.
+    # "limit 3"): the test checks the sequences did fill holders.
     most_seen: dict[str, int] = {}
 
     def __init__(self):
@@ -909,7 +909,7 @@ class HoldersMachine(RuleBasedStateMachine):
             limit = self.limits[resource]
             assert found.limit == limit
             # The rules themselves, on what the database answered: exclusive
-            # grants (a semaphore's places) no more than the limit, shared ones
+            # grants (a semaphore's holders) no more than the limit, shared ones
             # (limit 1, any number) never beside an exclusive one.
             modes = {g.mode for g in found.holders}
             assert len(modes) == 1, f"shared and exclusive together: {found}"
@@ -955,7 +955,7 @@ def test_holders_match_their_model_under_any_sequence(backend, make_app):
             ),
         )
     # The sequences reached the interesting states: shared grants side by side,
-    # a semaphore with every place taken.
+    # a semaphore with every holder taken.
     seen = HoldersMachine.most_seen
     assert seen.get(SHARED, 0) >= 2, seen
     assert seen.get("limit 2", 0) == 2, seen

@@ -41,7 +41,7 @@ def bar_titles(viewer, resource, owner):
     ]
 
 
-def test_a_session_bound_place_is_held_while_its_session_lives_and_ends_with_it(
+def test_a_session_bound_holder_is_held_while_its_session_lives_and_ends_with_it(
     api, viewer, clock, fake_app
 ):
     other = api.with_token("other")
@@ -51,7 +51,7 @@ def test_a_session_bound_place_is_held_while_its_session_lives_and_ends_with_it(
     for _ in range(2):
         clock.advance(10)
         assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
-    # At 20 s, past the 15 s the grant's event recorded, another place.
+    # At 20 s, past the 15 s the grant's event recorded, another holder.
     taken = other.post(
         "/api/v1/locks/sem:s", json={"owner": "x", "ttl": 600, "limit": 3}
     )
@@ -63,7 +63,7 @@ def test_a_session_bound_place_is_held_while_its_session_lives_and_ends_with_it(
     assert grant.id not in found.started
     assert bar_titles(viewer, "sem:s", "w-7")[0].endswith("(held)")
 
-    # No heartbeat after 20 s: the session ends at 35 s; a place at 50 s.
+    # No heartbeat after 20 s: the session ends at 35 s; a holder at 50 s.
     clock.advance(30)
     later = other.post(
         "/api/v1/locks/sem:s", json={"owner": "y", "ttl": 600, "limit": 3}
@@ -77,7 +77,7 @@ def test_a_session_bound_place_is_held_while_its_session_lives_and_ends_with_it(
     assert title.endswith("(expired)")
 
     # The session's row purged: the grant at 50 s that cleared the expired
-    # place recorded that it ran out at its session's expiry (not the 15 s
+    # holder recorded that it ran out at its session's expiry (not the 15 s
     # its grant's event said, nor "time unknown").
     with fake_app.app_context():
         clock.advance(86400 * 8)
@@ -148,12 +148,12 @@ def test_a_late_end_records_when_its_expired_sessions_grants_ran_out(
         [title] = bar_titles(viewer, resource, "w-7")
         assert "09:00:25" in title
         assert title.endswith("(expired)")
-    # Ended as of the expiry, not revived: the row free, the place gone; a
+    # Ended as of the expiry, not revived: the row free, the holder gone; a
     # later force-release finds nothing to end a second time.
     owner = select(LockRow.owner).where(LockRow.resource == "job:late")
     assert count(fake_app, owner) is None
-    places = select(func.count()).where(LockHolder.resource == "sem:late")
-    assert count(fake_app, places) == 0
+    holders = select(func.count()).where(LockHolder.resource == "sem:late")
+    assert count(fake_app, holders) == 0
     page, found = page_of(fake_app, "job:late")
     assert [e.action for e in page.items].count(Action.RELEASED) == 1
 
@@ -211,9 +211,9 @@ def test_a_purged_sessions_rows_go_in_the_transaction_that_records_their_end(
     assert found.started[grant.id].ended_by == "expired"
 
 
-def test_a_purge_removes_a_sessions_place_beside_a_live_one(api, clock, fake_app):
-    """A session's expired place on a resource whose row a purge keeps
-    (another place lives past the cutoff) goes with its session's row: its
+def test_a_purge_removes_a_sessions_holder_beside_a_live_one(api, clock, fake_app):
+    """A session's expired holder on a resource whose row a purge keeps
+    (another holder lives past the cutoff) goes with its session's row: its
     end is recorded once, and a later force-release finds nothing to end."""
     other = api.with_token("other")
     session = start(api, ttl=15)
@@ -227,10 +227,10 @@ def test_a_purge_removes_a_sessions_place_beside_a_live_one(api, clock, fake_app
     with fake_app.app_context():
         clock.advance(120)
         lock_service().purge_stale(timedelta(minutes=1))
-        places = select(func.count()).where(LockHolder.fence == fence)
-        assert count(fake_app, places) == 0
+        holders = select(func.count()).where(LockHolder.fence == fence)
+        assert count(fake_app, holders) == 0
         with pytest.raises(LockChanged):
-            lock_service().force_release_place(
+            lock_service().force_release_holder(
                 "sem:left", fence, actor="alice", reason="left behind"
             )
     page, found = page_of(fake_app, "sem:left")
@@ -240,7 +240,7 @@ def test_a_purge_removes_a_sessions_place_beside_a_live_one(api, clock, fake_app
     assert found.started[grant.id].ended_by == "expired"
 
 
-def places_of(app, resource):
+def holders_of(app, resource):
     return count(
         app,
         select(func.count())
@@ -305,12 +305,12 @@ def test_an_operators_claim_records_when_a_session_bound_grant_ran_out(
     assert_ran_out_at_25_s_once_purged(fake_app, clock, "job:claimed", Action.CLAIMED)
 
 
-def test_an_operators_force_release_of_a_session_bound_place_records_its_expiry(
+def test_an_operators_force_release_of_a_session_bound_holder_records_its_expiry(
     api, clock, fake_app
 ):
     _, fence = ran_out_unseen(api, clock, "sem:forced", limit=3)
     with fake_app.app_context():
-        lock_service().force_release_place(
+        lock_service().force_release_holder(
             "sem:forced", fence, actor="alice", reason="stuck"
         )
     assert_ran_out_at_25_s_once_purged(
@@ -319,11 +319,11 @@ def test_an_operators_force_release_of_a_session_bound_place_records_its_expiry(
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["place", "shared"])
-def test_an_exclusive_grant_over_run_out_places_records_when_they_ran_out(
+def test_an_exclusive_grant_over_run_out_holders_records_when_they_ran_out(
     api, clock, fake_app, shared
 ):
-    """A resource a session's place (or shared grant) held, run out, granted
-    exclusive: the grant clears the place's row and records, before its own
+    """A resource a session's holder (or shared grant) held, run out, granted
+    exclusive: the grant clears the holder's row and records, before its own
     event, that it ran out at its session's expiry; the session's late end
     finds nothing left to record."""
     extra = {"mode": "shared"} if shared else {"limit": 3}
@@ -332,7 +332,7 @@ def test_an_exclusive_grant_over_run_out_places_records_when_they_ran_out(
         "/api/v1/locks/job:was-sem", json={"owner": "x", "ttl": 600}
     )
     assert taken.status_code == 200, taken.get_data(as_text=True)
-    assert places_of(fake_app, "job:was-sem") == 0
+    assert holders_of(fake_app, "job:was-sem") == 0
     assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 204
     page, _ = page_of(fake_app, "job:was-sem")
     ends = [e for e in page.items if e.fence == fence and e.action in ENDINGS]
@@ -342,7 +342,7 @@ def test_an_exclusive_grant_over_run_out_places_records_when_they_ran_out(
     assert_ran_out_at_25_s_once_purged(fake_app, clock, "job:was-sem", Action.RELEASED)
 
 
-def test_an_operators_claim_over_run_out_places_records_when_they_ran_out(
+def test_an_operators_claim_over_run_out_holders_records_when_they_ran_out(
     api, clock, fake_app
 ):
     ran_out_unseen(api, clock, "job:claimed-sem", limit=3)
@@ -350,7 +350,7 @@ def test_an_operators_claim_over_run_out_places_records_when_they_ran_out(
         lock_service().claim(
             "job:claimed-sem", "ops", 600, actor="alice", reason="mine"
         )
-    assert places_of(fake_app, "job:claimed-sem") == 0
+    assert holders_of(fake_app, "job:claimed-sem") == 0
     assert_ran_out_at_25_s_once_purged(
         fake_app, clock, "job:claimed-sem", Action.RELEASED
     )

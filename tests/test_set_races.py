@@ -99,7 +99,7 @@ def _in_a_full_room(service, members: list[Member], owner: str):
 
 
 class Reader:
-    """Reads every live grant (exclusive or a place) in one statement, one
+    """Reads every live grant (exclusive or a holder) in one statement, one
     snapshot, over and over, and keeps what broke the rules."""
 
     def __init__(self, sets: dict[str, set[str]], lock: threading.Lock):
@@ -116,7 +116,7 @@ class Reader:
             locks.c.holder_limit.label("limit"),
             literal(EXCLUSIVE).label("mode"),
         ).where(locks.c.owner.is_not(None))
-        places = select(
+        holder_rows = select(
             holders.c.resource,
             holders.c.owner,
             holders.c.expires_at,
@@ -124,7 +124,7 @@ class Reader:
             holders.c.mode,
         ).join(locks, locks.c.resource == holders.c.resource)
         with db.engine.connect() as conn:
-            rows = conn.execute(union_all(exclusive, places)).all()
+            rows = conn.execute(union_all(exclusive, holder_rows)).all()
         self.reads += 1
         by_owner = defaultdict(set)
         by_resource = defaultdict(list)

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("backend")
 
 
 def snapshot():
-    """Every row a grant writes (locks, places, events)."""
+    """Every row a grant writes (locks, holders, events)."""
     db.session.expire_all()
     with db.engine.connect() as conn:
         return [
@@ -520,7 +520,7 @@ def test_a_waiting_set_keeps_its_place_in_every_line_and_is_not_starved(
     """A set waits in line for a held member: it holds nothing meanwhile,
     and a single acquire that comes after it is refused on every member,
     the free one too; once the holder releases, the set is granted and its
-    places are gone."""
+    holders are gone."""
     app = make_app()
     with app.app_context():
         service = lock_service()

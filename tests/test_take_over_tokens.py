@@ -50,22 +50,24 @@ def test_a_take_over_of_a_grant_with_no_token_names_none(service, clock, fake_ap
     assert only(items, Action.TOOK_OVER).details == {"previous_token": ""}
 
 
-def test_a_take_over_of_a_place_ends_that_tokens_grant_not_its_owners_other(
+def test_a_take_over_of_a_holder_ends_that_tokens_grant_not_its_owners_other(
     api, clock, fake_app
 ):
-    """One owner, two tokens, two places that both ran out: the place taken
+    """One owner, two tokens, two holders that both ran out: the holder taken
     over is the one that ended first (token "worker"); its take-over recorded
     the end of that grant, not of the other token's, on any page."""
     other = api.with_token("other")
-    place = {"owner": "w", "limit": 2}
-    assert api.post("/api/v1/locks/sem:t", json={**place, "ttl": 10}).status_code == 200
+    holder = {"owner": "w", "limit": 2}
     assert (
-        other.post("/api/v1/locks/sem:t", json={**place, "ttl": 15}).status_code == 200
+        api.post("/api/v1/locks/sem:t", json={**holder, "ttl": 10}).status_code == 200
+    )
+    assert (
+        other.post("/api/v1/locks/sem:t", json={**holder, "ttl": 15}).status_code == 200
     )
     clock.advance(20)
     third = api.with_token("third")
     assert (
-        third.post("/api/v1/locks/sem:t", json={**place, "owner": "x"}).status_code
+        third.post("/api/v1/locks/sem:t", json={**holder, "owner": "x"}).status_code
         == 200
     )
     items, found = history(fake_app, "sem:t")
@@ -131,20 +133,20 @@ def test_a_take_over_records_the_end_of_a_session_bound_grant(api, clock, fake_a
     assert found.ended[taken.id] == ran_out
 
 
-def test_a_take_over_of_a_session_bound_place_records_when_it_ran_out(
+def test_a_take_over_of_a_session_bound_holder_records_when_it_ran_out(
     api, clock, fake_app
 ):
     session = start(api, ttl=15)
     assert bind(api, session, "sem:s", limit=2).status_code == 200
     other = api.with_token("other")
-    place = {"owner": "x", "ttl": 600, "limit": 2}
-    assert other.post("/api/v1/locks/sem:s", json=place).status_code == 200
+    holder = {"owner": "x", "ttl": 600, "limit": 2}
+    assert other.post("/api/v1/locks/sem:s", json=holder).status_code == 200
     clock.advance(10)
     assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
     clock.advance(20)  # 30 s: the session ran out at 25 s; the semaphore is full
     third = api.with_token("third")
     assert (
-        third.post("/api/v1/locks/sem:s", json={**place, "owner": "y"}).status_code
+        third.post("/api/v1/locks/sem:s", json={**holder, "owner": "y"}).status_code
         == 200
     )
     with fake_app.app_context():

@@ -205,7 +205,7 @@ def test_a_token_over_its_quota_gets_429_and_its_own_locks_go_on(api, clock):
     # Renewals and re-acquires of its own locks are never refused for the quota.
     assert _renew(capped, "job:1", ttl=120).status_code == 200
     assert _acquire(capped, "job:2", ttl=100).get_json()["acquired"] is True
-    # A released lock frees a place; an expired one too.
+    # A released lock frees a holder; an expired one too.
     assert _release(capped, "job:1").status_code == 204
     assert _acquire(capped, "job:3").status_code == 200
     assert _acquire(capped, "job:4").status_code == 429

@@ -3,7 +3,7 @@
 For each of the last releases (named by their schema heads), the database is
 migrated to that release's revision, that release's own code (from this
 repository's history, ``tests/old_release.py``) serves it, and threads send it
-mixed traffic: exclusive locks held and renewed, semaphore places, shared
+mixed traffic: exclusive locks held and renewed, semaphore holders, shared
 grants, sessions with bound grants and heartbeats, acquires waiting in line.
 Meanwhile this code's ``db upgrade`` runs to the head. It must complete, and
 every request of the old code must get the answer it would get with no upgrade

@@ -737,7 +737,7 @@ def wants(locks, resource: str) -> list[tuple[str, str | None, int | None]]:
 
 def test_each_place_in_line_says_what_its_acquire_asked_for(locks):
     """A waiting acquire's place in line carries the mode it asked for:
-    exclusive, shared, or a place of a semaphore with its limit. A writer
+    exclusive, shared, or a holder of a semaphore with its limit. A writer
     waiting behind readers is what an operator reads off the line."""
     assert locks.acquire("q:rw", "writer-0", ttl=30).acquired
     for owner in ("p1", "p2"):

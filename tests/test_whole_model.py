@@ -1,7 +1,7 @@
 """The whole lock model at once, against the service, on every database.
 
 One Hypothesis state machine holds every kind of grant on the same few
-resources at the same time: exclusive grants, shared grants, semaphore places,
+resources at the same time: exclusive grants, shared grants, semaphore holders,
 grants bound to sessions (heartbeats, ends, expiry), promotions and demotions,
 freezes, token quotas, the operator's force-releases and claims, and the
 guard's answer (which fences pass). Its reference model predicts every answer;
@@ -13,7 +13,7 @@ The fake clock starts at the database's time and only moves forward, so the
 database's own guard (PostgreSQL, MariaDB), which judges by the database's
 clock, must pass every fence the model holds live by more than the clock's
 drift, and refuse every fence no grant carries or that ran out by its clock:
-an exclusive grant's, a shared grant's or a semaphore place's alike.
+an exclusive grant's, a shared grant's or a semaphore holder's alike.
 
 Planted bugs (broken variants of the service, patched in) must each make the
 machine fail: the checker is proven to catch what it claims to.
@@ -39,6 +39,7 @@ from hypothesis.stateful import (
 from lockkeeper_core.embedded import in_transaction_commands
 from lockkeeper_core.errors import (
     FenceMismatch,
+    HeldByHolders,
     LimitMismatch,
     LockChanged,
     LockError,
@@ -46,7 +47,6 @@ from lockkeeper_core.errors import (
     LockHeld,
     LockNotFound,
     NotOwner,
-    PlacesHeld,
     QuotaExceeded,
     ResourceFrozen,
     SessionBound,
@@ -119,7 +119,7 @@ class Grant:
     fence: int
     expires_at: datetime
     session: str | None = None
-    # In the locks table (an exclusive lock of limit 1), not a place.
+    # In the locks table (an exclusive lock of limit 1), not a holder.
     row: bool = False
     # The set whose acquire made it (or made it again): its events name it.
     set_id: str | None = None
@@ -553,7 +553,7 @@ class WholeModel(RuleBasedStateMachine):
             before = self._snapshot()
             result, error = None, None
             # Every other refused set waits in line a moment first: it runs
-            # out the same, and leaves no place and no row behind. Every
+            # out the same, and leaves no holder and no row behind. Every
             # other of those finds its token's share of the waiting room
             # taken: turned away (WaitersFull), with nothing changed; and
             # every other of the rest has lost its client after its first
@@ -779,7 +779,7 @@ class WholeModel(RuleBasedStateMachine):
     )
     def outlive_a_session(self, token, resource, kind, owner):
         """A session's grant runs out with it and another grant takes its
-        place; then the session ends, late (its row goes): the history still
+        holder; then the session ends, late (its row goes): the history still
         reads when the grant ran out (``teardown``). Separate steps reach it
         too seldom."""
         self.start_session(token, 2.0, resource, kind)
@@ -928,7 +928,7 @@ class WholeModel(RuleBasedStateMachine):
                 resource, actor=ACTOR, reason="stuck", expected_fence=grant.fence
             )
         else:
-            lock = self.service.force_release_place(
+            lock = self.service.force_release_holder(
                 resource, grant.fence, actor=ACTOR, reason="stuck"
             )
         assert lock.fence == grant.fence
@@ -981,7 +981,7 @@ class WholeModel(RuleBasedStateMachine):
         """A fence the operator saw but no live grant carries now is refused."""
         gone = self.highest_fence + 1 + pick
         self._refused_unchanged(
-            lambda: self.service.force_release_place(
+            lambda: self.service.force_release_holder(
                 resource, gone, actor=ACTOR, reason="stuck"
             ),
             (LockChanged, LockNotFound),
@@ -1010,13 +1010,13 @@ class WholeModel(RuleBasedStateMachine):
         )
         if live and live[0].mode == SHARED:
             # An exclusive claim never takes shared grants.
-            self._refused_unchanged(call, PlacesHeld)
+            self._refused_unchanged(call, HeldByHolders)
             return
         if live and self.limits[resource] > 1:
             # A semaphore: the claim takes a free place of its own, never
             # another holder's, force or not.
             if len(others) >= self.limits[resource]:
-                self._refused_unchanged(call, PlacesHeld)
+                self._refused_unchanged(call, HeldByHolders)
             elif self._is_frozen(resource) and not force:
                 self._refused_unchanged(call, ResourceFrozen)
             else:
@@ -1083,7 +1083,7 @@ class WholeModel(RuleBasedStateMachine):
 
     @rule(resource=st.sampled_from(RESOURCES))
     def check_expired_fences(self, resource):
-        """A grant that ran out (its row or place may still be there) no longer
+        """A grant that ran out (its row or holder may still be there) no longer
         passes."""
         for grant in self.grants[resource].values():
             if grant.expires_at <= self.now:
@@ -1263,7 +1263,7 @@ def test_the_service_holds_the_whole_model_under_any_sequence(backend, model_app
     if backend == "sqlite":
         assert seen.get("limit 2", 0) == 2, seen
     else:
-        # The guard passed a shared grant's or a place's fence.
+        # The guard passed a shared grant's or a holder's fence.
         assert seen.get("guarded places"), seen
 
 
@@ -1281,7 +1281,7 @@ def _promote_ignoring_other_holders(service, monkeypatch):
             if mine and mine[0].mode == SHARED:
                 for grant in live:
                     if grant not in mine:
-                        service.force_release_place(
+                        service.force_release_holder(
                             resource, grant.fence, actor="bug", reason="bug"
                         )
         return acquire(resource, owner, ttl, actor, **ask)

@@ -141,7 +141,7 @@ def release_lock(resource: str):
 
 @bp.get("/locks")
 def list_locks():
-    # One entry per live grant: each place or shared grant of its own.
+    # One entry per live grant: each holder of a semaphore or shared grant of its own.
     page = lock_service().list_locks(
         **query(), scope=g.token.prefixes, entries=ENTRIES_GRANTS
     )

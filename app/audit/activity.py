@@ -17,9 +17,9 @@ most a few hundred rows, whatever the number of locks and events:
   window, that event tells what it was (a renewal or release: validly held; a
   take-over or a claim with a previous owner: stale; a first acquire: free). A
   resource without events in the window kept its current row all along. A
-  resource held by places (a semaphore's, shared readers) has several holders
+  resource held by holders (a semaphore's, shared readers) has several holders
   at once: it is counted once, in the state of its grant that ends first, each
-  grant read from its own fence's events or its place's row.
+  grant read from its own fence's events or its holder's row.
 - How many events happened in each bucket of the window (``per_bucket``)?
 
 Never a row per lock or per event into Python (that was 20,000 locks classified
@@ -57,7 +57,7 @@ from app.extensions import db
 
 events = LockEvent.__table__
 locks = DistributedLock.__table__
-places = LockHolder.__table__
+holders = LockHolder.__table__
 
 STATES = ("held", "expiring", "stale")
 HOLDING = [a.value for a in (*GRANTS, *EXTENSIONS)]
@@ -362,22 +362,22 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
             events.c.occurred_at < end,
         )
         touched = select(events.c.resource).where(*in_the_window)
-        # Resources held by places during the window: their row has no owner
-        # and its ``places_until`` (the latest expiry of its places) is after
-        # the window's start. A few rows; their states come from their places
-        # (``_placed_states``), or from their events per holder when the
-        # window's events touched them (``_placed_holders``); counted apart
-        # (``place_deltas``).
-        place_held = select(locks.c.resource).where(
+        # Resources held by holders during the window: their row has no owner
+        # and its ``places_until`` (the latest expiry of its holders) is after
+        # the window's start. A few rows; their states come from their holders
+        # (``_holder_held_untouched``), or from their events per holder when the
+        # window's events touched them (``_holder_held_touched``); counted apart
+        # (``holder_deltas``).
+        holder_held = select(locks.c.resource).where(
             locks.c.owner.is_(None), locks.c.places_until > start
         )
-        place_deltas = {state: [0] * (slots + 2) for state in STATES}
-        _placed_states(
+        holder_deltas = {state: [0] * (slots + 2) for state in STATES}
+        _holder_held_untouched(
             conn,
             window,
             within,
-            place_deltas,
-            place_held,
+            holder_deltas,
+            holder_held,
             None if in_window is None else in_the_window,
         )
 
@@ -473,14 +473,14 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
                 deltas, 0, slots + 1, expiring_from, stale_from, sign * count, slots
             )
         if in_window is None:
-            return _with_places_now(conn, window, within, deltas, place_deltas)
+            return _with_holders_now(conn, window, within, deltas, holder_deltas)
 
         w = in_window.c
-        _placed_holders(
-            conn, window, within, place_deltas, in_window, place_held, in_the_window
+        _holder_held_touched(
+            conn, window, within, holder_deltas, in_window, holder_held, in_the_window
         )
         # The other resources: one holder at a time, each change ending the last.
-        exclusive = ~w.resource.in_(place_held)
+        exclusive = ~w.resource.in_(holder_held)
         changes = (
             select(
                 w.resource,
@@ -559,45 +559,48 @@ def states(window: Window, within: float) -> list[dict[str, int]]:
             .group_by(before.c.state, before.c.hi)
         ):
             _add(deltas[state], 0, hi, count, slots)
-        return _with_places_now(conn, window, within, deltas, place_deltas)
+        return _with_holders_now(conn, window, within, deltas, holder_deltas)
 
 
-def _placed_states(conn, window, within, deltas, place_held, in_the_window) -> None:
-    """The states of the resources in ``place_held`` that no event of the
+def _holder_held_untouched(
+    conn, window, within, deltas, holder_held, in_the_window
+) -> None:
+    """The states of the resources in ``holder_held`` that no event of the
     window touched (an event matching ``in_the_window``, or None: no event),
-    from their places: their
+    from their holders: their
     set did not change in the window, so at each moment such a resource is in
-    the state of its place that ends first after that moment (the rule of
-    ``LockService.counts``): with its places ordered by expiry, place ``i``
-    decides from the expiry of place ``i - 1`` to its own, held then expiring,
-    never stale (a place that ran out is nobody's grant). One grouped read of
-    those few resources' places."""
+    the state of its holder that ends first after that moment (the rule of
+    ``LockService.counts``): with its holders ordered by expiry, holder ``i``
+    decides from the expiry of holder ``i - 1`` to its own, held then expiring,
+    never stale (a holder that ran out is nobody's grant). One grouped read of
+    those few resources' holders."""
     slots = window.slots
     start = instant(window.start)
     earlier = (
-        func.lag(places.c.expires_at)
+        func.lag(holders.c.expires_at)
         .over(
-            partition_by=places.c.resource, order_by=(places.c.expires_at, places.c.id)
+            partition_by=holders.c.resource,
+            order_by=(holders.c.expires_at, holders.c.id),
         )
         .label("earlier")
     )
-    ttl = ttl_micros(granted_ttl(places.c)).label("ttl")
-    chain = select(places.c.expires_at, earlier, ttl).where(
-        places.c.resource.in_(place_held), places.c.expires_at > start
+    ttl = ttl_micros(granted_ttl(holders.c)).label("ttl")
+    chain = select(holders.c.expires_at, earlier, ttl).where(
+        holders.c.resource.in_(holder_held), holders.c.expires_at > start
     )
     if in_the_window is not None:
-        # A probe of the events' resource index per place (a few thousand), not
+        # A probe of the events' resource index per holder (a few thousand), not
         # ``NOT IN`` the window's events: PostgreSQL hashes that subquery only
         # while it fits in work_mem, and scanned a day's million events once
-        # per place otherwise (35 s for a day drawn with nothing stored).
+        # per holder otherwise (35 s for a day drawn with nothing stored).
         chain = chain.where(
             ~select(literal(1))
-            .where(events.c.resource == places.c.resource, *in_the_window)
+            .where(events.c.resource == holders.c.resource, *in_the_window)
             .exists()
         )
     chain = chain.subquery()
     moments = (
-        # The first place left after the window's start decides from its start.
+        # The first holder left after the window's start decides from its start.
         case(
             (chain.c.earlier.is_(None), 0),
             else_=window.first_moment(chain.c.earlier),
@@ -607,26 +610,27 @@ def _placed_states(conn, window, within, deltas, place_held, in_the_window) -> N
         ),
         window.first_moment(chain.c.expires_at).label("stale_from"),
     )
-    per_place = select(*moments).subquery()
-    by = (per_place.c.lo, per_place.c.expiring_from, per_place.c.stale_from)
+    per_holder = select(*moments).subquery()
+    by = (per_holder.c.lo, per_holder.c.expiring_from, per_holder.c.stale_from)
     for lo, expiring_from, stale_from, count in conn.execute(
         select(*by, func.count()).group_by(*by)
     ):
         _holder(deltas, lo, stale_from, expiring_from, stale_from, count, slots)
 
 
-def _placed_holders(
-    conn, window, within, deltas, in_window, place_held, in_the_window
+def _holder_held_touched(
+    conn, window, within, deltas, in_window, holder_held, in_the_window
 ) -> None:
-    """The states of the resources in ``place_held`` that events of the window
+    """The states of the resources in ``holder_held`` that events of the window
     (``in_window``, matching ``in_the_window``) touched, counted once per
-    resource as ``_placed_states`` counts the untouched ones: at each moment,
-    the state of its live grant that ends first (held, then expiring; a grant
-    that ran out is nobody's: never stale). Its grants overlap, so each is
+    resource as ``_holder_held_untouched`` counts the untouched ones: at
+    each moment, the state of its live grant that ends first (held, then
+    expiring; a grant that ran out is nobody's: never stale). Its grants
+    overlap, so each is
     read from its own events (one fence's: its grant and its renewals, until
     its next event or its expiry), not one after another as an exclusive
     lock's changes are. Before a fence's first event of the window, a renewal
-    or an end says it was held (expiry unknown); a place with no event in the
+    or an end says it was held (expiry unknown); a holder with no event in the
     window held from its row. Then the intervals meet the window's moments,
     grouped by resource and moment in the database: a few resources' grants,
     never a row per event into Python."""
@@ -648,7 +652,7 @@ def _placed_holders(
             window.first_moment(w.expires_at).label("stale_from"),
             func.row_number().over(**by_fence).label("n"),
         )
-        .where(w.resource.in_(place_held), w.action.in_(HOLDING + FREEING))
+        .where(w.resource.in_(holder_held), w.action.in_(HOLDING + FREEING))
         .subquery()
     )
     f = fenced.c
@@ -664,22 +668,22 @@ def _placed_holders(
         f.n == 1, f.action.in_(FENCE_HELD_BEFORE)
     )
     touched_here = select(literal(1)).where(
-        events.c.resource == places.c.resource, *in_the_window
+        events.c.resource == holders.c.resource, *in_the_window
     )
-    untouched_places = select(
-        places.c.resource,
-        window.first_moment(places.c.acquired_at),
-        window.first_moment(places.c.expires_at),
+    untouched_holders = select(
+        holders.c.resource,
+        window.first_moment(holders.c.acquired_at),
+        window.first_moment(holders.c.expires_at),
         window.first_expiring(
-            places.c.expires_at, ttl_micros(granted_ttl(places.c)), within
+            holders.c.expires_at, ttl_micros(granted_ttl(holders.c)), within
         ),
     ).where(
-        places.c.resource.in_(place_held),
-        places.c.expires_at > instant(window.start),
+        holders.c.resource.in_(holder_held),
+        holders.c.expires_at > instant(window.start),
         touched_here.exists(),
-        ~touched_here.where(events.c.fence == places.c.fence).exists(),
+        ~touched_here.where(events.c.fence == holders.c.fence).exists(),
     )
-    grants = union_all(granted, held_before, untouched_places).subquery()
+    grants = union_all(granted, held_before, untouched_holders).subquery()
     resource, lo, hi, expiring_from = grants.c
     moments = select(literal(0).label("i")).cte("moments", recursive=True)
     moments = moments.union_all(
@@ -703,43 +707,43 @@ def _placed_holders(
         _add(deltas[found], i, i + 1, count, slots)
 
 
-def _with_places_now(conn, window, within, deltas, place_deltas):
-    """The counts at every moment: the exclusive grants' and the places' summed.
-    At the window's end (now) a resource held by places is counted exactly as
-    ``LockService.counts`` counts it, from its live places, whatever its events
+def _with_holders_now(conn, window, within, deltas, holder_deltas):
+    """The counts at every moment: the exclusive grants' and the holders' summed.
+    At the window's end (now) a resource held by holders is counted exactly as
+    ``LockService.counts`` counts it, from its live holders, whatever its events
     in the window suggested (they tell one grant after another, not which of
-    several places were still live)."""
+    several holders were still live)."""
     slots = window.slots
     counted = _summed(deltas, slots)
-    by_places = _summed(place_deltas, slots)
+    by_holders = _summed(holder_deltas, slots)
     end = instant(window.end)
-    # Each resource's live place that ends first, with the ttl it was last
-    # granted or renewed for (a few places).
+    # Each resource's live holder that ends first, with the ttl it was last
+    # granted or renewed for (a few holders).
     live = (
         select(
-            places.c.expires_at,
-            granted_ttl(places.c).label("ttl"),
+            holders.c.expires_at,
+            granted_ttl(holders.c).label("ttl"),
             func.row_number()
             .over(
-                partition_by=places.c.resource,
-                order_by=(places.c.expires_at, places.c.id),
+                partition_by=holders.c.resource,
+                order_by=(holders.c.expires_at, holders.c.id),
             )
             .label("n"),
         )
         .where(
-            places.c.resource.in_(
+            holders.c.resource.in_(
                 select(locks.c.resource).where(
                     locks.c.owner.is_(None), locks.c.places_until > end
                 )
             ),
-            places.c.expires_at > end,
-            places.c.acquired_at <= end,
+            holders.c.expires_at > end,
+            holders.c.acquired_at <= end,
         )
         .subquery()
     )
     first_ends = select(live.c.expires_at, live.c.ttl).where(live.c.n == 1).subquery()
     ends, ttl = first_ends.c.expires_at, first_ends.c.ttl
-    by_places[-1] = dict(
+    by_holders[-1] = dict(
         zip(
             STATES,
             conn.execute(
@@ -764,7 +768,7 @@ def _with_places_now(conn, window, within, deltas, place_deltas):
     )
     return [
         {state: mine[state] + theirs[state] for state in STATES}
-        for mine, theirs in zip(counted, by_places, strict=True)
+        for mine, theirs in zip(counted, by_holders, strict=True)
     ]
 
 

@@ -48,7 +48,7 @@ BY_MINUTE_UP_TO = timedelta(hours=3)
 # background, and the page polls every few seconds until it is stored). Each
 # event costs 15-25 µs (two window passes over them, and the held rows of the
 # resources they touched) on top of 50-60 ms that do not depend on it (the
-# counts of every held row, the rows expiring within the window, the places):
+# counts of every held row, the rows expiring within the window, the holders):
 # the first drawing of an hour or a day took 102-120 ms median at 2,000 events
 # and 100,000 locks on PostgreSQL, 58-86 ms at 500 (``bench/audit_bench.py``,
 # "nothing stored", alternated). The once-a-minute poll meets the budget: what

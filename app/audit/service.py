@@ -296,7 +296,7 @@ _holding = _other.c.action.in_([a.value for a in HOLDING])
 _granting = _other.c.action.in_([a.value for a in GRANTS])
 _of_fence = _other.c.fence == _anchor.c.fence
 # The previous holder's events: its owner's, and of a take-over that recorded
-# the token it took, that token's only (one owner may hold places under two).
+# the token it took, that token's only (one owner may be a holder under two).
 _of_previous_owner = and_(
     _other.c.owner == _anchor.c.previous_owner,
     or_(

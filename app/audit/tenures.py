@@ -22,7 +22,7 @@ timeline (from a run of events, ``derive``):
   are inserted under its row lock, so id order is the order things happened in
   even when clocks disagree about ``occurred_at``.
 
-A resource with several holders at once (a semaphore's places, shared grants)
+A resource with several holders at once (a semaphore's holders, shared grants)
 follows the same rules per grant (``ends``): a tenure is its fence's, ended by
 an ending naming its fence, or by a grant that replaced it (its holder's own
 new grant, as a promotion: the holder is the owner and the token; an
@@ -96,7 +96,7 @@ class Tenure:
     grant_id: int | None = None
     end_id: int | None = None
     forced: bool = False
-    # With ``owner``, the holder: one owner may hold places under two tokens.
+    # With ``owner``, the holder: one owner may be a holder under two tokens.
     token: str | None = None
 
     @property
@@ -162,13 +162,13 @@ def ends(first: Event, last: Event, event: Event) -> bool:
     claim naming its owner as the previous owner (an operator's claim or
     force-claim replaces the one grant of an exclusive lock); any grant once
     it had run out by ``last``'s expiry (a take-over takes only what ran out,
-    a new grant clears expired places, and one holder's expired row was
+    a new grant clears expired holders, and one holder's expired row was
     purged before a grant found none).
 
     A take-over names the holder it took, its previous owner and (in its
     ``details``, since migration 0025) that owner's token: it ends that
     holder's tenure, which had run out, never another of that owner's (one
-    owner may hold several places under several tokens). An older take-over,
+    owner may hold several holders under several tokens). An older take-over,
     which names the owner alone, ends only a tenure that had run out.
 
     ``ends_condition`` is this rule in SQL: change both together."""
@@ -373,7 +373,7 @@ def derive(
     from a release that ended it (which records the holder and fence).
 
     ``parallel``: whether the resource had several holders at once (a
-    semaphore's places, shared grants); None tells it from the events
+    semaphore's holders, shared grants); None tells it from the events
     (``shows_parallel_holders``). Their tenures follow ``derive_parallel``.
 
     ``sessions``: the expiries of the sessions the grants are bound to, as
@@ -422,7 +422,7 @@ def derive(
 def shows_parallel_holders(ordered: Iterable[Event]) -> bool:
     """Whether events (in id order) show grants held at once, which one
     exclusive holder never gives: a shared grant, or a grant that took no one's
-    place while another grant was live."""
+    holder while another grant was live."""
     live_until: dict[int | None, datetime | None] = {}
     for event in ordered:
         if event.mode == "shared":

@@ -39,7 +39,7 @@ class ChangedHands(click.ClickException):
 @with_appcontext
 def locks_list(state: str, prefix: str | None, owner: str | None) -> None:
     """Every matching grant, one per line, tab-separated, ordered by resource:
-    each place of a semaphore and each shared grant a line of its own."""
+    each holder of a semaphore and each shared grant a line of its own."""
     from lockkeeper_core.errors import InvalidInput
     from lockkeeper_core.filters import ENTRIES_GRANTS
     from lockkeeper_core.pagination import MAX_PAGE
@@ -114,7 +114,7 @@ def locks_release(
     owner: str | None,
 ) -> None:
     """Force-release RESOURCE whoever holds it (every grant of a resource held
-    by places: a semaphore's, shared grants), or with --stale every stale lock
+    by holders: a semaphore's, shared grants), or with --stale every stale lock
     (recorded as cli:<OS user>, one event per grant)."""
     from lockkeeper_core.errors import InvalidInput, LockNotFound
 
@@ -209,10 +209,10 @@ def locks_claim(
     """Grant RESOURCE to OWNER with a new fence (recorded as cli:<OS user>); of
     a semaphore, one free place."""
     from lockkeeper_core.errors import (
+        HeldByHolders,
         InvalidInput,
         LockChanged,
         LockHeld,
-        PlacesHeld,
         ResourceFrozen,
     )
 
@@ -232,7 +232,7 @@ def locks_claim(
         )
     except LockChanged as exc:
         raise ChangedHands(f"{exc}; nothing was claimed.") from exc
-    except PlacesHeld as exc:
+    except HeldByHolders as exc:
         raise click.ClickException(f"{exc}; nothing was claimed.") from exc
     except LockHeld as exc:
         raise click.ClickException(f"{exc} (pass --force to take it)") from exc

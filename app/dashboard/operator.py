@@ -208,8 +208,8 @@ def _selected(values) -> list[tuple[str, int]]:
 def _matching(args) -> list[tuple[str, int]]:
     """Every grant the view counts (tab, search; an owner or a host of the
     grouped views), with the fence it has now: what the operator confirms.
-    A resource held by places is each of its matching grants (a semaphore's
-    places, shared grants), released by their fences, as an exclusive lock
+    A resource held by holders is each of its matching grants (a semaphore's
+    holders, shared grants), released by their fences, as an exclusive lock
     is by its own."""
     from app.dashboard.views import host_of
 
@@ -267,7 +267,7 @@ def _confirmed_count(values, count: int) -> None:
 
 def grants_of_locks(released) -> str:
     """How many grants of how many locks ``released`` holds: a resource held
-    by places gives one grant per place (or shared grant), so the two counts
+    by holders gives one grant per holder (or shared grant), so the two counts
     differ then ("3 grants of 2 locks"); otherwise they are locks."""
     count = len(released)
     locks = len({grant.resource for grant in released})

@@ -6,7 +6,7 @@ on its own; ``templates/dashboard/_timeline.html`` turns the geometry into SVG.
 The tenures (grants of ownership) come from ``app.audit.tenures``, the rules the
 audit page uses too; this module only lays them out. Each holder (owner and
 token) gets a lane (a row), so the holders of a semaphore or a shared lock are
-drawn in parallel lanes, one owner's places under two tokens too;
+drawn in parallel lanes, one owner's holders under two tokens too;
 take-overs and operator force actions are marked where they happened.
 """
 
@@ -123,7 +123,7 @@ def build(
     tenure of fence ``zoom`` (when one has it): a 2 px sliver of a week's
     drawing becomes most of the plot, the others clipped to that range.
 
-    Holders at once (a semaphore's places, shared grants; ``parallel``, as
+    Holders at once (a semaphore's holders, shared grants; ``parallel``, as
     ``derive`` takes it) get a lane each, so their bars run side by side.
     ``sessions``: the expiries of the sessions grants are bound to, as
     ``derive`` takes them."""

@@ -25,11 +25,11 @@ from flask_login import current_user
 from lockkeeper_core import validation
 from lockkeeper_core.counts import OwnerCounts
 from lockkeeper_core.errors import (
+    HeldByHolders,
     InvalidInput,
     LockChanged,
     LockHeld,
     LockNotFound,
-    PlacesHeld,
     ResourceFrozen,
     UnknownSession,
 )
@@ -203,7 +203,7 @@ def overview():
     # Everything on the page is judged at one instant, read once: on PostgreSQL
     # and MariaDB each reading of the clock is a round trip. The counts and
     # the contended count come in one statement (one pass over every lock and
-    # the place-held resources instead of two).
+    # the holder-held resources instead of two).
     at = service.now()
     # A grouped view reads its groups and its counts in one statement (the
     # counts are the groups' sums there, ``grouped_with_counts``).
@@ -278,7 +278,7 @@ def overview():
                 cursor=cursor,
                 offset=None if cursor else (number - 1) * size,
                 sort=sort_key,
-                # A resource held by places is one row: its places used of the
+                # A resource held by holders is one row: its holders used of the
                 # limit, its grant that ends first.
                 entries=ENTRIES_RESOURCES,
                 at=at,
@@ -557,7 +557,7 @@ def lock_page(resource: str):
     newest = newest_event_id(resource)
     lock = _current_lock(resource)
     lock_session = service.sessions.of_lock(resource) if lock is not None else None
-    # Held by places (a semaphore's, or shared grants): every one of them.
+    # Held by holders (a semaphore's, or shared grants): every one of them.
     held_by = (
         service.holders(resource)
         if lock is not None and (lock.limit > 1 or lock.mode != "exclusive")
@@ -622,7 +622,7 @@ def lock_page(resource: str):
         version=version,
         first_url=url() if cursor else None,
         next_url=url(cursor=history.next_cursor) if history.next_cursor else None,
-        # A resource held by places now has had holders at once, even when the
+        # A resource held by holders now has had holders at once, even when the
         # events read show only their renewals.
         timeline=timeline.build(
             recent,
@@ -686,7 +686,7 @@ def release(resource: str):
         "lock": lock,
         "next_url": return_to(_lock_url(resource)),
     }
-    if lock is not None and lock.is_place:
+    if lock is not None and lock.is_holder_row:
         held = lock_service().holders(resource).holders
         return _release_holders_instead(resource, held, context["next_url"])
     if lock is None:
@@ -736,7 +736,7 @@ def release(resource: str):
 
 
 def _release_holders_instead(resource: str, held: list, next_url: str):
-    """The whole-lock release of a resource held by places (a semaphore's, or
+    """The whole-lock release of a resource held by holders (a semaphore's, or
     shared grants): its form confirms one grant, so it shows the holders' form
     instead, every grant with its fence to confirm. Asked for it, the form;
     posted (the page showed one lock, or none), nothing is released: 409 with
@@ -769,8 +769,8 @@ def _release_holders_instead(resource: str, held: list, next_url: str):
 
 @bp.route("/locks/<resource>/holders/<int:fence>/release", methods=["GET", "POST"])
 @operator_required
-def release_place(resource: str, fence: int):
-    """Force-release the one grant of a resource held by places that carries
+def release_holder(resource: str, fence: int):
+    """Force-release the one grant of a resource held by holders that carries
     ``fence`` (the one the operator saw); the others stay."""
     _checked_resource(resource)
     held = lock_service().holders(resource).holders
@@ -784,12 +784,12 @@ def release_place(resource: str, fence: int):
     if request.method == "GET":
         if holder is None:
             abort(404, description=f"No grant of {resource} carries fence {fence}.")
-        return action_response("dashboard/_release_place_form.html", **context)
+        return action_response("dashboard/_release_holder_form.html", **context)
     reason = reason_field()
     errors: list[tuple[str, str]] = []
     status = 400
     try:
-        released = lock_service().force_release_place(
+        released = lock_service().force_release_holder(
             resource, fence, actor=current_user.username, reason=reason
         )
     except InvalidInput as exc:
@@ -816,7 +816,7 @@ def release_place(resource: str, fence: int):
             _lock_url(resource),
         )
     return action_response(
-        "dashboard/_release_place_form.html",
+        "dashboard/_release_holder_form.html",
         status,
         errors=errors,
         reason=reason or "",
@@ -841,7 +841,7 @@ def _confirmed_fences(errors: list[tuple[str, str]]) -> list[int]:
 @bp.route("/locks/<resource>/holders/release", methods=["GET", "POST"])
 @operator_required
 def release_holders(resource: str):
-    """Force-release every grant of a resource (its places, shared grants or
+    """Force-release every grant of a resource (its holders, shared grants or
     exclusive grant) that the confirmation showed; one that came since (its
     fence not among those shown) is left alone and reported."""
     _checked_resource(resource)
@@ -1044,8 +1044,8 @@ def claim(resource: str):
             )
         except (InvalidInput, LockChanged) as exc:
             errors, status = _refusal(exc, "force", context)
-        except PlacesHeld as exc:
-            # Held by places: no box takes one of theirs; the reason is shown.
+        except HeldByHolders as exc:
+            # Held by holders: no box takes one of theirs; the reason is shown.
             context["lock"] = exc.holder
             errors.append(("mode", f"Not claimed: {exc}."))
             status = 409

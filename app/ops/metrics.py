@@ -9,7 +9,7 @@ and ``/metrics`` adds up every worker's files, whichever worker answers. Scrape
 every instance; ``sum()`` over instances is the fleet's.
 
 ``/metrics/fleet``: what the database holds (locks by state, waiters, sessions,
-places, shared grants, its schema revision), counted at scrape time. Every
+holders, shared grants, its schema revision), counted at scrape time. Every
 instance answers it with the same numbers, so it is scraped once per fleet (one
 target: the load balancer's address, or any one instance), not per instance:
 summed over instances these gauges counted each lock once per instance. A
@@ -285,10 +285,10 @@ class FleetCollector(Collector):
             counts = service.counts()
             queued = service.queue.queued()
             live_sessions = service.sessions.live()
-            places = service.places_counts()
+            holders = service.holders_counts()
         except (SQLAlchemyError, LockError):
-            counts = queued = live_sessions = places = None
-        yield from self._families(counts, queued, live_sessions, places, revision)
+            counts = queued = live_sessions = holders = None
+        yield from self._families(counts, queued, live_sessions, holders, revision)
 
     def _revision(self) -> str:
         from lockkeeper_core.schema import database_revisions, shown_revisions
@@ -303,7 +303,7 @@ class FleetCollector(Collector):
         counts: dict[LockState, int] | None = None,
         queued: int | None = None,
         live_sessions: int | None = None,
-        places=None,
+        holders=None,
         revision: str | None = None,
     ):
         locks = GaugeMetricFamily(
@@ -337,6 +337,7 @@ class FleetCollector(Collector):
             "Sessions not yet expired, every instance, counted at scrape time.",
         )
         sessions.add_metric([], live_sessions or 0)
+        # The metrics keep the old name of holders, "places": dashboards query them.
         used = GaugeMetricFamily(
             "lockkeeper_places_used",
             "Live places of counting semaphores, every resource, at scrape time.",
@@ -349,9 +350,9 @@ class FleetCollector(Collector):
             "lockkeeper_shared_grants",
             "Live shared grants, every resource, at scrape time.",
         )
-        used.add_metric([], places.used if places else 0)
-        limit.add_metric([], places.limit if places else 0)
-        shared.add_metric([], places.shared if places else 0)
+        used.add_metric([], holders.used if holders else 0)
+        limit.add_metric([], holders.limit if holders else 0)
+        shared.add_metric([], holders.shared if holders else 0)
         return locks, up, schema, waiters, sessions, used, limit, shared
 
 

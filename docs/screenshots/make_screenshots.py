@@ -108,7 +108,7 @@ def fill(app, clock: DemoClock) -> None:
                 duration=timedelta(hours=hours) if hours else None,
             )
         locks.acquire("job:42", "worker-7@host-2", ttl=12, actor="batch")
-        # A semaphore of 5 (report builds sharing a licence), 3 places taken at
+        # A semaphore of 5 (report builds sharing a licence), 3 holders taken at
         # different moments, and a cache read by two shared holders.
         for minutes, n in ((9, 1), (6, 2), (2, 3)):
             clock.at(minutes)

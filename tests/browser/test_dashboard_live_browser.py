@@ -451,7 +451,7 @@ def test_axe_finds_no_serious_violation_on_any_page(
         session = service.sessions.create("host-7:1:s", 600, token="w")
         service.acquire("leader:main", "host-7:1:s", session=session.id, token="w")
         # Waiting lines of each kind: a writer behind the readers, a reader
-        # behind it, a semaphore's place.
+        # behind it, a semaphore's holder.
         service.queue.join(
             "cfg:main", "host-8:1:w", None, 600, mode="exclusive", limit=1
         )

@@ -67,7 +67,7 @@ class Grant:
     expires_at: datetime  # extended by every answered renewal
     released: bool = False
     end: datetime | None = None  # the release's occurred_at, when released
-    limit: int = 1  # a semaphore's places above 1
+    limit: int = 1  # a semaphore's holders above 1
     mode: str = EXCLUSIVE
     session: str | None = None  # the session it is bound to
     session_ended: bool = False  # its session's end answered 204
@@ -79,8 +79,8 @@ class Grant:
 
     @property
     def kind(self) -> str:
-        """exclusive, shared, or place (of a semaphore)."""
-        return "place" if self.limit > 1 else self.mode
+        """exclusive, shared, or holder (of a semaphore)."""
+        return "semaphore" if self.limit > 1 else self.mode
 
     @property
     def until(self) -> datetime:
@@ -246,7 +246,7 @@ def blockers(mode: str, limit: int, live: list) -> list:
     """Of ``live`` (grants valid at an instant, each with ``mode`` and
     ``limit``), those a new grant of ``mode`` and ``limit`` may not come beside:
     an exclusive grant of limit 1 stands alone; a shared grant only beside
-    shared ones; a semaphore place beside fewer than ``limit`` places of that
+    shared ones; a semaphore holder beside fewer than ``limit`` holders of that
     semaphore and nothing else."""
     if mode == SHARED:
         return [g for g in live if g.mode != SHARED]
@@ -363,7 +363,7 @@ def _match_events(records, grants, events, report) -> None:
 
 def _check_session_grant_ended(grant, event, grant_events_of, report) -> None:
     """A session-bound grant without a release event: it is over once its
-    session ran out, and the grant that then took it (or, for a place, the
+    session ran out, and the grant that then took it (or, for a holder, the
     grant that cleared it away) is what ends it, at or after the last expiry
     its worker knew. Its session's answered end demands that ending."""
     taken = next(
@@ -444,11 +444,11 @@ def _replay_audit_log(events, report, limits=None, heartbeats=None) -> None:
 
     A session-bound grant left behind as run out may still be released by its
     session's end, later in the log (``lapsed``): one a shared grant or a
-    place came beside at any time (a heartbeat whose reply was lost may have
+    holder came beside at any time (a heartbeat whose reply was lost may have
     moved it further than ``heartbeats`` know), one an exclusive grant
     followed only as of an instant up to that grant (an expired session's end
     records its grants' end at its expiry; the exclusive path leaves an
-    expired place's row behind)."""
+    expired holder's row behind)."""
     limits = limits or {}
     heartbeats = heartbeats or {}
     held: dict[str, dict[int, Held]] = defaultdict(dict)

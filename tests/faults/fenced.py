@@ -4,7 +4,7 @@ Worker processes take locks on a few resources (short ttls) and, while they hold
 one, append rows to a table of the lock database, each in a transaction of its
 own that calls ``guard`` first. The resources hold every kind of grant: one is
 exclusive, one is read and written (readers take it shared, writers
-exclusive), one is a semaphore of 2 places; a reader or a place guards its
+exclusive), one is a semaphore of 2 holders; a reader or a holder guards its
 writes with its own fence as a writer does. A nemesis stops a random worker
 with SIGSTOP for 1.5–3 ttls and resumes it, so paused holders wake up inside
 and outside their guarded transactions after someone else took the lock over.
@@ -14,10 +14,10 @@ every committed write was made by a valid holder at its commit: its fence's
 tenure (from its grant to the event that ended it, by the database's clock)
 contains the write's clock reading, taken by the transaction's last statement
 before COMMIT, after its guard and its work; no write through a shared grant or
-a place falls in an exclusive holder's tenure of its resource; and per resource
+a holder falls in an exclusive holder's tenure of its resource; and per resource
 the writes, in time order, never go below the fence of an exclusive write
 before them, and an exclusive write never below any fence before it (readers
-and places write side by side, their fences in any order). ``--unguarded``
+and holders write side by side, their fences in any order). ``--unguarded``
 writes after a plain read of the fence instead (the check-then-write a store
 without the guard would do): the checker must then find the writes that paused
 holders committed after a take-over.
@@ -55,12 +55,12 @@ from tests.forks import worker_context
 # Events that start a grant's tenure; a re-acquire or renew keeps the fence.
 GRANTS = {"acquired", "took_over", "claimed", "force_claimed"}
 ENDS = {"released", "force_released"}
-# Events that move a grant's expiry (a place's tenure ends with its expiry).
+# Events that move a grant's expiry (a holder's tenure ends with its expiry).
 MOVES = {"renewed", "reacquired"}
-EXCLUSIVE, SHARED, PLACE = "exclusive", "shared", "place"
+EXCLUSIVE, SHARED, SEMAPHORE = "exclusive", "shared", "semaphore"
 
 # The resources: one exclusive; one read and written, taken shared by this
-# share of its acquires; one a semaphore of ``LIMITS`` places.
+# share of its acquires; one a semaphore of ``LIMITS`` holders.
 EXCLUSIVE_RESOURCE = "fenced:0"
 READ_WRITE = "fenced:rw"
 SEMAPHORE = "fenced:sem"
@@ -189,7 +189,7 @@ def worker_main(config: FencedConfig, index: int, ready, start, out: str) -> Non
             resource = rng.choice(RESOURCES)
             limit = LIMITS.get(resource, 1)
             shared = resource == READ_WRITE and rng.random() < SHARED_SHARE
-            kind = SHARED if shared else PLACE if limit > 1 else EXCLUSIVE
+            kind = SHARED if shared else SEMAPHORE if limit > 1 else EXCLUSIVE
             grant += 1
             owner = f"w{index}-{grant}"
             try:
@@ -378,7 +378,7 @@ def _utc(moment: datetime) -> datetime:
 class Tenure:
     """A fence's time as a grant of its resource, by the database's clock:
     from its grant to the event that ended it (``end`` None: it still runs);
-    ``kind`` exclusive, shared or place; ``expires_at``: the last expiry its
+    ``kind`` exclusive, shared or holder; ``expires_at``: the last expiry its
     events gave it."""
 
     kind: str
@@ -396,7 +396,7 @@ class Tenure:
 
 def _grant_kind(event: dict, limits: dict[str, int]) -> str:
     if limits.get(event["resource"], 1) > 1:
-        return PLACE
+        return SEMAPHORE
     return SHARED if event.get("mode") == SHARED else EXCLUSIVE
 
 
@@ -406,10 +406,10 @@ def tenures(
     """(resource, fence) -> its ``Tenure``. An exclusive grant's ends with the
     next event of the resource that ends it: its release or force-release, or
     a grant of another fence (a take-over, after it expired). A shared grant
-    or a place (``limits``: the semaphores' limits by resource) ends with its
+    or a holder (``limits``: the semaphores' limits by resource) ends with its
     release or force-release, with an exclusive grant (which comes only once
     every other grant is gone), or with the first grant after its expiry (an
-    expired place is cleared by the next grant, and until that commits no
+    expired holder is cleared by the next grant, and until that commits no
     other grant can have its row: a guarded write made after the expiry,
     under a guard passed before it, is still in its tenure). Each end is the
     clock its event read under the resource's row lock."""
@@ -490,7 +490,7 @@ def check(
 def _fence_order_violations(writes, spans) -> list[str]:
     """Per resource, in time order: a write never carries a fence below an
     exclusive write's before it, and an exclusive write none below any write's
-    before it. Readers and places write side by side in any fence order."""
+    before it. Readers and holders write side by side in any fence order."""
     violations = []
     by_resource: dict[str, list[dict]] = defaultdict(list)
     for write in writes:

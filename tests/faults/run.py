@@ -43,7 +43,7 @@ from tests.faults.worker import WorkerConfig, worker_main
 from tests.forks import worker_context
 
 HOT_RESOURCES = [f"hot:{n}" for n in range(4)]
-# The holder workers' resources: a semaphore of 2 places, and one resource read
+# The holder workers' resources: a semaphore of 2 holders, and one resource read
 # (shared grants) and written (exclusive ones).
 SEMAPHORES = {"sem:0": 2}
 READ_WRITE = ("rw:0",)
@@ -51,7 +51,7 @@ READ_WRITE = ("rw:0",)
 GALERA_DATABASE = "lk_faults"
 CHECKED_RESOURCES = [*HOT_RESOURCES, *SEMAPHORES, *READ_WRITE]
 # The share of a holder worker's jobs run in a session (its grants bound to it,
-# kept by its heartbeat): places, shared grants and exclusive ones of its own
+# kept by its heartbeat): holders, shared grants and exclusive ones of its own
 # resources, and an exclusive grant of a hot resource the other workers take.
 SESSION_SHARE = 0.3
 

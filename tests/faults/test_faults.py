@@ -151,7 +151,7 @@ def holder_event(id_, action, owner, fence, start, end, resource, mode="exclusiv
 
 
 def semaphore_history(overlapping: int):
-    """``overlapping`` places of the semaphore "sem:0" (limit 2) believed held
+    """``overlapping`` holders of the semaphore "sem:0" (limit 2) believed held
     from t=0 to t=2, each granted 0.1 s after the one before, then one more
     after they all ended."""
     records, events = [], []
@@ -178,7 +178,7 @@ def test_checker_finds_one_believed_holder_more_than_a_semaphore_allows():
     records, events = semaphore_history(3)
     violations = check(records, events, limits={"sem:0": 2}).violations
     # The workers' beliefs, the audit log's replay and its grant order: each
-    # sees the third place.
+    # sees the third holder.
     assert violations == [
         "sem:0: w02-1 (fence 3) granted exclusive (place of 2) at "
         f"{at(0.2).isoformat()} while w00-1 (fence 1), w01-1 (fence 2) held it, "
@@ -291,10 +291,10 @@ def released_at(id_, owner, fence, when, resource):
 def session_history():
     """Session S1 (ttl 1) holds rw:0 exclusive from t=0; its heartbeats at 0.6
     and 1.2 move its expiry to 2.2, writing no event; its end at 2.0 releases
-    it. A plain grant takes rw:0 at 2.5. Session S2 holds a place of sem:0
+    it. A plain grant takes rw:0 at 2.5. Session S2 is a holder of sem:0
     from t=0, answered to 1.6 by a heartbeat and moved further by one whose
-    reply was lost; a plain place comes beside it at 1.8, and S2's end at 2.0
-    releases its place."""
+    reply was lost; a plain holder comes beside it at 1.8, and S2's end at 2.0
+    releases its holder."""
     records = [
         started("S1", "w01-s1", 1.0, 0),
         bound(holder_grant("w01-s1", 1, 0, 1, "rw:0"), "S1"),
@@ -326,7 +326,7 @@ def test_checker_holds_session_bound_grants_by_their_heartbeats():
     assert report.violations == []
     stats = report.stats
     assert stats["session_grants"] == 2
-    assert stats["session_grants_by_kind"] == {"exclusive": 1, "place": 1}
+    assert stats["session_grants_by_kind"] == {"exclusive": 1, "semaphore": 1}
     assert stats["session_grants_released"] == 2
     assert stats["heartbeats"] == 3
 
@@ -884,7 +884,7 @@ def test_bounded_fault_run_finds_no_violation(database):
     assert stats["waits"] >= 10
     assert stats["waits_granted"] >= 1
     assert stats["outage_probes"] >= 9
-    # Both places of the semaphore were believed held at once, and readers
+    # Both holders of the semaphore were believed held at once, and readers
     # shared the read/write resource.
     assert stats["most_believed_at_once"]["sem:0"] == 2
     assert stats["most_believed_at_once"]["rw:0"] >= 2
@@ -908,7 +908,7 @@ def assert_sessions_exercised(stats) -> None:
     average of 30 on 2 cores (``WorkerConfig.session_min_ttl``: with sessions
     as short as plain grants, a MariaDB run once answered no heartbeat)."""
     assert stats["session_grants"] >= 5, stats
-    for kind in ("exclusive", "shared", "place"):
+    for kind in ("exclusive", "shared", "semaphore"):
         assert stats["session_grants_by_kind"].get(kind, 0) >= 1, stats
     assert stats["heartbeats"] >= 1, stats
     assert stats["sessions_lost"] >= 1, stats

@@ -1,8 +1,8 @@
 """The fenced-write workload (tests/faults/fenced.py): its checker fails the
 histories it must fail, and a bounded run with SIGSTOPped holders on PostgreSQL
-and MariaDB (writers, readers and semaphore places, each guarding its writes)
+and MariaDB (writers, readers and semaphore holders, each guarding its writes)
 finds no committed write outside its fence's tenure, and none through a shared
-grant or a place inside an exclusive holder's."""
+grant or a holder inside an exclusive holder's."""
 
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ def held(id_, action, fence, seconds, resource, mode="exclusive", expires=None):
 
 RW, SEM = "fenced:rw", "fenced:sem"
 # Readers 1 and 2 share fenced:rw; 2 releases at 0.8, 1 runs out at 1, and a
-# writer takes over at 1.5 and releases at 1.9. Places 4 (until 1) and 5 (until
-# 3) of fenced:sem; place 6 takes the expired place 4 over at 1.5.
+# writer takes over at 1.5 and releases at 1.9. Holders 4 (until 1) and 5 (until
+# 3) of fenced:sem; holder 6 takes the expired holder 4 over at 1.5.
 MIXED = [
     held(1, "acquired", 1, 0, RW, "shared", expires=1),
     held(2, "acquired", 2, 0.2, RW, "shared", expires=1.2),
@@ -107,13 +107,13 @@ MIXED_WRITES = [
 ]
 
 
-def test_the_checker_accepts_readers_and_places_writing_in_their_tenures():
+def test_the_checker_accepts_readers_and_holders_writing_in_their_tenures():
     report = check(MIXED_WRITES, MIXED, {SEM: 2})
     assert report.violations == []
     assert report.stats["writes_committed_by_kind"] == {
         "shared": 3,
         "exclusive": 1,
-        "place": 4,
+        "semaphore": 4,
     }
 
 
@@ -129,7 +129,7 @@ def test_the_checker_finds_a_readers_write_while_a_writer_held_it():
     ]
 
 
-def test_the_checker_finds_a_places_write_after_it_was_taken_over_or_released():
+def test_the_checker_finds_a_holders_write_after_it_was_taken_over_or_released():
     writes = [
         *MIXED_WRITES,
         write(4, 1.6, owner="paused place", resource=SEM),
@@ -154,7 +154,7 @@ def test_bounded_fenced_write_run_finds_no_violation(databases, tmp_path, server
             and sum(stats["writes_refused"].values()) >= 1
             and all(
                 stats["writes_committed_by_kind"].get(kind, 0) >= 1
-                for kind in ("exclusive", "shared", "place")
+                for kind in ("exclusive", "shared", "semaphore")
             )
         )
 
@@ -177,7 +177,7 @@ def test_bounded_fenced_write_run_finds_no_violation(databases, tmp_path, server
     assert stats["take_overs"] >= 3
     assert stats["writes_committed"] >= 30
     assert sum(stats["writes_refused"].values()) >= 1
-    # Readers and places wrote through the guard as writers did.
-    for kind in ("exclusive", "shared", "place"):
+    # Readers and holders wrote through the guard as writers did.
+    for kind in ("exclusive", "shared", "semaphore"):
         assert stats["writes_committed_by_kind"].get(kind, 0) >= 1, stats
     assert stats["write_errors"] == 0

@@ -4,9 +4,9 @@ through the service layer with one app per node (multi-writer).
 Each test shows on the real cluster what failed there before its fix. The schema
 installs (migration 0034's sequence, 0038 without its cache and 0040's unique
 granted fences, under traffic), fences of one resource increase across nodes
-(exclusive grants, places, shared and session-bound grants; also after a
-purge), a semaphore admits no more places than its limit across nodes (the
-places path writes the resource's row), no fence is granted twice while nodes
+(exclusive grants, holders, shared and session-bound grants; also after a
+purge), a semaphore admits no more holders than its limit across nodes (the
+holders path writes the resource's row), no fence is granted twice while nodes
 draw at the offsets of two views (0040), the guard conflicts with a take-over
 from another node (0035), a follower reading one node misses no event
 committed late on another, the service sets and checks the node settings it
@@ -188,7 +188,7 @@ def test_the_schema_installs_on_a_galera_cluster_and_0038_0040_run_under_traffic
         assert not unexpected, answers
         # In the order the cluster granted them (each grant's clock is read
         # once its resource's row is held), the fences of a resource increase.
-        # Before the upgrade (a cache) places went backwards here: 9008, 12009,
+        # Before the upgrade (a cache) holders went backwards here: 9008, 12009,
         # 9011, 12024, 9020, as nodes 1 and 2 drew from their own blocks.
         backwards = _backwards(fences)
         print(
@@ -248,11 +248,11 @@ def test_fences_of_one_resource_increase_when_nodes_take_turns(galera):
     assert fences == sorted(set(fences)), f"fences in grant order: {fences}"
 
 
-def test_fences_of_places_shared_and_session_grants_increase_when_nodes_take_turns(
+def test_fences_of_holders_shared_and_session_grants_increase_when_nodes_take_turns(
     galera,
 ):
     """As above, for the grants whose fence is the sequence's draw alone (no
-    exclusive row to raise it above): a semaphore's places, shared grants and
+    exclusive row to raise it above): a semaphore's holders, shared grants and
     grants bound to a session. With a cache each node drew from its own block
     (1, 3002, 4, ...): the third node's grant came below the second's. The
     sequence has no cache on Galera (0038): every draw writes it, and a node
@@ -403,16 +403,16 @@ def _backwards(grants, *, steps: bool = False):
     return found
 
 
-def test_fences_of_places_and_shared_grants_increase_under_contention_across_nodes(
+def test_fences_of_holders_and_shared_grants_increase_under_contention_across_nodes(
     galera,
 ):
-    """Threads on every node take and release a place of a semaphore of 2 and
-    a shared grant, as fast as they can. A place or a shared grant takes the
+    """Threads on every node take and release a holder of a semaphore of 2 and
+    a shared grant, as fast as they can. A holder or a shared grant takes the
     sequence's draw as its fence (no exclusive grant's row to raise it above):
     in the order the cluster granted them (the clock each grant read once it
     held its resource's row), their fences must increase. Each node drew
-    from its own cache block (before 0038); and two places admitted on two
-    nodes at once wrote no row in common (before the places path wrote the
+    from its own cache block (before 0038); and two holders admitted on two
+    nodes at once wrote no row in common (before the holders path wrote the
     resource's row on Galera), so neither was ordered after the other."""
     cluster, apps = galera
     kinds = {
@@ -504,7 +504,7 @@ def test_no_fence_is_granted_twice_while_nodes_draw_at_offsets_of_two_views(gale
     offset 1 of 2) to two resources around a node's rejoin. Here node 1 draws
     as in a view of two nodes (odd values) for the whole test, nodes 0 and 2 as
     in the view of three (1 and 0 mod 3), while threads on every node grant
-    exclusive locks of new resources and places of semaphores.
+    exclusive locks of new resources and holders of semaphores.
 
     Certification never compares the sequence's draws, so on the code before
     0040 both grants of a fence committed: duplicates within seconds. The
@@ -813,26 +813,26 @@ def test_a_node_that_cannot_start_ends_the_start_at_once_with_its_log():
         cluster.close()
 
 
-def test_a_semaphore_admits_no_more_places_than_its_limit_across_nodes(galera):
+def test_a_semaphore_admits_no_more_holders_than_its_limit_across_nodes(galera):
     cluster, apps = galera
     first, slow, fast = apps
     resource = "galera:semaphore"
     with first.app_context():
         assert lock_service().acquire(resource, "h0", ttl=120, limit=2).acquired
-    # Node 1 admits a place and stays in its transaction while node 2 admits one.
+    # Node 1 admits a holder and stays in its transaction while node 2 admits one.
     admitted, go_on = threading.Event(), threading.Event()
     statements = slow.extensions["lockkeeper.locks"].statements.transactional
-    dequeue = statements._dequeue_place
+    dequeue = statements._dequeue_waiter
 
     def held_dequeue(conn, waiter):
         dequeue(conn, waiter)
         # The apps of a process share their dialect's statements
-        # (``statements_for``): only the first place, node 1's, is held open.
+        # (``statements_for``): only the first holder, node 1's, is held open.
         if not admitted.is_set():
             admitted.set()
             go_on.wait(timeout=60)
 
-    statements._dequeue_place = held_dequeue
+    statements._dequeue_waiter = held_dequeue
     results = {}
 
     def slow_acquire() -> None:
@@ -848,16 +848,16 @@ def test_a_semaphore_admits_no_more_places_than_its_limit_across_nodes(galera):
     finally:
         go_on.set()
         thread.join(timeout=60)
-        del statements._dequeue_place  # the class's again
+        del statements._dequeue_waiter  # the class's again
     with cluster.nodes[0].connect() as conn, conn.cursor() as cursor:
         cursor.execute(
             "SELECT COUNT(*) FROM lock_holders"
             " WHERE resource = %s AND expires_at > UTC_TIMESTAMP(6)",
             (resource,),
         )
-        (places,) = cursor.fetchone()
+        (holders,) = cursor.fetchone()
     granted = sorted(name for name, r in results.items() if r.acquired)
-    assert places <= 2, f"{places} live places of 2 (granted: {granted})"
+    assert holders <= 2, f"{holders} live places of 2 (granted: {granted})"
 
 
 def test_a_short_fault_run_on_the_cluster_finds_no_violation(galera):

@@ -5,7 +5,7 @@ Records (``kind``):
 
 - ``grant``: the service granted ``resource`` to ``owner`` with ``fence``,
   ``acquired_at`` and ``expires_at`` (the database's clock, as the API reported),
-  its ``limit`` and ``mode`` as asked (a semaphore's place, a shared grant: the
+  its ``limit`` and ``mode`` as asked (a semaphore's holder, a shared grant: the
   worker's ``limits`` and ``shared_share``); a grant of another kind is also an
   ``error``.
 - ``renewed``: a renewal answered 200 with a new ``expires_at``.

@@ -127,7 +127,7 @@ class LockNotAcquired(LockClientError):
 
 class LimitMismatch(LockClientError):
     """The resource is in use with another limit or kind (409 ``limit-mismatch``):
-    a semaphore of ``limit`` places, or an exclusive/shared lock (``limit`` 1)
+    a semaphore of ``limit`` holders, or an exclusive/shared lock (``limit`` 1)
     where a semaphore was asked for. Ask with the resource's own terms, or wait
     until it is free."""
 

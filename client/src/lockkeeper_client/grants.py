@@ -80,7 +80,7 @@ class SessionInfo:
 @dataclass(frozen=True, slots=True)
 class LockKind:
     """What kind of lock an acquire asks for: exclusive (the default), one of
-    ``limit`` places of a counting semaphore, or a shared (read) lock that
+    ``limit`` holders of a counting semaphore, or a shared (read) lock that
     coexists with other shared grants and excludes exclusive ones."""
 
     limit: int | None = None

@@ -1,4 +1,4 @@
-"""The worker's commands: acquire (alone, as a place, bound to a session, in
+"""The worker's commands: acquire (alone, as a holder, bound to a session, in
 line), renew and release.
 
 Each attempt is one transaction (or one statement), then a pure decision on
@@ -97,9 +97,9 @@ class Commands:
 
         ``limit``: how many holders the resource allows at once (1: an
         exclusive or read/write lock; above 1 a counting semaphore, whose
-        places are its grants); ``mode`` SHARED: a grant that coexists with
-        other shared grants (limit 1 only). Both take the places path
-        (``lockkeeper_core.statements.places``); the exclusive lock keeps its own.
+        holders are its grants); ``mode`` SHARED: a grant that coexists with
+        other shared grants (limit 1 only). Both take the holders path
+        (``lockkeeper_core.statements.holders``); the exclusive lock keeps its own.
 
         :raise UnknownSession: no such session of ``token``.
         :raise SessionExpired: the session ran out before the grant.
@@ -116,7 +116,7 @@ class Commands:
         errors = holder_errors(limit, mode)
         if errors:
             raise InvalidInput(errors)
-        places = limit != 1 or mode != EXCLUSIVE
+        holder_rows = limit != 1 or mode != EXCLUSIVE
         if session is not None:
             both = session_ttl_error(ttl, session)
             if both:
@@ -128,10 +128,10 @@ class Commands:
             def attempt(waiter: int | None) -> AcquireResult:
                 return self._attempt_in_session(ask, session, waiter)
 
-        elif places:
+        elif holder_rows:
 
             def attempt(waiter: int | None) -> AcquireResult:
-                return self._attempt_place(ask, waiter)
+                return self._attempt_holder(ask, waiter)
 
         else:
 
@@ -170,24 +170,26 @@ class Commands:
 
     def _attempt(self, ask: Ask, waiter: int | None) -> AcquireResult:
         """One decision; ``waiter``: our place in line, None for "not in line".
-        A resource held by places is then decided by the places path."""
+        A resource held by holders is then decided by the holders path."""
         core = self.core
         outcome = core.run(
             lambda conn: core.statements.acquire(conn, ask, core.given_now(), waiter),
             autocommit=core.statements.autocommit,
             driver=True,
             decide=lambda found: (
-                found if found.places and not found.done else self.answer(ask, found)
+                found
+                if found.held_by_holders and not found.done
+                else self.answer(ask, found)
             ),
         )
         if isinstance(outcome, AcquireResult):
             return outcome
-        # Held by places: the places path decides (a promotion, a refusal
-        # naming the place that ends first, a mismatch).
-        return self._attempt_place(ask, waiter)
+        # Held by holders: the holders path decides (a promotion, a refusal
+        # naming the holder that ends first, a mismatch).
+        return self._attempt_holder(ask, waiter)
 
-    def _attempt_place(self, ask: Ask, waiter: int | None) -> AcquireResult:
-        """One decision of the places path: one statement where acquire is one
+    def _attempt_holder(self, ask: Ask, waiter: int | None) -> AcquireResult:
+        """One decision of the holders path: one statement where acquire is one
         (PostgreSQL), a plain read then one transaction elsewhere."""
         core = self.core
 
@@ -202,7 +204,7 @@ class Commands:
 
         if core.statements.autocommit:
             return core.run(
-                lambda conn: core.places.acquire_place(
+                lambda conn: core.holder_statements.acquire_holder(
                     conn, ask, core.given_now(), waiter
                 ),
                 autocommit=True,
@@ -211,11 +213,11 @@ class Commands:
             )
         if waiter is None:
             with core.reads.connect() as conn:
-                full = core.transactional.peek_place(conn, ask, core.given_now())
+                full = core.transactional.peek_holder(conn, ask, core.given_now())
             if full is not None:
                 return self.answer(ask, full)
         return core.run(
-            lambda conn: core.transactional.acquire_place(
+            lambda conn: core.transactional.acquire_holder(
                 conn, ask, core.given_now(), waiter
             ),
             decide=decide,
@@ -351,17 +353,17 @@ class Commands:
                 show=lambda found: core.lock(found, now),
             )
             # The reads the refusal needs, after its decision.
-            if look.place:
-                # Not the exclusive grant's holder: the caller's place, if any
-                # (a round trip only places pay).
-                placed = self._place_operation(
-                    lambda conn: core.places.renew_place(
+            if look.maybe_holder:
+                # Not the exclusive grant's holder: the caller's holder, if any
+                # (a round trip only holders pay).
+                holder_lock = self._holder_operation(
+                    lambda conn: core.holder_statements.renew_holder(
                         conn, resource, owner, token, ttl, actor, core.given_now()
                     )
                 )
-                if placed is not None:
+                if holder_lock is not None:
                     metrics.renewal("renewed")
-                    return placed
+                    return holder_lock
             if look.bound_session:
                 bound = self._bound_session(resource)
                 if bound is not None:
@@ -423,17 +425,17 @@ class Commands:
                 show=lambda found: core.lock(found, now),
             )
             # The read the refusal needs, after its decision.
-            if look.place:
-                placed = self._place_operation(
-                    lambda conn: core.places.release_place(
+            if look.maybe_holder:
+                holder_lock = self._holder_operation(
+                    lambda conn: core.holder_statements.release_holder(
                         conn, resource, owner, token, actor, core.given_now(), reported
                     )
                 )
-                if placed is not None:
-                    metrics.release("released", resource, held_for(placed, now))
+                if holder_lock is not None:
+                    metrics.release("released", resource, held_for(holder_lock, now))
                     # A freed place goes to the head of the line at once.
-                    self.queue.notify_released(resource, placed.waiters)
-                    return placed
+                    self.queue.notify_released(resource, holder_lock.waiters)
+                    return holder_lock
             if look.refusal is None:
                 # Valid and ours (a release is never refused for a session).
                 raise Raced(f"release of {resource!r} kept racing; try again")
@@ -454,9 +456,9 @@ class Commands:
             decide=decide,
         )
 
-    def _place_operation(self, work: Callable[[Connection], Outcome]) -> Lock | None:
-        """Renew or release the caller's place (``work``: one statement on
-        PostgreSQL, one transaction elsewhere): the place as it now is, or None
+    def _holder_operation(self, work: Callable[[Connection], Outcome]) -> Lock | None:
+        """Renew or release the caller's holder (``work``: one statement on
+        PostgreSQL, one transaction elsewhere): the holder as it now is, or None
         when the caller holds none."""
         core = self.core
         one_statement = core.statements.autocommit

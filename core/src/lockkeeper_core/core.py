@@ -89,9 +89,9 @@ class LockCore:
         self.statements = statements_for(self.dialect)
         self.transactional = self.statements.transactional
         self.session_statements = SessionStatements(self.transactional)
-        # Where a place is acquired, renewed or released: the statements where
+        # Where a holder is acquired, renewed or released: the statements where
         # those are one statement each (PostgreSQL), else the transactional ones.
-        self.places = (
+        self.holder_statements = (
             self.statements if self.statements.autocommit else self.transactional
         )
         self.has_server_clock = self.dialect in SERVER_CLOCK_DIALECTS

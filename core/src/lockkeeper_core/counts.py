@@ -1,4 +1,4 @@
-"""Aggregate counts of locks: per state, per owner, per next prefix, the places
+"""Aggregate counts of locks: per state, per owner, per next prefix, the holders
 of semaphores; each one statement over the same sources and filters as the
 lists (``lockkeeper_core.filters``)."""
 
@@ -49,7 +49,7 @@ class Counts:
         ``group`` (a function of a source's columns), the sources' counts of
         one name summed; ``group`` None: one row named ``""``, every entry;
         ``contended``: and how many of them have a live waiter, last, counted
-        in the same pass (each source, the place-held window above all, is
+        in the same pass (each source, the holder-held window above all, is
         evaluated once for both)."""
         now = self.core.read_at(at)
         waited = []
@@ -155,7 +155,7 @@ class Counts:
         at: datetime | None = None,
     ) -> list[OwnerCounts]:
         """Each owner of a grant with how many it holds in each state (each
-        place or shared grant counts for its own owner), most stale first (what
+        holder or shared grant counts for its own owner), most stale first (what
         needs attention), then most locks; ``owner_contains``: only owners
         containing it, as ``list_locks`` matches them."""
         validate_filters(prefix, None, owner_contains)
@@ -240,14 +240,14 @@ class Counts:
         with the ``counts_and_contended`` of the same search, from one
         statement: a grouped page shows both, and read apart the exclusive
         grants (nearly every lock) were read twice. Each exclusive grant is one
-        resource, so their groups summed are their totals; places are grouped
+        resource, so their groups summed are their totals; holders are grouped
         per grant by owner but count once per resource in the totals, so
-        there the place-held resources are counted on their own as well."""
+        there the holder-held resources are counted on their own as well."""
         validate_filters(prefix, None, owner_contains)
         now = self.core.read_at(at)
         by_prefix = group == "prefix"
-        grouped_places = (
-            listing.PLACE_HELD_SOURCE if by_prefix else listing.PLACE_GRANTS_SOURCE
+        grouped_holders = (
+            listing.HOLDER_HELD_SOURCE if by_prefix else listing.HOLDER_GRANTS_SOURCE
         )
         at_now = literal(now, UTCDateTime())
 
@@ -302,19 +302,22 @@ class Counts:
                 query.c.contended,
             )
 
-        exclusive, places, place_held, waited_for = 0, 1, 2, 3
+        exclusive, holder_rows, holder_held, waited_for = 0, 1, 2, 3
         parts = [
             counted(exclusive, listing.EXCLUSIVE_SOURCE, grouped=True, contended=False),
-            counted(places, grouped_places, grouped=True, contended=by_prefix),
+            counted(holder_rows, grouped_holders, grouped=True, contended=by_prefix),
             contended_grants(waited_for),
         ]
         # The totals count each resource once: the exclusive grants and the
-        # place-held resources (grouped already when grouped per resource).
-        in_totals = {exclusive, waited_for, places if by_prefix else place_held}
+        # holder-held resources (grouped already when grouped per resource).
+        in_totals = {exclusive, waited_for, holder_rows if by_prefix else holder_held}
         if not by_prefix:
             parts.append(
                 counted(
-                    place_held, listing.PLACE_HELD_SOURCE, grouped=False, contended=True
+                    holder_held,
+                    listing.HOLDER_HELD_SOURCE,
+                    grouped=False,
+                    contended=True,
                 )
             )
         with self.core.reads.connect() as conn:
@@ -323,7 +326,7 @@ class Counts:
         totals = [0] * len(LockState)
         contended = 0
         for part, name, *numbers, waited in rows:
-            if part in (exclusive, places):
+            if part in (exclusive, holder_rows):
                 summed = groups.setdefault(name or "", [0] * len(LockState))
                 for n, number in enumerate(numbers):
                     summed[n] += number
@@ -337,8 +340,8 @@ class Counts:
             contended,
         )
 
-    def places_counts(self) -> PlacesCounts:
-        """The live places of semaphores now, against the limits of the
+    def holders_counts(self) -> HoldersCounts:
+        """The live holders of semaphores now, against the limits of the
         semaphores that have any, and the live shared grants."""
         now = self.core.now()
         live = holders.c.expires_at > now
@@ -366,7 +369,7 @@ class Counts:
                     used.label("used"), limits.label("limit"), shared.label("shared")
                 )
             ).one()
-        return PlacesCounts(row.used, int(row.limit), row.shared)
+        return HoldersCounts(row.used, int(row.limit), row.shared)
 
     def counts(
         self,
@@ -376,7 +379,7 @@ class Counts:
         at: datetime | None = None,
     ) -> dict[LockState, int]:
         """How many locks are in each state right now, one per resource (a
-        resource held by places in the state of its grant that ends first);
+        resource held by holders in the state of its grant that ends first);
         ``prefix`` and ``owner_contains`` narrow them as ``list_locks`` does."""
         validate_filters(prefix, None, owner_contains)
         ((_, *found),) = self._grouped_counts(
@@ -393,7 +396,7 @@ class Counts:
     ) -> tuple[dict[LockState, int], int]:
         """``counts`` and, of the same locks, how many have a live waiter (what
         ``count_locks(contended=True)`` counts), in one statement: a page
-        showing both reads every lock and the place-held resources once."""
+        showing both reads every lock and the holder-held resources once."""
         validate_filters(prefix, None, owner_contains)
         ((_, *found, contended),) = self._grouped_counts(
             ENTRIES_RESOURCES, None, prefix, owner_contains, at, contended=True
@@ -402,9 +405,9 @@ class Counts:
 
 
 @dataclass(frozen=True, slots=True)
-class PlacesCounts:
-    """``used`` live places of semaphores, of ``limit`` places in all (the
-    limits of the semaphores with a live place), and ``shared`` live shared
+class HoldersCounts:
+    """``used`` live holders of semaphores, of ``limit`` holders in all (the
+    limits of the semaphores with a live holder), and ``shared`` live shared
     grants."""
 
     used: int

@@ -53,8 +53,8 @@ class LockHeld(LockError):
         )
 
 
-class PlacesHeld(LockHeld):
-    """A claim of a resource held by places that may take none of them: a
+class HeldByHolders(LockHeld):
+    """A claim of a resource held by holders that may take none of them: a
     semaphore with no free place, or shared grants claimed without the shared
     mode (``why`` says which). ``holder``: the grant that ends first."""
 

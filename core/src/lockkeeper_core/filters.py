@@ -26,14 +26,14 @@ ENTRIES_RESOURCES = "resources"
 
 # The grant sources (``listing.GRANT_COLUMNS``) a list of each kind of entries
 # reads: ``exclusive`` the exclusive grants only (what a whole-lock operator
-# action takes); ``grants`` every place and shared grant as an entry of its own
-# too; ``resources`` a resource held by places as one entry, its grant that
+# action takes); ``grants`` every holder and shared grant as an entry of its own
+# too; ``resources`` a resource held by holders as one entry, its grant that
 # ends first. A statement reading them binds ``listing.LISTED_AT``, the instant
-# whose live places they are. Built once.
+# whose live holders they are. Built once.
 SOURCES = {
     ENTRIES_EXCLUSIVE: [listing.EXCLUSIVE_SOURCE],
-    ENTRIES_GRANTS: [listing.EXCLUSIVE_SOURCE, listing.PLACE_GRANTS_SOURCE],
-    ENTRIES_RESOURCES: [listing.EXCLUSIVE_SOURCE, listing.PLACE_HELD_SOURCE],
+    ENTRIES_GRANTS: [listing.EXCLUSIVE_SOURCE, listing.HOLDER_GRANTS_SOURCE],
+    ENTRIES_RESOURCES: [listing.EXCLUSIVE_SOURCE, listing.HOLDER_HELD_SOURCE],
 }
 
 

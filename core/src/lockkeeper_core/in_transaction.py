@@ -40,7 +40,7 @@ class _CallerCore:
         self._one_statement = base.statements.autocommit
         if not self._one_statement:
             self.statements = base.transactional
-            self.places = base.transactional
+            self.holder_statements = base.transactional
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._base, name)

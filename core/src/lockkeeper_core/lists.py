@@ -1,5 +1,5 @@
 """Paged lists of locks: keyset cursors or numbered pages, in every order the
-overview offers, over the exclusive grants and the places.
+overview offers, over the exclusive grants and the holders.
 
 Each source's page is read in the order of its indexes and limited before the
 pages are merged: no sort of every lock.
@@ -67,7 +67,7 @@ class Lists:
         cursor, or from ``offset`` (numbered pages; no cursor then);
         ``scope``: the asking token's prefixes, outside which nothing is listed;
         ``owner_contains``: owners containing this text, ignoring case (any
-        holder's, for a resource held by places); ``contended``: only locks
+        holder's, for a resource held by holders); ``contended``: only locks
         with a live waiter; ``entries``: what one entry is (``filters.SOURCES``);
         ``at``: the instant to judge the locks at (``_read_at``)."""
         errors = []
@@ -139,7 +139,10 @@ class Lists:
         at = literal(now, UTCDateTime())
         waiting, _ = queue_columns(chosen.c.resource, at)
         held_now = case(
-            (chosen.c.placed == 1, listing.live_holder_count(chosen.c.resource, at)),
+            (
+                chosen.c.from_holders == 1,
+                listing.live_holder_count(chosen.c.resource, at),
+            ),
             else_=1,
         ).label("holders")
         bound = listing.bound_session(
@@ -188,7 +191,7 @@ class Lists:
     ):
         """``source``'s page in ``order`` (``joined``: read from that join of
         it): an index range of the exclusive grants (the unique resource
-        last), or a few places (ordered by their fence after it too)."""
+        last), or a few holders (ordered by their fence after it too)."""
         keys = [column.label(f"sort_{n}") for n, column in enumerate(order)]
         query = select(source, *keys)
         if joined is not None:
@@ -220,7 +223,7 @@ class Lists:
             URGENT_STALE: and_(~contended_now, expires_at <= at),
         }
         if listing.only_live(source):
-            # A few live places: one range, ranked as it is read (never stale).
+            # A few live holders: one range, ranked as it is read (never stale).
             rank = case((contended_now, URGENT_CONTENDED), else_=URGENT_LIVE)
             order = [rank, expires_at, source.c.resource]
             return [self._one_range(source, order, now, filters, page)]
@@ -292,7 +295,7 @@ class Lists:
         waiting = waiting_counts.c.waiting
         resource = source.c.resource
         if listing.only_live(source):
-            # A few live places: one range, their counts joined as they are read.
+            # A few live holders: one range, their counts joined as they are read.
             order = [func.coalesce(waiting, 0), resource]
             joined = source.outerjoin(
                 waiting_counts, waiting_counts.c.resource == resource
@@ -348,9 +351,11 @@ class Lists:
             ).scalar_subquery()
             for source in SOURCES[ENTRIES_RESOURCES]
         ]
-        exclusive, placed = counts
+        exclusive, from_holders = counts
         with self.core.reads.connect() as conn:
-            return conn.scalar(select(exclusive + placed), {listing.LISTED_AT: now})
+            return conn.scalar(
+                select(exclusive + from_holders), {listing.LISTED_AT: now}
+            )
 
 
 # The orders the lock list offers, each by a grant column's name: remaining
@@ -391,7 +396,7 @@ class PageAsked:
 
     def after(self, order: list[Any], source, values: list[Any] | None = None):
         """``source``'s entries strictly after the position in ``order`` (the
-        position's values, or ``values``), then by fence: a resource's places
+        position's values, or ``values``), then by fence: a resource's holders
         are entries of their own."""
         assert self.position is not None
         values = self.position["values"] if values is None else values

@@ -69,10 +69,11 @@ class DistributedLock(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # How many holders the resource allows at once: 1 is the exclusive (or
     # read/write) lock, whose exclusive grant lives on this row; above 1 a
-    # counting semaphore, whose places are rows of ``lock_holders``.
+    # counting semaphore, whose holders are rows of ``lock_holders``.
     holder_limit: Mapped[int] = mapped_column(Integer, server_default="1")
-    # The latest expiry of the resource's ``lock_holders`` rows (semaphore places,
-    # shared grants): while it is in the future the resource is held by places.
+    # The latest expiry of the resource's ``lock_holders`` rows (semaphore holders,
+    # shared grants): while it is in the future the resource is held by holders.
+    # The column keeps the old name of holders, "places": only a migration renames it.
     places_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The session the exclusive grant on this row is bound to (its expiry moves
     # with the session's heartbeat).
@@ -187,8 +188,8 @@ class LockWaiter(Base):
     token: Mapped[str | None] = mapped_column(name_column(80))
     enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime)
     deadline: Mapped[datetime] = mapped_column(UTCDateTime)
-    # EXCLUSIVE or SHARED, and the limit (above 1: a semaphore's place) the
-    # acquire asked for; NULL on a place joined by code older than 0036.
+    # EXCLUSIVE or SHARED, and the limit (above 1: a semaphore's holder) the
+    # acquire asked for; NULL on a holder joined by code older than 0036.
     mode: Mapped[str | None] = mapped_column(String(16))
     holder_limit: Mapped[int | None] = mapped_column(Integer)
 
@@ -200,9 +201,9 @@ class LockWaiter(Base):
 
 
 class LockHolder(Base):
-    """One place of a semaphore (``holder_limit`` above 1) or one shared grant:
+    """One holder of a semaphore (``holder_limit`` above 1) or one shared grant:
     a holder of its own, with its own (token, owner), fence, times and session.
-    The resource's ``distributed_locks`` row is the row every change of its places
+    The resource's ``distributed_locks`` row is the row every change of its holders
     locks first, and its ``places_until`` is the latest ``expires_at`` here."""
 
     __tablename__ = "lock_holders"

@@ -1,4 +1,4 @@
-"""The operator's actions: force-release (a grant, a place, every grant, the
+"""The operator's actions: force-release (a grant, a holder, every grant, the
 grants selected by fence), claim, release the stale locks, purge old rows.
 
 Each locks the resource's row, applies a pure rule (``lockkeeper_core.rules``) to what
@@ -85,10 +85,10 @@ class Operator:
         self.queue.notify_released(resource, getattr(outcome.row, "waiters", 0))
         return core.lock(outcome.row, outcome.now)
 
-    def force_release_place(
+    def force_release_holder(
         self, resource: str, fence: int, *, actor: str, reason: str | None
     ) -> Lock:
-        """Remove the one grant of ``resource`` carrying ``fence`` (a place of a
+        """Remove the one grant of ``resource`` carrying ``fence`` (a holder of a
         semaphore, or a shared grant), whoever holds it; the others stay. The
         fence is the one the operator confirmed, looked for under the resource
         row's lock in the transaction that removes it (one event).
@@ -113,7 +113,7 @@ class Operator:
             return outcome
 
         outcome = core.run(
-            lambda conn: statements.force_remove_place(
+            lambda conn: statements.force_remove_holder(
                 conn, resource, fence, actor, reason, core.given_now()
             ),
             decide=decide,
@@ -130,7 +130,7 @@ class Operator:
         reason: str | None,
         fences: Collection[int] | None = None,
     ) -> AllReleased:
-        """Remove every grant of ``resource`` whoever holds it: its places,
+        """Remove every grant of ``resource`` whoever holds it: its holders,
         its shared grants and its exclusive grant (stale too, as
         ``force_release``), decided under the resource row's lock in one
         transaction, one ``force_released`` event each.
@@ -182,7 +182,7 @@ class Operator:
         reason: str | None,
     ) -> FencedRelease:
         """Force-release each ``(resource, fence)`` the operator selected: an
-        exclusive grant, a semaphore's place or a shared grant, each by its
+        exclusive grant, a semaphore's holder or a shared grant, each by its
         fence. Per resource one transaction under its row lock
         (``force_release_all`` with the fences selected there, one event per
         grant); a selected fence no grant carries any more (the grant changed
@@ -241,13 +241,13 @@ class Operator:
         :raise LockChanged: the grant is no longer the one of ``expected_fence``.
         :raise ResourceFrozen: a freeze covers it and ``force`` is false.
 
-        Held by places, a claim takes one of them, a grant of its own beside
+        Held by holders, a claim takes one of them, a grant of its own beside
         the others (never one of theirs, ``force`` or not): a free place of a
         semaphore, or with ``mode`` SHARED a shared grant among the readers
         (of a free resource too); an exclusive claim of shared grants, and
         a shared one of a semaphore or an exclusive grant, are refused.
 
-        :raise PlacesHeld: a semaphore with no free place, or the wrong mode.
+        :raise HeldByHolders: a semaphore with no free place, or the wrong mode.
         """
         core = self.core
         core.validate(
@@ -273,17 +273,17 @@ class Operator:
             if view.token_ended:
                 return Outcome(False, None, view.row, view.now, token_ended=True)
             row = view.row
-            places = (
+            holders = (
                 statements.live_grants(conn, row, view.now)
                 if row is not None
                 and row.places_until is not None
                 and row.places_until > view.now
                 else []
             )
-            if places or mode == SHARED:
-                rules.refuse_place_claim(
+            if holders or mode == SHARED:
+                rules.refuse_holder_claim(
                     view,
-                    places,
+                    holders,
                     resource=resource,
                     owner=owner,
                     token=token,
@@ -291,7 +291,7 @@ class Operator:
                     expected_fence=expected_fence,
                     show=lambda found: core.lock(found, view.now),
                 )
-                return statements.write_place_claim(
+                return statements.write_holder_claim(
                     conn, view, resource, owner, token, mode, ttl,
                     actor=actor, reason=reason,
                 )  # fmt: skip

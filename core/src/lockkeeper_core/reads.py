@@ -51,16 +51,16 @@ class Reads:
                 # A probe only a row with a session id pays: still bound?
                 found = core.session_statements.session_of(conn, resource)
                 bound = found.id if found is not None else None
-            places = (
-                self._live_places(conn, row)
+            holder_rows = (
+                self._live_holders(conn, row)
                 if row is not None
                 and row.places_until is not None
                 and row.places_until > row.now
                 else []
             )
-        if places:
-            # Held by places: the one that ends first.
-            return places[0]
+        if holder_rows:
+            # Held by holders: the one that ends first.
+            return holder_rows[0]
         if row is None or row.owner is None:
             raise LockNotFound(resource)
         lock = core.lock(row, row.now)
@@ -70,8 +70,8 @@ class Reads:
             raise LockNotFound(resource, f"the lock on {resource!r} has expired")
         return lock
 
-    def _live_places(self, conn, row) -> list[Lock]:
-        """The live places of ``row``'s resource (read with ``row.now``), the
+    def _live_holders(self, conn, row) -> list[Lock]:
+        """The live holders of ``row``'s resource (read with ``row.now``), the
         one that ends first first."""
         bound = listing.bound_session(
             holders.c.session_id,
@@ -89,16 +89,16 @@ class Reads:
             dataclasses.replace(
                 self.core.lock(
                     LockRow.of(
-                        place,
+                        holder,
                         waiters=row.waiters,
                         holder_limit=row.holder_limit,
                         holders=len(found),
                     ),
                     row.now,
                 ),
-                session=place.session,
+                session=holder.session,
             )
-            for place in found
+            for holder in found
         ]
 
     def holders(self, resource: str) -> Holders:
@@ -120,7 +120,7 @@ class Reads:
             ).one_or_none()
             if row is None:
                 return Holders(resource, 1, EXCLUSIVE, [], 0)
-            grants = self._live_places(conn, row)
+            grants = self._live_holders(conn, row)
         if row.owner is not None and row.expires_at > row.now:
             grants = [core.lock(row, row.now)]
         mode = grants[0].mode if grants else EXCLUSIVE

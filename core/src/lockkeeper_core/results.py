@@ -33,8 +33,8 @@ class Lock:
     session: str | None = None
 
     @property
-    def is_place(self) -> bool:
-        """A semaphore's place or a shared grant (a row of ``lock_holders``),
+    def is_holder_row(self) -> bool:
+        """A semaphore's holder or a shared grant (a row of ``lock_holders``),
         not a resource's exclusive grant."""
         return self.limit > 1 or self.mode == "shared"
 

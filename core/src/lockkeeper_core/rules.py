@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from lockkeeper_core.errors import (
+    HeldByHolders,
     InvalidInput,
     LimitMismatch,
     LockChanged,
@@ -20,7 +21,6 @@ from lockkeeper_core.errors import (
     LockHeld,
     LockNotFound,
     NotOwner,
-    PlacesHeld,
     ResourceFrozen,
     TokenEnded,
 )
@@ -36,7 +36,7 @@ class SecondLook:
     the decision, in this order): the token's soonest expiry (``quota``: it
     is over its quota), the session its own valid grant is bound to
     (``bound_session``), the grant that ends first of a resource held by
-    places (``first_holder``). What none of them settles, raced: the row
+    holders (``first_holder``). What none of them settles, raced: the row
     changed under the attempt. ``waiters``: how many wait in line."""
 
     waiters: int
@@ -83,8 +83,8 @@ def refuse_acquire(
         # Our own valid grant, refused: bound to a session (read only on this
         # refusal path), which alone renews it.
         bound_session=ours,
-        # Held by places (a refusal of the session-bound path, which does not
-        # take the places path): the grant that ends first.
+        # Held by holders (a refusal of the session-bound path, which does not
+        # take the holders path): the grant that ends first.
         first_holder=places_until is not None and places_until > now,
     )
 
@@ -93,15 +93,15 @@ def refuse_acquire(
 class OwnLook:
     """What a refused renew or release of the caller's own grant must read
     before it can answer (one step after the decision, in this order): the
-    caller's place (``place``: no valid exclusive grant on the row, so the
-    caller may hold a place of it instead), the session its own valid grant
+    caller's holder (``maybe_holder``: no valid exclusive grant on the row, so the
+    caller may be one of its holders instead), the session its own valid grant
     is bound to (``bound_session``). What neither settles is ``refusal``,
     counted as ``outcome``; ``refusal`` None: raced, the row changed under
     the attempt."""
 
     refusal: LockError | None
     outcome: str | None
-    place: bool = False
+    maybe_holder: bool = False
     bound_session: bool = False
 
 
@@ -112,9 +112,11 @@ def refuse_own(
     (``row``, None: no row) alone. A release of a run-out grant is "not
     found" (the caller has lost it), a renewal of one "expired"."""
     if row is None or row.owner is None:
-        return OwnLook(LockNotFound(resource), "not_found", place=row is not None)
+        return OwnLook(
+            LockNotFound(resource), "not_found", maybe_holder=row is not None
+        )
     if row.expires_at <= now:
-        return OwnLook(LockExpired(resource, owner), "expired", place=True)
+        return OwnLook(LockExpired(resource, owner), "expired", maybe_holder=True)
     if not holds(row, owner, token):
         return OwnLook(NotOwner(resource, show(row)), "not_owner")
     # Valid and ours, yet refused: bound to a session (a renewal), or the row
@@ -171,9 +173,9 @@ def claim_takes_from_holder(
     return taking
 
 
-def refuse_place_claim(
+def refuse_holder_claim(
     view,
-    places: list[Any],
+    holders: list[Any],
     *,
     resource: str,
     owner: str,
@@ -182,41 +184,41 @@ def refuse_place_claim(
     expected_fence: int | None,
     show: Callable[[Any], Any],
 ) -> None:
-    """Raise why a claim of one place (``mode`` exclusive: a semaphore's) or of
+    """Raise why a claim of one holder (``mode`` exclusive: a semaphore's) or of
     a shared grant may not be made, from what the claim read under the row
-    lock: ``view`` (``ClaimView``) and the resource's live ``places``."""
+    lock: ``view`` (``ClaimView``) and the resource's live ``holders``."""
     now, row = view.now, view.row
     exclusive = row if row is not None and row.owner and row.expires_at > now else None
-    seen = {grant.fence for grant in places}
+    seen = {grant.fence for grant in holders}
     if exclusive is not None:
         seen.add(exclusive.fence)
     if expected_fence is not None and expected_fence not in seen:
-        first = places[0] if places else exclusive
+        first = holders[0] if holders else exclusive
         raise LockChanged(
             resource, expected_fence, show(first) if first is not None else None
         )
     if exclusive is not None:
-        raise PlacesHeld(
+        raise HeldByHolders(
             resource,
             show(exclusive),
             f"{resource!r} is held exclusively by {exclusive.owner!r}: a shared "
             "claim does not take an exclusive grant",
         )
     shared = mode == SHARED
-    if places and (places[0].mode == SHARED) != shared:
+    if holders and (holders[0].mode == SHARED) != shared:
         kind = (
-            f"a semaphore of limit {places[0].holder_limit}: claim one of its "
+            f"a semaphore of limit {holders[0].holder_limit}: claim one of its "
             "places, not a shared grant"
             if shared
-            else f"held by {len(places)} shared grant(s): claim it shared to join them"
+            else f"held by {len(holders)} shared grant(s): claim it shared to join them"
         )
-        raise PlacesHeld(resource, show(places[0]), f"{resource!r} is {kind}")
-    # The owner's own place is replaced; the others' are never taken.
-    theirs = [p for p in places if not (p.owner == owner and p.token == token)]
-    limit = places[0].holder_limit if places else 1
+        raise HeldByHolders(resource, show(holders[0]), f"{resource!r} is {kind}")
+    # The owner's own holder is replaced; the others' are never taken.
+    theirs = [p for p in holders if not (p.owner == owner and p.token == token)]
+    limit = holders[0].holder_limit if holders else 1
     if not shared and len(theirs) >= limit:
-        first = show(places[0])
-        raise PlacesHeld(
+        first = show(holders[0])
+        raise HeldByHolders(
             resource,
             first,
             f"{resource!r} has no free place: all {limit} are held (the first "

@@ -89,7 +89,7 @@ class LockService:
         self.sets_of_grants = self.sets.of_grants
         self.force_release_set = self.sets.force_release
         self.force_release = self.operator.force_release
-        self.force_release_place = self.operator.force_release_place
+        self.force_release_holder = self.operator.force_release_holder
         self.force_release_all = self.operator.force_release_all
         self.force_release_fenced = self.operator.force_release_fenced
         self.claim = self.operator.claim
@@ -111,7 +111,7 @@ class LockService:
         self.last_seen = self.lock_counts.last_seen
         self.prefix_counts = self.lock_counts.prefix_counts
         self.grouped_with_counts = self.lock_counts.grouped_with_counts
-        self.places_counts = self.lock_counts.places_counts
+        self.holders_counts = self.lock_counts.holders_counts
 
         # Disposing of the app's engine (a shutdown, a test's teardown) also ends
         # the queue's listener connection and threads.

@@ -65,7 +65,7 @@ def current_grants(
 ) -> dict[tuple[str, int], Any]:
     """The (resource, fence) among ``grants`` that are grants now, each with
     its ``acquired_at``: an exclusive grant on the resource's row (live, or
-    any still on its row with ``stale_rows``), or a live place (a shared
+    any still on its row with ``stale_rows``), or a live holder (a shared
     grant)."""
     resources = sorted({resource for resource, _ in grants})
     fences = sorted({fence for _, fence in grants})
@@ -77,7 +77,7 @@ def current_grants(
             locks.c.resource.in_(resources), *held
         )
     ).all()
-    places = conn.execute(
+    holder_rows = conn.execute(
         select(holders.c.resource, holders.c.fence, holders.c.acquired_at).where(
             holders.c.resource.in_(resources),
             holders.c.fence.in_(fences),
@@ -87,7 +87,7 @@ def current_grants(
     wanted = set(grants)
     return {
         (r.resource, r.fence): r.acquired_at
-        for r in (*rows, *places)
+        for r in (*rows, *holder_rows)
         if (r.resource, r.fence) in wanted
     }
 

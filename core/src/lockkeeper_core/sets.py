@@ -1,7 +1,7 @@
 """Sets: several locks acquired, renewed and released as one.
 
 A set names several resources, each with its own mode and limit (an
-exclusive grant, a shared one, a semaphore's place), under one owner and one
+exclusive grant, a shared one, a semaphore's holder), under one owner and one
 ttl. Its acquire is one transaction on every database: every member is
 granted, each with its own fence and event, or none is, and the refusal names
 the member that refused and why (``SetResult``); a refused set writes nothing
@@ -17,7 +17,7 @@ overlapping sets (or a set and any single operation) never deadlock:
    already (another holder's live grant): refused before any write;
 3. the API token's row, once: FOR UPDATE under a quota (the set's grants
    count one after another against it), else FOR SHARE;
-4. each member's grant by the places path (``PlacesStatements.acquire_place``,
+4. each member's grant by the holders path (``HoldersStatements.acquire_holder``,
    which decides every mode; on PostgreSQL its one statement,
    ``lockkeeper_acquire_place``, in the set's transaction).
 
@@ -467,7 +467,7 @@ class Sets:
         self, conn, ask: Ask, now, session: str | None, place: int | None
     ) -> Outcome:
         """One member's grant, its row (and the token's) already locked: the
-        places path, which decides every mode. On PostgreSQL its one
+        holders path, which decides every mode. On PostgreSQL its one
         statement (``lockkeeper_acquire_place``) on the set's connection, in
         its transaction; elsewhere its transaction's statements. Bound to a
         session: the session-bound path's statements (every dialect's), as a
@@ -481,8 +481,8 @@ class Sets:
             except SessionEnded:
                 raise SessionExpired(session) from None
         if core.statements.autocommit:
-            return core.statements.acquire_place(_InTransaction(conn), ask, now, place)
-        return core.transactional.acquire_place(conn, ask, now, place)
+            return core.statements.acquire_holder(_InTransaction(conn), ask, now, place)
+        return core.transactional.acquire_holder(conn, ask, now, place)
 
     def _statements_on(self, conn) -> _On:
         """The statements a renewal or release of a set sends, and what they
@@ -548,7 +548,7 @@ class Sets:
                     on.conn, resource, owner, token, seconds, actor, given
                 )
                 if not outcome.done and _not_exclusively_held(outcome):
-                    placed = on.statements.renew_place(
+                    holder_outcome = on.statements.renew_holder(
                         on.conn,
                         resource,
                         owner,
@@ -557,7 +557,7 @@ class Sets:
                         actor,
                         core.given_now(),
                     )
-                    outcome = placed if placed.done else outcome
+                    outcome = holder_outcome if holder_outcome.done else outcome
                 if not outcome.done:
                     ask = Ask(resource, owner, token, seconds, actor)
                     raise _Refused(ask, outcome)
@@ -622,7 +622,7 @@ class Sets:
                     on.conn, resource, owner, token, actor, core.given_now()
                 )
                 if not outcome.done and _not_exclusively_held(outcome):
-                    outcome = on.statements.release_place(
+                    outcome = on.statements.release_holder(
                         on.conn, resource, owner, token, actor, core.given_now()
                     )
                 if outcome.done:
@@ -796,6 +796,6 @@ def _refused_by_row(ask: Ask, row, now) -> Outcome | None:
 
 def _not_exclusively_held(outcome: Outcome) -> bool:
     """A refused exclusive renewal or release whose row carries no live
-    exclusive grant: the caller's place, if any, is asked next."""
+    exclusive grant: the caller's holder, if any, is asked next."""
     row = outcome.row
     return row is not None and (row.owner is None or row.expires_at <= outcome.now)

@@ -129,7 +129,7 @@ class AsyncLockClient:
         ``session``: the id of a session of this token and owner to bind the
         grant to, instead of a ``ttl`` (see ``session()``).
 
-        ``limit``: take one of that many places of a counting semaphore;
+        ``limit``: take one of that many holders of a counting semaphore;
         ``shared``: a shared (read) grant, coexisting with other shared grants.
         A resource in use with another limit or kind raises ``LimitMismatch``.
         Acquiring again with the other mode changes the caller's own grant: to
@@ -436,7 +436,7 @@ class AsyncLockClient:
         ``ttl / 3``; it must be below ``ttl``) in the background; leaving releases
         it, and raises ``LockLost`` if the lock was lost meanwhile (unless
         ``raise_on_lost=False``: then the loss is only logged and left in
-        ``lock.lost``). See ``HeldLock``. ``limit``: one of that many places of a
+        ``lock.lost``). See ``HeldLock``. ``limit``: one of that many holders of a
         semaphore; ``shared``: a shared (read) lock. Waiting is first come, first
         served across both.
         """

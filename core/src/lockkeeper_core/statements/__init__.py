@@ -49,7 +49,7 @@ in this order, and a row it may need later it takes in order or not at all:
    resource's row is held (FOR SHARE; FOR UPDATE near the token's quota);
    a new session's create takes it FOR UPDATE holding nothing else (its
    share of sessions), then only inserts its session's row;
-4. the resource's places (``lock_holders``), written only while the
+4. the resource's holders (``lock_holders``), written only while the
    resource's row is held;
 5. the waiting line (``lock_waiters``): a grant deletes its own waiter.
 
@@ -95,7 +95,7 @@ class LockStatements(Protocol):
     and what they run on, declared rather than probed."""
 
     # acquire, renew and release are one statement each, on the driver's
-    # autocommit connection; so is a place's acquire then (``acquire_place``
+    # autocommit connection; so is a holder's acquire then (``acquire_holder``
     # taking the driver's connection, PostgreSQL's migration 0021).
     autocommit: bool
     # The hot path runs in a transaction on the driver's connection, opened with

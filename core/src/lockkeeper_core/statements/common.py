@@ -108,9 +108,9 @@ class Outcome:
     over_quota: bool = False
     # A new grant refused because its API token was revoked or has expired.
     token_ended: bool = False
-    # An exclusive grant refused because the resource is held by places
-    # (shared grants, a semaphore's): the places path decides it.
-    places: bool = False
+    # An exclusive grant refused because the resource is held by holders
+    # (shared grants, a semaphore's): the holders path decides it.
+    held_by_holders: bool = False
     # Refused: the resource is in use with another limit (this one).
     limit_mismatch: int | None = None
 
@@ -132,7 +132,7 @@ def clear_exclusive_grant(row_ids, ended_at: datetime | None = None):
     """The update that ends the exclusive grant on the ``distributed_locks``
     rows ``row_ids``: no owner, token or session any more. ``ended_at``: the
     instant it ended, the free row's ``expires_at``; None keeps the row's
-    expiry (a stale grant a new place took over: it ran out then)."""
+    expiry (a stale grant a new holder took over: it ran out then)."""
     values: dict[str, Any] = {"owner": None, "token": None, "session_id": None}
     if ended_at is not None:
         values["expires_at"] = ended_at
@@ -203,7 +203,7 @@ def through_names(query):
 
 def live_locks(now_column):
     """How many live grants the token ``:quota_token`` holds (exclusive grants
-    and places), each kind counted no further than ``:max_locks`` (index ranges
+    and holders), each kind counted no further than ``:max_locks`` (index ranges
     on (token, expires_at), bounded)."""
 
     def bounded(table, name):

@@ -63,7 +63,7 @@ def ended_bound_grant(
 
 def session_expiry_event(grant, mode: str) -> dict[str, Any]:
     """The ``released`` event recording that ``grant`` (an exclusive row or a
-    place, still bound to its expired session) ran out at its session's
+    holder, still bound to its expired session) ran out at its session's
     expiry, its own (``SESSION_EXPIRED``; ``tenures.records_a_session_expiry``):
     written as the grant goes after its session expired, by the end or purge
     of its session or a new grant clearing it. Nobody released it, and once

@@ -35,11 +35,11 @@ _FREE_BOUND_SQL = (
     "expires_at = :expires_at WHERE id = :id"
 )
 _DEQUEUE_SQL = "DELETE FROM lock_waiters WHERE id = :id"
-# A new exclusive tenure over places that ran out: see ``_clear_places``.
-_PLACES_OF_SQL = """SELECT id, resource, owner, token, mode, fence, acquired_at,
+# A new exclusive tenure over holders that ran out: see ``_clear_holders``.
+_HOLDERS_OF_SQL = """SELECT id, resource, owner, token, mode, fence, acquired_at,
        expires_at, session_id
 FROM lock_holders WHERE resource = :resource ORDER BY expires_at, id"""
-_DELETE_PLACES_SQL = "DELETE FROM lock_holders WHERE resource = :resource"
+_DELETE_HOLDERS_SQL = "DELETE FROM lock_holders WHERE resource = :resource"
 _INSERT_EVENT_SQL = """INSERT INTO lock_events
     (resource, action, owner, previous_owner, token, fence, acquired_at,
      expires_at, actor, reason, occurred_at, mode, details)
@@ -54,8 +54,8 @@ DRIVER_WRITES = {
     "free": _FREE_SQL,
     "free_bound": _FREE_BOUND_SQL,
     "dequeue": _DEQUEUE_SQL,
-    "places_of": _PLACES_OF_SQL,
-    "delete_places": _DELETE_PLACES_SQL,
+    "holders_of": _HOLDERS_OF_SQL,
+    "delete_holders": _DELETE_HOLDERS_SQL,
     "insert_event": _INSERT_EVENT_SQL,
 }
 
@@ -76,7 +76,7 @@ class DriverWrites:
                 # MariaDB's upsert found the row a concurrent first grant made.
                 raise Raced(LOST_FIRST_INSERT)
         else:
-            # A new tenure resets what places and sessions left on the row; a row
+            # A new tenure resets what holders and sessions left on the row; a row
             # they never touched (the exclusive lock's usual case) needs only the
             # plain update, which SQLite runs measurably faster.
             name = "new_tenure" if new_tenure and _leaves_traces(row) else "update_lock"
@@ -94,18 +94,18 @@ class DriverWrites:
     def _dequeue(self, conn, waiter) -> None:
         conn.execute(self._writes["dequeue"], {"id": waiter})
 
-    def _places_to_clear(self, conn, resource) -> list[Any]:
-        return conn.all(self._writes["places_of"], {"resource": resource})
+    def _holders_to_clear(self, conn, resource) -> list[Any]:
+        return conn.all(self._writes["holders_of"], {"resource": resource})
 
-    def _delete_places(self, conn, resource) -> None:
-        conn.execute(self._writes["delete_places"], {"resource": resource})
+    def _delete_holders(self, conn, resource) -> None:
+        conn.execute(self._writes["delete_holders"], {"resource": resource})
 
     def _insert_event(self, conn, params) -> None:
         conn.execute(self._writes["insert_event"], params)
 
 
 def _leaves_traces(row) -> bool:
-    """Whether ``row`` carries a semaphore's limit, places or a session that a
+    """Whether ``row`` carries a semaphore's limit, holders or a session that a
     new exclusive tenure must clear."""
     return (
         row.holder_limit != 1

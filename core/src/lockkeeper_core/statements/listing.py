@@ -155,13 +155,13 @@ def is_contended(now, resource=locks.c.resource):
 #
 # A list reads grants from two sources with the same columns, ``GRANT_COLUMNS``:
 # the exclusive grants (rows of ``distributed_locks`` with an owner, live or
-# stale) and the live places and shared grants (rows of ``lock_holders``). A
-# resource is in one of them at a time: granting a place clears the row's owner.
-# ``placed`` tells them apart (0 exclusive, 1 a place).
+# stale) and the live holders and shared grants (rows of ``lock_holders``). A
+# resource is in one of them at a time: granting a holder clears the row's owner.
+# ``from_holders`` tells them apart (0 exclusive, 1 a holder).
 
 EXCLUSIVE_GRANTS = "exclusive_grants"
-PLACE_HELD = "place_held"
-PLACE_GRANTS = "place_grants"
+HOLDER_HELD = "holder_held"
+HOLDER_GRANTS = "holder_grants"
 GRANT_COLUMNS = (
     "resource",
     "owner",
@@ -172,7 +172,7 @@ GRANT_COLUMNS = (
     "holder_limit",
     "mode",
     "session_id",
-    "placed",
+    "from_holders",
 )
 
 
@@ -190,43 +190,43 @@ def exclusive_grants():
             locks.c.holder_limit,
             literal(EXCLUSIVE, String()).label("mode"),
             locks.c.session_id,
-            literal(0).label("placed"),
+            literal(0).label("from_holders"),
         )
         .where(locks.c.owner.is_not(None))
         .subquery(EXCLUSIVE_GRANTS)
     )
 
 
-def _place_columns(resource, place, holder_limit):
+def _holder_columns(resource, holder, holder_limit):
     return (
         resource,
-        place.c.owner,
-        place.c.token,
-        place.c.fence,
-        place.c.acquired_at,
-        place.c.expires_at,
+        holder.c.owner,
+        holder.c.token,
+        holder.c.fence,
+        holder.c.acquired_at,
+        holder.c.expires_at,
         holder_limit,
-        place.c.mode,
-        place.c.session_id,
-        literal(1).label("placed"),
+        holder.c.mode,
+        holder.c.session_id,
+        literal(1).label("from_holders"),
     )
 
 
-def place_grants(now):
-    """Every live place and shared grant at ``now``, each an entry of its own
+def holder_grants(now):
+    """Every live holder and shared grant at ``now``, each an entry of its own
     (``ix_lock_holders_resource_expires_at`` finds them)."""
     return (
-        select(*_place_columns(holders.c.resource, holders, locks.c.holder_limit))
+        select(*_holder_columns(holders.c.resource, holders, locks.c.holder_limit))
         .select_from(holders.join(locks, locks.c.resource == holders.c.resource))
         .where(holders.c.expires_at > now, locks.c.owner.is_(None))
-        .subquery(PLACE_GRANTS)
+        .subquery(HOLDER_GRANTS)
     )
 
 
-def place_held_resources(now):
-    """Every resource held by places at ``now``, one entry each: its live grant
+def holder_held_resources(now):
+    """Every resource held by holders at ``now``, one entry each: its live grant
     that ends first (the one ``LockService.get`` answers), picked by one pass
-    over the live places (a window, not a probe per resource)."""
+    over the live holders (a window, not a probe per resource)."""
     turn = (
         func.row_number()
         .over(
@@ -236,33 +236,33 @@ def place_held_resources(now):
         .label("turn")
     )
     live = (
-        select(holders, turn).where(holders.c.expires_at > now).subquery("live_places")
+        select(holders, turn).where(holders.c.expires_at > now).subquery("live_holders")
     )
     return (
-        select(*_place_columns(live.c.resource, live, locks.c.holder_limit))
+        select(*_holder_columns(live.c.resource, live, locks.c.holder_limit))
         .select_from(live.join(locks, locks.c.resource == live.c.resource))
         .where(live.c.turn == 1, locks.c.owner.is_(None))
-        .subquery(PLACE_HELD)
+        .subquery(HOLDER_HELD)
     )
 
 
 def only_live(source) -> bool:
-    """Whether ``source`` lists live grants only (the places: a stale place
+    """Whether ``source`` lists live grants only (the holders: a stale holder
     is nobody's grant)."""
     return source.name != EXCLUSIVE_GRANTS
 
 
 def one_per_resource(source) -> bool:
     """Whether ``source`` has at most one entry per resource (every source but
-    the place grants)."""
-    return source.name != PLACE_GRANTS
+    the holder grants)."""
+    return source.name != HOLDER_GRANTS
 
 
 def held_by_owner(source, condition, now):
     """``source``'s entries whose holder's owner meets ``condition`` (a function
-    of an owner column); for one entry per place-held resource: any of its live
+    of an owner column); for one entry per holder-held resource: any of its live
     holders' owners, so a search finds a resource by each of its holders."""
-    if source.name != PLACE_HELD:
+    if source.name != HOLDER_HELD:
         return condition(source.c.owner)
     other = holders.alias("other_holders")
     return (
@@ -372,9 +372,9 @@ def last_granted(grant):
     )
 
 
-# The sources, built once: a statement reading the places binds LISTED_AT.
+# The sources, built once: a statement reading the holders binds LISTED_AT.
 LISTED_AT = "listed_at"
 _listed_at = bindparam(LISTED_AT, type_=UTCDateTime())
 EXCLUSIVE_SOURCE = exclusive_grants()
-PLACE_GRANTS_SOURCE = place_grants(_listed_at)
-PLACE_HELD_SOURCE = place_held_resources(_listed_at)
+HOLDER_GRANTS_SOURCE = holder_grants(_listed_at)
+HOLDER_HELD_SOURCE = holder_held_resources(_listed_at)

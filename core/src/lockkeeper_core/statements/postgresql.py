@@ -28,18 +28,19 @@ _PG_RELEASE = DriverSQL(
     "SELECT * FROM lockkeeper_release(:resource, :owner, :token, :actor, :now,"
     " :details)"
 )
-# A semaphore's place or a shared grant (migration 0021): the places path's
+# A semaphore's holder or a shared grant (migration 0021): the holders path's
 # plain look, decision and writes in one statement.
-_PG_ACQUIRE_PLACE = DriverSQL(
+# The functions keep the old name of a holder, "place": only a migration renames them.
+_PG_ACQUIRE_HOLDER = DriverSQL(
     "SELECT * FROM lockkeeper_acquire_place(:resource, :owner, :token, :ttl,"
     " :actor, :max_locks, :waiter, :now, :limit, :mode)"
 )
-# Renewing or releasing a place, after the exclusive statement (migration 0022).
-_PG_RENEW_PLACE = DriverSQL(
+# Renewing or releasing a holder, after the exclusive statement (migration 0022).
+_PG_RENEW_HOLDER = DriverSQL(
     "SELECT * FROM lockkeeper_renew_place(:resource, :owner, :token, :ttl, :actor,"
     " :now)"
 )
-_PG_RELEASE_PLACE = DriverSQL(
+_PG_RELEASE_HOLDER = DriverSQL(
     "SELECT * FROM lockkeeper_release_place(:resource, :owner, :token, :actor,"
     " :now, :details)"
 )
@@ -59,9 +60,9 @@ class PostgresStatements:
     acquire_sql = _PG_ACQUIRE
     renew_sql = _PG_RENEW
     release_sql = _PG_RELEASE
-    acquire_place_sql = _PG_ACQUIRE_PLACE
-    renew_place_sql = _PG_RENEW_PLACE
-    release_place_sql = _PG_RELEASE_PLACE
+    acquire_holder_sql = _PG_ACQUIRE_HOLDER
+    renew_holder_sql = _PG_RENEW_HOLDER
+    release_holder_sql = _PG_RELEASE_HOLDER
 
     def __init__(self) -> None:
         self.transactional = TransactionalStatements("postgresql")
@@ -99,7 +100,7 @@ class PostgresStatements:
             freeze,
             over_quota,
             bool(getattr(row, "token_ended", False)),
-            places=places_until is not None and places_until > row.now,
+            held_by_holders=places_until is not None and places_until > row.now,
             limit_mismatch=getattr(row, "limit_mismatch", None),
         )
 
@@ -119,15 +120,15 @@ class PostgresStatements:
             },
         )
 
-    def acquire_place(self, conn, ask: Ask, now, waiter=None) -> Outcome:
-        """The places path's decision with no session (``PlacesStatements``'
-        ``peek_place`` and ``acquire_place``, the same answers) in one statement.
+    def acquire_holder(self, conn, ask: Ask, now, waiter=None) -> Outcome:
+        """The holders path's decision with no session (``HoldersStatements``'
+        ``peek_holder`` and ``acquire_holder``, the same answers) in one statement.
 
-        :raise SessionBound: the caller's place is bound to a live session.
+        :raise SessionBound: the caller's holder is bound to a live session.
         """
         return self._place(
             conn,
-            self.acquire_place_sql,
+            self.acquire_holder_sql,
             {
                 "resource": ask.resource,
                 "owner": ask.owner,
@@ -142,15 +143,15 @@ class PostgresStatements:
             },
         )
 
-    def renew_place(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
-        """Extend the caller's live place (``PlacesStatements.renew_place``'s
+    def renew_holder(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
+        """Extend the caller's live holder (``HoldersStatements.renew_holder``'s
         answers); refused (row None) when it has none.
 
-        :raise SessionBound: the place is bound to a live session.
+        :raise SessionBound: the holder is bound to a live session.
         """
         return self._place(
             conn,
-            self.renew_place_sql,
+            self.renew_holder_sql,
             {
                 "resource": resource,
                 "owner": owner,
@@ -161,14 +162,14 @@ class PostgresStatements:
             },
         )
 
-    def release_place(
+    def release_holder(
         self, conn, resource, owner, token, actor, now, details=None
     ) -> Outcome:
-        """End the caller's live place (``PlacesStatements.release_place``'s
+        """End the caller's live holder (``HoldersStatements.release_holder``'s
         answers); refused (row None) when it has none."""
         return self._place(
             conn,
-            self.release_place_sql,
+            self.release_holder_sql,
             {
                 "resource": resource,
                 "owner": owner,

@@ -1,6 +1,6 @@
 """The database's own routines as they are now: one ``.sql`` file per PostgreSQL
 function and MariaDB procedure, in ``sql/<dialect>/``, beside the statements that
-call them (``postgresql.py``, ``places.py``, ``sessions.py``, ``mariadb.py``;
+call them (``postgresql.py``, ``holders.py``, ``sessions.py``, ``mariadb.py``;
 workers call the guard in their own transactions).
 
 A file holds the routine's whole ``CREATE`` text, the one a migrated database

@@ -104,7 +104,7 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class Ended:
     """What ending a session did: the session as it was, the grants released
-    (exclusive rows and places, each with its waiters), and the clock."""
+    (exclusive rows and holders, each with its waiters), and the clock."""
 
     session: SessionRow | None
     released: list[LockRow]
@@ -142,7 +142,7 @@ def bound_to(session_id, owner, token, expires_at):
     )
 
 
-def places_of(session_id, token, expires_at):
+def holders_of(session_id, token, expires_at):
     return and_(
         holders.c.session_id == session_id,
         holders.c.token == token,
@@ -160,8 +160,8 @@ def _still_bound(row, session: SessionRow) -> bool:
     )
 
 
-def _still_placed(row, session: SessionRow) -> bool:
-    """``row`` (a place) is bound to ``session``: ``places_of``."""
+def _still_bound(row, session: SessionRow) -> bool:
+    """``row`` (a holder) is bound to ``session``: ``holders_of``."""
     return (
         row.session_id == session.id
         and row.token == session.token
@@ -201,12 +201,12 @@ def _log_expiries(
     conn,
     ran_out: dict[str, SessionRow],
     rows,
-    places,
+    holder_rows,
     *,
     remove: bool,
-    remove_places: bool | None = None,
+    remove_holders: bool | None = None,
 ) -> None:
-    """End the grants among ``rows`` (exclusive, locked) and ``places``
+    """End the grants among ``rows`` (exclusive, locked) and ``holder_rows``
     (locked) still bound to one of the expired sessions ``ran_out`` (by id) as
     of its expiry, as their sessions' rows are deleted: a ``released`` event
     at that instant each, its details naming the session and that it expired
@@ -215,42 +215,42 @@ def _log_expiries(
     Without the event, once the session's row is gone, nothing would say when
     its heartbeats stopped renewing them; without the grant gone, a row still
     stale would contradict it (a later force-release would end the same
-    tenure a second time). ``remove_places``: the places only (None: as
+    tenure a second time). ``remove_holders``: the holders only (None: as
     ``remove``)."""
-    if remove_places is None:
-        remove_places = remove
+    if remove_holders is None:
+        remove_holders = remove
     exclusive = [
         row
         for row in rows
         if row.session_id in ran_out and _still_bound(row, ran_out[row.session_id])
     ]
-    placed = [
+    from_holders = [
         row
-        for row in places
-        if row.session_id in ran_out and _still_placed(row, ran_out[row.session_id])
+        for row in holder_rows
+        if row.session_id in ran_out and _still_bound(row, ran_out[row.session_id])
     ]
-    if not exclusive and not placed:
+    if not exclusive and not from_holders:
         return
     # Still bound: each one's expiry is its session's.
     conn.execute(
         insert(events),
         [
             *(session_expiry_event(row, EXCLUSIVE) for row in exclusive),
-            *(session_expiry_event(row, row.mode) for row in placed),
+            *(session_expiry_event(row, row.mode) for row in from_holders),
         ],
     )
-    if remove_places:
-        _remove_places(conn, placed)
+    if remove_holders:
+        _remove_holders(conn, from_holders)
     if remove and exclusive:
         conn.execute(clear_exclusive_grant([row.id for row in exclusive]))
 
 
-def _remove_places(conn, places) -> None:
-    """Delete the place rows ``places`` (locked, their resources' rows first)
-    and bring their resources' ``places_until`` down to the places left."""
-    if not places:
+def _remove_holders(conn, holder_rows) -> None:
+    """Delete the holder rows ``holder_rows`` (locked, their resources' rows first)
+    and bring their resources' ``places_until`` down to the holders left."""
+    if not holder_rows:
         return
-    delete_where_in(conn, holders.c.id, [row.id for row in places])
+    delete_where_in(conn, holders.c.id, [row.id for row in holder_rows])
     latest = (
         select(func.max(holders.c.expires_at))
         .where(holders.c.resource == locks.c.resource)
@@ -258,7 +258,7 @@ def _remove_places(conn, places) -> None:
     )
     conn.execute(
         update(locks)
-        .where(locks.c.resource.in_({row.resource for row in places}))
+        .where(locks.c.resource.in_({row.resource for row in holder_rows}))
         .values(places_until=latest)
     )
 
@@ -292,9 +292,9 @@ class SessionStatements:
 
     # -- reads ---------------------------------------------------------------
 
-    def _lock_resources(self, conn, exclusive, placed, *columns) -> list:
+    def _lock_resources(self, conn, exclusive, from_holders, *columns) -> list:
         """The rows (with ``columns``) of the resources that ``exclusive`` (a
-        condition on ``distributed_locks``) or ``placed`` (one on
+        condition on ``distributed_locks``) or ``from_holders`` (one on
         ``lock_holders``) find, locked in resource order (the lock order).
         Which resources is read first, without locks: a locking read whose
         condition reads ``lock_holders`` would lock the rows it reads there
@@ -302,7 +302,7 @@ class SessionStatements:
         join, all of whose rows FOR UPDATE locks). The caller holds the
         session's row, so no grant binds itself to the session meanwhile."""
         resources = set(conn.scalars(select(locks.c.resource).where(exclusive)))
-        resources.update(conn.scalars(select(holders.c.resource).where(placed)))
+        resources.update(conn.scalars(select(holders.c.resource).where(from_holders)))
         if not resources:
             return []
         return conn.execute(
@@ -338,12 +338,12 @@ class SessionStatements:
             .order_by(locks.c.resource)
         ).all()
         waiting, _ = queue_columns(holders.c.resource, now)
-        places = conn.execute(
+        holder_rows = conn.execute(
             select(holders, waiting)
-            .where(places_of(session.id, session.token, session.expires_at))
+            .where(holders_of(session.id, session.token, session.expires_at))
             .order_by(holders.c.resource)
         ).all()
-        grants = sorted([*exclusive, *places], key=lambda row: row.resource)
+        grants = sorted([*exclusive, *holder_rows], key=lambda row: row.resource)
         return session, grants, now
 
     def listing(
@@ -365,19 +365,19 @@ class SessionStatements:
             )
             .scalar_subquery()
         )
-        placed = (
+        from_holders = (
             select(func.count())
             .select_from(holders)
-            .where(places_of(sessions.c.id, sessions.c.token, sessions.c.expires_at))
+            .where(holders_of(sessions.c.id, sessions.c.token, sessions.c.expires_at))
             .scalar_subquery()
         )
         rows = conn.execute(
-            select(sessions, bound.label("bound"), placed.label("placed"))
+            select(sessions, bound.label("bound"), from_holders.label("from_holders"))
             .order_by(sessions.c.expires_at, sessions.c.id)
             .limit(limit)
         ).all()
         now = now if now is not None else self.t.read_now(conn)
-        return [(_session(row), row.bound + row.placed) for row in rows], now
+        return [(_session(row), row.bound + row.from_holders) for row in rows], now
 
     def live_count(self, conn, now: datetime | None) -> int:
         at = now if now is not None else self.t._server_now().cast(UTCDateTime())
@@ -387,7 +387,7 @@ class SessionStatements:
 
     def session_of(self, conn, resource: str) -> SessionRow | None:
         """The session the grant on ``resource`` is bound to (exclusive row or a
-        place), if any; unlocked."""
+        holder), if any; unlocked."""
         exclusive = (
             select(sessions)
             .join(locks, locks.c.session_id == sessions.c.id)
@@ -403,16 +403,16 @@ class SessionStatements:
         )
         found = conn.execute(exclusive).first()
         if found is None:
-            places = (
+            holder_rows = (
                 select(sessions)
                 .join(holders, holders.c.session_id == sessions.c.id)
                 .where(
                     holders.c.resource == resource,
-                    places_of(sessions.c.id, sessions.c.token, sessions.c.expires_at),
+                    holders_of(sessions.c.id, sessions.c.token, sessions.c.expires_at),
                 )
                 .order_by(sessions.c.expires_at.desc())
             )
-            found = conn.execute(places).first()
+            found = conn.execute(holder_rows).first()
         return _session(found) if found is not None else None
 
     # -- writes --------------------------------------------------------------
@@ -468,12 +468,14 @@ class SessionStatements:
         if session is None or session.token != token:
             return Heartbeat(None, False, 0, self.t.clock_after_lock(conn, now).now)
         was = session.expires_at
-        # The resources' rows in resource order, before their places (the
+        # The resources' rows in resource order, before their holders (the
         # lock order): the updates below would take them in whatever order
         # their plans meet them. SQLite's one writer needs no row locks.
         bound = bound_to(session.id, session.owner, session.token, was)
         if self.dialect_name != "sqlite":
-            self._lock_resources(conn, bound, places_of(session.id, session.token, was))
+            self._lock_resources(
+                conn, bound, holders_of(session.id, session.token, was)
+            )
         # The clock once those rows are held (migration 0031): a grant of the
         # session taken over while this waited for its row (its session run
         # out by the taker's clock) makes this clock later still, and the
@@ -487,9 +489,9 @@ class SessionStatements:
             .where(sessions.c.id == session.id)
             .values(expires_at=expires_at)
         )
-        on_places = (
+        on_holders = (
             select(holders.c.resource)
-            .where(places_of(session.id, session.token, was))
+            .where(holders_of(session.id, session.token, was))
             .scalar_subquery()
         )
         grants = conn.execute(
@@ -498,7 +500,7 @@ class SessionStatements:
         conn.execute(
             update(locks)
             .where(
-                locks.c.resource.in_(on_places),
+                locks.c.resource.in_(on_holders),
                 or_(
                     locks.c.places_until.is_(None),
                     locks.c.places_until < expires_at,
@@ -506,9 +508,9 @@ class SessionStatements:
             )
             .values(places_until=expires_at)
         )
-        places = conn.execute(
+        holder_rows = conn.execute(
             update(holders)
-            .where(places_of(session.id, session.token, was))
+            .where(holders_of(session.id, session.token, was))
             .values(expires_at=expires_at)
         ).rowcount
         renewed = SessionRow(
@@ -519,7 +521,7 @@ class SessionStatements:
             session.created_at,
             expires_at,
         )
-        return Heartbeat(renewed, True, grants + places, now)
+        return Heartbeat(renewed, True, grants + holder_rows, now)
 
     def end(
         self,
@@ -538,7 +540,7 @@ class SessionStatements:
         if session is None or (token is not None and session.token != token):
             now = self.t.clock_after_lock(conn, now).now
             return Ended(None, [], now)
-        # The resources' rows first (in resource order), then their places.
+        # The resources' rows first (in resource order), then their holders.
         waiting, _ = queue_columns(
             locks.c.resource,
             now if now is not None else self.t._server_now().cast(UTCDateTime()),
@@ -547,12 +549,12 @@ class SessionStatements:
         rows = self._lock_resources(
             conn,
             bound,
-            places_of(session.id, session.token, session.expires_at),
+            holders_of(session.id, session.token, session.expires_at),
             waiting,
         )
-        places = conn.execute(
+        holder_rows = conn.execute(
             select(holders)
-            .where(places_of(session.id, session.token, session.expires_at))
+            .where(holders_of(session.id, session.token, session.expires_at))
             .order_by(holders.c.resource)
             .with_for_update()
         ).all()
@@ -562,7 +564,9 @@ class SessionStatements:
         if session.expires_at <= now:
             # Its grants went stale with it; a late end revives none of them,
             # and ends them as of its expiry (its row, which said when, is gone).
-            _log_expiries(conn, {session.id: session}, exclusive, places, remove=True)
+            _log_expiries(
+                conn, {session.id: session}, exclusive, holder_rows, remove=True
+            )
             return Ended(session, [], now, expired=True)
         released: list[LockRow] = []
         waiters_of = {row.resource: row.waiters for row in rows}
@@ -570,15 +574,15 @@ class SessionStatements:
             conn.execute(clear_exclusive_grant([row.id for row in exclusive], now))
             for row in exclusive:
                 released.append(LockRow.of(row, expires_at=now))
-        if places:
-            _remove_places(conn, places)
-            for row in places:
+        if holder_rows:
+            _remove_holders(conn, holder_rows)
+            for row in holder_rows:
                 released.append(
                     LockRow.of(
                         row, expires_at=now, waiters=waiters_of.get(row.resource, 0)
                     )
                 )
-        modes = {row.resource: getattr(row, "mode", EXCLUSIVE) for row in places}
+        modes = {row.resource: getattr(row, "mode", EXCLUSIVE) for row in holder_rows}
         if released:
             conn.execute(
                 insert(events),
@@ -609,14 +613,14 @@ class SessionStatements:
         ran_out = {row.id: _session(row) for row in found}
         ids = list(ran_out)
         # The lock order: the sessions' rows (above), the resources' rows in
-        # resource order, then their places.
+        # resource order, then their holders.
         rows = self._lock_resources(
             conn,
             locks.c.session_id.in_(ids),
             holders.c.session_id.in_(ids),
             self.t.purgeable(cutoff).label("purgeable"),
         )
-        places = conn.execute(
+        holder_rows = conn.execute(
             select(holders)
             .where(holders.c.session_id.in_(ids))
             .order_by(holders.c.resource)
@@ -626,13 +630,13 @@ class SessionStatements:
             conn,
             ran_out,
             [r for r in rows if r.session_id in ran_out],
-            places,
+            holder_rows,
             # The exclusive rows are deleted below, as the stale purge would
-            # (it reports them). A place goes now: its resource's row stays
-            # while another place lives past the cutoff, and a place left
+            # (it reports them). A holder goes now: its resource's row stays
+            # while another holder lives past the cutoff, and a holder left
             # behind would be ended a second time by a later force-release.
             remove=False,
-            remove_places=True,
+            remove_holders=True,
         )
         # In this transaction, not the stale purge's next one: a row left
         # stale after its end was recorded could be taken over or
@@ -664,8 +668,8 @@ class SessionStatements:
                 [("owner", f"must be the session's owner, {session.owner!r}")]
             )
         if ask.limit != 1 or ask.mode != EXCLUSIVE:
-            # A semaphore's place or a shared grant: the places path, bound.
-            return t.acquire_place(conn, ask, now, waiter, session=session)
+            # A semaphore's holder or a shared grant: the holders path, bound.
+            return t.acquire_holder(conn, ask, now, waiter, session=session)
         max_locks = ask.max_locks
         counting = bool(max_locks) and token is not None
         checks_token = token is not None and token != NO_TOKEN
@@ -690,7 +694,7 @@ class SessionStatements:
         now = clock.now
         if session.expires_at <= now:
             raise SessionEnded(session)
-        places_held = (
+        holders_held = (
             row is not None and row.places_until is not None and row.places_until > now
         )
         if not held:
@@ -701,11 +705,11 @@ class SessionStatements:
             action = Action.REACQUIRED
         else:
             return Outcome(False, None, row, now)
-        if places_held:
-            # Held by places: the places path answers as it does an unbound
+        if holders_held:
+            # Held by holders: the holders path answers as it does an unbound
             # acquire (the grant that ends first, a limit mismatch, a
             # promotion of the session's own sole shared grant), bound.
-            return t.acquire_place(conn, ask, now, waiter, session=session)
+            return t.acquire_holder(conn, ask, now, waiter, session=session)
         behind = row is not None and row.ahead and action is not Action.REACQUIRED
         if behind:
             return Outcome(False, None, row, now)
@@ -731,9 +735,9 @@ class SessionStatements:
         if row is None:
             insert_lock_row(conn, {"resource": resource, **values})
         else:
-            # The resource is free of places (``places_held`` above): the grant
+            # The resource is free of holders (``holders_held`` above): the grant
             # sets its kind, as an unbound exclusive grant does, not the limit
-            # of a semaphore whose places all ran out.
+            # of a semaphore whose holders all ran out.
             conn.execute(
                 update(locks)
                 .where(locks.c.id == row.id)

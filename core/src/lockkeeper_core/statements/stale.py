@@ -154,7 +154,7 @@ class StaleStatements:
     @staticmethod
     def purgeable(cutoff: datetime):
         """The rows a purge at ``cutoff`` deletes: expired (or released) by
-        then. A row held by places stays until they have all ended: without
+        then. A row held by holders stays until they have all ended: without
         it the next exclusive grant would insert a row that knows none of
         them."""
         return and_(
@@ -164,7 +164,7 @@ class StaleStatements:
 
     @staticmethod
     def delete_purged(conn, rows) -> None:
-        """Delete ``rows`` (locked, ``purgeable``) and their places, which all
+        """Delete ``rows`` (locked, ``purgeable``) and their holders, which all
         ended by the cutoff too."""
         if rows:
             delete_where_in(conn, locks.c.id, [r.id for r in rows])

@@ -60,7 +60,7 @@ from lockkeeper_core.statements.details import (
     session_expiry_event,
     took_over_from,
 )
-from lockkeeper_core.statements.places import PlacesStatements
+from lockkeeper_core.statements.holders import HoldersStatements
 from lockkeeper_core.statements.stale import StaleStatements
 from lockkeeper_core.statements.tokens import TokenLook, TokenStatements
 from lockkeeper_core.values import Ask
@@ -83,7 +83,7 @@ _INSERT_EVENT = insert(events)
 lock_sessions = LockSession.__table__
 
 
-class TransactionalStatements(StaleStatements, PlacesStatements, TokenStatements):
+class TransactionalStatements(StaleStatements, HoldersStatements, TokenStatements):
     """Locking read, then the clock, decision, write, event: one transaction per call.
 
     The clock is read in a statement AFTER the locking read has returned, so the
@@ -376,7 +376,7 @@ class TransactionalStatements(StaleStatements, PlacesStatements, TokenStatements
             and row is not None
             and row.places_until is not None
         ):
-            self._clear_places(conn, resource, now)
+            self._clear_holders(conn, resource, now)
         self._write_grant(
             conn, row, resource, values, new_tenure=action is not Action.REACQUIRED
         )
@@ -434,7 +434,7 @@ class TransactionalStatements(StaleStatements, PlacesStatements, TokenStatements
 
     def _write_grant(self, conn, row, resource, values, *, new_tenure=True) -> None:
         """Write the exclusive grant. A new tenure makes the row exclusive, of
-        limit 1, held by no places and bound to no session (a previous tenure's
+        limit 1, held by no holders and bound to no session (a previous tenure's
         session must not extend it)."""
         if row is None:
             insert_lock_row(conn, {"resource": resource, **values})
@@ -447,27 +447,29 @@ class TransactionalStatements(StaleStatements, PlacesStatements, TokenStatements
         else:
             conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
 
-    def _clear_places(self, conn, resource, now) -> None:
-        """A new exclusive tenure on a row that places held, all run out (a
-        live one sends the acquire down the places path, and a claim is
-        refused or takes a place) deletes them. Those bound to a session ran
+    def _clear_holders(self, conn, resource, now) -> None:
+        """A new exclusive tenure on a row that holders held, all run out (a
+        live one sends the acquire down the holders path, and a claim is
+        refused or takes a holder) deletes them. Those bound to a session ran
         out at their session's expiry: a ``released`` event each
-        (``session_expiry_event``) before the grant's, as the places path
-        writes for the places it clears; once the session's row is gone
+        (``session_expiry_event``) before the grant's, as the holders path
+        writes for the holders it clears; once the session's row is gone
         nothing else would say when."""
-        for place in self._places_to_clear(conn, resource):
-            if place.session_id is not None and place.expires_at <= now:
-                self._insert_event(conn, session_expiry_event(place, place.mode))
-        self._delete_places(conn, resource)
+        for holder_row in self._holders_to_clear(conn, resource):
+            if holder_row.session_id is not None and holder_row.expires_at <= now:
+                self._insert_event(
+                    conn, session_expiry_event(holder_row, holder_row.mode)
+                )
+        self._delete_holders(conn, resource)
 
-    def _places_to_clear(self, conn, resource) -> list[Any]:
+    def _holders_to_clear(self, conn, resource) -> list[Any]:
         return conn.execute(
             select(holders)
             .where(holders.c.resource == resource)
             .order_by(holders.c.expires_at, holders.c.id)
         ).all()
 
-    def _delete_places(self, conn, resource) -> None:
+    def _delete_holders(self, conn, resource) -> None:
         conn.execute(delete(holders).where(holders.c.resource == resource))
 
     def _write_expiry(self, conn, row, expires_at) -> None:
@@ -556,8 +558,8 @@ class TransactionalStatements(StaleStatements, PlacesStatements, TokenStatements
             and row.places_until > now
             and not (held and holds(row, owner, token) and row.expires_at > now)
         ):
-            # Held by places: the places path decides (busy, or a mismatch).
-            return Outcome(False, None, row, now, places=True)
+            # Held by holders: the holders path decides (busy, or a mismatch).
+            return Outcome(False, None, row, now, held_by_holders=True)
         if not held:
             action = Action.ACQUIRED
         elif row.expires_at <= now:

@@ -1,22 +1,22 @@
-"""More than one holder: the places of a semaphore (``holder_limit`` above 1) and
+"""More than one holder: the holders of a semaphore (``holder_limit`` above 1) and
 shared grants, rows of ``lock_holders`` (see ``LockHolder``).
 
-Every change of a resource's places is one transaction on every dialect, in the
+Every change of a resource's holders is one transaction on every dialect, in the
 style of ``TransactionalStatements``: lock the resource's ``distributed_locks``
 row first, then (a new tenure) the token's, as the lock order of
 ``lockkeeper_core.statements`` says; read the clock after the row's lock, then decide
-and write the places, the row's ``places_until`` (the latest expiry
-of its live places: while it is in the future the exclusive path refuses the
+and write the holders, the row's ``places_until`` (the latest expiry
+of its live holders: while it is in the future the exclusive path refuses the
 row) and the audit event together. The row lock orders every grant, renewal and
-release of the resource's places one after another, and against the exclusive
-path, which locks the same row: N+1 contenders for N places never all commit.
+release of the resource's holders one after another, and against the exclusive
+path, which locks the same row: N+1 contenders for N holders never all commit.
 A resource with no row yet gets it with its first grant, after the token's row
 (a racing first grant's insert loses with an ``IntegrityError``, on MariaDB
 its upsert with ``Raced``, and the service tries again): a refused acquire
 writes nothing.
 
-On PostgreSQL a grant with no session (``peek_place`` then ``acquire_place``),
-``renew_place`` and ``release_place`` are one statement each instead, the
+On PostgreSQL a grant with no session (``peek_holder`` then ``acquire_holder``),
+``renew_holder`` and ``release_holder`` are one statement each instead, the
 functions ``lockkeeper_acquire_place``, ``lockkeeper_renew_place`` and
 ``lockkeeper_release_place`` (``sql/postgresql/``): they give the same answers,
 so a rule changed here changes there too.
@@ -76,14 +76,14 @@ class AllRemoved:
     waiters: int
 
 
-def place_token(token: str | None) -> str:
+def holder_token(token: str | None) -> str:
     """``lock_holders.token`` of a holder: a caller with no token (tests, tools)
     is recorded as NO_TOKEN."""
     return token if token is not None else NO_TOKEN
 
 
-class PlacesStatements:
-    """The places path, mixed into ``TransactionalStatements`` (whose locking
+class HoldersStatements:
+    """The holders path, mixed into ``TransactionalStatements`` (whose locking
     read, clock, token row, freeze and fence it uses); SQLAlchemy connections."""
 
     # Provided by TransactionalStatements.
@@ -97,7 +97,7 @@ class PlacesStatements:
     _server_now: Any
     force_remove: Any
 
-    def _place_count_statement(self):
+    def _holder_count_statement(self):
         return select(live_locks(_NOW).label("live"))
 
     def _unwritten_row(self, conn, resource, now, waiter, holder_limit) -> Any:
@@ -154,8 +154,8 @@ class PlacesStatements:
             },
         )
 
-    def _places_of(self, conn, resource) -> list[Any]:
-        """Every place row of ``resource``, the one that ends first first."""
+    def _holders_of(self, conn, resource) -> list[Any]:
+        """Every holder row of ``resource``, the one that ends first first."""
         return conn.execute(
             select(holders)
             .where(holders.c.resource == resource)
@@ -163,7 +163,7 @@ class PlacesStatements:
         ).all()
 
     @staticmethod
-    def _insert_place(
+    def _insert_holder(
         conn, resource, owner, token, mode, fence, now, expires_at, session_id
     ) -> None:
         """One grant's row of ``lock_holders``, granted at ``now``."""
@@ -182,9 +182,9 @@ class PlacesStatements:
 
     def _set_places_until(self, conn, row, live_expiries, holder_limit) -> None:
         """Write the resource's ``places_until`` and limit after a change of
-        its places. On a Galera node, even when neither changes (one more to
-        ``guard_writes``): its lock orders places on one node only, and
-        certification compares only written rows, so two places admitted on
+        its holders. On a Galera node, even when neither changes (one more to
+        ``guard_writes``): its lock orders holders on one node only, and
+        certification compares only written rows, so two holders admitted on
         two nodes at once both committed past the limit. Written by both, the
         row fails the one the cluster orders second (1213, retried)."""
         until = max(live_expiries) if live_expiries else None
@@ -194,22 +194,22 @@ class PlacesStatements:
         conn.execute(update(locks).where(locks.c.id == row.id).values(**values))
 
     @staticmethod
-    def _place_row(place, *, holder_limit, holders_now, waiters) -> LockRow:
+    def _holder_row(holder, *, holder_limit, holders_now, waiters) -> LockRow:
         return LockRow(
-            resource=place.resource,
-            owner=place.owner,
-            token=place.token,
-            fence=place.fence,
-            acquired_at=place.acquired_at,
-            expires_at=place.expires_at,
+            resource=holder.resource,
+            owner=holder.owner,
+            token=holder.token,
+            fence=holder.fence,
+            acquired_at=holder.acquired_at,
+            expires_at=holder.expires_at,
             waiters=waiters,
             holder_limit=holder_limit,
-            mode=place.mode,
+            mode=holder.mode,
             holders=holders_now,
         )
 
-    def peek_place(self, conn, ask, now: datetime | None) -> Outcome | None:
-        """A plain read (no lock, no write) before the places transaction: the
+    def peek_holder(self, conn, ask, now: datetime | None) -> Outcome | None:
+        """A plain read (no lock, no write) before the holders transaction: the
         refusal a semaphore that is full of other holders answers, or None
         (decide under the row lock). Refused contenders of a full semaphore
         then never queue on its row lock, before the releases that free it."""
@@ -232,26 +232,26 @@ class PlacesStatements:
             .where(holders.c.resource == ask.resource, holders.c.expires_at > now)
             .order_by(holders.c.expires_at, holders.c.id)
         ).all()
-        wanted = place_token(ask.token)
+        wanted = holder_token(ask.token)
         if len(live) < ask.limit or any(
             p.owner == ask.owner and p.token == wanted for p in live
         ):
             return None
-        shown = self._place_row(
+        shown = self._holder_row(
             live[0], holder_limit=ask.limit, holders_now=len(live), waiters=0
         )
         return Outcome(False, None, shown, now)
 
-    def acquire_place(
+    def acquire_holder(
         self, conn, ask, now: datetime | None, waiter=None, session=None
     ) -> Outcome:
-        """One decision of the places path: ``ask.limit`` above 1 (a semaphore
-        place), ``ask.mode`` SHARED, or an exclusive grant of a resource held
-        by places (a promotion, or a refusal naming the place that ends first).
+        """One decision of the holders path: ``ask.limit`` above 1 (a semaphore
+        holder), ``ask.mode`` SHARED, or an exclusive grant of a resource held
+        by holders (a promotion, or a refusal naming the holder that ends first).
 
         ``session``: the session's row (``SessionRow``, already locked FOR
         SHARE by the caller: the lock order is the session, then the resource's
-        row, then its places) to bind the grant to: its expiry is the session's
+        row, then its holders) to bind the grant to: its expiry is the session's
         and its row carries the session's id.
 
         :raise SessionEnded: ``session`` expired by the deciding clock.
@@ -271,10 +271,10 @@ class PlacesStatements:
             # ends at the session's instant (microseconds, exact).
             ttl = (session.expires_at - now).total_seconds()
         queued = row.waiters or 0
-        places = self._places_of(conn, resource)
-        live = [p for p in places if p.expires_at > now]
-        expired = [p for p in places if p.expires_at <= now]
-        mine_token = place_token(token)
+        holder_rows = self._holders_of(conn, resource)
+        live = [p for p in holder_rows if p.expires_at > now]
+        expired = [p for p in holder_rows if p.expires_at <= now]
+        mine_token = holder_token(token)
         mine = next(
             (p for p in live if p.owner == owner and p.token == mine_token), None
         )
@@ -284,16 +284,16 @@ class PlacesStatements:
         current_limit = row.holder_limit or 1
         holders_now = len(live) + (1 if exclusive_live else 0)
 
-        def shown(place, holders_count=holders_now) -> LockRow:
-            return self._place_row(
-                place,
+        def shown(holder, holders_count=holders_now) -> LockRow:
+            return self._holder_row(
+                holder,
                 holder_limit=current_limit,
                 holders_now=holders_count,
                 waiters=queued,
             )
 
         def first_ending() -> Any:
-            """The live grant that ends first (exclusive row or a place)."""
+            """The live grant that ends first (exclusive row or a holder)."""
             if exclusive_live:
                 return LockRow.of(row, holders=holders_now)
             return shown(live[0]) if live else None
@@ -322,7 +322,7 @@ class PlacesStatements:
             self._set_places_until(conn, row, expiries, limit)
             granted = shown(mine)
             granted = LockRow.of(granted, acquired_at=now, expires_at=expires_at)
-            return self._logged_place(
+            return self._logged_holder(
                 conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter,
                 details=with_session(None, session_id),
             )  # fmt: skip
@@ -346,7 +346,7 @@ class PlacesStatements:
                 conn.execute(clear_exclusive_grant([row.id], now))
                 self._log_cleared(conn, expired, now)
                 conn.execute(delete(holders).where(holders.c.resource == resource))
-                self._insert_place(
+                self._insert_holder(
                     conn, resource, owner, mine_token, SHARED, row.fence, now,
                     expires_at, session_id,
                 )  # fmt: skip
@@ -361,7 +361,7 @@ class PlacesStatements:
                     waiters=queued,
                     mode=SHARED,
                 )
-                return self._logged_place(
+                return self._logged_holder(
                     conn, granted, Action.REACQUIRED, owner, token, ask, now, waiter,
                     details=with_session(mode_change(EXCLUSIVE), session_id),
                 )  # fmt: skip
@@ -388,7 +388,7 @@ class PlacesStatements:
         if row.owner is not None:
             taken = row  # an expired exclusive grant taken over
         elif capacity is not None and expired and len(live) + len(expired) >= capacity:
-            taken = expired[0]  # the expired place taken over
+            taken = expired[0]  # the expired holder taken over
         if taken is not None:
             previous_owner, previous_token = taken.owner, taken.token
         action = Action.TOOK_OVER if previous_owner is not None else Action.ACQUIRED
@@ -398,7 +398,7 @@ class PlacesStatements:
             return refused
         if counting:
             count = conn.scalar(
-                self._place_count_statement(),
+                self._holder_count_statement(),
                 {"now": now, "quota_token": token, "max_locks": ask.max_locks},
             )
             if count >= ask.max_locks:
@@ -411,19 +411,19 @@ class PlacesStatements:
             delete_where_in(conn, holders.c.id, [p.id for p in expired])
         fence = self._next_fence(conn)
         if mode == EXCLUSIVE and limit == 1:
-            # No place is live: the exclusive grant lives on the row.
+            # No holder is live: the exclusive grant lives on the row.
             outcome = self._grant(
                 conn, row, resource, owner, token, fence, now, ttl, action,
                 ask.actor, details=with_session(None, session_id),
             )  # fmt: skip
             self._bind_row(conn, row, resource, session_id)
-            self._dequeue_place(conn, waiter)
+            self._dequeue_waiter(conn, waiter)
             return outcome
         if row.owner is not None:
             # Its expiry stays: the stale grant ran out then.
             conn.execute(clear_exclusive_grant([row.id]))
         expires_at = self._expiry(now, ttl, session)
-        self._insert_place(
+        self._insert_holder(
             conn, resource, owner, mine_token, mode, fence, now, expires_at,
             session_id,
         )  # fmt: skip
@@ -446,21 +446,21 @@ class PlacesStatements:
         if taken is not None:
             details = took_over_from(details, previous_token)
             details = ended_bound_grant(details, taken.session_id, taken.expires_at)
-        return self._logged_place(
+        return self._logged_holder(
             conn, granted, action, previous_owner, token, ask, now, waiter,
             details=details,
         )  # fmt: skip
 
     @staticmethod
-    def _log_cleared(conn, places, now, named=None) -> None:
-        """Record that the expired places among ``places`` bound to a session,
+    def _log_cleared(conn, holder_rows, now, named=None) -> None:
+        """Record that the expired holders among ``holder_rows`` bound to a session,
         which the caller's grant deletes (but ``named``, the one its own event
         names), ran out at their session's expiry (``session_expiry_event``),
         before the grant's event: once their session's row is gone nothing
         else would say when."""
         cleared = [
             session_expiry_event(p, p.mode)
-            for p in places
+            for p in holder_rows
             if p.expires_at <= now and p.session_id is not None and p is not named
         ]
         if cleared:
@@ -486,7 +486,7 @@ class PlacesStatements:
             ),
         )  # fmt: skip
         self._bind_row(conn, row, resource, session_id)
-        self._dequeue_place(conn, waiter)
+        self._dequeue_waiter(conn, waiter)
         return outcome
 
     def _new_tenure_refusal(
@@ -506,30 +506,30 @@ class PlacesStatements:
         return None
 
     @staticmethod
-    def _refuse_if_bound(conn, place) -> None:
-        """A place bound to a live session is renewed by its session only: a
+    def _refuse_if_bound(conn, holder) -> None:
+        """A holder bound to a live session is renewed by its session only: a
         plain re-acquire or renewal would move its expiry off the session's
         (and out of its heartbeat and end). One primary-key probe, made only
-        for a place with a ``session_id``.
+        for a holder with a ``session_id``.
 
         :raise SessionBound: it is bound (the service answers 409).
         """
-        if place.session_id is None:
+        if holder.session_id is None:
             return
         bound = conn.scalar(
             select(_sessions.c.id).where(
-                _sessions.c.id == place.session_id,
-                _sessions.c.expires_at == place.expires_at,
-                _sessions.c.token == place.token,
-                _sessions.c.owner == place.owner,
+                _sessions.c.id == holder.session_id,
+                _sessions.c.expires_at == holder.expires_at,
+                _sessions.c.token == holder.token,
+                _sessions.c.owner == holder.owner,
             )
         )
         if bound is not None:
-            raise SessionBound(place.resource, bound)
+            raise SessionBound(holder.resource, bound)
 
     @staticmethod
     def _expiry(now, ttl, session) -> datetime:
-        """A place's expiry: the session's when bound, else now + ttl."""
+        """A holder's expiry: the session's when bound, else now + ttl."""
         if session is not None:
             return session.expires_at
         return now + timedelta(seconds=ttl)
@@ -545,7 +545,7 @@ class PlacesStatements:
         )
         conn.execute(update(locks).where(where).values(session_id=session_id))
 
-    def _logged_place(
+    def _logged_holder(
         self,
         conn,
         granted,
@@ -561,28 +561,28 @@ class PlacesStatements:
             conn, action, granted, previous_owner, token, ask.actor, None, now,
             mode=granted.mode, details=details,
         )  # fmt: skip
-        self._dequeue_place(conn, waiter)
+        self._dequeue_waiter(conn, waiter)
         return Outcome(True, action, granted, now)
 
-    def _dequeue_place(self, conn, waiter) -> None:
+    def _dequeue_waiter(self, conn, waiter) -> None:
         if waiter is not None:
             conn.execute(delete(waiters).where(waiters.c.id == waiter))
 
-    def _my_place(self, conn, resource, owner, token, now):
-        """The resource's row locked, the clock after it, the caller's place (or
-        None) and the resource's live places."""
+    def _my_holder(self, conn, resource, owner, token, now):
+        """The resource's row locked, the clock after it, the caller's holder (or
+        None) and the resource's live holders."""
         row = self.lock_row(conn, resource, now)
         now = self.clock_after_lock(conn, now).now
         if row is None:
             return None, now, None, []
-        live = [p for p in self._places_of(conn, resource) if p.expires_at > now]
-        wanted = place_token(token)
+        live = [p for p in self._holders_of(conn, resource) if p.expires_at > now]
+        wanted = holder_token(token)
         mine = next((p for p in live if p.owner == owner and p.token == wanted), None)
         return row, now, mine, live
 
-    def renew_place(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
-        """Extend the caller's live place; refused (row None) when it has none."""
-        row, now, mine, live = self._my_place(conn, resource, owner, token, now)
+    def renew_holder(self, conn, resource, owner, token, ttl, actor, now) -> Outcome:
+        """Extend the caller's live holder; refused (row None) when it has none."""
+        row, now, mine, live = self._my_holder(conn, resource, owner, token, now)
         if mine is None:
             return Outcome(False, None, None, now)
         self._refuse_if_bound(conn, mine)
@@ -592,7 +592,7 @@ class PlacesStatements:
         )
         expiries = [p.expires_at for p in live if p.id != mine.id] + [expires_at]
         self._set_places_until(conn, row, expiries, row.holder_limit)
-        renewed = self._place_row(
+        renewed = self._holder_row(
             mine,
             holder_limit=row.holder_limit,
             holders_now=len(live),
@@ -605,17 +605,17 @@ class PlacesStatements:
         )  # fmt: skip
         return Outcome(True, Action.RENEWED, renewed, now)
 
-    def release_place(
+    def release_holder(
         self, conn, resource, owner, token, actor, now, details=None
     ) -> Outcome:
-        """End the caller's live place; refused (row None) when it has none."""
-        row, now, mine, live = self._my_place(conn, resource, owner, token, now)
+        """End the caller's live holder; refused (row None) when it has none."""
+        row, now, mine, live = self._my_holder(conn, resource, owner, token, now)
         if mine is None:
             return Outcome(False, None, None, now)
         conn.execute(delete(holders).where(holders.c.id == mine.id))
         rest = [p.expires_at for p in live if p.id != mine.id]
         self._set_places_until(conn, row, rest, row.holder_limit)
-        ended = self._place_row(
+        ended = self._holder_row(
             mine,
             holder_limit=row.holder_limit,
             holders_now=len(rest),
@@ -628,24 +628,24 @@ class PlacesStatements:
         )  # fmt: skip
         return Outcome(True, Action.RELEASED, ended, now)
 
-    def force_remove_place(
+    def force_remove_holder(
         self, conn, resource, fence, actor, reason, now
     ) -> tuple[Outcome, LockRow | None]:
-        """An operator ends the place of ``resource`` carrying ``fence`` (the one
+        """An operator ends the holder of ``resource`` carrying ``fence`` (the one
         confirmed), whoever holds it, live or expired: deleted under the
-        resource row's lock, its ``places_until`` set from the places left, one
-        ``force_released`` event. Refused (not done) when no place carries that
-        fence, with the live place that ends first now (or None)."""
+        resource row's lock, its ``places_until`` set from the holders left, one
+        ``force_released`` event. Refused (not done) when no holder carries that
+        fence, with the live holder that ends first now (or None)."""
         row = self.lock_row(conn, resource, now)
         now = self.clock_after_lock(conn, now).now
         if row is None:
             return Outcome(False, None, None, now), None
-        places = self._places_of(conn, resource)
-        live = [p for p in places if p.expires_at > now]
-        target = next((p for p in places if p.fence == fence), None)
+        holder_rows = self._holders_of(conn, resource)
+        live = [p for p in holder_rows if p.expires_at > now]
+        target = next((p for p in holder_rows if p.fence == fence), None)
         if target is None:
             first = live[0] if live else None
-            shown = first and self._place_row(
+            shown = first and self._holder_row(
                 first,
                 holder_limit=row.holder_limit,
                 holders_now=len(live),
@@ -655,7 +655,7 @@ class PlacesStatements:
         conn.execute(delete(holders).where(holders.c.id == target.id))
         rest = [p.expires_at for p in live if p.id != target.id]
         self._set_places_until(conn, row, rest, row.holder_limit)
-        ended = self._place_row(
+        ended = self._holder_row(
             target,
             holder_limit=row.holder_limit,
             holders_now=len(rest),
@@ -673,7 +673,7 @@ class PlacesStatements:
         self, conn, resource, fences, actor, reason, now
     ) -> AllRemoved:
         """An operator ends every grant of ``resource``: its exclusive grant
-        (live or stale, as ``force_remove``) and its live places, under the
+        (live or stale, as ``force_remove``) and its live holders, under the
         resource row's lock, one ``force_released`` event each (with its mode
         and fence). ``fences``: the grants the operator confirmed (None: every
         grant there now); a grant carrying another fence came since and is
@@ -684,7 +684,7 @@ class PlacesStatements:
             return AllRemoved([], [], [], now, 0)
         queued = row.waiters or 0
         limit = row.holder_limit or 1
-        live = [p for p in self._places_of(conn, resource) if p.expires_at > now]
+        live = [p for p in self._holders_of(conn, resource) if p.expires_at > now]
         confirmed = None if fences is None else set(fences)
 
         def confirmed_grant(fence: int) -> bool:
@@ -702,24 +702,24 @@ class PlacesStatements:
         staying = [p for p in live if not confirmed_grant(p.fence)]
         if ending:
             # By primary key, one by one: MariaDB read ``id IN (…)`` as the
-            # whole table, waiting on other resources' places (a deadlock).
-            for place in ending:
-                conn.execute(delete(holders).where(holders.c.id == place.id))
+            # whole table, waiting on other resources' holders (a deadlock).
+            for holder in ending:
+                conn.execute(delete(holders).where(holders.c.id == holder.id))
             rest = [p.expires_at for p in staying]
             self._set_places_until(conn, row, rest, row.holder_limit)
-        for place in ending:
-            ended = self._place_row(
-                place, holder_limit=limit, holders_now=len(staying), waiters=queued
+        for holder in ending:
+            ended = self._holder_row(
+                holder, holder_limit=limit, holders_now=len(staying), waiters=queued
             )
             ended = LockRow.of(ended, expires_at=now)
             self._log(
-                conn, Action.FORCE_RELEASED, ended, place.owner, place.token, actor,
-                reason, now, mode=place.mode,
-                details=ended_bound_grant(None, place.session_id, place.expires_at),
+                conn, Action.FORCE_RELEASED, ended, holder.owner, holder.token, actor,
+                reason, now, mode=holder.mode,
+                details=ended_bound_grant(None, holder.session_id, holder.expires_at),
             )  # fmt: skip
             released.append(ended)
         left.extend(
-            self._place_row(
+            self._holder_row(
                 p, holder_limit=limit, holders_now=len(live), waiters=queued
             )
             for p in staying
@@ -729,13 +729,13 @@ class PlacesStatements:
         return AllRemoved(released, left, gone, now, queued)
 
     def live_grants(self, conn, row, now: datetime) -> list[LockRow]:
-        """The live places of ``row``'s resource (none without a row), the
+        """The live holders of ``row``'s resource (none without a row), the
         one that ends first first."""
         if row is None:
             return []
-        live = [p for p in self._places_of(conn, row.resource) if p.expires_at > now]
+        live = [p for p in self._holders_of(conn, row.resource) if p.expires_at > now]
         return [
-            self._place_row(
+            self._holder_row(
                 p,
                 holder_limit=row.holder_limit or 1,
                 holders_now=len(live),
@@ -744,27 +744,27 @@ class PlacesStatements:
             for p in live
         ]
 
-    def write_place_claim(
+    def write_holder_claim(
         self, conn, view, resource, owner, token, mode, ttl, *, actor, reason
     ) -> Outcome:
-        """An operator's claim of one place (``mode`` EXCLUSIVE: a semaphore's)
+        """An operator's claim of one holder (``mode`` EXCLUSIVE: a semaphore's)
         or of a shared grant, for (``token``, ``owner``) with ``view``'s fence,
         under the resource row's lock (inserted free when missing); the caller
-        decided it may be made. A place the owner held is replaced, expired
-        places and a stale exclusive grant end; one ``claimed`` event."""
+        decided it may be made. A holder the owner held is replaced, expired
+        holders and a stale exclusive grant end; one ``claimed`` event."""
         row, now = view.row, view.now
         if row is None:
             self._insert_free_row(conn, resource, now, 1)
             row = self.lock_row(conn, resource, now)
-        places = self._places_of(conn, resource)
-        wanted = place_token(token)
+        holder_rows = self._holders_of(conn, resource)
+        wanted = holder_token(token)
         staying = [
             p
-            for p in places
+            for p in holder_rows
             if p.expires_at > now and not (p.owner == owner and p.token == wanted)
         ]
-        ending = [p.id for p in places if p not in staying]
-        self._log_cleared(conn, places, now)
+        ending = [p.id for p in holder_rows if p not in staying]
+        self._log_cleared(conn, holder_rows, now)
         if ending:
             delete_where_in(conn, holders.c.id, ending)
         previous_owner = row.owner
@@ -772,7 +772,7 @@ class PlacesStatements:
             conn.execute(clear_exclusive_grant([row.id], now))
         limit = (row.holder_limit or 1) if mode == EXCLUSIVE else 1
         expires_at = now + timedelta(seconds=ttl)
-        self._insert_place(
+        self._insert_holder(
             conn, resource, owner, wanted, mode, view.fence, now, expires_at, None
         )
         expiries = [p.expires_at for p in staying] + [expires_at]

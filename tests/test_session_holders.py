@@ -1,7 +1,7 @@
-"""Session-bound semaphore places and shared grants on every database: a
+"""Session-bound semaphore holders and shared grants on every database: a
 heartbeat renews them (and their resource's places_until), expiry makes them
 stale at the session's instant, an end releases them with one event each; a
-session-bound exclusive acquire of a resource held by places gets the answer an
+session-bound exclusive acquire of a resource held by holders gets the answer an
 unbound one gets."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from tests.test_lock_sessions import bind, start
 pytestmark = pytest.mark.usefixtures("backend")
 
 
-def places(app, resource):
-    """(owner, session_id, expires_at) of the resource's place rows, and its
+def holder_rows(app, resource):
+    """(owner, session_id, expires_at) of the resource's holder rows, and its
     places_until."""
     with app.app_context(), db.engine.connect() as conn:
         rows = conn.execute(
@@ -50,7 +50,7 @@ def released(app):
         ).all()
 
 
-def test_bound_places_heartbeat_expire_and_end(api, clock, fake_app):
+def test_bound_holders_heartbeat_expire_and_end(api, clock, fake_app):
     other = api.with_token("other")
     assert (
         other.post(
@@ -59,9 +59,9 @@ def test_bound_places_heartbeat_expire_and_end(api, clock, fake_app):
         == 200
     )
     session = start(api, ttl=15)
-    place = bind(api, session, "sem:1", limit=2)
-    assert place.status_code == 200, place.get_data(as_text=True)
-    lock = place.get_json()["lock"]
+    holder = bind(api, session, "sem:1", limit=2)
+    assert holder.status_code == 200, holder.get_data(as_text=True)
+    lock = holder.get_json()["lock"]
     assert (lock["limit"], lock["holders"], lock["expires_at"]) == (
         2,
         2,
@@ -70,15 +70,15 @@ def test_bound_places_heartbeat_expire_and_end(api, clock, fake_app):
     shared = bind(api, session, "rw:1", mode="shared")
     assert shared.status_code == 200, shared.get_data(as_text=True)
     assert shared.get_json()["lock"]["mode"] == "shared"
-    rows, _ = places(fake_app, "rw:1")
+    rows, _ = holder_rows(fake_app, "rw:1")
     assert rows[0][1] == session["id"]
     read = api.get(f"/api/v1/sessions/{session['id']}").get_json()
     assert [lock["resource"] for lock in read["locks"]] == ["rw:1", "sem:1"]
 
-    # A heartbeat renews the places and their resource's places_until.
+    # A heartbeat renews the holders and their resource's places_until.
     clock.advance(10)
     beat = api.patch(f"/api/v1/sessions/{session['id']}").get_json()
-    rows, until = places(fake_app, "rw:1")
+    rows, until = holder_rows(fake_app, "rw:1")
     assert len(rows) == 1
     assert rows[0][2] == until
     assert until.isoformat().startswith("2026-11-30T09:00:25")
@@ -86,14 +86,14 @@ def test_bound_places_heartbeat_expire_and_end(api, clock, fake_app):
     holders = api.get("/api/v1/locks/sem:1/holders").get_json()["holders"]
     assert {h["owner"]: h["expires_at"] for h in holders}["w-7"] == beat["expires_at"]
     # places_until stays the latest expiry (the other holder's, 09:01:00).
-    _, until = places(fake_app, "sem:1")
+    _, until = holder_rows(fake_app, "sem:1")
     assert until.isoformat().startswith("2026-11-30T09:01:00")
     # A writer is refused while the shared grant lives.
     writer = other.post("/api/v1/locks/rw:1", json={"owner": "y", "ttl": 30})
     assert writer.status_code == 409
     assert writer.get_json()["lock"]["owner"] == "w-7"
 
-    # At the session's expiry its places are stale at once.
+    # At the session's expiry its holders are stale at once.
     clock.advance(15)
     assert [
         h["owner"] for h in api.get("/api/v1/locks/sem:1/holders").get_json()["holders"]
@@ -103,7 +103,7 @@ def test_bound_places_heartbeat_expire_and_end(api, clock, fake_app):
     assert_problem(api.patch(f"/api/v1/sessions/{session['id']}"), 409)
 
 
-def test_an_end_releases_bound_places_with_an_event_each(api, fake_app):
+def test_an_end_releases_bound_holders_with_an_event_each(api, fake_app):
     session = start(api, ttl=15)
     for n in range(3):
         assert bind(api, session, f"sem:{n}", limit=3).status_code == 200
@@ -119,7 +119,7 @@ def test_an_end_releases_bound_places_with_an_event_each(api, fake_app):
         ("sem:2", "exclusive"),
     ]
     for resource in ("rw:1", "sem:0"):
-        rows, until = places(fake_app, resource)
+        rows, until = holder_rows(fake_app, resource)
         assert (rows, until) == ([], None)
     # The writer gets in.
     writer = other.post("/api/v1/locks/rw:1", json={"owner": "y", "ttl": 30})
@@ -134,11 +134,11 @@ def test_a_bound_place_is_taken_again_through_its_session(api, clock, fake_app):
     assert again.status_code == 200
     assert again.get_json()["lock"]["expires_at"] == session["expires_at"]
     assert again.get_json()["lock"]["acquired_at"] == "2026-11-30T09:00:05.000000Z"
-    rows, _ = places(fake_app, "sem:1")
+    rows, _ = holder_rows(fake_app, "sem:1")
     assert [row[1] for row in rows] == [session["id"]]
 
 
-def test_a_session_acquire_of_a_resource_held_by_places(api):
+def test_a_session_acquire_of_a_resource_held_by_holders(api):
     """The answer an unbound acquire gets: 409 naming the grant that ends
     first, or a limit mismatch; not a retried race and a 503."""
     other = api.with_token("other")
@@ -186,7 +186,7 @@ def test_the_sessions_sole_shared_grant_is_promoted_bound(api, fake_app):
 
 def test_every_session_bound_grant_names_its_session_on_its_event(api, fake_app):
     """Its heartbeats write no event: the grant's event says it is bound, so
-    its history reads its end from the session (a place, a shared grant, a
+    its history reads its end from the session (a holder, a shared grant, a
     promotion beside its from_mode, an exclusive grant and its re-acquire);
     an unbound grant's event names none."""
     session = start(api)
@@ -254,9 +254,9 @@ def test_a_waiter_gets_the_place_a_session_end_frees(app):
             assert conn.scalar(select(func.count()).select_from(LockHolder)) == 0
 
 
-def test_a_bound_place_is_not_renewed_or_taken_again_on_its_own(api, fake_app):
+def test_a_bound_holder_is_not_renewed_or_taken_again_on_its_own(api, fake_app):
     """Renewed only through its session: a plain re-acquire (with a ttl) or a
-    PATCH of a bound place is a 409 naming the session, and changes nothing."""
+    PATCH of a bound holder is a 409 naming the session, and changes nothing."""
     session = start(api, ttl=15)
     for resource, extra in (("sem:1", {"limit": 2}), ("rw:1", {"mode": "shared"})):
         assert bind(api, session, resource, **extra).status_code == 200
@@ -270,7 +270,7 @@ def test_a_bound_place_is_not_renewed_or_taken_again_on_its_own(api, fake_app):
             f"/api/v1/locks/{resource}", json={"owner": "w-7", "ttl": 600}
         )
         assert session["id"] in assert_problem(renewed, 409)["detail"]
-        rows, until = places(fake_app, resource)
+        rows, until = holder_rows(fake_app, resource)
         assert [row[1] for row in rows] == [session["id"]]
         assert rows[0][2] == until
         lock = api.get(f"/api/v1/locks/{resource}").get_json()
@@ -285,8 +285,8 @@ def test_the_lock_json_names_its_session_when_bound(api, clock):
     session = start(api)
     granted = bind(api, session, "job:1").get_json()["lock"]
     assert granted["session"] == session["id"]
-    place = bind(api, session, "sem:1", limit=2).get_json()["lock"]
-    assert place["session"] == session["id"]
+    holder = bind(api, session, "sem:1", limit=2).get_json()["lock"]
+    assert holder["session"] == session["id"]
     clock.advance(5)
     assert api.patch(f"/api/v1/sessions/{session['id']}").status_code == 200
     assert api.get("/api/v1/locks/job:1").get_json()["session"] == session["id"]
@@ -332,8 +332,8 @@ def test_a_bound_exclusive_grant_is_not_demoted_on_its_own(api, fake_app):
 def test_a_bound_exclusive_grant_where_a_semaphore_ran_out_sets_the_limit_to_1(
     api, clock
 ):
-    """Once a semaphore's places have all run out the resource is free, and the
-    next grant sets its kind: a session's exclusive grant too, not a place of
+    """Once a semaphore's holders have all run out the resource is free, and the
+    next grant sets its kind: a session's exclusive grant too, not a holder of
     the old limit that would let another holder in beside it."""
     other = api.with_token("other")
     semaphore = {"owner": "x", "ttl": 5, "limit": 2}
@@ -349,12 +349,12 @@ def test_a_bound_exclusive_grant_where_a_semaphore_ran_out_sets_the_limit_to_1(
 
 @pytest.mark.backends("postgresql", "mariadb")
 def test_a_heartbeat_that_waited_past_its_sessions_expiry_renews_nothing(app):
-    """A heartbeat waiting for the row of its session's place while the
-    session runs out, and the place is taken over meanwhile (the taker holds
+    """A heartbeat waiting for the row of its session's holder while the
+    session runs out, and the holder is taken over meanwhile (the taker holds
     the row, reads a later clock and finds the session expired): the heartbeat
     reads its clock once it holds that row, so it is refused, rather than
-    answering a new expiry for a session whose place is gone (the fault run's
-    session-bound workload believed three places of a semaphore of 2). The
+    answering a new expiry for a session whose holder is gone (the fault run's
+    session-bound workload believed three holders of a semaphore of 2). The
     database's own clock throughout: a fake one is read before any lock."""
     resource = "sem:beat"
     with app.app_context():
@@ -380,7 +380,7 @@ def test_a_heartbeat_that_waited_past_its_sessions_expiry_renews_nothing(app):
                     assert time.monotonic() < deadline
                     time.sleep(0.05)
                 taken = held.finish(
-                    lambda conn: service.core.transactional.acquire_place(
+                    lambda conn: service.core.transactional.acquire_holder(
                         conn, Ask(resource, "taker", "t", 60, limit=2), None
                     )
                 )
@@ -390,5 +390,5 @@ def test_a_heartbeat_that_waited_past_its_sessions_expiry_renews_nothing(app):
                 break
         else:
             raise AssertionError("no heartbeat waited before its session ran out")
-        owners, _ = places(app, resource)
+        owners, _ = holder_rows(app, resource)
         assert sorted(owner for owner, _, _ in owners) == ["other", "taker"]
