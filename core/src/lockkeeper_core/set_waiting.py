@@ -33,19 +33,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, insert, select
 
 from lockkeeper_core.core import LockCore
 from lockkeeper_core.errors import TokenEnded
-from lockkeeper_core.queue import CLIENT_CHECK_INTERVAL, DEADLINE_SLACK
+from lockkeeper_core.queue import CLIENT_CHECK_INTERVAL, DEADLINE_SLACK, WaitQueue
 from lockkeeper_core.results import SetResult
 from lockkeeper_core.statements.common import locks, waiters
 from lockkeeper_core.values import Ask
 
-if TYPE_CHECKING:
-    from lockkeeper_core.sets import Sets
+
+class SetRows(Protocol):
+    """What a set's wait needs of ``lockkeeper_core.sets.Sets`` (which calls
+    it): a port, so that neither module imports the other."""
+
+    core: LockCore
+    queue: WaitQueue
+
+    def create_rows(self, asks: list[Ask]) -> list[str]: ...
+
+    def forget_rows(self, names: list[str]) -> None: ...
 
 
 def join_lines(
@@ -142,7 +151,7 @@ class Wanted:
 
 
 def wait_in_line(
-    sets: Sets,
+    sets: SetRows,
     ordered: list[Ask],
     wait: float,
     asked: Callable[[dict[str, int] | None], SetResult],

@@ -115,7 +115,6 @@ _FORGET_BY_NAME = text(
     " AND places_until IS NULL AND session_id IS NULL"
 )
 
-
 # The events a set's view shows, the newest first.
 SET_EVENTS_SHOWN = 200
 
