@@ -1244,27 +1244,46 @@ def model_app(make_app):
     return app
 
 
-def test_the_service_holds_the_whole_model_under_any_sequence(backend, model_app):
-    seen = run_machine(backend, model_app)
-    # The sequences reached the interesting states (a full semaphore in the
-    # longer run only).
-    assert seen.get(SHARED, 0) >= 2, seen
-    assert seen.get("bound", 0) >= 1, seen
-    # Sets granted whole and refused whole.
-    assert seen.get("sets granted"), seen
-    assert seen.get("sets refused"), seen
-    # And an operator's release of a set that ended grants; a set in a
-    # session.
-    assert seen.get("sets force-released"), seen
-    assert seen.get("sets in sessions"), seen
-    assert seen.get("sets waited"), seen
-    assert seen.get("sets turned away"), seen
-    assert seen.get("sets whose client went"), seen
+def unreached(seen: dict, backend: str) -> list[str]:
+    """The interesting states the sequences did not reach (a full semaphore in
+    the longer run only)."""
+    wanted = {
+        SHARED: 2,
+        "bound": 1,
+        # Sets granted whole and refused whole; an operator's release of a
+        # set that ended grants; a set in a session; sets that waited.
+        "sets granted": 1,
+        "sets refused": 1,
+        "sets force-released": 1,
+        "sets in sessions": 1,
+        "sets waited": 1,
+        "sets turned away": 1,
+        "sets whose client went": 1,
+    }
     if backend == "sqlite":
-        assert seen.get("limit 2", 0) == 2, seen
+        wanted["limit 2"] = 2
     else:
         # The guard passed a shared grant's or a holder's fence.
-        assert seen.get("guarded places"), seen
+        wanted["guarded places"] = 1
+    return sorted(
+        state for state, least in wanted.items() if seen.get(state, 0) < least
+    )
+
+
+def test_the_service_holds_the_whole_model_under_any_sequence(backend, model_app):
+    seen = run_machine(backend, model_app)
+    # The draws are derandomized from the machine's own source: an edit to it,
+    # a docstring's included, draws other sequences, and a bound grant once
+    # went unreached on MariaDB for that alone. Then the machine runs again,
+    # longer, until each is reached.
+    for examples in (2 * EXAMPLES[backend], 4 * EXAMPLES[backend]):
+        if not unreached(seen, backend):
+            break
+        more = run_machine(backend, model_app, examples=examples)
+        seen = {key: max(seen.get(key, 0), more.get(key, 0)) for key in seen | more}
+    assert not unreached(seen, backend), seen
+    if backend == "sqlite":
+        assert seen.get("limit 2", 0) == 2, seen
 
 
 # -- planted bugs: the checker must catch each ------------------------------------
