@@ -200,7 +200,10 @@ def _in_line(core, queue, ordered, wait, asked, wanted, made) -> SetResult:
                 wanted.check_token()
                 result = asked(places)
                 left = until - time.monotonic()
-                if result.acquired or left <= 0:
+                # The client looked at after every refused look too, as a
+                # single waiter's is: a set rung again and again (the head
+                # of a busy line) would otherwise never pause long enough.
+                if result.acquired or left <= 0 or not wanted.client_there():
                     return result
                 pause = min(left, queue.pause(result, listener))
                 if not _woken_or_paused(doorbell, pause, wanted.client_there):
