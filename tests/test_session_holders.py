@@ -364,9 +364,12 @@ def test_a_heartbeat_that_waited_past_its_sessions_expiry_renews_nothing(app):
         # out: a loaded machine gets a longer session.
         for ttl in (1.0, 2.0, 4.0, 8.0):
             session = service.sessions.create("o", ttl, token="t")
-            bound = service.acquire(
-                resource, "o", session=session.id, token="t", limit=2
-            )
+            try:
+                bound = service.acquire(
+                    resource, "o", session=session.id, token="t", limit=2
+                )
+            except SessionExpired:
+                continue  # it ran out before its bind (seen at 1 s under load)
             assert bound.acquired
             with RowHolder(service, resource) as held:
                 beat = run_blocked(
