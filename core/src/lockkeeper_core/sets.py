@@ -25,13 +25,12 @@ A member with no row yet gets a free one first, in a statement of its own
 before the transaction (SQLite, one writer at a time: inside it), so every row
 the transaction locks it locks in the order above; a refused set deletes the
 free rows it made unless a grant has used them since. On MariaDB that
-statement is an upsert, not ``INSERT IGNORE``: the deleted row's index entry
-stays until InnoDB purges it, and two ``INSERT IGNORE`` of its name at once
-each take a shared lock on the entry after it (their duplicate check), then
-each wait for the other's to insert before it: a deadlock, which a third
-transaction holding that next row (another set's member) makes certain. The
-upsert's duplicate check locks exclusively: the second waits for the first
-and then finds its row (``create_rows``).
+statement is an upsert, not ``INSERT IGNORE`` (``create_rows`` says why).
+
+On PostgreSQL a set with no session is asked first in one statement,
+``lockkeeper_acquire_set`` (migration 0041): the same steps in the same
+order in the database. A member refused there, or with no row yet, raises:
+nothing is written, and the transaction above decides the set again.
 
 A set counts as its members against the token's quota (each grant's count
 sees the set's grants before it); rights are checked by the face for every
@@ -55,8 +54,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import delete, select, text
@@ -101,6 +98,7 @@ from lockkeeper_core.set_names import (
 from lockkeeper_core.set_waiting import Wanted, wait_in_line
 from lockkeeper_core.state import Action, holds
 from lockkeeper_core.statements.common import Outcome, events, locks
+from lockkeeper_core.statements.postgresql import InTransaction
 from lockkeeper_core.statements.sessions import SessionEnded, SessionNotFound
 from lockkeeper_core.transactions import Raced
 from lockkeeper_core.validation import session_ttl_error
@@ -148,10 +146,8 @@ class Sets:
         queue: WaitQueue,
         answer: Callable[[Ask, Outcome], AcquireResult],
     ) -> None:
-        self.core = core
-        self.queue = queue
+        self.core, self.queue, self._answer = core, queue, answer
         self._notify = queue.notify_released
-        self._answer = answer
 
     # -- checks ------------------------------------------------------------------
 
@@ -299,9 +295,10 @@ class Sets:
         session: str | None,
         places: dict[str, int] | None = None,
     ) -> dict[str, Outcome]:
-        """The set's transaction; on a server database, first the free rows
-        of the members that have none, each in a statement of its own
-        (``created``: the names of those this call made; ``forget_rows``).
+        """The set's transaction (on PostgreSQL with no session, one
+        statement first: ``PostgresStatements.acquire_set``); on a server
+        database, first the free rows of the members that have none, each in
+        a statement of its own (``created``: those this call made).
 
         A row inserted inside the transaction would be a lock taken out of
         the lock order: on MariaDB an insert whose resource another
@@ -310,6 +307,11 @@ class Sets:
         transaction may wait for one of them.
         """
         core = self.core
+        if session is None and core.dialect == "postgresql":
+            given, pg = core.given_now(), core.statements
+            one = pg.acquire_set(core.reads, ordered, set_id, places, given)
+            if one is not None:
+                return one
         try:
             for _ in range(2):
                 try:
@@ -334,11 +336,13 @@ class Sets:
         lock order; the names of the rows this call inserted.
 
         MariaDB: ``ON DUPLICATE KEY UPDATE id = id`` (which changes nothing),
-        so that two of these making one name at once take turns: its
-        duplicate check locks the name's index entries (a deleted row's
-        too) and the one after them exclusively, where ``INSERT IGNORE``
-        takes shared locks, which both hold before either inserts (see the
-        module's docstring). The insert id is 0 when a row was there."""
+        so that two of these making one name at once take turns. A deleted
+        row's index entry stays until InnoDB purges it; two ``INSERT IGNORE``
+        of its name at once each take a shared lock on the entry after it
+        (their duplicate check), then each wait for the other's insert: a
+        deadlock (certain when a third transaction holds that next row).
+        The upsert's check locks exclusively: the second waits for the first,
+        then finds its row. The insert id is 0 when a row was there."""
         core = self.core
         at = core.now()
         names = []
@@ -480,7 +484,7 @@ class Sets:
             except SessionEnded:
                 raise SessionExpired(session) from None
         if core.statements.autocommit:
-            return core.statements.acquire_holder(_InTransaction(conn), ask, now, place)
+            return core.statements.acquire_holder(InTransaction(conn), ask, now, place)
         return core.transactional.acquire_holder(conn, ask, now, place)
 
     def _statements_on(self, conn) -> _On:
@@ -489,7 +493,7 @@ class Sets:
         (in its transaction), elsewhere the transactional statements."""
         core = self.core
         if core.statements.autocommit:
-            return _On(core.statements, _InTransaction(conn))
+            return _On(core.statements, InTransaction(conn))
         return _On(core.transactional, conn)
 
     def _lock_rows(self, conn, resources: list[str]) -> dict[str, Any]:
@@ -751,27 +755,6 @@ class Sets:
 class _On:
     statements: Any
     conn: Any
-
-
-class _InTransaction:
-    """A ``DriverConnection``'s ``one`` on the set's own SQLAlchemy connection,
-    inside its transaction: PostgreSQL's one-statement functions
-    (``PostgresStatements``) then run as steps of the set's transaction, one
-    round trip each. Instants come back in UTC, as the driver path gives them."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-
-    def one(self, statement, params: dict[str, Any]) -> Any:
-        row = self.conn.exec_driver_sql(statement.sql, params).one_or_none()
-        if row is None:
-            return None
-        return SimpleNamespace(
-            **{
-                name: value.astimezone(UTC) if isinstance(value, datetime) else value
-                for name, value in row._mapping.items()
-            }
-        )
 
 
 def _at(current: dict[tuple[str, int], Any]) -> list[tuple[str, int, Any]]:
