@@ -85,6 +85,11 @@ class RunConfig:
     # galera: how many nodes take writes, instance n on node n % writers. 1:
     # every instance on node 0 (single writer), and node faults hit the others.
     galera_writers: int = 3
+    # galera: the node faults in turn, "kill" (SIGKILL and restart) and
+    # "pause" (SIGSTOP for ``pause`` seconds, then SIGCONT). A kill's outage is
+    # probed; a pause is not (requests to its node wait), so kills come first.
+    galera_faults: str = "kill"
+    pause: float = 10.0
 
 
 # How long an outage probe waits for its 503. The instance answers at once
@@ -286,8 +291,17 @@ class GaleraInjector(FaultInjector):
         # A single writer's node stays up (no proxy fails it over here).
         index = self.rng.randrange(0 if writers > 1 else 1, len(nodes))
         restart["node"] = nodes[index].name
-        self.cluster.kill(nodes[index])
+        kinds = self.config.galera_faults.split(",")
+        restart["fault"] = kinds[self.database_restarts % len(kinds)]
         affected = [i for n, i in enumerate(self.instances) if n % writers == index]
+        if restart["fault"] == "pause":
+            self.cluster.pause(nodes[index])
+            # Its instance's requests wait on the stopped node (no read
+            # timeout): not probed for a 503, timed once it is back instead.
+            restart["paused_instances"] = [i.name for i in affected]
+            affected = []
+        else:
+            self.cluster.kill(nodes[index])
         if writers > 1:
             # An instance on another node crashes with it, as one does with a
             # Patroni primary: a short run's one node fault, whose rejoin
@@ -303,10 +317,24 @@ class GaleraInjector(FaultInjector):
 
     def bring_database_up(self, restart: dict) -> None:
         node = next(n for n in self.cluster.nodes if n.name == restart["node"])
-        started = time.monotonic()
-        self.cluster.restart_node(node)
+        if restart["fault"] == "pause":
+            self._halt.wait(restart["down_at"] + self.config.pause - time.time())
+            started = time.monotonic()
+            self.cluster.resume(node)
+        else:
+            started = time.monotonic()
+            self.cluster.restart_node(node)
         restart["rejoin_s"] = round(time.monotonic() - started, 3)
         restart["transfer"] = self.cluster.last_transfer(node)
+        headers = {"Authorization": f"Bearer {self.token}"}
+        with httpx.Client(timeout=30) as http:
+            for instance in self.instances:
+                if instance.name in restart.get("paused_instances", ()):
+                    while not self._serves(http, instance, headers):
+                        if time.monotonic() - started > 120:
+                            raise RuntimeError(f"{instance.name} never served again")
+                        time.sleep(0.05)
+                    restart["instance_back_s"] = round(time.monotonic() - started, 3)
         if "instance_killed" in restart:  # one that cannot start is a failure
             next(
                 i for i in self.instances if i.name == restart["instance_killed"]
@@ -685,7 +713,17 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
             restarts = injector.outage.get("restarts", [])
             report.stats.update(
                 node_kills=[
-                    {k: r.get(k) for k in ("node", "rejoin_s", "transfer")}
+                    {
+                        k: r.get(k)
+                        for k in (
+                            "node",
+                            "fault",
+                            "rejoin_s",
+                            "transfer",
+                            "instance_back_s",
+                        )
+                        if k in r
+                    }
                     for r in restarts
                 ],
                 worst_rejoin_s=max(
@@ -772,6 +810,12 @@ def main(argv: list[str] | None = None) -> int:
         default=RunConfig.galera_writers,
         help="galera: nodes that take writes (1: every instance on node 0)",
     )
+    parser.add_argument(
+        "--galera-faults",
+        choices=["kill", "kill,pause"],
+        default=RunConfig.galera_faults,
+        help="galera: node SIGKILLs, or SIGKILLs and SIGSTOPs in turn",
+    )
     parser.add_argument("--keep", action="store_true", help="keep logs, histories")
     parser.add_argument("--report", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -786,6 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         synchronous=not args.asynchronous,
         keep=args.keep,
         galera_writers=args.galera_writers,
+        galera_faults=args.galera_faults,
     )
     report = run(config)
     result = {
