@@ -229,36 +229,47 @@ class GaleraCluster:
         for a whole copy (SST) instead of the writesets it missed (IST)."""
         recover_log = node.dir / "recover.log"
         recover_log.unlink(missing_ok=True)
+        recovering = subprocess.Popen(
+            [
+                *self._arguments(node, bootstrap=False),
+                "--wsrep-recover",
+                # No clients: it opens the node's port otherwise, where the
+                # node's app instance keeps trying to connect.
+                "--skip-networking",
+                f"--log-error={recover_log}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=node.dir,
+        )
+        # The position is all it is run for: once it is logged the process
+        # is stopped. Twice in multi-writer runs it logged the position and
+        # was still running 120 s later (its port open: "Server socket
+        # created"), and the node's restart failed.
+        deadline = time.monotonic() + 120
+        found = None
         try:
-            subprocess.run(
-                [
-                    *self._arguments(node, bootstrap=False),
-                    "--wsrep-recover",
-                    f"--log-error={recover_log}",
-                ],
-                capture_output=True,
-                timeout=120,
-                check=False,
-                cwd=node.dir,
-            )
-        except subprocess.TimeoutExpired as exc:
-            # Seen twice in multi-writer runs, not reproduced alone: say what
-            # it logged and what else runs on the node's data.
-            try:
-                logged = recover_log.read_text(errors="replace")[-3000:]
-            except FileNotFoundError:
-                logged = "(no log)"
-            raise ClusterError(
-                f"{node.name}: mariadbd --wsrep-recover still running after"
-                f" {exc.timeout} s; processes on its data: {_running_on(node)};"
-                f" its log:\n{logged}"
-            ) from exc
-        try:
-            text = recover_log.read_text(errors="replace")
-        except FileNotFoundError:
-            return None
-        found = re.search(r"WSREP: Recovered position: (\S+:-?\d+)", text)
-        if found is None or found[1].endswith(":-1"):
+            while found is None and time.monotonic() < deadline:
+                try:
+                    text = recover_log.read_text(errors="replace")
+                except FileNotFoundError:
+                    text = ""
+                # The whole line: a seqno read while it is written is cut.
+                found = re.search(r"WSREP: Recovered position: (\S+:-?\d+)\n", text)
+                if found is None and recovering.poll() is not None:
+                    return None  # it ended without one: a start asks for SST
+                time.sleep(0.05)
+            if found is None:
+                raise ClusterError(
+                    f"{node.name}: mariadbd --wsrep-recover logged no position"
+                    f" in 120 s; processes on its data: {_running_on(node)};"
+                    f" its log:\n{text[-3000:]}"
+                )
+        finally:
+            if recovering.poll() is None:
+                recovering.kill()
+            recovering.wait()
+        if found[1].endswith(":-1"):
             return None
         return found[1]
 
