@@ -1405,7 +1405,20 @@ def _set_granted_one_by_one(service, monkeypatch):
     """A set taken as a loop of single acquires that keeps what it got when a
     later member refuses (the multi-lock of the libraries that get it wrong)."""
 
-    def broken(members, owner, ttl=None, actor=None, *, token=None, max_locks=None):
+    def broken(
+        members,
+        owner,
+        ttl=None,
+        actor=None,
+        *,
+        token=None,
+        max_locks=None,
+        session=None,
+        **_,
+    ):
+        # Asked to wait or not alike (``_``: the wait and its client): it
+        # never waits. Without it every call raised TypeError, which the
+        # test below took for a catch.
         locks = []
         for member in members:
             result = service.acquire(
@@ -1417,6 +1430,7 @@ def _set_granted_one_by_one(service, monkeypatch):
                 max_locks=max_locks,
                 limit=member.limit,
                 mode=member.mode,
+                session=session,
             )
             if not result.acquired:
                 return SetResult(False, [], member.resource, result.lock)
