@@ -1107,3 +1107,44 @@ def test_a_place_in_line_names_what_it_waits_for(locks):
     place = locks.queue.join("q:49", "reader", None, 5, mode="shared", limit=1)
     (waiter,) = locks.queue.line("q:49")
     assert (waiter.id, waiter.mode, waiter.limit) == (place, "shared", 1)
+
+
+@pytest.mark.backends("mariadb")
+def test_joining_a_line_sweeps_that_lines_lapsed_rows_only(locks):
+    """A join drops its own line's lapsed rows, and reads no other line's: a
+    lapsed row of another line, changed by a transaction still open (a set
+    leaving its places), does not hold the join up. MariaDB left to choose
+    read the deadline index, every line's lapsed rows, and waited for that
+    one: a deadlock with a set that then wanted the joining line's row."""
+    table = LockWaiter.__table__
+    lapsed = locks.now() - timedelta(seconds=5)
+    with locks.engine.begin() as conn:
+        ids = {
+            resource: conn.execute(
+                insert(table).values(
+                    resource=resource,
+                    owner="gone",
+                    token=None,
+                    enqueued_at=lapsed,
+                    deadline=lapsed,
+                    mode="exclusive",
+                    holder_limit=1,
+                )
+            ).inserted_primary_key[0]
+            for resource in ("q:sweep-a", "q:sweep-b")
+        }
+    with locks.engine.connect() as other, ThreadPoolExecutor(1) as pool:
+        other.execute(table.delete().where(table.c.id == ids["q:sweep-b"]))
+        joined = pool.submit(
+            locks.queue.join, "q:sweep-a", "next", None, 20, mode="exclusive", limit=1
+        )
+        try:
+            # It must not wait at all; a wait shows as a timeout here.
+            place = joined.result(timeout=15)
+        finally:
+            other.rollback()  # a join that waited for the row goes on now
+    assert [w.id for w in locks.queue.line("q:sweep-a")] == [place]
+    with locks.engine.connect() as conn:
+        left = conn.scalars(select(table.c.id).where(table.c.id.in_(ids.values())))
+        # Its own line's lapsed row swept; the other line's is that line's.
+        assert list(left) == [ids["q:sweep-b"]]
