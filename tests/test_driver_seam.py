@@ -3,17 +3,20 @@ errors the service and the error handlers understand, and UTC instants."""
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import UTC, datetime
 
 import pytest
 from lockkeeper_core.driver import DriverConnection, DriverSQL, FixedSQL
+from lockkeeper_core.engine import connection_is_dead
 from lockkeeper_core.statements import (
     LockStatements,
     TransactionalStatements,
     statements_for,
 )
 from lockkeeper_core.transactions import Raced
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -223,3 +226,124 @@ def test_a_statements_row_shape_is_found_once_and_converts_only_its_instants(
     assert (first.ends_at, first.fence) == (None, 7)
     assert all(row._fields == first._fields for row in rows)
     assert len(connection._shapes) == (0 if backend == "mariadb" else 1)
+
+
+# -- the connection kept between statements ----------------------------------------
+
+
+def _connection_id_sql(backend: str) -> str:
+    return {
+        "postgresql": "SELECT pg_backend_pid() AS id WHERE :x = :x",
+        "mariadb": "SELECT CONNECTION_ID() AS id FROM DUAL WHERE :x = :x",
+    }[backend]
+
+
+def _checkouts(engine) -> list[object]:
+    seen: list[object] = []
+    event.listen(engine.pool, "checkout", lambda dbapi, *_: seen.append(dbapi))
+    return seen
+
+
+@pytest.mark.backends(*AUTOCOMMIT)
+def test_statements_in_a_row_run_on_one_kept_connection_without_a_checkout(
+    driver, backend
+):
+    """The pool's checkout and checkin cost as much CPU as the statement's own
+    work in the driver: the connection stays with the seam in between."""
+    sql = DriverSQL(_connection_id_sql(backend))
+    first = driver.one(sql, {"x": 1}).id
+    checkouts = _checkouts(driver.engine)
+    assert {driver.one(sql, {"x": 1}).id for _ in range(5)} == {first}
+    assert checkouts == []
+
+
+@pytest.mark.backends(*AUTOCOMMIT)
+def test_two_statements_at_once_never_share_the_kept_connection(driver, backend):
+    kept = driver._kept
+    first = kept.take()
+    second = kept.take()
+    try:
+        assert first.dbapi_connection is not second.dbapi_connection
+    finally:
+        kept.give_back(first)
+        kept.give_back(second)  # one connection kept: this one checked in
+    assert kept._idle == [first]
+
+
+@pytest.mark.backends(*AUTOCOMMIT)
+def test_a_kept_connection_is_closed_when_its_engine_is_disposed_of(driver, backend):
+    """Disposing of an engine closes the connections it is not lending: the
+    kept one too (a race waits for its connections to go)."""
+    sql = DriverSQL(_connection_id_sql(backend))
+    before = driver.one(sql, {"x": 1}).id
+    kept = driver._kept._idle[0]
+    driver.engine.dispose()
+    assert driver._kept._idle == []
+    assert kept.dbapi_connection is None
+    assert driver.one(sql, {"x": 1}).id != before
+
+
+@pytest.mark.backends(*AUTOCOMMIT)
+def test_a_kept_connection_the_server_closed_is_replaced_without_an_error(
+    driver, backend, app
+):
+    sql = DriverSQL(_connection_id_sql(backend))
+    victim = driver.one(sql, {"x": 1}).id
+    with app.app_context(), db.engine.connect() as admin:
+        if backend == "postgresql":
+            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
+        else:
+            admin.execute(text(f"KILL {int(victim)}"))
+    deadline = time.monotonic() + 10
+    # The server's goodbye reaches the kept socket a moment later.
+    while not connection_is_dead(driver._kept._idle[0].dbapi_connection):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert driver.one(sql, {"x": 1}).id != victim
+
+
+@pytest.mark.backends(*TRANSACTIONAL)
+def test_a_committed_transactions_connection_is_kept_and_a_failed_ones_is_not(
+    transactional,
+):
+    statements, connection = transactional
+    one = "SELECT 1 AS one"
+    with connection.transaction(statements.driver_transaction) as conn:
+        conn.one(
+            one if connection.dialect.name == "sqlite" else FixedSQL.written(one), {}
+        )
+    kept = list(connection._kept._idle)
+    assert len(kept) == 1
+    with pytest.raises(ZeroDivisionError):
+        with connection.transaction(statements.driver_transaction):
+            raise ZeroDivisionError
+    # Taken for the failed one, then checked in with its rollback: none kept.
+    assert connection._kept._idle == []
+
+
+@pytest.mark.backends(*AUTOCOMMIT)
+def test_a_forked_child_never_uses_its_parents_kept_connection(driver, backend):
+    """The child would share the parent's socket: it checks out its own, and
+    the parent's session goes on unharmed."""
+    url = driver.engine.url.render_as_string(hide_password=False)
+    # An engine of its own: its pool holds no connection but the kept one.
+    seam = DriverConnection(create_engine(url, isolation_level="AUTOCOMMIT"))
+    sql = DriverSQL(_connection_id_sql(backend))
+    parent = seam.one(sql, {"x": 1}).id
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its connection's id, touch nothing else
+        try:
+            os.write(writer, str(seam.one(sql, {"x": 1}).id).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as answer:
+        child = int(answer.read() or 0)
+    os.waitpid(pid, 0)
+    try:
+        assert child not in (0, parent)
+        assert seam.one(sql, {"x": 1}).id == parent
+    finally:
+        seam.close()
+        seam.engine.dispose()

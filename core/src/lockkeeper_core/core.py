@@ -104,6 +104,12 @@ class LockCore:
         self._write_driver = DriverConnection(self.write_engine)
         self.runner = TransactionRunner(settings.retries)
 
+    def close(self) -> None:
+        """Check in the connections kept between statements
+        (``lockkeeper_core.driver.KeptConnection``)."""
+        self._driver.close()
+        self._write_driver.close()
+
     def given_now(self) -> datetime | None:
         """The caller-side clock reading, or None for "the server's, in SQL"."""
         now = self.clock.now()

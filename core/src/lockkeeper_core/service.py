@@ -119,8 +119,10 @@ class LockService:
         event.listen(engine, "engine_disposed", lambda _engine: queue.stop())
 
     def close(self) -> None:
-        """Stop the background threads of waiting (the LISTEN connection)."""
+        """Stop the background threads of waiting (the LISTEN connection), and
+        check in the connections the hot path keeps between statements."""
         self.queue.stop()
+        self.core.close()
 
 
 __all__ = ["LockService", "LockSettings"]
