@@ -9,11 +9,8 @@ from collections.abc import Callable, Iterator
 
 from flask import Response, current_app, g, jsonify, request, stream_with_context
 from lockkeeper_core import wire
-from lockkeeper_core.errors import InvalidInput
-from lockkeeper_core.event_pages import cursor_event_id
-from lockkeeper_core.pagination import read_cursor
+from lockkeeper_core.event_pages import stream_start
 from lockkeeper_core.queue import client_still_there
-from lockkeeper_core.validation import MAX_BIGINT, client_integer
 
 from app.api.blueprint import bp
 from app.api.schemas import event_to_json
@@ -133,29 +130,9 @@ def _streams() -> Streams:
     return found
 
 
-def _start_after(cursor: str | None) -> int | None:
-    """The id to start after: ``Last-Event-ID`` (a reconnecting client), else
-    ``cursor`` (an event id or a cursor this service handed out), else None."""
-    last = request.headers.get("Last-Event-ID")
-    if last is not None:
-        after = client_integer(last, minimum=0, maximum=MAX_BIGINT)
-        if after is None:
-            raise InvalidInput([("Last-Event-ID", "must be an event id")])
-        return after
-    if cursor is None:
-        return None
-    after = client_integer(cursor, minimum=0, maximum=MAX_BIGINT)
-    if after is not None:
-        return after
-    try:
-        return read_cursor(cursor, cursor_event_id)
-    except ValueError as exc:
-        raise InvalidInput([("cursor", str(exc))]) from None
-
-
 def _follow(filters: EventFilter, cursor: str | None) -> Response:
     filters.validate()
-    after = _start_after(cursor)
+    after = stream_start(request.headers.get("Last-Event-ID"), cursor)
     # Taken before the stream counts as open: once the open-streams gauge shows
     # it, every later event reaches it.
     position = start_position(after)

@@ -66,7 +66,7 @@ from lockkeeper_core.errors import (
     NotOwner,
     TokenEnded,
 )
-from lockkeeper_core.event_pages import cursor_event_id, list_events, page_query
+from lockkeeper_core.event_pages import list_events, page_query, stream_start
 from lockkeeper_core.event_streams import AsyncEventStream, EventStream
 from lockkeeper_core.follow import (
     EventFilter,
@@ -74,10 +74,8 @@ from lockkeeper_core.follow import (
 )
 from lockkeeper_core.identity import TOKEN_CACHE_SECONDS, Tokens
 from lockkeeper_core.in_transaction import InTransaction, in_transaction_commands
-from lockkeeper_core.pagination import read_cursor
 from lockkeeper_core.schema import require_schema
 from lockkeeper_core.service import LockService
-from lockkeeper_core.validation import MAX_BIGINT, client_integer
 
 API_PREFIX = "/api/v1"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -191,27 +189,6 @@ def _rejoin(fields: dict[str, Any]) -> bool:
     if not isinstance(value, bool):
         raise InvalidInput([("rejoin", "must be true or false")])
     return value
-
-
-def _start_after(headers: Any, cursor: str | None) -> int | None:
-    """Where a followed stream starts: after ``Last-Event-ID`` (a reconnecting
-    client), else after ``cursor`` (an event id, or a page's ``next_cursor``),
-    else (None) after the newest event now, as the server's stream starts."""
-    last = headers.get("Last-Event-ID")
-    if last is not None:
-        after = client_integer(last, minimum=0, maximum=MAX_BIGINT)
-        if after is None:
-            raise InvalidInput([("Last-Event-ID", "must be an event id")])
-        return after
-    if cursor is None:
-        return None
-    after = client_integer(cursor, minimum=0, maximum=MAX_BIGINT)
-    if after is not None:
-        return after
-    try:
-        return read_cursor(cursor, cursor_event_id)
-    except ValueError as exc:
-        raise InvalidInput([("cursor", str(exc))]) from None
 
 
 class Embedded:
@@ -534,7 +511,9 @@ class Embedded:
                 self.stream_poll,
                 self.streams,
                 filters,
-                start_position(self.engine, _start_after(headers, cursor)),
+                start_position(
+                    self.engine, stream_start(headers.get("Last-Event-ID"), cursor)
+                ),
             ),
         )
 

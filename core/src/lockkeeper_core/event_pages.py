@@ -122,6 +122,29 @@ def cursor_event_id(position: dict[str, Any]) -> int:
     return found
 
 
+def stream_start(last_event_id: str | None, cursor: str | None) -> int | None:
+    """Where a followed stream starts: after ``last_event_id`` (the
+    ``Last-Event-ID`` of a reconnecting client), else after ``cursor`` (an event
+    id, or a page's ``next_cursor``), else (None) after the newest event now.
+    The server's stream and the embedded one read it alike."""
+    if last_event_id is not None:
+        after = validation.client_integer(
+            last_event_id, minimum=0, maximum=validation.MAX_BIGINT
+        )
+        if after is None:
+            raise InvalidInput([("Last-Event-ID", "must be an event id")])
+        return after
+    if cursor is None:
+        return None
+    after = validation.client_integer(cursor, minimum=0, maximum=validation.MAX_BIGINT)
+    if after is not None:
+        return after
+    try:
+        return read_cursor(cursor, cursor_event_id)
+    except ValueError as exc:
+        raise InvalidInput([("cursor", str(exc))]) from None
+
+
 def list_events(
     engine: Engine,
     filters: EventFilter | None = None,
