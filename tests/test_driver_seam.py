@@ -18,7 +18,7 @@ from lockkeeper_core.statements import (
 from lockkeeper_core.transactions import Raced
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
 from app.database import autocommit
 from app.extensions import db
@@ -347,3 +347,16 @@ def test_a_forked_child_never_uses_its_parents_kept_connection(driver, backend):
     finally:
         seam.close()
         seam.engine.dispose()
+
+
+@pytest.mark.backends("postgresql")
+def test_a_connection_runs_its_statements_on_one_cursor_until_one_fails(driver):
+    sql = DriverSQL(_connection_id_sql("postgresql"))
+    driver.one(sql, {"x": 1})
+    cursor = driver._kept._idle[0].info["lockkeeper.cursor"]
+    driver.one(sql, {"x": 1})
+    assert driver._kept._idle[0].info["lockkeeper.cursor"] is cursor
+    with pytest.raises(DataError):
+        driver.one(DriverSQL("SELECT 1 / 0 AS no WHERE :x = :x"), {"x": 1})
+    assert cursor.closed
+    assert driver.one(sql, {"x": 1}).id

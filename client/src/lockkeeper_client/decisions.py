@@ -16,6 +16,7 @@ same by construction:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -149,7 +150,10 @@ def not_the_api(response: httpx.Response) -> UnexpectedResponse | None:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def lock_path(resource: str) -> str:
+    """The lock's path, its name percent-encoded (a worker names the same
+    resources again and again: each encoded once)."""
     return "/locks/" + quote(resource, safe="")
 
 

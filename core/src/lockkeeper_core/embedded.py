@@ -42,7 +42,7 @@ import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from functools import lru_cache, partial
 from http import HTTPStatus
 from types import SimpleNamespace
 from typing import Any
@@ -141,6 +141,12 @@ class Answer:
             headers=self.headers,
             content=json.dumps(self.body).encode(),
         )
+
+
+# A worker names the same resources again and again: each path part decoded
+# once (the client encodes ``:`` and every other character but letters, digits
+# and ``_.-~``).
+_unquoted = lru_cache(maxsize=4096)(unquote)
 
 
 def _problem(
@@ -315,7 +321,7 @@ class Embedded:
         headers: Any,
         still_wanted: Callable[[], bool] | None,
     ) -> Answer:
-        parts = [unquote(part) for part in path[1:].split("/")]
+        parts = [_unquoted(part) for part in path[1:].split("/")]
         scheme, _, credential = (headers.get("Authorization") or "").partition(" ")
         identity = (
             self.tokens.verify(credential.strip())
