@@ -26,6 +26,8 @@ FUNCTIONS = {
     # 0022: renewing or releasing a holder
     "lockkeeper_renew_place",
     "lockkeeper_release_place",
+    # 0041: a set's acquire
+    "lockkeeper_acquire_set",
 }
 
 
