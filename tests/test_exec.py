@@ -201,10 +201,14 @@ def test_lock_is_renewed_while_a_command_outlives_its_ttl(
     make_app, clock, untouched, tmp_path
 ):
     """The server's clock moves half a ttl at a time, each step only once exec has
-    renewed: a busy machine slows the test down but cannot expire the lock."""
+    renewed: a busy machine slows the test down but cannot expire the lock on
+    the server. The client's own view of it runs on the real clock (renewed
+    every ttl/3, lost past the ttl since the last answer): at a ttl of 1 s a
+    renewal answered in 474 ms under CI's load was the last, so 3 s."""
+    ttl = 3.0
     with serve(make_app(LOCKKEEPER_CLOCK=clock)) as server:
         process = subprocess.Popen(
-            [LOCKKEEPER, "exec", "job:42", "--ttl", "1", "--"]
+            [LOCKKEEPER, "exec", "job:42", "--ttl", str(ttl), "--"]
             + child("""
                 import pathlib, time
                 pathlib.Path("started").touch()
@@ -221,7 +225,7 @@ def test_lock_is_renewed_while_a_command_outlives_its_ttl(
             wait_for(tmp_path / "started", timeout=30)
             with LockClient(server.url, server.token) as observer:
                 for _ in range(6):  # three ttls of server time
-                    renewed_to = clock.advance(0.5) + timedelta(seconds=1)
+                    renewed_to = clock.advance(ttl / 2) + timedelta(seconds=ttl)
                     deadline = time.monotonic() + 10
                     while observer.get("job:42").expires_at != renewed_to:
                         if time.monotonic() > deadline:
