@@ -208,6 +208,16 @@ class HoldersStatements:
             holders=holders_now,
         )
 
+    @classmethod
+    def _shown_under(cls, holder, row, holders_now: int) -> LockRow:
+        """``holder`` as answered, with its resource row's limit and line."""
+        return cls._holder_row(
+            holder,
+            holder_limit=row.holder_limit,
+            holders_now=holders_now,
+            waiters=row.waiters or 0,
+        )
+
     def peek_holder(self, conn, ask, now: datetime | None) -> Outcome | None:
         """A plain read (no lock, no write) before the holders transaction: the
         refusal a semaphore that is full of other holders answers, or None
@@ -592,12 +602,7 @@ class HoldersStatements:
         )
         expiries = [p.expires_at for p in live if p.id != mine.id] + [expires_at]
         self._set_places_until(conn, row, expiries, row.holder_limit)
-        renewed = self._holder_row(
-            mine,
-            holder_limit=row.holder_limit,
-            holders_now=len(live),
-            waiters=row.waiters or 0,
-        )
+        renewed = self._shown_under(mine, row, len(live))
         renewed = LockRow.of(renewed, expires_at=expires_at)
         self._log(
             conn, Action.RENEWED, renewed, owner, token, actor, None, now,
@@ -615,12 +620,7 @@ class HoldersStatements:
         conn.execute(delete(holders).where(holders.c.id == mine.id))
         rest = [p.expires_at for p in live if p.id != mine.id]
         self._set_places_until(conn, row, rest, row.holder_limit)
-        ended = self._holder_row(
-            mine,
-            holder_limit=row.holder_limit,
-            holders_now=len(rest),
-            waiters=row.waiters or 0,
-        )
+        ended = self._shown_under(mine, row, len(rest))
         ended = LockRow.of(ended, expires_at=now)
         self._log(
             conn, Action.RELEASED, ended, owner, token, actor, None, now,
@@ -645,22 +645,12 @@ class HoldersStatements:
         target = next((p for p in holder_rows if p.fence == fence), None)
         if target is None:
             first = live[0] if live else None
-            shown = first and self._holder_row(
-                first,
-                holder_limit=row.holder_limit,
-                holders_now=len(live),
-                waiters=row.waiters or 0,
-            )
+            shown = first and self._shown_under(first, row, len(live))
             return Outcome(False, None, None, now), shown
         conn.execute(delete(holders).where(holders.c.id == target.id))
         rest = [p.expires_at for p in live if p.id != target.id]
         self._set_places_until(conn, row, rest, row.holder_limit)
-        ended = self._holder_row(
-            target,
-            holder_limit=row.holder_limit,
-            holders_now=len(rest),
-            waiters=row.waiters or 0,
-        )
+        ended = self._shown_under(target, row, len(rest))
         ended = LockRow.of(ended, expires_at=min(now, target.expires_at))
         self._log(
             conn, Action.FORCE_RELEASED, ended, target.owner, target.token, actor,
