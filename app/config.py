@@ -71,6 +71,9 @@ DEFAULTS: dict[str, Any] = {
     # not prepare statements (a later transaction may run on another server
     # connection, where the prepared statement does not exist).
     "LOCKKEEPER_PGBOUNCER": False,
+    # MariaDB/MySQL: seconds a statement's answer may take before the service
+    # gives up on its connection (PyMySQL's read_timeout); 0: wait forever.
+    "LOCKKEEPER_DATABASE_READ_TIMEOUT": 60.0,
     # Resource prefixes whose hold times and lost locks /metrics counts apart
     # (comma-separated, at most 50); every other resource is "other".
     "LOCKKEEPER_METRICS_PREFIXES": "",
@@ -128,6 +131,7 @@ _PARSED = {
     "LOCKKEEPER_MAX_LOCKS_PER_TOKEN": int,
     "LOCKKEEPER_TOKEN_CACHE_SECONDS": float,
     "LOCKKEEPER_PGBOUNCER": _boolean,
+    "LOCKKEEPER_DATABASE_READ_TIMEOUT": float,
     "LOCKKEEPER_LOGIN_ATTEMPTS_PER_ADDRESS": int,
     "LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS": float,
     "LOCKKEEPER_SESSION_HOURS": float,
@@ -293,6 +297,11 @@ def _validate(config: Mapping[str, Any]) -> None:
         raise ConfigError("LOCKKEEPER_STREAM_POLL_INTERVAL must be in (0, 5] seconds")
     if not (math.isfinite(window) and window >= 0):
         raise ConfigError("LOCKKEEPER_EXPIRING_WITHIN must be zero or more seconds")
+    read_timeout = config["LOCKKEEPER_DATABASE_READ_TIMEOUT"]
+    if not (math.isfinite(read_timeout) and read_timeout >= 0):
+        raise ConfigError(
+            "LOCKKEEPER_DATABASE_READ_TIMEOUT must be zero (none) or more seconds"
+        )
     for key in ("LOCKKEEPER_SESSION_HOURS", "LOCKKEEPER_LOGIN_ADDRESS_WINDOW_SECONDS"):
         value = float(config[key])
         if not (math.isfinite(value) and value > 0):

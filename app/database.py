@@ -101,6 +101,17 @@ def engine_options(app: Flask) -> dict[str, Any]:
         options.setdefault("connect_args", {}).setdefault(
             "connect_timeout", POSTGRESQL_CONNECT_TIMEOUT
         )
+    read_timeout = app.config.get("LOCKKEEPER_DATABASE_READ_TIMEOUT")
+    if (
+        backend in ("mysql", "mariadb")
+        and read_timeout
+        and "read_timeout" not in url.query
+    ):
+        # PyMySQL waits forever for an answer by default: a request on a node
+        # that stopped answering (a paused process or VM, a partition that
+        # drops packets) would hang until it came back. A URL's own
+        # ?read_timeout= wins. The migrations lift it (``reads_unbounded``).
+        options.setdefault("connect_args", {}).setdefault("read_timeout", read_timeout)
     if backend == "postgresql" and app.config.get("LOCKKEEPER_PGBOUNCER"):
         # Transaction pooling: no server-side prepared statements (PgBouncer
         # before 1.21 cannot route them; psycopg prepares a query's 6th run).

@@ -66,3 +66,34 @@ def test_postgresql_connects_with_a_timeout_unless_the_url_names_one(url, timeou
 
     connect_args = engine_options(App()).get("connect_args", {})
     assert connect_args.get("connect_timeout") == timeout
+
+
+@pytest.mark.parametrize(
+    ("url", "setting", "timeout"),
+    [
+        ("mariadb+pymysql://u@db.example/x", 60.0, 60.0),
+        ("mariadb+pymysql://u@db.example/x", 0.0, None),
+        ("mysql+pymysql://u@db.example/x?read_timeout=5", 60.0, None),
+        ("postgresql+psycopg://u@db.example/x", 60.0, None),
+    ],
+)
+def test_mariadb_reads_with_a_timeout_unless_the_url_names_one(url, setting, timeout):
+    class App:
+        config = {
+            "SQLALCHEMY_DATABASE_URI": url,
+            "LOCKKEEPER_DATABASE_READ_TIMEOUT": setting,
+        }
+
+    connect_args = engine_options(App()).get("connect_args", {})
+    assert connect_args.get("read_timeout") == timeout
+
+
+@pytest.mark.parametrize("raw", ["-1", "inf", "soon"])
+def test_a_read_timeout_that_is_no_length_of_time_is_refused(
+    make_app, monkeypatch, raw
+):
+    from app.config import ConfigError
+
+    monkeypatch.setenv("LOCKKEEPER_DATABASE_READ_TIMEOUT", raw)
+    with pytest.raises(ConfigError, match="LOCKKEEPER_DATABASE_READ_TIMEOUT"):
+        make_app()

@@ -21,10 +21,12 @@ the whole pool, and the service's one retry reconnects through the multi-host UR
 
 from __future__ import annotations
 
+import contextlib
 import select
+from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 
@@ -60,6 +62,27 @@ def server_gone(exc: BaseException) -> bool:
         return True
     args = getattr(orig, "args", ())
     return bool(args) and args[0] == GALERA_NOT_READY_ERRNO
+
+
+@contextlib.contextmanager
+def reads_unbounded(connection: Connection) -> Iterator[None]:
+    """No read timeout on ``connection`` while the block runs: a migration
+    that rebuilds a large table, or waits for its lock, may take longer than
+    any request the server's read timeout is set for
+    (``LOCKKEEPER_DATABASE_READ_TIMEOUT``, PyMySQL's ``read_timeout``). The
+    timeout is back before the connection returns to its pool. PyMySQL reads
+    its ``_read_timeout`` before each packet and has no public setter; other
+    drivers are left as they are."""
+    dbapi_connection = connection.connection.dbapi_connection
+    if not hasattr(dbapi_connection, "_read_timeout"):
+        yield
+        return
+    kept = dbapi_connection._read_timeout
+    dbapi_connection._read_timeout = None
+    try:
+        yield
+    finally:
+        dbapi_connection._read_timeout = kept
 
 
 def install_engine_events(engine: Engine) -> None:

@@ -25,7 +25,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from lockkeeper_core.engine import engine_for
+from lockkeeper_core.engine import engine_for, reads_unbounded
 from lockkeeper_core.schema import (
     MIGRATIONS_DIR,
     UPGRADE_COMMAND,
@@ -141,11 +141,11 @@ def upgrade(
             # revision in ``alembic_version``: stamped in the schema's own
             # version table first, the migrations go on from there (and
             # ``env.py`` keeps the old row moving with them).
-            with engine.connect() as connection:
+            with engine.connect() as connection, reads_unbounded(connection):
                 command.stamp(migration_config(connection), sorted(adopt))
         for attempt in range(1, attempts + 1):
             try:
-                with engine.connect() as connection:
+                with engine.connect() as connection, reads_unbounded(connection):
                     config = migration_config(connection)
                     config.attributes[LOCK_TIMEOUT_ATTRIBUTE] = lock_timeout
                     command.upgrade(config, target)
