@@ -28,6 +28,8 @@ FUNCTIONS = {
     "lockkeeper_release_place",
     # 0041: a set's acquire
     "lockkeeper_acquire_set",
+    # 0042: a set's release
+    "lockkeeper_release_set",
 }
 
 

@@ -98,7 +98,9 @@ class LockCore:
         # Single-statement reads: no BEGIN/COMMIT round trips.
         self.reads = autocommit(engine)
         self.write_engine = engine.execution_options(sqlite_immediate=True)
-        self._driver = DriverConnection(self.reads)
+        # The hot path's one-statement connection (its own pooled one kept
+        # between statements): ``run(autocommit=True)``, a set's statements.
+        self.driver = DriverConnection(self.reads)
         # SQLite's hot path: its transaction on the driver's connection.
         self._driver_begin = self.statements.driver_transaction
         self._write_driver = DriverConnection(self.write_engine)
@@ -107,7 +109,7 @@ class LockCore:
     def close(self) -> None:
         """Check in the connections kept between statements
         (``lockkeeper_core.driver.KeptConnection``)."""
-        self._driver.close()
+        self.driver.close()
         self._write_driver.close()
 
     def given_now(self) -> datetime | None:
@@ -161,7 +163,7 @@ class LockCore:
 
         def attempt():
             if autocommit:
-                result = work(self._driver)
+                result = work(self.driver)
             elif driver and self._driver_begin is not None:
                 with self._write_driver.transaction(self._driver_begin) as transaction:
                     result = work(transaction)

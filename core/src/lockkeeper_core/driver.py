@@ -96,6 +96,16 @@ class DriverConnection:
 
     def one(self, statement: DriverSQL, params: dict[str, Any]) -> Any | None:
         """The first row ``statement`` returns (attributes by column name), or None."""
+        return self._answer(statement, params, False)
+
+    def all(self, statement: DriverSQL, params: dict[str, Any]) -> list[Any]:
+        """Every row ``statement`` returns (attributes by column name)."""
+        return self._answer(statement, params, True) or []
+
+    def _answer(self, statement: DriverSQL, params: dict[str, Any], every: bool) -> Any:
+        """``statement``'s first row, or with ``every`` the list of its rows;
+        None when it returns no result set (a plain write) or, for the first
+        row, no row."""
         sql = statement.sql
         try:
             fairy = self._kept.take()
@@ -142,6 +152,8 @@ class DriverConnection:
                             if result.ftype(n) in _PG_INSTANT_TYPES
                         ),
                     )
+                if every:
+                    return [shape.row(raw, _in_utc) for raw in cursor.fetchall()]
                 raw = cursor.fetchone()
                 return None if raw is None else shape.row(raw, _in_utc)
             cursor.execute(sql, params)
@@ -149,14 +161,11 @@ class DriverConnection:
             description = cursor.description
             if description is None:  # no result set (a plain write)
                 return None
-            names = tuple(column[0] for column in description)
+            row_type = self._row_type(tuple(column[0] for column in description))
+            if every:
+                return [_utc_row(row_type, raw) for raw in cursor.fetchall()]
             raw = cursor.fetchone()
-            if raw is None:
-                return None
-            return self._row_type(names)._make(
-                value.astimezone(UTC) if isinstance(value, datetime) else value
-                for value in raw
-            )
+            return None if raw is None else _utc_row(row_type, raw)
         except self._dbapi_error as exc:
             answered = False
             # server_gone: a standby or a server shutting down (a failover).
@@ -389,6 +398,13 @@ _PG_INSTANT_TYPES = frozenset({1184, 1114})
 
 def _in_utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
+
+
+def _utc_row(row_type: Any, raw: Any) -> Any:
+    """A driver's row as ``row_type``, its instants in UTC."""
+    return row_type._make(
+        value.astimezone(UTC) if isinstance(value, datetime) else value for value in raw
+    )
 
 
 def _sqlite_instant(value: str) -> datetime:

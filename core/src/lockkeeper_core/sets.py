@@ -37,7 +37,9 @@ sees the set's grants before it); rights are checked by the face for every
 member, freezes by each member's grant.
 
 Renew and release take the members' rows in the same order, in one
-transaction each. A renewal is all or nothing (a member lost refuses the
+transaction each; on PostgreSQL a release is one statement,
+``lockkeeper_release_set`` (migration 0042), each member's release functions
+in the database. A renewal is all or nothing (a member lost refuses the
 whole renewal, naming it); a release ends every member still held and names
 those that were not. An operator's release of a set (``force_release``, by
 the set's id) takes them in the same order too, in one transaction.
@@ -309,7 +311,7 @@ class Sets:
         core = self.core
         if session is None and core.dialect == "postgresql":
             given, pg = core.given_now(), core.statements
-            one = pg.acquire_set(core.reads, ordered, set_id, places, given)
+            one = pg.acquire_set(core.driver, ordered, set_id, places, given)
             if one is not None:
                 return one
         try:
@@ -612,15 +614,23 @@ class Sets:
         token: str | None = None,
     ) -> SetRelease:
         """End every member still validly held by (``token``, ``owner``), in
-        one transaction; the others are named (``SetRelease.not_held``)."""
+        one transaction (PostgreSQL: one statement,
+        ``lockkeeper_release_set``); the others are named
+        (``SetRelease.not_held``)."""
         core = self.core
         core.validate(owner=owner, actor=actor)
         self.check_members([Member(r) for r in resources])
+        ordered = sorted(resources)
+
+        def one_statement(conn) -> dict[str, Outcome]:
+            return core.statements.release_set(
+                conn, ordered, owner, token, actor, core.given_now()
+            )
 
         def work(conn) -> dict[str, Outcome]:
             released = {}
             on = self._statements_on(conn)
-            for resource in sorted(resources):
+            for resource in ordered:
                 outcome = on.statements.release(
                     on.conn, resource, owner, token, actor, core.given_now()
                 )
@@ -633,7 +643,10 @@ class Sets:
             name_sets(conn, grants_of(released))
             return released
 
-        released = core.run(work)
+        if core.dialect == "postgresql":
+            released = core.run(one_statement, autocommit=True)
+        else:
+            released = core.run(work)
         ended = []
         for resource in resources:
             outcome = released.get(resource)

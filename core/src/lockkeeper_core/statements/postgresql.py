@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from lockkeeper_core.driver import DriverConnection, DriverSQL
@@ -16,9 +15,6 @@ from lockkeeper_core.state import Action
 from lockkeeper_core.statements.common import FreezeRow, Outcome
 from lockkeeper_core.statements.transaction import TransactionalStatements
 from lockkeeper_core.values import Ask
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
 
 # The statements live in the database as functions, each as it is now in
 # ``sql/postgresql/<name>.sql`` (``routines.py``): PostgreSQL plans each once per
@@ -56,13 +52,19 @@ _PG_READ_NOW = DriverSQL("SELECT clock_timestamp() AS now")
 # A set's acquire (migration 0041): every member's grant and the set's name on
 # its event, or an error that leaves nothing written (LKS01: a member has no
 # row yet; LKS02: a member refused).
-_PG_ACQUIRE_SET = text(
+_PG_ACQUIRE_SET = DriverSQL(
     "SELECT * FROM lockkeeper_acquire_set(CAST(:resources AS varchar[]),"
     " CAST(:limits AS integer[]), CAST(:modes AS varchar[]),"
     " CAST(:waiters AS bigint[]), :owner, :token, :ttl, :actor, :max_locks,"
     " :now, :set_id)"
 )
 _SET_DECIDED_AGAIN = frozenset({"LKS01", "LKS02"})
+# A set's release (migration 0042): a row for each member released, its
+# event naming the set its grant was made by.
+_PG_RELEASE_SET = DriverSQL(
+    "SELECT * FROM lockkeeper_release_set(CAST(:resources AS varchar[]),"
+    " :owner, :token, :actor, :now)"
+)
 
 
 class PostgresStatements:
@@ -140,7 +142,7 @@ class PostgresStatements:
 
     def acquire_set(
         self,
-        engine: Engine,
+        conn: DriverConnection,
         ordered: list[Ask],
         set_id: str,
         places: dict[str, int] | None,
@@ -167,16 +169,34 @@ class PostgresStatements:
             "set_id": set_id,
         }
         try:
-            with engine.connect() as conn:
-                rows = conn.execute(_PG_ACQUIRE_SET, params).all()
+            rows = conn.all(_PG_ACQUIRE_SET, params)
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) in _SET_DECIDED_AGAIN:
                 return None
             raise
-        granted = {}
-        for row in map(_in_utc, rows):
-            granted[row.resource] = Outcome(True, Action(row.action), row, row.now)
-        return granted
+        return {row.resource: Outcome(True, Action(row.action), row, row.now)
+                for row in rows}  # fmt: skip
+
+    def release_set(
+        self, conn: DriverConnection, resources: list[str], owner, token, actor, now
+    ) -> dict[str, Outcome]:
+        """A set's release in one autocommit statement
+        (``lockkeeper_release_set``): {resource: its release's outcome} for
+        each member still validly held by (``token``, ``owner``), each ended
+        as ``release`` (else ``release_holder``) ends it, its event naming the
+        set its grant was made by; the members not held are left out."""
+        rows = conn.all(
+            _PG_RELEASE_SET,
+            {
+                "resources": resources,
+                "owner": owner,
+                "token": token,
+                "actor": actor,
+                "now": now,
+            },
+        )
+        return {row.resource: Outcome(True, Action(row.action), row, row.now)
+                for row in rows}  # fmt: skip
 
     def acquire_holder(self, conn, ask: Ask, now, waiter=None) -> Outcome:
         """The holders path's decision with no session (``HoldersStatements``'
