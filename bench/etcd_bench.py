@@ -16,7 +16,15 @@ write, as PostgreSQL does on every commit).
 worker client in the embedded mode (``LockClient`` on ``EmbeddedTransport``, no
 server: ``bench/service_layer.py``'s embedded cycle) in ``EMBEDDED_WORKERS``
 worker processes, as a deployment runs several, each cycling a resource of its
-own, against the same etcd lock cycles, alternating in the same run.
+own, against etcd's lock cycles from as many clients (wrk with
+``EMBEDDED_WORKERS`` connections: the same number of cycles in flight on each
+side), alternating in the same run. ``driver_vs_etcd_lock_postgresql``: the
+raw driver's cycle (``bench/service_layer.py``'s driver cycle: the same
+PostgreSQL statements on a bare psycopg connection, no Python around them) in
+as many processes against the same etcd runs: the most the database's route
+gives on this machine, whatever the Python around it. Both record the CPU a
+cycle cost on each side (``bench.measure.cpu_detail``): the worker processes'
+and the PostgreSQL backends' against wrk's and etcd's.
 
 ``session_heartbeat_vs_etcd_keepalive``: heartbeats per second of Lockkeeper
 sessions (``PATCH /api/v1/sessions/{id}``: the session and every grant bound to
@@ -44,7 +52,7 @@ from bench.http_api import (
     lockkeeper_env,
     wrk_sample,
 )
-from bench.measure import Comparison, alternate, compare
+from bench.measure import Comparison, alternate, compare, cpu_detail
 from bench.ports import free_port
 from bench.servers import (
     Server,
@@ -196,8 +204,24 @@ def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
             "keepalive": partial(
                 wrk_sample, etcd, "/", "etcd-keepalive", "ka", token=",".join(leases)
             ),
-            "embedded": lambda seconds: run_cycles(
-                "embedded",
+            "embedded": lambda seconds, kind="embedded": run_cycles(
+                kind,
+                database.url,
+                workdir / "instance-postgresql",
+                EMBEDDED_WORKERS,
+                seconds,
+            ),
+            "etcd_workers": partial(
+                wrk_sample,
+                etcd,
+                "/",
+                "etcd",
+                "etcdw",
+                token=lease,
+                connections=EMBEDDED_WORKERS,
+            ),
+            "driver": lambda seconds, kind="driver": run_cycles(
+                kind,
                 database.url,
                 workdir / "instance-postgresql",
                 EMBEDDED_WORKERS,
@@ -247,21 +271,30 @@ def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
         f"{result.name}: {result.value:.0f} vs etcd {result.baseline:.0f} "
         f"cycles/s -> {result.ratio:.2f}x"
     )
-    embedded = compare(
-        "embedded_vs_etcd_lock_postgresql",
-        samples,
-        "embedded",
-        "etcd",
-        "cycles/s",
-        workers=EMBEDDED_WORKERS,
-        server="none (in process); etcd one member",
-    )
-    log(
-        f"{embedded.name}: {EMBEDDED_WORKERS} embedded worker processes "
-        f"{embedded.value:.0f} vs etcd {embedded.baseline:.0f} cycles/s -> "
-        f"{embedded.ratio:.2f}x"
-    )
-    return [result, heartbeats, embedded]
+    in_process = []
+    for side, what in (
+        ("embedded", "embedded worker processes"),
+        ("driver", "processes of the raw driver"),
+    ):
+        found = compare(
+            f"{side}_vs_etcd_lock_postgresql",
+            samples,
+            side,
+            "etcd_workers",
+            "cycles/s",
+            workers=EMBEDDED_WORKERS,
+            server="none (in process); etcd one member",
+            **cpu_detail(samples, side, "etcd_workers"),
+        )
+        log(
+            f"{found.name}: {EMBEDDED_WORKERS} {what} {found.value:.0f} vs etcd "
+            f"from {EMBEDDED_WORKERS} connections {found.baseline:.0f} cycles/s "
+            f"-> {found.ratio:.2f}x (CPU a cycle: "
+            f"{found.detail.get(side + '_cpu_ms_per_cycle')} vs "
+            f"{found.detail.get('etcd_workers_cpu_ms_per_cycle')} ms)"
+        )
+        in_process.append(found)
+    return [result, heartbeats, *in_process]
 
 
 def _bound_sessions(server: Server, token: str) -> list[str]:

@@ -10,6 +10,7 @@ alternating between them round after round.
 from __future__ import annotations
 
 import os
+import resource
 import uuid
 from functools import partial
 from pathlib import Path
@@ -72,18 +73,40 @@ def lockkeeper_env(url: str, instance: Path) -> dict[str, str]:
     }
 
 
-def wrk_sample(server: Server, prefix, mode, tag, *, seconds, token="none") -> Sample:
+def wrk_sample(
+    server: Server, prefix, mode, tag, *, seconds, token="none", connections=16
+) -> Sample:
     """One wrk run; also the server's CPU time per cycle, which other load on a
-    shared machine disturbs far less than the rate."""
+    shared machine disturbs far less than the rate, and wrk's own (the
+    client's)."""
     cpu_before = server.cpu_seconds()
-    result = run_wrk(server.base_url, prefix, mode, tag, seconds, token=token)
+    client_before = _children_cpu_seconds()
+    result = run_wrk(
+        server.base_url,
+        prefix,
+        mode,
+        tag,
+        seconds,
+        token=token,
+        connections=connections,
+    )
     cycles = min(result["acquires"], result["releases"])
     result["server_cpu_ms_per_cycle"] = (
         (server.cpu_seconds() - cpu_before) * 1000 / cycles if cycles else None
     )
+    result["client_cpu_ms_per_cycle"] = (
+        (_children_cpu_seconds() - client_before) * 1000 / cycles if cycles else None
+    )
     if result["bad_status"] or not cycles:
         raise RuntimeError(f"{tag}: unexpected statuses in {result}")
     return Sample(result["cycles_per_s"], result)
+
+
+def _children_cpu_seconds() -> float:
+    """User + system CPU time of this process's finished children (wrk's,
+    once ``run_wrk`` has waited for it)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _latency_detail(samples, side, baseline) -> dict:

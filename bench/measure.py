@@ -82,3 +82,26 @@ def compare(
             **detail,
         },
     )
+
+
+# What a cycle cost in CPU, by whom (``Sample.extra``): the side's client
+# (worker processes, or wrk), its server (gunicorn, etcd) and its database.
+CPU_KEYS = (
+    "client_cpu_ms_per_cycle",
+    "server_cpu_ms_per_cycle",
+    "database_cpu_ms_per_cycle",
+)
+
+
+def cpu_detail(samples: dict[str, list[Sample]], *sides: str) -> dict[str, float]:
+    """Each side's median CPU per cycle by whom, and the sum of the parts
+    measured (``{side}_cpu_ms_per_cycle``)."""
+    detail = {}
+    for side in sides:
+        parts = {key: median_of(samples[side], key) for key in CPU_KEYS}
+        measured = {key: value for key, value in parts.items() if value is not None}
+        for key, value in measured.items():
+            detail[f"{side}_{key}"] = round(value, 3)
+        if measured:
+            detail[f"{side}_cpu_ms_per_cycle"] = round(sum(measured.values()), 3)
+    return detail

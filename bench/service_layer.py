@@ -4,6 +4,13 @@ Each worker is a process (no shared GIL) with its own resource, so the figure is
 throughput, not contention: acquire then release, as many cycles as fit in the
 window. Workers set up (app, pool, warm-up) before a barrier, so only the loop
 is timed.
+
+Beside the rate, each run records the CPU a cycle cost: the workers' own
+(``client_cpu_ms_per_cycle``) and, on a PostgreSQL server on this machine, that
+of the server processes serving this database's sessions
+(``database_cpu_ms_per_cycle``: the backends, not the WAL writer, checkpointer
+or autovacuum). On two cores shared with other work the rate moves with the
+load; what a cycle costs in CPU moves far less, and says what limits the rate.
 """
 
 from __future__ import annotations
@@ -16,7 +23,10 @@ import uuid
 from functools import partial
 from pathlib import Path
 
-from bench.measure import Comparison, Sample, alternate, compare
+from sqlalchemy.engine import make_url
+
+from bench.measure import Comparison, Sample, alternate, compare, cpu_detail
+from bench.servers import process_cpu_seconds
 
 _CTX = multiprocessing.get_context("fork")
 WARMUP_CYCLES = 20
@@ -184,7 +194,7 @@ _CYCLES = {
 }
 
 
-def _worker(kind, url, instance, index, duration, barrier, results) -> None:
+def _worker(kind, url, instance, index, duration, barrier, results, finished) -> None:
     try:
         cycle = _CYCLES[kind](url, instance)
         resource, owner = f"bench:{kind}:{index}", f"worker-{index}"
@@ -197,27 +207,84 @@ def _worker(kind, url, instance, index, duration, barrier, results) -> None:
         raise
     barrier.wait()
     done = failed = 0
+    cpu = time.process_time()
     deadline = time.perf_counter() + duration
     while time.perf_counter() < deadline:
         if cycle(resource, owner):
             done += 1
         else:
             failed += 1
-    results.put((done, failed))
+    results.put((done, failed, time.process_time() - cpu))
+    # The database sessions stay open until the parent has read their server
+    # processes' CPU time (a process gone takes its count with it).
+    finished.wait(timeout=60)
+
+
+class DatabaseBackends:
+    """The PostgreSQL server processes serving a database's sessions, when
+    the server runs on this machine (their CPU time is read from /proc)."""
+
+    def __init__(self, url: str):
+        parsed = make_url(url)
+        self._conn = None
+        if parsed.get_backend_name() != "postgresql" or parsed.host not in (
+            "127.0.0.1",
+            "localhost",
+            "::1",
+        ):
+            return
+        from bench.driver_sql import connect
+
+        self._conn = connect(url)
+
+    def cpu(self) -> dict[int, float] | None:
+        """CPU seconds so far of each of the database's other sessions'
+        server processes; None when they cannot be read here."""
+        if self._conn is None:
+            return None
+        pids = [
+            row[0]
+            for row in self._conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            )
+        ]
+        return {pid: process_cpu_seconds(pid) for pid in pids if _is_postgres(pid)}
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+    except OSError:
+        return False
+
+
+def _spent(before: dict[int, float] | None, after: dict[int, float] | None):
+    """CPU seconds the processes alive at both looks spent between them."""
+    if before is None or after is None:
+        return None
+    return sum(after[pid] - before[pid] for pid in before if after.get(pid))
 
 
 def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: float):
-    """Cycles per second of ``workers`` processes for ``duration`` seconds."""
+    """Cycles per second of ``workers`` processes for ``duration`` seconds,
+    with the CPU a cycle cost (the module's docstring)."""
     barrier = _CTX.Barrier(workers + 1)
     results = _CTX.Queue()
+    finished = _CTX.Event()
     processes = [
         _CTX.Process(
             target=_worker,
-            args=(kind, url, instance, i, duration, barrier, results),
+            args=(kind, url, instance, i, duration, barrier, results, finished),
             daemon=True,
         )
         for i in range(workers)
     ]
+    backends = DatabaseBackends(url)
     for process in processes:
         process.start()
     try:
@@ -225,8 +292,12 @@ def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: floa
             barrier.wait(timeout=120)
         except threading.BrokenBarrierError:
             raise RuntimeError(results.get(timeout=5)) from None
+        before = backends.cpu()
         outcomes = [results.get(timeout=duration + 120) for _ in processes]
+        database_cpu = _spent(before, backends.cpu())
     finally:
+        finished.set()
+        backends.close()
         for process in processes:
             process.join(timeout=10)
             if process.is_alive():
@@ -235,7 +306,17 @@ def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: floa
     failed = sum(o[1] for o in outcomes)
     if failed:
         raise RuntimeError(f"{kind}: {failed} cycles were refused on a free resource")
-    return Sample(done / duration)
+    per_cycle = 1000 / done if done else None
+    return Sample(
+        done / duration,
+        {
+            "client_cpu_ms_per_cycle": per_cycle
+            and sum(o[2] for o in outcomes) * per_cycle,
+            "database_cpu_ms_per_cycle": (
+                None if database_cpu is None else per_cycle and database_cpu * per_cycle
+            ),
+        },
+    )
 
 
 def bench_service_layer(
@@ -294,6 +375,7 @@ def bench_service_layer(
                 "cycles/s",
                 workers=workers,
                 backend=backend,
+                **cpu_detail(samples, "embedded", "driver"),
             )
             log(
                 f"{embedded.name}: the client in process {embedded.value:.0f} vs "

@@ -214,6 +214,23 @@ def test_the_set_and_singles_cycles_take_their_three_locks_and_let_go(
     assert found.rate > 0
 
 
+@pytest.mark.parametrize("kind", ["driver", "embedded"])
+def test_a_run_of_cycles_counts_the_cpu_of_its_workers_and_their_backends(
+    kind, request, databases, tmp_path
+):
+    """What a cycle cost in CPU, the workers' own and that of the PostgreSQL
+    backends serving them (read from /proc while their sessions are open),
+    is what ``embedded_vs_etcd_lock_postgresql`` names as its limit."""
+    from bench.service_layer import run_cycles
+
+    _chosen(request, "postgresql")
+    url = databases("postgresql").fresh(tmp_path)
+    found = run_cycles(kind, url, tmp_path / "instance", 2, 0.5)
+    assert found.rate > 0
+    assert found.extra["client_cpu_ms_per_cycle"] > 0
+    assert found.extra["database_cpu_ms_per_cycle"] > 0
+
+
 def test_the_instruction_count_runs_its_cycles_on_a_trees_own_migration(
     tmp_path, database_url
 ):
