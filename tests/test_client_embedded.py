@@ -20,6 +20,7 @@ import pytest
 from lockkeeper_client import (
     AsyncLockClient,
     AuthenticationFailed,
+    InvalidRequest,
     LockClient,
     LockLost,
     LockMissing,
@@ -372,6 +373,42 @@ def test_an_embedded_wait_that_runs_out_keeps_its_place_when_it_rejoins(
             )
         assert refused.status_code == 400
         assert [e["field"] for e in refused.json()["errors"]] == ["rejoin"]
+    finally:
+        embedded.close()
+
+
+def test_an_embedded_set_whose_wait_runs_out_keeps_its_places_when_it_rejoins(
+    live_server, backend, monkeypatch
+):
+    """The in-process transport keeps a set's places when its wait runs out
+    and it asked to ``rejoin``, as the server does, and refuses ``places``
+    that are not the set's as the server does."""
+    monkeypatch.setattr("lockkeeper_core.set_waiting.PLACE_KEPT_FOR", 30.0)
+    embedded = Embedded(database_of(live_server))
+    try:
+        with (
+            live_server.service() as locks,
+            LockClient(
+                live_server.url,
+                live_server.token,
+                transport=EmbeddedTransport(embedded),
+            ) as client,
+        ):
+            assert locks.acquire("emb:49", "holder", ttl=30).acquired
+            members = ["emb:49", "emb:50"]
+            ran_out = client.acquire_all(
+                members, "w", 30, wait=0.1, places={}, rejoin=True
+            )
+            assert not ran_out.acquired
+            assert sorted(ran_out.places) == members
+            for resource in members:
+                assert [w.owner for w in locks.queue.line(resource)] == ["w"]
+            last = client.acquire_all(members, "w", 30, wait=0.1, places=ran_out.places)
+            assert last.places is None
+            assert locks.queue.line("emb:49") == locks.queue.line("emb:50") == []
+            with pytest.raises(InvalidRequest) as refused:
+                client.acquire_all(members, "w", 30, wait=0.1, places={"emb:51": 1})
+            assert [field for field, _ in refused.value.errors] == ["places"]
     finally:
         embedded.close()
 

@@ -194,19 +194,22 @@ def test_lock_all_waits_on_in_requests_of_the_servers_largest_wait(
 ):
     """A server whose largest wait is 0.5 s: the client learns it from the
     400 of its first request and waits on in requests of that, one after
-    another, until the holder lets go."""
+    another, each keeping the set's place in line for the next (``rejoin``),
+    until the holder lets go."""
     with serve(make_app(LOCKKEEPER_MAX_WAIT=0.5)) as server:
         client = make_client(server.url, server.token, timeout=5)
         with server.service() as service:
             assert service.acquire("acct:9", "someone", ttl=30).acquired
         block = _Block(client, ["acct:8", "acct:9"], ttl=30, wait=60, owner="w-set")
-        places = set()
+        seen: set[tuple[int, object]] = set()
 
         def another_request() -> bool:
-            places.update(place for _, place in _line(server, "acct:8"))
-            return len(places) >= 3  # three requests in line, one by one
+            with server.service() as service:
+                seen.update((w.id, w.deadline) for w in service.queue.line("acct:8"))
+            return len(seen) >= 3  # each request moved its place's deadline
 
         _poll(another_request, "the wait goes on in requests of 0.5 s", 30)
+        assert len({place for place, _ in seen}) == 1  # one place throughout
         assert not block.entered.is_set()
         with server.service() as service:
             service.release("acct:9", "someone")

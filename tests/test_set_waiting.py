@@ -10,6 +10,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from lockkeeper_core import queue as line_module
 from lockkeeper_core.errors import TokenEnded
@@ -19,6 +20,7 @@ from sqlalchemy import select
 
 from app.extensions import lock_service
 from tests.conftest import ApiClient
+from tests.live_server import serve
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -278,3 +280,278 @@ def test_a_waiting_set_leaves_every_line_when_its_client_or_token_goes(make_app,
             assert isinstance(answer, TokenEnded), answer
         assert _owners(service, "room:a") == _owners(service, "room:new") == []
         assert _row_names(app) == rows
+
+
+# -- a set keeps its places as a single waiter keeps its place -----------------
+
+
+def _keep_places_for(monkeypatch, seconds: float) -> None:
+    """Kept places last ``seconds`` (not 2 s): what is proven is the order
+    while they are presented, not how fast this machine answers."""
+    monkeypatch.setattr("lockkeeper_core.set_waiting.PLACE_KEPT_FOR", seconds)
+
+
+def _join_behind(app, resource: str, owner: str, token: str) -> None:
+    """A later single waiter's place, straight into ``resource``'s line."""
+    with app.app_context():
+        lock_service().queue.join(resource, owner, token, 30, mode="exclusive", limit=1)
+
+
+def test_a_set_turned_away_keeps_its_places_for_its_retry(make_app, monkeypatch):
+    """A waiting set that asks for it (``places``: {}) keeps a place in every
+    member's line when the room turns it away: the 503 names them, and the
+    retry that presents them waits from there, ahead of a waiter that came
+    after it. Another owner presenting them joins the end instead; a set
+    that did not ask keeps none."""
+    _keep_places_for(monkeypatch, 30.0)
+    app = make_app(LOCKKEEPER_MAX_WAITERS=1)
+    api = ApiClient(app)
+    for resource in ("room:a", "room:c"):
+        taken = api.post(f"/api/v1/locks/{resource}", json={"owner": "holder"})
+        assert taken.status_code == 200
+    asked = {"owner": "w-set", "wait": 5, "members": MEMBERS}
+    with ThreadPoolExecutor(1) as pool:
+        seated = pool.submit(
+            _same_token(api).post,
+            "/api/v1/locks/room:c",
+            json={"owner": "seated", "wait": 30},
+        )
+        _poll(lambda: _lines(app)["room:c"] == ["seated"], "the room's one seat")
+        plain = api.post("/api/v1/sets", json=asked)
+        _turned_away(plain, "LOCKKEEPER_MAX_WAITERS")
+        assert "places" not in plain.get_json()
+        assert _lines(app) == {"room:a": [], "room:b": [], "room:c": ["seated"]}
+
+        turned = api.post("/api/v1/sets", json={**asked, "places": {}})
+        _turned_away(turned, "LOCKKEEPER_MAX_WAITERS")
+        places = turned.get_json()["places"]
+        assert sorted(places) == ["room:a", "room:b"]
+        _join_behind(app, "room:a", "later", api.token_name)
+        # Presented by another owner: places of its own, at the ends.
+        stolen = api.post(
+            "/api/v1/sets", json={**asked, "owner": "thief", "places": places}
+        )
+        _turned_away(stolen, "LOCKKEEPER_MAX_WAITERS")
+        assert all(stolen.get_json()["places"][r] > places[r] for r in places)
+        # The set's own retry, turned away again, keeps the same places.
+        again = api.post("/api/v1/sets", json={**asked, "places": places})
+        _turned_away(again, "LOCKKEEPER_MAX_WAITERS")
+        assert again.get_json()["places"] == places
+        assert _lines(app) == {
+            "room:a": ["w-set", "later", "thief"],
+            "room:b": ["w-set", "thief"],
+            "room:c": ["seated"],
+        }
+        assert api.delete("/api/v1/locks/room:c", json={"owner": "holder"}).status_code
+        assert seated.result(timeout=GRANTED_WITHIN).status_code == 200
+    assert api.delete("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+    # The seat is free again: the retry waits from its places, first in both
+    # lines, and is granted before the later waiter.
+    granted = api.post("/api/v1/sets", json={**asked, "places": places})
+    assert granted.status_code == 200, granted.get_json()
+    assert [lock["owner"] for lock in granted.get_json()["locks"]] == ["w-set"] * 2
+    assert _lines(app) == {
+        "room:a": ["later", "thief"],
+        "room:b": ["thief"],
+        "room:c": [],
+    }
+
+
+def test_a_set_whose_wait_runs_out_and_rejoins_keeps_its_places(make_app, monkeypatch):
+    """A waiting set that says its wait goes on (``rejoin``) keeps its place
+    in every member's line when its wait runs out: the 409 names them, and
+    the next request that presents them waits from there, ahead of a waiter
+    that came meanwhile. Its last request (no ``rejoin``) leaves every line;
+    so does a set that did not ask."""
+    _keep_places_for(monkeypatch, 30.0)
+    app = make_app()
+    api = ApiClient(app)
+    assert api.post("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+    asked = {"owner": "w-set", "wait": 0.1, "members": MEMBERS}
+    plain = api.post("/api/v1/sets", json=asked)
+    assert plain.status_code == 409
+    assert "places" not in plain.get_json()
+    assert _lines(app) == {"room:a": [], "room:b": [], "room:c": []}
+
+    ran_out = api.post("/api/v1/sets", json={**asked, "places": {}, "rejoin": True})
+    assert ran_out.status_code == 409
+    assert ran_out.get_json()["refused"] == "room:a"
+    places = ran_out.get_json()["places"]
+    assert sorted(places) == ["room:a", "room:b"]
+    assert _lines(app)["room:a"] == _lines(app)["room:b"] == ["w-set"]
+    _join_behind(app, "room:a", "later", api.token_name)
+    again = api.post("/api/v1/sets", json={**asked, "places": places, "rejoin": True})
+    assert again.status_code == 409
+    assert again.get_json()["places"] == places
+    assert _lines(app)["room:a"] == ["w-set", "later"]
+    # Freed while the places are kept: the next request is granted first.
+    assert api.delete("/api/v1/locks/room:a", json={"owner": "holder"}).status_code
+    granted = api.post(
+        "/api/v1/sets", json={**asked, "wait": 5, "places": places, "rejoin": True}
+    )
+    assert granted.status_code == 200, granted.get_json()
+    assert _lines(app) == {"room:a": ["later"], "room:b": [], "room:c": []}
+    released = api.delete(
+        "/api/v1/sets", json={"owner": "w-set", "resources": ["room:a", "room:b"]}
+    )
+    assert released.status_code == 200
+
+    # The last request of a wait leaves every line, its places presented.
+    assert api.post("/api/v1/locks/room:b", json={"owner": "holder"}).status_code
+    kept = api.post("/api/v1/sets", json={**asked, "places": {}, "rejoin": True})
+    last = api.post("/api/v1/sets", json={**asked, "places": kept.get_json()["places"]})
+    assert last.status_code == 409
+    assert "places" not in last.get_json()
+    assert _lines(app)["room:b"] == []
+
+
+@pytest.mark.parametrize(
+    "places",
+    [[1], {"room:elsewhere": 1}, {"room:a": 0}, {"room:a": "1"}, {"room:a": True}],
+)
+def test_places_that_are_not_the_sets_are_refused(make_app, places):
+    """``places`` maps the set's own members to places in line, else a 400
+    naming it, and nothing written."""
+    app = make_app()
+    api = ApiClient(app)
+    refused = api.post(
+        "/api/v1/sets",
+        json={"owner": "w-set", "wait": 1, "members": MEMBERS, "places": places},
+    )
+    assert refused.status_code == 400, refused.get_json()
+    assert "places" in str(refused.get_json()["errors"])
+    assert _lines(app) == {"room:a": [], "room:b": [], "room:c": []}
+    assert _row_names(app) == []
+
+
+class _Statuses(httpx.HTTPTransport):
+    """An HTTP transport that notes the status of every answer."""
+
+    def __init__(self):
+        super().__init__()
+        self.statuses: list[int] = []
+
+    def handle_request(self, request):
+        response = super().handle_request(request)
+        self.statuses.append(response.status_code)
+        return response
+
+
+def _later_single(
+    service, resource: str, owner: str, granted: list[str], wait: float = 30.0
+):
+    """A single acquire waiting in ``resource``'s line on another instance
+    for up to ``wait`` seconds, released as soon as it is granted; its
+    thread. ``granted`` gets its owner, or what it raised."""
+
+    def run():
+        try:
+            if service.acquire(resource, owner, ttl=30, wait=wait).acquired:
+                granted.append(owner)
+                service.release(resource, owner)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            granted.append(repr(exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_lock_all_turned_away_is_not_overtaken_by_a_later_waiter(make_app, monkeypatch):
+    """The worker client's ``lock_all`` asks for its places to be kept and
+    presents them: a set the full room turned away is served before a single
+    waiter that came after it (without kept places, the later one, in line,
+    went first)."""
+    from lockkeeper_client import LockClient
+
+    _keep_places_for(monkeypatch, 30.0)
+    crowded = make_app(LOCKKEEPER_MAX_WAITERS=1)
+    elsewhere = make_app()  # another instance: a waiting room of its own
+    with serve(crowded) as server, elsewhere.app_context():
+        service = lock_service()
+        assert service.acquire("room:a", "holder", ttl=30).acquired
+        lines_at_grant: dict[str, list[str]] = {}
+        answers = _Statuses()
+
+        def seated():
+            with (
+                LockClient(server.url, server.token) as client,
+                client.lock("room:a", ttl=30, wait=60, owner="seated"),
+            ):
+                pass
+
+        def the_set():
+            with (
+                LockClient(server.url, server.token, transport=answers) as client,
+                client.lock_all(["room:a", "room:b"], ttl=30, wait=60, owner="set"),
+            ):
+                lines_at_grant["set"] = _owners(service, "room:a")
+
+        first = threading.Thread(target=seated, daemon=True)
+        first.start()
+        _poll(lambda: _owners(service, "room:a") == ["seated"], "the room's seat")
+        second = threading.Thread(target=the_set, daemon=True)
+        second.start()
+        _poll(lambda: 503 in answers.statuses, "the full room's 503")
+        _poll(
+            lambda: (
+                _owners(service, "room:a") == ["seated", "set"]
+                and _owners(service, "room:b") == ["set"]
+            ),
+            "the set's kept places",
+        )
+        granted: list[str] = []
+        later = _later_single(service, "room:a", "later", granted)
+        _poll(lambda: "later" in _owners(service, "room:a"), "later in line")
+        service.release("room:a", "holder")
+        for thread in (first, second, later):
+            thread.join(GRANTED_WITHIN)
+            assert not thread.is_alive()
+    assert lines_at_grant["set"] == ["later"]  # served before the later one
+    assert granted == ["later"]
+
+
+def test_lock_all_waiting_past_the_servers_max_wait_is_not_overtaken(
+    make_app, monkeypatch
+):
+    """A set's wait longer than the server's ``LOCKKEEPER_MAX_WAIT`` is a
+    run of requests: each that runs out keeps the set's places and the next
+    presents them, so a single waiter that came later is not served first
+    (before, each request left every line and the next joined at the ends)."""
+    from lockkeeper_client import LockClient
+
+    _keep_places_for(monkeypatch, 30.0)
+    short = make_app(LOCKKEEPER_MAX_WAIT=0.3)
+    elsewhere = make_app(LOCKKEEPER_MAX_WAIT=300.0)  # an instance that waits long
+    with serve(short) as server, elsewhere.app_context():
+        service = lock_service()
+        assert service.acquire("room:b", "holder", ttl=300).acquired
+        lines_at_grant: dict[str, list[str]] = {}
+        answers = _Statuses()
+
+        def the_set():
+            with (
+                LockClient(server.url, server.token, transport=answers) as client,
+                client.lock_all(["room:a", "room:b"], ttl=30, wait=240, owner="set"),
+            ):
+                lines_at_grant["set"] = _owners(service, "room:b")
+
+        first = threading.Thread(target=the_set, daemon=True)
+        first.start()
+        _poll(lambda: _owners(service, "room:b") == ["set"], "the set in line")
+        granted: list[str] = []
+        later = _later_single(service, "room:b", "later", granted, wait=240)
+        _poll(lambda: "later" in _owners(service, "room:b"), "later in line")
+        # Two of the set's requests run out after later joined: it rejoined.
+        ran_out = answers.statuses.count(409)
+        _poll(
+            lambda: answers.statuses.count(409) >= ran_out + 2,
+            "the set's requests running out",
+            seconds=120,
+        )
+        service.release("room:b", "holder")
+        for thread in (first, later):
+            thread.join(GRANTED_WITHIN)
+            assert not thread.is_alive()
+    assert lines_at_grant["set"] == ["later"]  # served before the later one
+    assert granted == ["later"]

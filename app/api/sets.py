@@ -48,6 +48,8 @@ def acquire_set():
         still_wanted=client_still_there(request.environ),
         # Asked again while the set waits in line (the token cache's bound).
         token_live=lambda: verify_token(credential) is not None,
+        places=fields.get("places"),
+        rejoin=fields.get("rejoin", False),
     )
     status, answer, headers = wire.set_answer(result)
     response = jsonify(answer)

@@ -182,10 +182,13 @@ def acquire_body(
     return body
 
 
-def acquire_headers(wait: float | None, place: int | None) -> dict[str, str] | None:
-    """A retry presenting a kept place (its room was full) closes its
-    connection after its answer, so the next try reaches whichever server
-    worker takes a new one, not the full one its connection stays with.
+def acquire_headers(
+    wait: float | None, place: int | dict[str, int] | None
+) -> dict[str, str] | None:
+    """A retry presenting a kept place (a set's: its places; its room was
+    full) closes its connection after its answer, so the next try reaches
+    whichever server worker takes a new one, not the full one its connection
+    stays with.
 
     The client asks for it: the server cannot. gunicorn drops a
     ``Connection: close`` the app sets on its answer (a hop-by-hop header is
@@ -254,6 +257,20 @@ def _place(response: httpx.Response) -> int | None:
         return None
     place = body.get("place") if isinstance(body, dict) else None
     return place if type(place) is int and place > 0 else None
+
+
+def _places(response: httpx.Response) -> dict[str, int] | None:
+    """A set's places in line the server kept (``places``), as ``_place``."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    places = body.get("places") if isinstance(body, dict) else None
+    if not isinstance(places, dict) or not places:
+        return None
+    if not all(type(place) is int and place > 0 for place in places.values()):
+        return None
+    return {str(resource): place for resource, place in places.items()}
 
 
 def _setting(response: httpx.Response) -> str | None:
@@ -549,7 +566,12 @@ def set_acquire_body(
     members: list[SetMember],
     session: str | None = None,
     wait: float | None = None,
+    places: dict[str, int] | None = None,
+    rejoin: bool = False,
 ) -> dict[str, Any]:
+    """``places`` and ``rejoin`` (with ``wait``): one lock's ``place`` and
+    ``rejoin`` for the set (``acquire_body``): {} asks for its places to be
+    kept, the places kept before are presented."""
     body: dict[str, Any] = {"owner": owner, "members": [m.body() for m in members]}
     if ttl is not None:
         body["ttl"] = ttl
@@ -557,6 +579,10 @@ def set_acquire_body(
         body["session"] = session
     if wait:
         body["wait"] = wait
+        if places is not None:
+            body["places"] = places
+        if rejoin:
+            body["rejoin"] = True
     return body
 
 
@@ -572,6 +598,7 @@ def set_acquire_outcome(response: httpx.Response, label: str) -> SetAttempt:
             retry_after=retry_after,
             waiting_room_full=True,
             waiting_room_cap=_setting(response),
+            places=_places(response),
         )
     if response.status_code == 200:
         data = _json(response, label)
@@ -606,6 +633,7 @@ def set_acquire_outcome(response: httpx.Response, label: str) -> SetAttempt:
             refused if isinstance(refused, str) else None,
             _lock_from(holder, label) if holder else None,
             retry_after,
+            places=_places(response),
         )
     raise failure(response, label, "acquire")
 
@@ -638,22 +666,35 @@ def set_not_acquired(
     *,
     turned_away: int = 0,
     cap: str | None = None,
+    kept: bool = False,
 ) -> LockNotAcquired:
     """The end of a set's wait that was never granted whole. ``turned_away``:
     how many of its attempts found the server's waiting room full, whose
     ``cap`` (the setting) the message names, so the user knows which to
-    raise."""
+    raise. ``kept``: the server kept the set's places meanwhile."""
     holder = f" by {last.lock.owner!r}" if last.lock else ""
     member = f"; {last.refused!r} stayed held{holder}" if last.refused else ""
     message = f"set {label!r} was not free whole for {wait:g} s{member}"
     if turned_away:
         full = f"full ({cap})" if cap else "full"
+        meanwhile = (
+            "its places in line were kept meanwhile, polled for"
+            if kept
+            else "which had no place in line meanwhile"
+        )
         message += (
             f"; the server's waiting room was {full} for {turned_away} of this "
-            "wait's attempts, which had no place in line meanwhile. Raise "
+            f"wait's attempts, {meanwhile}. Raise "
             f"{cap or 'the waiting room'} or run fewer waiting acquires at once"
         )
     return LockNotAcquired(label, message, last.lock)
+
+
+def set_pause_as(last: SetAttempt) -> AcquireAttempt:
+    """A set's refusal as ``contention_delay`` weighs one lock's: a set whose
+    places were kept is asked again as soon as a kept place is."""
+    kept = min(last.places.values()) if last.places else None
+    return AcquireAttempt(False, last.lock, last.retry_after, place=kept)
 
 
 def set_waits_again_at_once(
@@ -780,9 +821,10 @@ def smaller_server_wait(exc: InvalidRequest, asked: float) -> float:
     return server_max
 
 
-def knows_no_places(exc: InvalidRequest) -> bool:
-    """An older server's 400 for the ``place`` field it does not know."""
-    return any(name == "place" for name, _ in exc.errors)
+def knows_no_places(exc: InvalidRequest, field: str = "place") -> bool:
+    """An older server's 400 for the ``place`` field (a set's: ``places``)
+    it does not know."""
+    return any(name == field for name, _ in exc.errors)
 
 
 def knows_no_rejoin(exc: InvalidRequest) -> bool:

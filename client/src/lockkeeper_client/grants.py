@@ -211,6 +211,11 @@ class SetAttempt:
     # instead; the cap it hit, as the server names it.
     waiting_room_full: bool = False
     waiting_room_cap: str | None = None
+    # The set's place in each member's line the server kept for the
+    # turned-away wait (it asked with ``places``), or for the wait that ran
+    # out (it asked to ``rejoin``): the retry presents them, as one lock's
+    # ``place``.
+    places: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -564,6 +564,8 @@ class Embedded:
                 wait=_seconds(fields, "wait"),
                 still_wanted=still_wanted,
                 token_live=lambda: self.tokens.verify(credential) is not None,
+                places=fields.get("places"),  # checked by the service
+                rejoin=_rejoin(fields),
             )
             status, body, headers = wire.set_answer(result)
             return _json(status, body, headers)

@@ -166,13 +166,15 @@ class WaitersFull(LockError):
     (``token`` given: ``LOCKKEEPER_MAX_WAITERS_PER_TOKEN``); ``setting`` names
     the cap. A request turned away has no place in line unless it asked for
     one to be kept (``place``: then the id of its kept place, which its retry
-    presents; see ``lockkeeper_core.queue``): without one, while its client polls, the
+    presents; see ``lockkeeper_core.queue``; a set's: ``places``, one in each
+    member's line): without one, while its client polls, the
     waiters in line go first, so past a cap waits lose their order."""
 
     def __init__(self, limit: int, *, token: str | None = None):
         self.limit = limit
         self.token = token
         self.place: int | None = None
+        self.places: dict[str, int] | None = None
         if token is not None:
             self.setting = "LOCKKEEPER_MAX_WAITERS_PER_TOKEN"
             whose = f"the API token {token!r} already has"

@@ -189,6 +189,9 @@ class SetResult:
     waiters: int = 0
     # The set's id, named by every member's event (None: refused).
     set_id: str | None = None
+    # A wait that ran out and asked to rejoin: its place in each member's
+    # line, kept for the client's next request (``set_waiting``).
+    places: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,19 @@ of the worker's waiting room (``WaitQueue.seat``: one request, whatever
 its members), under the caps single waiters take theirs under, and leaves
 the lines as soon as its client has gone or its API token ended, as a
 single waiter does.
+
+A set keeps its places as a single waiter keeps its place
+(``lockkeeper_core.queue``): a request that asked for them (``kept``: {}
+asks, {resource: place} presents those kept before) and is turned away by a
+full room keeps a place in every member's line for ``PLACE_KEPT_FOR``, looks
+once from them, and the refusal names them (``WaitersFull.places``); a
+request whose wait runs out while its client's goes on (``rejoin``) keeps
+them the same way, named by its answer (``SetResult.places``). The next
+request presents them and takes them back, in the same transaction and lock
+order as a first join: it waits from where the set stood, on every member,
+not behind those who came after it. The free rows made for a set stay while
+its places are kept (a place in the line of a resource with no row would
+not hold up a first acquire there).
 """
 
 from __future__ import annotations
@@ -31,15 +44,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 
 from lockkeeper_core.core import LockCore
-from lockkeeper_core.errors import TokenEnded
-from lockkeeper_core.queue import CLIENT_CHECK_INTERVAL, DEADLINE_SLACK, WaitQueue
+from lockkeeper_core.errors import InvalidInput, TokenEnded, WaitersFull
+from lockkeeper_core.queue import (
+    CLIENT_CHECK_INTERVAL,
+    DEADLINE_SLACK,
+    PLACE_KEPT_FOR,
+    WaitQueue,
+)
 from lockkeeper_core.results import SetResult
 from lockkeeper_core.statements.common import locks, waiters
 from lockkeeper_core.values import Ask
@@ -57,16 +76,39 @@ class SetRows(Protocol):
     def forget_rows(self, names: list[str]) -> None: ...
 
 
+def check_kept(kept: Any, ordered: list[Ask]) -> None:
+    """``kept``: None, or {member's resource: a place in line, 1 or more}.
+
+    :raise InvalidInput: anything else (naming ``places``)."""
+    if kept is None:
+        return
+    members = {ask.resource for ask in ordered}
+    if not isinstance(kept, dict) or not all(
+        resource in members and type(place) is int and 0 < place <= 9223372036854775807
+        for resource, place in kept.items()
+    ):
+        raise InvalidInput(
+            [("places", "must map members' resources to places in line (1 or more)")]
+        )
+
+
 def join_lines(
-    core: LockCore, ordered: list[Ask], wait: float
+    core: LockCore,
+    ordered: list[Ask],
+    wait: float,
+    kept: dict[str, int] | None = None,
+    slack: timedelta = DEADLINE_SLACK,
 ) -> tuple[dict[str, int], list[str]]:
     """A place for the set in each member's line, in one transaction, the
     members' rows locked first in the lock order (on a server database the
     caller made those that had none: a row missing here would leave two
     sets' places on it in either order); {resource: place}, and the names
-    of the rows made here (SQLite)."""
+    of the rows made here (SQLite). ``kept``: places kept for this set
+    (``WaitQueue.join``'s ``place``), each taken back with the new deadline
+    if it is still live and of this (resource, owner, token); else the
+    member joins at the end of its line."""
     now = core.now()
-    deadline = now + timedelta(seconds=wait) + DEADLINE_SLACK
+    deadline = now + timedelta(seconds=wait) + slack
 
     def work(conn):
         made.clear()
@@ -82,6 +124,12 @@ def join_lines(
                 core.transactional._insert_free_row(conn, ask.resource, now, ask.limit)
         places = {}
         for ask in ordered:
+            place = _taken_back(
+                conn, ask, (kept or {}).get(ask.resource), now, deadline
+            )
+            if place is not None:
+                places[ask.resource] = place
+                continue
             result = conn.execute(
                 insert(waiters).values(
                     resource=ask.resource,
@@ -98,6 +146,26 @@ def join_lines(
 
     made: list[str] = []
     return core.run(work), made
+
+
+def _taken_back(conn, ask: Ask, place: int | None, now, deadline) -> int | None:
+    """``place`` with its deadline moved to ``deadline``, if it is a live
+    place of ``ask``'s (resource, owner, token); else None."""
+    if not place:
+        return None
+    token = waiters.c.token
+    taken = conn.execute(
+        update(waiters)
+        .where(
+            waiters.c.id == place,
+            waiters.c.resource == ask.resource,
+            waiters.c.owner == ask.owner,
+            token == ask.token if ask.token is not None else token.is_(None),
+            waiters.c.deadline > now,
+        )
+        .values(deadline=deadline, mode=ask.mode, holder_limit=ask.limit)
+    )
+    return place if taken.rowcount == 1 else None
 
 
 def leave_lines(
@@ -156,23 +224,36 @@ def wait_in_line(
     wait: float,
     asked: Callable[[dict[str, int] | None], SetResult],
     wanted: Wanted,
+    kept: dict[str, int] | None = None,
+    rejoin: bool = False,
 ) -> SetResult:
     """The set's wait, in one seat of the waiting room (``WaitersFull``
-    before anything is written): the free rows of the members that have
-    none (``Sets.create_rows``), places in every member's line
-    (``join_lines``), then ``asked(places)`` each time a release wakes the
-    set, or after the line's pause (as a single waiter's: the holder's
+    before anything is written, unless ``kept`` asks for places: then
+    ``_turned_away``): the free rows of the members that have none
+    (``Sets.create_rows``), places in every member's line (``join_lines``,
+    ``kept`` taken back), then ``asked(places)`` each time a release wakes
+    the set, or after the line's pause (as a single waiter's: the holder's
     expiry, else the poll interval), until the set is granted, its wait runs
     out or its client has gone. However it ends, its places left are
-    deleted; unless granted, the rows made for it too."""
+    deleted (with ``rejoin``, a wait that ran out keeps them: the result's
+    ``places``); unless granted or its places kept, the rows made for it
+    too."""
     core, queue = sets.core, sets.queue
     made: list[str] = []
     result = None
-    with queue.seat(wanted.token) as seat:
+    with ExitStack() as stack:
+        try:
+            seat = stack.enter_context(queue.seat(wanted.token))
+        except WaitersFull as refusal:
+            if kept is None:
+                raise
+            return _turned_away(sets, ordered, asked, kept, refusal)
         try:
             if core.dialect != "sqlite":
                 made += sets.create_rows(ordered)
-            result = _in_line(core, queue, ordered, wait, asked, wanted, made)
+            result = _in_line(
+                core, queue, ordered, wait, asked, wanted, made, kept, rejoin
+            )
             return result
         finally:
             if result is not None and result.acquired:
@@ -180,38 +261,85 @@ def wait_in_line(
             else:
                 if result is not None and not wanted.client_seen():
                     seat["outcome"] = "gone"
-                sets.forget_rows(made)  # nothing left behind, as without a wait
+                if result is None or result.places is None:
+                    sets.forget_rows(made)  # nothing left behind, as without a wait
 
 
-def _in_line(core, queue, ordered, wait, asked, wanted, made) -> SetResult:
+def _turned_away(
+    sets: SetRows,
+    ordered: list[Ask],
+    asked: Callable[[dict[str, int] | None], SetResult],
+    kept: dict[str, int],
+    refusal: WaitersFull,
+) -> SetResult:
+    """A set the room turned away that asked for its places to be kept: a
+    place in every member's line (``kept`` taken back) for
+    ``PLACE_KEPT_FOR``, one look from them, and ``refusal`` naming them
+    (``WaitQueue._turned_away``, for a set)."""
+    core, notify = sets.core, sets.queue.notify_released
+    made = sets.create_rows(ordered) if core.dialect != "sqlite" else []
+    places, also = join_lines(core, ordered, PLACE_KEPT_FOR, kept, timedelta(0))
+    try:
+        result = asked(places)
+    except BaseException:
+        leave_lines(core, notify, places, wake=True)
+        sets.forget_rows(made + also)
+        raise
+    if result.acquired:
+        leave_lines(core, notify, places, wake=False)
+        return result
+    refusal.places = places
+    raise refusal
+
+
+def _in_line(
+    core, queue, ordered, wait, asked, wanted, made, kept, rejoin
+) -> SetResult:
     listener = queue.start_wakers()
     # Subscribed before the places are taken: a release between the two
     # still rings.
     with queue.wakeups.subscribe_all([ask.resource for ask in ordered]) as woken:
-        places, also = join_lines(core, ordered, wait)
+        places, also = join_lines(core, ordered, wait, kept)
         made += also
         for resource, place in places.items():
             woken[resource].waiter_id = place  # the head named by a release
         doorbell = woken[ordered[0].resource].event
-        until = time.monotonic() + wait
-        result = None
         try:
-            while True:
-                wanted.check_token()
-                result = asked(places)
-                left = until - time.monotonic()
-                # The client looked at after every refused look too, as a
-                # single waiter's is: a set rung again and again (the head
-                # of a busy line) would otherwise never pause long enough.
-                if result.acquired or left <= 0 or not wanted.client_there():
-                    return result
-                pause = min(left, queue.pause(result, listener))
-                if not _woken_or_paused(doorbell, pause, wanted.client_there):
-                    return result  # its client has gone
-                doorbell.clear()  # before the next look: a later ring is kept
-        finally:
-            granted = result is not None and result.acquired
-            leave_lines(core, queue.notify_released, places, wake=not granted)
+            result = _looked_until_done(
+                queue, listener, doorbell, wait, asked, places, wanted
+            )
+        except BaseException:
+            leave_lines(core, queue.notify_released, places, wake=True)
+            raise
+        if result.acquired:
+            leave_lines(core, queue.notify_released, places, wake=False)
+        elif rejoin and wanted.client_seen():
+            # Ran out, and its client asks again at once: it waits on from
+            # here, not behind those who came after it.
+            places, _ = join_lines(core, ordered, PLACE_KEPT_FOR, places, timedelta(0))
+            return replace(result, places=places)
+        else:
+            leave_lines(core, queue.notify_released, places, wake=True)
+        return result
+
+
+def _looked_until_done(queue, listener, doorbell, wait, asked, places, wanted):
+    """``asked(places)`` until granted, the wait runs out or the client has
+    gone; the last answer."""
+    until = time.monotonic() + wait
+    while True:
+        wanted.check_token()
+        result = asked(places)
+        left = until - time.monotonic()
+        # The client looked at after every refused look too, as a single
+        # waiter's is: a set rung again and again (the head of a busy line)
+        # would otherwise never pause long enough.
+        if result.acquired or left <= 0 or not wanted.client_there():
+            return result
+        pause = min(left, queue.pause(result, listener))
+        if not _woken_or_paused(doorbell, pause, wanted.client_there):
+            return result  # its client has gone
+        doorbell.clear()  # before the next look: a later ring is kept
 
 
 def _woken_or_paused(

@@ -97,7 +97,7 @@ from lockkeeper_core.set_names import (
     new_set_id,
     sets_of,
 )
-from lockkeeper_core.set_waiting import Wanted, wait_in_line
+from lockkeeper_core.set_waiting import Wanted, check_kept, wait_in_line
 from lockkeeper_core.state import Action, holds
 from lockkeeper_core.statements.common import Outcome, events, locks
 from lockkeeper_core.statements.postgresql import InTransaction
@@ -202,6 +202,8 @@ class Sets:
         wait: float | None = None,
         still_wanted: Callable[[], bool] | None = None,
         token_live: Callable[[], bool] | None = None,
+        places: dict[str, int] | None = None,
+        rejoin: bool = False,
     ) -> SetResult:
         """Grant every member to (``token``, ``owner``) for ``ttl`` seconds in
         one transaction, or none (``SetResult.refused`` names the member).
@@ -209,6 +211,9 @@ class Sets:
         ``wait``: seconds in every member's line (``set_waiting``), in one
         seat of the waiting room (``WaitersFull`` when there is none), while
         ``still_wanted()`` and ``token_live()`` hold (as a single waiter's).
+        ``places`` and ``rejoin`` (with ``wait``): a single waiter's ``place``
+        and ``rejoin`` for every member's line ({} asks for places to be
+        kept; ``WaitersFull.places``, ``SetResult.places`` name them).
 
         ``session``: the id of a session of ``token`` and ``owner`` to bind
         every member to instead of a ``ttl``: their expiry is the session's,
@@ -253,11 +258,7 @@ class Sets:
                 self.forget_rows(created)
                 answer = self._answer(refused.ask, refused.outcome)
                 return SetResult(
-                    False,
-                    [],
-                    refused.ask.resource,
-                    answer.lock,
-                    answer.waiters,
+                    False, [], refused.ask.resource, answer.lock, answer.waiters
                 )
             for resource, outcome in outcomes.items():
                 core.metrics.acquired(outcome.action, resource)
@@ -279,10 +280,13 @@ class Sets:
                 core.metrics.acquire_refused("frozen")
                 raise
 
-        result = asked()
+        places = places if wait else None
+        check_kept(places, ordered)
+        # Kept places are asked from where they stand, in line.
+        result = SetResult(False, []) if places else asked()
         if not result.acquired and wait:
             wanted = Wanted(still_wanted, token_live, token)
-            result = wait_in_line(self, ordered, wait, asked, wanted)
+            result = wait_in_line(self, ordered, wait, asked, wanted, places, rejoin)
         if not result.acquired:
             core.metrics.acquire_refused()
         return result

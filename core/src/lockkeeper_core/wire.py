@@ -181,6 +181,8 @@ def refusal(exc: LockError) -> tuple[int, str, dict[str, Any]]:
         extra["limit"] = exc.limit
         if isinstance(exc, WaitersFull) and exc.place is not None:
             extra["place"] = exc.place  # kept for the retry (lockkeeper_core.queue)
+        if isinstance(exc, WaitersFull) and exc.places is not None:
+            extra["places"] = exc.places  # a set's (lockkeeper_core.set_waiting)
     if kind in PROBLEM_TYPES:
         extra["type"] = PROBLEM_TYPES[kind]  # type: ignore[index]
     return status, title, extra
@@ -246,6 +248,8 @@ def set_answer(result: SetResult) -> tuple[int, dict[str, Any], dict[str, str]]:
         "lock": lock_to_json(result.lock) if result.lock is not None else None,
         "waiters": result.waiters,
     }
+    if result.places is not None:
+        body["places"] = result.places  # kept for the next request
     return 409, body, {"Retry-After": str(max(1, math.ceil(remaining)))}
 
 

@@ -25,7 +25,7 @@ from lockkeeper_client.errors import (
     LockLost,
     ServiceUnavailable,
 )
-from lockkeeper_client.grants import AcquireAttempt, LockGrant, SetAttempt, SetMember
+from lockkeeper_client.grants import LockGrant, SetAttempt, SetMember
 
 if TYPE_CHECKING:
     from lockkeeper_client._async.port import AsyncSetPort
@@ -42,10 +42,13 @@ class AsyncHeldSet:
     - Entering waits at most ``wait`` seconds (None: until granted) for the
       whole set in the server's lines, a place in every member's line and
       none of them held meanwhile, in requests of at most the server's
-      largest wait, one after another; when the server's waiting room is
-      full (503) it backs off and asks again (the set keeps no place
-      meanwhile). Raises ``LockNotAcquired`` naming the member that stayed
-      held. A cancel while a request is out releases what the set may hold.
+      largest wait, one after another, each but the last asking the server
+      to keep the set's places when it runs out (``rejoin``), the next
+      presenting them; when the server's waiting room is full (503) it asks
+      again soon, presenting the places the server kept for it meanwhile
+      (as one lock's wait, ``waiting``). Raises ``LockNotAcquired`` naming
+      the member that stayed held. A cancel while a request is out releases
+      what the set may hold.
     - ``held.lost`` is set when a renewal of the set is refused (a member was
       lost) or the ttl ran out by the local clock before one reached the
       server; ``held.check()`` raises ``LockLost`` then, and ``on_lost(held)``
@@ -95,6 +98,11 @@ class AsyncHeldSet:
         # The server's largest wait, as far as this set knows (learnt from
         # its 400); 0: it waits for none, poll.
         self._server_wait = client.max_server_wait
+        # The places in line the server kept for this wait ({}: "keep them
+        # if turned away"), None: the server keeps none; ``_rejoin`` False:
+        # it keeps none of a wait run out.
+        self._places: dict[str, int] | None = {}
+        self._rejoin = True
         self._follow_up: AsyncBackground | None = None
 
     @property
@@ -145,6 +153,7 @@ class AsyncHeldSet:
         attempt_number = 0
         turned_away = 0  # attempts that found the server's waiting room full
         cap = None  # the setting the last of them named
+        kept = False  # the server kept the set's places at least once
         while True:
             attempt_number += 1
             sent_at = time.monotonic()
@@ -152,13 +161,27 @@ class AsyncHeldSet:
             # largest wait per request (a plain ask when it waits for none).
             chunk = min(deadline - sent_at, self._server_wait)
             in_line_for = chunk if chunk >= 0.001 else 0.0
+            rejoin = self._rejoin and self._places is not None
             try:
                 result = await self.client.acquire_all(
-                    self.members, self.owner, self.ttl, wait=in_line_for or None
+                    self.members,
+                    self.owner,
+                    self.ttl,
+                    wait=in_line_for or None,
+                    places=self._places if in_line_for else None,
+                    rejoin=rejoin and decisions.rejoins(deadline, sent_at, in_line_for),
                 )
             except InvalidRequest as exc:
                 if not in_line_for:
                     raise
+                if self._places is not None and decisions.knows_no_places(
+                    exc, "places"
+                ):
+                    self._places = None  # an older server: ask without
+                    continue
+                if rejoin and decisions.knows_no_rejoin(exc):
+                    self._rejoin = False  # an older server: ask without
+                    continue
                 self._server_wait = decisions.smaller_server_wait(
                     exc, self._server_wait
                 )
@@ -176,20 +199,28 @@ class AsyncHeldSet:
                 raise
             if result.acquired:
                 break
+            if self._places is not None:
+                self._places = result.places or {}
+                kept = kept or result.places is not None
             if result.waiting_room_full:
                 turned_away += 1
                 cap = result.waiting_room_cap or cap
             now = time.monotonic()
             if now >= deadline:
                 raise decisions.set_not_acquired(
-                    self.label, self.wait, result, turned_away=turned_away, cap=cap
+                    self.label,
+                    self.wait,
+                    result,
+                    turned_away=turned_away,
+                    cap=cap,
+                    kept=kept,
                 )
             if decisions.set_waits_again_at_once(result, in_line_for, now - sent_at):
                 continue
             client = self.client
             await async_sleep(
                 decisions.contention_delay(
-                    AcquireAttempt(False, result.lock, result.retry_after),
+                    decisions.set_pause_as(result),
                     attempt_number,
                     backoff=client.backoff,
                     max_backoff=client.max_backoff,

@@ -79,6 +79,8 @@ class AsyncSetPort(Protocol):
         ttl: float | None = None,
         *,
         wait: float | None = None,
+        places: dict[str, int] | None = None,
+        rejoin: bool = False,
     ) -> SetAttempt: ...
 
     async def renew_all(

@@ -236,6 +236,8 @@ class LockClient:
         *,
         session: str | None = None,
         wait: float | None = None,
+        places: dict[str, int] | None = None,
+        rejoin: bool = False,
     ) -> SetAttempt:
         """Try once to take every member at once for ``owner``: granted whole
         (each its own grant and fence) or refused whole, naming the member
@@ -249,16 +251,22 @@ class LockClient:
         (holding none of them meanwhile) for up to ``wait`` seconds, at most
         its LOCKKEEPER_MAX_WAIT (past it a 400); when that server worker's
         waiting room is full the result has ``waiting_room_full`` set and the
-        caller should poll (``lock_all()`` does both).
+        caller should poll (``lock_all()`` does both). ``places`` and
+        ``rejoin`` (with ``wait``): ``acquire``'s ``place`` and ``rejoin`` for
+        the set: {} asks the server to keep its place in every member's line
+        (``SetAttempt.places`` names them), which the next attempt presents.
         """
         found = decisions.set_members(list(members))
         label = decisions.set_label([m.resource for m in found])
         response, _ = self._send(
             "POST",
             label,
-            json=decisions.set_acquire_body(owner, ttl, found, session, wait),
+            json=decisions.set_acquire_body(
+                owner, ttl, found, session, wait, places, rejoin
+            ),
             path=decisions.SETS_PATH,
             waiting=float(wait or 0.0),
+            headers=decisions.acquire_headers(wait, places),
         )
         return decisions.set_acquire_outcome(response, label)
 

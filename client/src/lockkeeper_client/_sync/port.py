@@ -80,6 +80,8 @@ class SetPort(Protocol):
         ttl: float | None = None,
         *,
         wait: float | None = None,
+        places: dict[str, int] | None = None,
+        rejoin: bool = False,
     ) -> SetAttempt: ...
 
     def renew_all(
