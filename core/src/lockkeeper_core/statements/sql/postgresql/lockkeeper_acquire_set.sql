@@ -1,4 +1,4 @@
--- lockkeeper_acquire_set, as migration 0041 installs it.
+-- lockkeeper_acquire_set, as migration 0043 installs it.
 CREATE OR REPLACE FUNCTION lockkeeper_acquire_set(
     p_resources varchar[], p_limits integer[], p_modes varchar[],
     p_waiters bigint[], p_owner varchar, p_token varchar,
@@ -45,11 +45,24 @@ FOR i IN 1 .. cardinality(p_resources) LOOP
         RAISE EXCEPTION 'the set''s member % was refused', p_resources[i]
             USING ERRCODE = 'LKS02';
     END IF;
-    -- The grant's event: the newest of its resource and fence, just written
-    -- under the member's row lock.
+    -- The grant's event, just written under the member's row lock: the
+    -- newest event of its resource (one step back along its (resource, id)
+    -- index) when it carries the grant's fence. Asked for the newest of the
+    -- resource and fence at once, the planner reads every event of the
+    -- resource (a bitmap scan, the fence filtered row by row), so a busy
+    -- resource's grant cost grew with its history.
     UPDATE lock_events AS e SET set_id = p_set_id
     WHERE e.id = (SELECT max(x.id) FROM lock_events AS x
-                  WHERE x.resource = p_resources[i] AND x.fence = g.fence);
+                  WHERE x.resource = p_resources[i])
+      AND e.fence = g.fence;
+    IF NOT FOUND THEN
+        -- Its newest event is another's (a freeze names its prefix as its
+        -- resource and is written under no row lock): the grant's own, by
+        -- its fence.
+        UPDATE lock_events AS e SET set_id = p_set_id
+        WHERE e.id = (SELECT max(x.id) FROM lock_events AS x
+                      WHERE x.resource = p_resources[i] AND x.fence = g.fence);
+    END IF;
     done := g.done;
     action := g.action;
     resource := g.resource;

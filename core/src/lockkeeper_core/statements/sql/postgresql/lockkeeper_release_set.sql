@@ -1,4 +1,4 @@
--- lockkeeper_release_set, as migration 0042 installs it.
+-- lockkeeper_release_set, as migration 0043 installs it.
 CREATE OR REPLACE FUNCTION lockkeeper_release_set(
     p_resources varchar[], p_owner varchar, p_token varchar, p_actor varchar,
     p_now timestamptz)
@@ -52,8 +52,10 @@ FOR i IN 1 .. cardinality(p_resources) LOOP
     -- The set the grant was made by: its grant event's, written at its
     -- acquired_at (read through the events' time index: the name is
     -- compared as an expression, as ``set_names`` reads it), named on the
-    -- event just written under the member's row lock, the newest of its
-    -- resource and fence.
+    -- event just written under the member's row lock: the newest event of
+    -- its resource when it carries the grant's fence (as
+    -- lockkeeper_acquire_set finds its grant's event, and why), else, a
+    -- freeze's event being newer, the newest of its resource and fence.
     v_set := NULL;
     SELECT e.set_id INTO v_set FROM lock_events AS e
     WHERE e.occurred_at = x.acquired_at AND e.resource || '' = x.resource
@@ -63,7 +65,13 @@ FOR i IN 1 .. cardinality(p_resources) LOOP
     IF v_set IS NOT NULL THEN
         UPDATE lock_events AS e SET set_id = v_set
         WHERE e.id = (SELECT max(y.id) FROM lock_events AS y
-                      WHERE y.resource = x.resource AND y.fence = x.fence);
+                      WHERE y.resource = x.resource)
+          AND e.fence = x.fence;
+        IF NOT FOUND THEN
+            UPDATE lock_events AS e SET set_id = v_set
+            WHERE e.id = (SELECT max(y.id) FROM lock_events AS y
+                          WHERE y.resource = x.resource AND y.fence = x.fence);
+        END IF;
     END IF;
     done := true;
     action := x.action;
