@@ -26,6 +26,13 @@ gives on this machine, whatever the Python around it. Both record the CPU a
 cycle cost on each side (``bench.measure.cpu_detail``): the worker processes'
 and the PostgreSQL backends' against wrk's and etcd's.
 
+wrk is a C client: etcd's side pays next to nothing for its client (about 0.1
+ms of CPU a cycle), where the embedded side's client is the worker's Python.
+``embedded_vs_etcd_from_python_workers`` compares the embedded workers with as
+many Python worker processes taking the same etcd locks through the same lock
+API (``EtcdWorker``: its JSON gateway through the standard library's HTTP
+client, one keep-alive connection each), both sides' CPU a cycle beside it.
+
 ``session_heartbeat_vs_etcd_keepalive``: heartbeats per second of Lockkeeper
 sessions (``PATCH /api/v1/sessions/{id}``: the session and every grant bound to
 it renewed in one statement) against keep-alives of etcd leases
@@ -36,12 +43,15 @@ lease) per wrk connection, each with ``BOUND_LOCKS`` locks bound to it.
 from __future__ import annotations
 
 import base64
+import http.client
+import json
 import shutil
 import signal
 import subprocess
 import time
 from functools import partial
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -52,7 +62,7 @@ from bench.http_api import (
     lockkeeper_env,
     wrk_sample,
 )
-from bench.measure import Comparison, alternate, compare, cpu_detail
+from bench.measure import Comparison, Sample, alternate, compare, cpu_detail
 from bench.ports import free_port
 from bench.servers import (
     Server,
@@ -176,6 +186,54 @@ class Etcd:
         self._log.close()
 
 
+class EtcdWorker:
+    """The cycle of a Python worker process on etcd's lock API (for
+    ``run_cycles``): lock its resource's name on the lease, unlock the key
+    the lock answered, on one keep-alive connection to the JSON gateway.
+    The standard library's ``http.client``, the least CPU a Python worker
+    can spend on a request (httpx or requests, what a worker would use, cost
+    more): etcd's side is not made slower by its client than it must be."""
+
+    __name__ = "etcd_python"
+
+    def __init__(self, lease: str):
+        self.lease = lease
+
+    def __call__(self, base_url: str, _instance: Path):
+        address = urlsplit(base_url)
+        connection = http.client.HTTPConnection(address.hostname, address.port)
+        headers = {"Content-Type": "application/json"}
+        lease = self.lease
+
+        def post(path: str, body: dict) -> dict | None:
+            connection.request("POST", path, json.dumps(body), headers)
+            answer = connection.getresponse()
+            content = answer.read()
+            return json.loads(content) if answer.status == 200 else None
+
+        def cycle(resource: str, _owner: str) -> bool:
+            name = base64.b64encode(resource.encode()).decode()
+            locked = post("/v3/lock/lock", {"name": name, "lease": lease})
+            if locked is None:
+                return False
+            return post("/v3/lock/unlock", {"key": locked["key"]}) is not None
+
+        return cycle
+
+
+def _python_workers_on_etcd(etcd: Etcd, lease: str, seconds: float) -> Sample:
+    """``EMBEDDED_WORKERS`` Python worker processes cycling etcd locks, with
+    etcd's own CPU a cycle beside the workers'."""
+    return run_cycles(
+        EtcdWorker(lease),
+        etcd.base_url,
+        Path(),
+        EMBEDDED_WORKERS,
+        seconds,
+        server_cpu=etcd.cpu_seconds,
+    )
+
+
 def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
     if "postgresql" not in databases:
         return []
@@ -220,6 +278,7 @@ def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
                 token=lease,
                 connections=EMBEDDED_WORKERS,
             ),
+            "etcd_python": partial(_python_workers_on_etcd, etcd, lease),
             "driver": lambda seconds, kind="driver": run_cycles(
                 kind,
                 database.url,
@@ -294,7 +353,24 @@ def bench_etcd(databases, workdir: Path, plan, log) -> list[Comparison]:
             f"{found.detail.get('etcd_workers_cpu_ms_per_cycle')} ms)"
         )
         in_process.append(found)
-    return [result, heartbeats, *in_process]
+    from_python = compare(
+        "embedded_vs_etcd_from_python_workers",
+        samples,
+        "embedded",
+        "etcd_python",
+        "cycles/s",
+        workers=EMBEDDED_WORKERS,
+        server="none (in process); etcd one member",
+        **cpu_detail(samples, "embedded", "etcd_python"),
+    )
+    log(
+        f"{from_python.name}: {EMBEDDED_WORKERS} embedded worker processes "
+        f"{from_python.value:.0f} vs {EMBEDDED_WORKERS} Python workers on etcd "
+        f"{from_python.baseline:.0f} cycles/s -> {from_python.ratio:.2f}x (CPU a "
+        f"cycle: {from_python.detail.get('embedded_cpu_ms_per_cycle')} vs "
+        f"{from_python.detail.get('etcd_python_cpu_ms_per_cycle')} ms)"
+    )
+    return [result, heartbeats, *in_process, from_python]
 
 
 def _bound_sessions(server: Server, token: str) -> list[str]:

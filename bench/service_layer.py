@@ -20,6 +20,7 @@ import multiprocessing
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -194,15 +195,20 @@ _CYCLES = {
 }
 
 
+def _label(kind) -> str:
+    return kind if isinstance(kind, str) else kind.__name__
+
+
 def _worker(kind, url, instance, index, duration, barrier, results, finished) -> None:
     try:
-        cycle = _CYCLES[kind](url, instance)
-        resource, owner = f"bench:{kind}:{index}", f"worker-{index}"
+        make = _CYCLES[kind] if isinstance(kind, str) else kind
+        cycle = make(url, instance)
+        resource, owner = f"bench:{_label(kind)}:{index}", f"worker-{index}"
         for _ in range(WARMUP_CYCLES):
             cycle(resource, owner)
     except BaseException as exc:
         # Tell the parent at once instead of leaving it at the barrier.
-        results.put(f"{kind} worker {index}: {exc!r}")
+        results.put(f"{_label(kind)} worker {index}: {exc!r}")
         barrier.abort()
         raise
     barrier.wait()
@@ -270,9 +276,19 @@ def _spent(before: dict[int, float] | None, after: dict[int, float] | None):
     return sum(after[pid] - before[pid] for pid in before if after.get(pid))
 
 
-def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: float):
+def run_cycles(
+    kind,
+    url: str,
+    instance: Path,
+    workers: int,
+    duration: float,
+    server_cpu: Callable[[], float] | None = None,
+):
     """Cycles per second of ``workers`` processes for ``duration`` seconds,
-    with the CPU a cycle cost (the module's docstring)."""
+    with the CPU a cycle cost (the module's docstring). ``kind``: a name of
+    ``_CYCLES``, or a function of ``(url, instance)`` that makes the cycle.
+    ``server_cpu``: the CPU seconds so far of the server the cycles go to
+    (read over the timed loop only, as the backends are)."""
     barrier = _CTX.Barrier(workers + 1)
     results = _CTX.Queue()
     finished = _CTX.Event()
@@ -293,7 +309,9 @@ def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: floa
         except threading.BrokenBarrierError:
             raise RuntimeError(results.get(timeout=5)) from None
         before = backends.cpu()
+        server_before = server_cpu() if server_cpu else None
         outcomes = [results.get(timeout=duration + 120) for _ in processes]
+        server_spent = server_cpu() - server_before if server_cpu else None
         database_cpu = _spent(before, backends.cpu())
     finally:
         finished.set()
@@ -305,7 +323,9 @@ def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: floa
     done = sum(o[0] for o in outcomes)
     failed = sum(o[1] for o in outcomes)
     if failed:
-        raise RuntimeError(f"{kind}: {failed} cycles were refused on a free resource")
+        raise RuntimeError(
+            f"{_label(kind)}: {failed} cycles were refused on a free resource"
+        )
     per_cycle = 1000 / done if done else None
     return Sample(
         done / duration,
@@ -314,6 +334,9 @@ def run_cycles(kind: str, url: str, instance: Path, workers: int, duration: floa
             and sum(o[2] for o in outcomes) * per_cycle,
             "database_cpu_ms_per_cycle": (
                 None if database_cpu is None else per_cycle and database_cpu * per_cycle
+            ),
+            "server_cpu_ms_per_cycle": (
+                None if server_spent is None else per_cycle and server_spent * per_cycle
             ),
         },
     )

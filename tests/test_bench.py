@@ -21,6 +21,7 @@ from bench import baseline_app
 from bench.driver_sql import connect, driver_for
 from bench.measure import Sample, alternate, compare
 from bench.report import markdown
+from bench.service_layer import WARMUP_CYCLES
 from tests.databases import unavailable
 
 
@@ -187,6 +188,36 @@ def test_the_etcd_baseline_cycles_through_etcds_own_lock_api(tmp_path):
     assert moved >= result["acquires"] + result["releases"] - 2, (moved, result)
     assert kept_alive["bad_status"] == 0, kept_alive
     assert kept_alive["acquires"] > 10, kept_alive
+
+
+def test_python_workers_on_etcd_take_and_free_etcd_locks(tmp_path, monkeypatch):
+    """The etcd side of ``embedded_vs_etcd_from_python_workers``: each worker
+    process's cycle is a lock (a put of its key on the lease) and an unlock
+    of that key (a delete), so etcd's revision moves twice per cycle, warm-up
+    included; etcd's CPU a cycle is read over the timed loop."""
+    from bench import etcd_bench
+
+    if shutil.which("etcd") is None:
+        unavailable("etcd is not installed (.ci/run installs it)")
+    monkeypatch.setattr(etcd_bench, "EMBEDDED_WORKERS", 2)
+    etcd = etcd_bench.Etcd(tmp_path / "etcd")
+    try:
+        lease = etcd.grant_lease()
+
+        def revision() -> int:
+            answer = httpx.post(etcd.base_url + "/v3/kv/range", json={"key": "AA=="})
+            return int(answer.json()["header"]["revision"])
+
+        before = revision()
+        found = etcd_bench._python_workers_on_etcd(etcd, lease, 0.5)
+        moved = revision() - before
+    finally:
+        etcd.stop()
+    cycles = found.rate * 0.5
+    assert cycles > 10, found
+    assert moved == 2 * (cycles + 2 * WARMUP_CYCLES), (moved, found)
+    assert found.extra["client_cpu_ms_per_cycle"] > 0
+    assert found.extra["server_cpu_ms_per_cycle"] > 0
 
 
 def test_the_session_bench_counts_heartbeats_against_renewals(database_url, tmp_path):
