@@ -10,7 +10,7 @@ import time
 
 import lockkeeper_core.engine as lock_engine
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
 from app.config import normalize_database_url
@@ -196,6 +196,58 @@ def test_after_mariadb_kills_the_apps_connections_no_request_fails(
     assert len(ids) >= 8
 
     assert hundred_requests(api) == []
+
+
+def test_a_new_connection_closed_before_its_first_use_is_a_503_not_a_500(
+    make_app, databases, tmp_path
+):
+    """A fault run through HAProxy answered 500 twice at a failover: a pooled
+    connection found closed at its checkout was replaced by a new one, which
+    HAProxy cut at once (it moved the node's sessions), the checkout found
+    that one closed too, the pool's two attempts were used up and it raised
+    InvalidRequestError ("This connection is closed"). Here every new
+    connection is killed by the server as it is made, after the pooled ones
+    were: a 503 problem, and 200 once new connections live."""
+    server = databases("mariadb")
+    url = server.fresh(tmp_path)
+    app = make_app(LOCKKEEPER_DATABASE_URL=url)
+    api = ApiClient(app)
+    assert api.post("/api/v1/locks/warm", json={"owner": "w"}).status_code == 200
+    fill_pools(app)
+    with server.admin.connect() as conn:
+        ids = conn.scalars(
+            text(
+                "SELECT id FROM information_schema.processlist"
+                " WHERE db = :name AND id <> CONNECTION_ID()"
+            ),
+            {"name": server.name},
+        ).all()
+        for connection_id in ids:
+            conn.execute(text(f"KILL CONNECTION {int(connection_id)}"))
+    server.engine.dispose()  # the harness's own, killed too
+    cutting = [True]
+
+    def cut(dbapi_connection, _record) -> None:
+        if not cutting[0]:
+            return
+        with server.admin.connect() as conn:
+            conn.execute(text(f"KILL CONNECTION {int(dbapi_connection.thread_id())}"))
+        deadline = time.monotonic() + 10
+        while not lock_engine.connection_is_dead(dbapi_connection):
+            assert time.monotonic() < deadline, "the killed connection stays open"
+            time.sleep(0.01)
+
+    with app.app_context():
+        for engine in (db.engine, autocommit(db.engine)):
+            event.listen(engine, "connect", cut)
+
+    cut_off = api.post("/api/v1/locks/job:1", json={"owner": "w"})
+    cutting[0] = False
+    served = api.post("/api/v1/locks/job:1", json={"owner": "w"})
+
+    assert cut_off.status_code == 503, cut_off.get_data(as_text=True)
+    assert cut_off.mimetype == "application/problem+json"
+    assert served.status_code == 200, served.get_data(as_text=True)
 
 
 @pytest.mark.parametrize("server", ["postgresql", "mariadb"])

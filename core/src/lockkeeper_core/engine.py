@@ -96,6 +96,7 @@ def install_engine_events(engine: Engine) -> None:
     elif engine.dialect.name in ("mariadb", "mysql"):
         _install_mariadb_events(engine)
     if engine.dialect.name != "sqlite":
+        event.listen(engine, "connect", _mark_connected)
         event.listen(engine, "checkout", _discard_if_dead)
 
 
@@ -130,7 +131,25 @@ def connection_is_dead(dbapi_connection) -> bool:
     return bool(poller.poll(0))
 
 
-def _discard_if_dead(dbapi_connection, _record, _proxy) -> None:
+# On the record of a connection just made; its first checkout takes it off.
+_JUST_CONNECTED = "lockkeeper.just_connected"
+
+
+def _mark_connected(_dbapi_connection, record) -> None:
+    record.info[_JUST_CONNECTED] = True
+
+
+def _discard_if_dead(dbapi_connection, record, _proxy) -> None:
+    # A connection made for this checkout is not polled: nothing idle can have
+    # been closed under it, and the pool tries only twice. When it replaced a
+    # closed pooled connection with one that was closed at once too (HAProxy
+    # cutting the sessions of a node it marked down, at a failover), the
+    # second discard used up its attempts: the checkout raised
+    # InvalidRequestError ("This connection is closed"), a 500. Used, a
+    # closed one fails its statement as a lost connection, which the service
+    # retries once on a fresh connection, then answers 503.
+    if record.info.pop(_JUST_CONNECTED, False):
+        return
     if connection_is_dead(dbapi_connection):
         # The pool invalidates this one and hands out a fresh connection.
         raise DisconnectionError("the server closed this pooled connection")
