@@ -304,8 +304,11 @@ def _match_events(records, grants, events, report) -> None:
     by_fence: dict[int, list[dict]] = defaultdict(list)
     released: dict[tuple[str, int], dict] = {}
     renewals: set[tuple[str, int, datetime]] = set()
+    reacquired: set[tuple[str, str, int, datetime]] = set()
     for event in events:
         key = (event["resource"], event["owner"])
+        if event["action"] == "reacquired":
+            reacquired.add((*key, event["fence"], ts(event["acquired_at"])))
         if event["action"] in GRANT_ACTIONS:
             grant_events[key].append(event)
             grant_events_of[event["resource"]].append(event)
@@ -326,6 +329,16 @@ def _match_events(records, grants, events, report) -> None:
             report.violation(f"grant {key} fence {grant.fence}: {len(found)} events")
             continue
         event = found[0]
+        if (
+            event["fence"] == grant.fence
+            and (*key, grant.fence, grant.acquired_at) in reacquired
+        ):
+            # The answer of the service's retry: the first try's COMMIT went
+            # through and its answer was lost with its connection (a proxy
+            # cutting it at a failover), and the retry found the grant made
+            # and re-acquired it, answering the retry's time. Held since the
+            # grant itself.
+            grant.acquired_at = ts(event["acquired_at"])
         if (event["fence"], ts(event["acquired_at"])) != (
             grant.fence,
             grant.acquired_at,

@@ -212,6 +212,29 @@ def test_checker_accepts_shared_grants_side_by_side():
     assert report.stats["most_believed_at_once"]["rw:0"] == 2
 
 
+def test_a_grant_answered_by_the_services_retry_is_held_from_its_first_commit():
+    """A reader's first try committed and lost its answer; the service's retry
+    re-acquired the grant (same fence) and answered its own, later time, after
+    another reader's grant with a larger fence. Believed from the first
+    commit: no fence out of order. Without the re-acquire in the log the
+    answer matches no grant."""
+    records, events = read_write_history()
+    records[0] = holder_grant("w00-1", 1, 0.4, 1, "rw:0", mode="shared")
+    events[2:] = [
+        holder_event(3, "reacquired", "w00-1", 1, 0.4, 1, "rw:0", mode="shared"),
+        holder_event(4, "took_over", "w02-1", 3, 1.5, 2, "rw:0"),
+    ]
+    assert check(records, events).violations == []
+    del events[2]
+    violations = check(records, events).violations
+    assert any(
+        v.startswith("grant ('rw:0', 'w00-1') does not match") for v in violations
+    )
+    assert (
+        "rw:0: fence 1 of w00-1 does not exceed fence 2 granted before it" in violations
+    )
+
+
 def test_checker_finds_a_writer_beside_readers():
     records, events = read_write_history()
     records[2] = holder_grant("w02-1", 3, 0.5, 2, "rw:0")
