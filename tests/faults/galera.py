@@ -32,6 +32,7 @@ from tests.faults.cluster import ClusterError
 
 PROVIDER = Path("/usr/lib/galera/libgalera_smm.so")
 DATABASE = "lockkeeper"
+ABORT_COUNTERS = ("wsrep_local_cert_failures", "wsrep_local_bf_aborts")
 
 
 def galera_prerequisites() -> str | None:
@@ -103,6 +104,13 @@ class Node:
 
     def url(self, database: str = DATABASE) -> str:
         return f"mariadb://root@127.0.0.1:{self.port}/{database}"
+
+    def aborts(self) -> dict[str, int]:
+        """Transactions this node aborted for another node's write since it
+        started: its own at certification (``wsrep_local_cert_failures``),
+        and local ones a replicated write broke into (``wsrep_local_bf_aborts``);
+        zeros when it does not answer."""
+        return {name: int(self.status(name) or 0) for name in ABORT_COUNTERS}
 
 
 class GaleraCluster:
@@ -360,10 +368,24 @@ class GaleraCluster:
         os.killpg(node.process.pid, signal.SIGSTOP)
 
     def resume(self, node: Node, timeout: float = 120.0) -> None:
-        """SIGCONT a paused node; return once it is Synced with every node
-        (evicted while it was stopped, it rejoins by IST)."""
+        """SIGCONT a paused node; return once it is Synced with every node in
+        their view (evicted while it was stopped, it rejoins by IST). Just
+        after SIGCONT it still reports the view it was stopped in, Synced
+        among all the nodes, until it learns it was evicted."""
+        other = next(n for n in self.nodes if n is not node and n.process)
         os.killpg(node.process.pid, signal.SIGCONT)
-        self.wait_synced(node, size=len(self.nodes), timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            self.wait_synced(node, size=len(self.nodes), timeout=timeout)
+            view = other.status("wsrep_cluster_conf_id")
+            if view is not None and node.status("wsrep_cluster_conf_id") == view:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{node.name}: in view {node.status('wsrep_cluster_conf_id')}"
+                    f" after {timeout} s, {other.name} in {view}"
+                )
+            time.sleep(0.1)
 
     def close(self) -> None:
         try:

@@ -8,6 +8,11 @@ seconds, database restarts with the API probed during each outage, then the chec
     python -m tests.faults --database patroni                 # failover, as CI
     python -m tests.faults --database patroni --duration 600 --failovers 10
 
+``--database galera``: three MariaDB Galera nodes, instance n on node n
+(``--galera-writers``), or every instance through HAProxy to the first Synced
+node (``--galera-proxy``); a node is SIGKILLed (or paused, ``--galera-faults
+kill,pause``) and rejoins.
+
 ``--database patroni``: three PostgreSQL servers under Patroni and etcd, the app
 instances on a libpq multi-host URL; instead of restarts, the primary's PostgreSQL
 is SIGKILLed (Patroni promotes the synchronous standby) and planned switchovers
@@ -24,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +41,7 @@ from app.config import normalize_database_url
 from tests.faults.checker import FAILOVER_RECOVERY, Report, check, check_failovers
 from tests.faults.cluster import MariaDBServer, PostgresCluster
 from tests.faults.galera import GaleraCluster
+from tests.faults.galera_proxy import GaleraProxy
 from tests.faults.instances import AppInstance, base_env, lockkeeper_cli
 from tests.faults.patroni import PatroniCluster
 from tests.faults.stall import StallCanary
@@ -90,6 +97,9 @@ class RunConfig:
     # probed; a pause is not (requests to its node wait), so kills come first.
     galera_faults: str = "kill"
     pause: float = 10.0
+    # galera: every instance through HAProxy, to the first Synced node
+    # (``galera_proxy``); node faults hit the node it sends to, mostly.
+    galera_proxy: bool = False
 
 
 # How long an outage probe waits for its 503. The instance answers at once
@@ -257,6 +267,38 @@ class FaultInjector(threading.Thread):
             for name in pending:
                 self.outage["recovery"][f"{name}#{self.database_restarts}"] = None
 
+    def _probe(self, http, headers, entry) -> None:
+        """Ask every instance once, noting each answer in ``entry["probes"]``
+        (a primary change's: ``checker.check_failovers`` judges them)."""
+        for instance in self.instances:
+            for method, path, body in (
+                ("GET", "/healthz", None),
+                (
+                    "POST",
+                    f"/api/v1/locks/probe:{instance.name}",
+                    {"owner": "p", "ttl": 0.1},
+                ),
+                ("GET", "/api/v1/locks", None),
+            ):
+                try:
+                    response = http.request(
+                        method, instance.url + path, json=body, headers=headers
+                    )
+                except httpx.TransportError:
+                    status, content_type = None, None  # killed, or restarting
+                else:
+                    status = response.status_code
+                    content_type = response.headers.get("content-type")
+                entry["probes"].append(
+                    {
+                        "url": instance.url + path,
+                        "method": method,
+                        "status": status,
+                        "content_type": content_type,
+                        "t": time.time(),
+                    }
+                )
+
     @staticmethod
     def _serves(http, instance, headers) -> bool:
         try:
@@ -279,29 +321,42 @@ class GaleraInjector(FaultInjector):
     seconds, receiving what it missed from a donor's cache (IST) or, failing
     that, a full state transfer (SST): which one is noted."""
 
+    def __init__(self, config, instances, cluster, token, stop_at):
+        super().__init__(config, instances, cluster, token, stop_at)
+        # Transactions the killed nodes had aborted for another node's write
+        # (their counters start again at 0 when they restart).
+        self.aborts: Counter[str] = Counter()
+
     @property
     def needs_instances(self) -> bool:
         # A single writer's node is never killed: no instance loses its
         # database, none is probed.
         return self.config.galera_writers > 1
 
+    def _fault(self, node, restart: dict) -> None:
+        """The next of ``config.galera_faults`` in turn, on ``node``."""
+        kinds = self.config.galera_faults.split(",")
+        restart["node"] = node.name
+        restart["fault"] = kinds[self.database_restarts % len(kinds)]
+        if restart["fault"] == "pause":
+            self.cluster.pause(node)
+        else:
+            self.aborts.update(node.aborts())
+            self.cluster.kill(node)
+
     def take_database_down(self, restart: dict) -> list[AppInstance]:
         nodes = self.cluster.nodes
         writers = self.config.galera_writers
         # A single writer's node stays up (no proxy fails it over here).
         index = self.rng.randrange(0 if writers > 1 else 1, len(nodes))
-        restart["node"] = nodes[index].name
-        kinds = self.config.galera_faults.split(",")
-        restart["fault"] = kinds[self.database_restarts % len(kinds)]
+        self._fault(nodes[index], restart)
         affected = [i for n, i in enumerate(self.instances) if n % writers == index]
         if restart["fault"] == "pause":
-            self.cluster.pause(nodes[index])
-            # Its instance's requests wait on the stopped node (no read
-            # timeout): not probed for a 503, timed once it is back instead.
+            # Its instance's requests wait on the stopped node (a pause is
+            # shorter than the service's read timeout, 60 s): not probed for
+            # a 503, timed once it is back instead.
             restart["paused_instances"] = [i.name for i in affected]
             affected = []
-        else:
-            self.cluster.kill(nodes[index])
         if writers > 1:
             # An instance on another node crashes with it, as one does with a
             # Patroni primary: a short run's one node fault, whose rejoin
@@ -339,6 +394,102 @@ class GaleraInjector(FaultInjector):
             next(
                 i for i in self.instances if i.name == restart["instance_killed"]
             ).wait_ready()
+
+
+class GaleraProxyInjector(GaleraInjector):
+    """Every instance through HAProxy (``galera_proxy.GaleraProxy``), which
+    sends every connection to galera0 while its check finds it Synced, else to
+    the next node that is. Two node faults in three hit the node HAProxy sends
+    to: the instances are probed until HAProxy sends to another node (a
+    failover), and each one's recovery is timed from then; once the node is
+    Synced again HAProxy sends to galera0 again (a failback), timed alike. The
+    third hits another node: commits wait until the cluster has evicted it."""
+
+    needs_instances = True
+
+    def __init__(self, config, instances, cluster, token, stop_at, proxy):
+        super().__init__(config, instances, cluster, token, stop_at)
+        self.proxy = proxy
+        # Changes of the node HAProxy sends to (``checker.check_failovers``),
+        # and when the faults of other nodes could hold a commit.
+        self.failovers: list[dict] = []
+        self.held: list[dict] = []
+
+    def take_database_down(self, restart: dict) -> list[AppInstance]:
+        nodes = self.cluster.nodes
+        serving = self.proxy.serving()
+        if serving is not None and self.database_restarts % 3 != 2:
+            node = next(node for node in nodes if node.name == serving)
+        else:
+            node = self.rng.choice([node for node in nodes if node.name != serving])
+        self._fault(node, restart)
+        # An instance crashes with it, as one does with a Patroni primary (a
+        # short run's node faults leave no time for kills between them).
+        victim = self.rng.choice(self.instances)
+        victim.kill()
+        self.kills += 1
+        self._halt.wait(self.rng.uniform(0.2, 1.0))
+        victim.start()
+        restart["instance_killed"] = victim.name
+        if node.name == serving:
+            entry = self._switch(
+                f"failover ({restart['fault']})", serving, restart["down_at"]
+            )
+            entry["switch_s"] = round(entry["promoted_at"] - entry["killed_at"], 3)
+            self.failovers.append(entry)
+        # Every instance loses its connections, and the switch above timed
+        # their return: none is probed for the outage's 503s.
+        return []
+
+    def bring_database_up(self, restart: dict) -> None:
+        super().bring_database_up(restart)
+        preferred = self.cluster.nodes[0].name
+        if restart["node"] != preferred:
+            self.held.append(
+                {"killed_at": restart["down_at"], "promoted_at": time.time()}
+            )
+            return
+        away = self.failovers[-1] if self.failovers else None
+        if away is not None and away["killed_at"] == restart["down_at"]:
+            # HAProxy sends to galera0 again once its check passes twice,
+            # which may be before the harness saw it Synced.
+            entry = self._switch(
+                "failback", away["new"], away["promoted_at"], to=preferred
+            )
+            self.failovers.append(entry)
+
+    def _switch(self, kind: str, old: str | None, since: float, *, to=None) -> dict:
+        """Wait until HAProxy has sent to another node than ``old`` (to
+        ``to``, if given) since ``since``, probing the instances meanwhile;
+        then time each one's recovery from that change. The window of held
+        commits (``killed_at``) starts at ``since`` for a failover and at
+        the change for a failback (galera0 is up and Synced before)."""
+        entry: dict = {"kind": kind, "old": old, "killed_at": since, "probes": []}
+        headers = {"Authorization": f"Bearer {self.token}"}
+        deadline = time.monotonic() + 60
+        with httpx.Client(timeout=5) as http:
+            while (switched := self.proxy.switch(since, away_from=old, to=to)) is None:
+                if time.monotonic() > deadline:
+                    break
+                self._probe(http, headers, entry)
+                time.sleep(0.1)
+            # No switch within the wait: the checker reports it.
+            entry["new"], entry["promoted_at"] = switched or (None, time.time())
+            if kind == "failback":
+                entry["killed_at"] = entry["promoted_at"]
+            entry["recovery"] = {}
+            pending = {instance.name: instance for instance in self.instances}
+            while pending and time.time() - entry["promoted_at"] < 60:
+                for name, instance in list(pending.items()):
+                    if self._serves(http, instance, headers):
+                        entry["recovery"][name] = round(
+                            time.time() - entry["promoted_at"], 3
+                        )
+                        del pending[name]
+                time.sleep(0.05)
+            for name in pending:
+                entry["recovery"][name] = None
+        return entry
 
 
 class FailoverInjector(FaultInjector):
@@ -434,36 +585,6 @@ class FailoverInjector(FaultInjector):
         except Exception as exc:  # noqa: BLE001 - the checker reports it
             entry["switchover_error"] = str(exc)
 
-    def _probe(self, http, headers, entry) -> None:
-        for instance in self.instances:
-            for method, path, body in (
-                ("GET", "/healthz", None),
-                (
-                    "POST",
-                    f"/api/v1/locks/probe:{instance.name}",
-                    {"owner": "p", "ttl": 0.1},
-                ),
-                ("GET", "/api/v1/locks", None),
-            ):
-                try:
-                    response = http.request(
-                        method, instance.url + path, json=body, headers=headers
-                    )
-                except httpx.TransportError:
-                    status, content_type = None, None  # killed, or restarting
-                else:
-                    status = response.status_code
-                    content_type = response.headers.get("content-type")
-                entry["probes"].append(
-                    {
-                        "url": instance.url + path,
-                        "method": method,
-                        "status": status,
-                        "content_type": content_type,
-                        "t": time.time(),
-                    }
-                )
-
 
 def read_final_locks(database_url: str) -> list[dict]:
     engine = create_engine(normalize_database_url(database_url))
@@ -520,6 +641,7 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
     on_galera = config.database == "galera"
     instances: list[AppInstance] = []
     processes = []
+    proxy: GaleraProxy | None = None
     watcher: AuditWatcher | None = None
     # The machine's own scheduling delay while the workers run, credited to the
     # liveness bounds by the checker (see ``stall``).
@@ -538,6 +660,11 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
                 cluster.url(n % config.galera_writers, database=GALERA_DATABASE)
                 for n in range(config.instances)
             ]
+            if config.galera_proxy:
+                (workdir / "haproxy").mkdir()
+                proxy = GaleraProxy(cluster, workdir / "haproxy")
+                proxy.start()
+                urls = [proxy.url(GALERA_DATABASE)] * config.instances
         else:
             cluster.start()
             urls = [cluster.url] * config.instances
@@ -602,10 +729,18 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
             injector = FailoverInjector(
                 config, instances, cluster, token, deadline, before_kill=before_kill
             )
+        elif proxy is not None:
+            injector = GaleraProxyInjector(
+                config, instances, cluster, token, deadline, proxy
+            )
         elif on_galera:
             injector = GaleraInjector(config, instances, cluster, token, deadline)
         else:
             injector = FaultInjector(config, instances, cluster, token, deadline)
+        if on_galera:
+            # Counted from here: the cluster may have served other tests.
+            for node in cluster.nodes:
+                injector.aborts.subtract(node.aborts())
         injector.start()
         for process in processes:
             process.join(timeout=max(deadline - time.time(), 0) + 60)
@@ -632,7 +767,12 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
         failovers = injector.failovers if patroni else []
         outage = None if patroni else injector.outage
         recovery = config.failover_recovery
-        if on_galera and config.galera_writers == 1:
+        if proxy is not None:
+            # Windows of held commits: the switches of the node HAProxy sends
+            # to, and the faults of the others, each until the bound after it.
+            failovers = injector.failovers + injector.held
+            outage, recovery = None, config.failover_recovery
+        elif on_galera and config.galera_writers == 1:
             # No instance loses its node: nothing to probe, but a node's crash
             # holds every commit until the others evict it.
             failovers = [
@@ -709,9 +849,55 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
                     report.violation(
                         f"switchover failed: {failover['switchover_error']}"
                     )
+        if proxy is not None:
+            check_failovers(
+                records,
+                events,
+                [
+                    r
+                    for r in read_final_locks(database_url)
+                    if r["resource"] in HOT_RESOURCES
+                ],
+                injector.failovers,
+                report,
+                max_recovery=config.failover_recovery,
+                stalls=stalls,
+            )
+            switches = injector.failovers
+            report.stats.update(
+                switches=[
+                    {
+                        k: s.get(k)
+                        for k in ("kind", "old", "new", "switch_s", "recovery")
+                    }
+                    for s in switches
+                ],
+                switch_probes=sum(len(s["probes"]) for s in switches),
+                switch_503s=sum(
+                    1 for s in switches for p in s["probes"] if p["status"] == 503
+                ),
+                # Every change of the node HAProxy sent to, flaps included.
+                proxy_changes=len(proxy.changes) - 1,
+                worst_switch_s=max(
+                    (s["switch_s"] for s in switches if "switch_s" in s), default=None
+                ),
+                worst_recovery_from_switch_s=max(
+                    (
+                        v
+                        for s in switches
+                        for v in s["recovery"].values()
+                        if v is not None
+                    ),
+                    default=None,
+                ),
+            )
         if on_galera:
+            aborts = Counter(injector.aborts)
+            for node in cluster.nodes:
+                aborts.update(node.aborts())
             restarts = injector.outage.get("restarts", [])
             report.stats.update(
+                aborts=dict(aborts),
                 node_kills=[
                     {
                         k: r.get(k)
@@ -763,6 +949,8 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
         canary.stop()
         if watcher is not None:
             watcher.close()
+        if proxy is not None:
+            proxy.close()
         for process in processes:
             if process.is_alive():
                 process.kill()
@@ -816,6 +1004,11 @@ def main(argv: list[str] | None = None) -> int:
         default=RunConfig.galera_faults,
         help="galera: node SIGKILLs, or SIGKILLs and SIGSTOPs in turn",
     )
+    parser.add_argument(
+        "--galera-proxy",
+        action="store_true",
+        help="galera: every instance through HAProxy to the first Synced node",
+    )
     parser.add_argument("--keep", action="store_true", help="keep logs, histories")
     parser.add_argument("--report", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -831,6 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         keep=args.keep,
         galera_writers=args.galera_writers,
         galera_faults=args.galera_faults,
+        galera_proxy=args.galera_proxy,
     )
     report = run(config)
     result = {
