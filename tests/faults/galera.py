@@ -29,10 +29,18 @@ import pymysql
 
 from bench.ports import free_port
 from tests.faults.cluster import ClusterError
+from tests.faults.galera_network import HARNESS_ADDRESS, NodeNetworks
 
 PROVIDER = Path("/usr/lib/galera/libgalera_smm.so")
 DATABASE = "lockkeeper"
 ABORT_COUNTERS = ("wsrep_local_cert_failures", "wsrep_local_bf_aborts")
+CLUSTER_NAME = "lockkeeper-faults"
+# Short timeouts: a killed node leaves the view within seconds.
+TIMEOUTS = (
+    "evs.suspect_timeout=PT3S",
+    "evs.inactive_timeout=PT6S",
+    "evs.install_timeout=PT6S",
+)
 
 
 def galera_prerequisites() -> str | None:
@@ -61,8 +69,9 @@ def _running_on(node: Node) -> list[str]:
 
 
 class Node:
-    def __init__(self, name: str, root: Path):
+    def __init__(self, name: str, root: Path, host: str = "127.0.0.1"):
         self.name = name
+        self.host = host
         self.dir = root / name
         self.data = self.dir / "data"
         self.socket = self.dir / "mysqld.sock"
@@ -83,7 +92,7 @@ class Node:
 
     def connect(self, *, database: str | None = DATABASE, timeout: int = 2):
         return pymysql.connect(
-            host="127.0.0.1",
+            host=self.host,
             port=self.port,
             user="root",
             database=database,
@@ -103,7 +112,7 @@ class Node:
         return row[1] if row else None
 
     def url(self, database: str = DATABASE) -> str:
-        return f"mariadb://root@127.0.0.1:{self.port}/{database}"
+        return f"mariadb://root@{self.host}:{self.port}/{database}"
 
     def aborts(self) -> dict[str, int]:
         """Transactions this node aborted for another node's write since it
@@ -113,12 +122,67 @@ class Node:
         return {name: int(self.status(name) or 0) for name in ABORT_COUNTERS}
 
 
+class Arbitrator:
+    """``garbd``: a member of the group that votes in its views and keeps no
+    data, on its own gcomm port on loopback."""
+
+    def __init__(self, root: Path):
+        self.gcomm_port = free_port()
+        self.root = root
+        self.log = root / "garbd.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, address: str) -> None:
+        options = ";".join(
+            [f"gmcast.listen_addr=tcp://127.0.0.1:{self.gcomm_port}", *TIMEOUTS]
+        )
+        garbd = shutil.which("garbd") or "/usr/bin/garbd"
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [garbd, "--address", address, "--group", CLUSTER_NAME]
+                + ["--name", "garbd", "--options", options],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                # It writes its view (gvwstate.dat) where it runs.
+                cwd=self.root,
+            )
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
 class GaleraCluster:
     """``start()``, ``nodes``, ``url(node)``; ``close()`` removes everything."""
 
-    def __init__(self, *, nodes: int = 3, user: str = "mysql"):
+    def __init__(
+        self,
+        *,
+        nodes: int = 3,
+        user: str = "mysql",
+        isolated: bool = False,
+        arbitrator: bool = False,
+    ):
+        """``isolated``: each node in a network namespace of its own, which
+        ``partition()`` can cut off (``galera_network``). ``arbitrator``: a
+        Galera arbitrator (``garbd``, Debian's galera-arbitrator-4) joins the
+        nodes as a member that votes and stores nothing: two nodes and it keep
+        a primary component when one node goes."""
+        if arbitrator and isolated:
+            raise ClusterError("an arbitrator beside isolated nodes is not built")
+        self.networks = NodeNetworks(nodes) if isolated else None
         self.root = Path(tempfile.mkdtemp(prefix="lk-faults-galera-"))
-        self.nodes = [Node(f"galera{n}", self.root) for n in range(nodes)]
+        self.nodes = [
+            Node(
+                f"galera{n}",
+                self.root,
+                self.networks.address(n) if self.networks else "127.0.0.1",
+            )
+            for n in range(nodes)
+        ]
         self.user = user
         owner = None
         if os.geteuid() == 0:
@@ -137,9 +201,16 @@ class GaleraCluster:
             node.data.mkdir()
             if owner:
                 os.chown(node.data, *owner)
-        self.address = "gcomm://" + ",".join(
-            f"127.0.0.1:{node.gcomm_port}" for node in self.nodes
-        )
+        self.arbitrator = Arbitrator(self.root) if arbitrator else None
+        members = [f"{node.host}:{node.gcomm_port}" for node in self.nodes]
+        if self.arbitrator is not None:
+            members.append(f"127.0.0.1:{self.arbitrator.gcomm_port}")
+        self.address = "gcomm://" + ",".join(members)
+
+    @property
+    def size(self) -> int:
+        """Members of the whole cluster: the nodes and the arbitrator."""
+        return len(self.nodes) + (self.arbitrator is not None)
 
     def url(self, node: Node | int = 0, *, database: str = DATABASE) -> str:
         if isinstance(node, int):
@@ -171,22 +242,19 @@ class GaleraCluster:
     def _arguments(self, node: Node, *, bootstrap: bool) -> list[str]:
         provider_options = ";".join(
             [
-                f"gmcast.listen_addr=tcp://127.0.0.1:{node.gcomm_port}",
-                f"ist.recv_addr=127.0.0.1:{node.ist_port}",
-                # Short timeouts: a killed node leaves the view within seconds.
-                "evs.suspect_timeout=PT3S",
-                "evs.inactive_timeout=PT6S",
-                "evs.install_timeout=PT6S",
+                f"gmcast.listen_addr=tcp://{node.host}:{node.gcomm_port}",
+                f"ist.recv_addr={node.host}:{node.ist_port}",
+                *TIMEOUTS,
                 "gcache.size=64M",
             ]
         )
-        return [
+        command = [
             shutil.which("mariadbd") or "/usr/sbin/mariadbd",
             "--no-defaults",
             *self._as_user,
             f"--datadir={node.data}",
             f"--port={node.port}",
-            "--bind-address=127.0.0.1",
+            f"--bind-address={node.host}",
             f"--socket={node.socket}",
             f"--pid-file={node.dir / 'mysqld.pid'}",
             "--skip-name-resolve",
@@ -200,17 +268,20 @@ class GaleraCluster:
             "--default-storage-engine=InnoDB",
             "--wsrep-on=ON",
             f"--wsrep-provider={PROVIDER}",
-            "--wsrep-cluster-name=lockkeeper-faults",
+            f"--wsrep-cluster-name={CLUSTER_NAME}",
             f"--wsrep-cluster-address={self.address}",
             f"--wsrep-node-name={node.name}",
-            f"--wsrep-node-address=127.0.0.1:{node.gcomm_port}",
-            f"--wsrep-node-incoming-address=127.0.0.1:{node.port}",
+            f"--wsrep-node-address={node.host}:{node.gcomm_port}",
+            f"--wsrep-node-incoming-address={node.host}:{node.port}",
             f"--wsrep-provider-options={provider_options}",
             "--wsrep-sst-method=rsync",
-            f"--wsrep-sst-receive-address=127.0.0.1:{node.sst_port}",
+            f"--wsrep-sst-receive-address={node.host}:{node.sst_port}",
             "--wsrep-slave-threads=2",
             *(["--wsrep-new-cluster"] if bootstrap else []),
         ]
+        if self.networks is None:
+            return command
+        return self.networks.command(self.nodes.index(node), command)
 
     # -- life cycle --------------------------------------------------------------
 
@@ -219,15 +290,45 @@ class GaleraCluster:
         serves one SST at a time); return once every node is Synced in one
         primary component of all nodes, with the database created."""
         self.start_node(self.nodes[0], bootstrap=True)
+        if self.networks is not None:
+            self._let_harness_in(self.nodes[0], timeout)
         self.wait_synced(self.nodes[0], size=1, timeout=timeout)
         with self.nodes[0].connect(database=None) as conn, conn.cursor() as cur:
             cur.execute(
                 f"CREATE DATABASE IF NOT EXISTS {DATABASE} "
                 "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
             )
-        for count, node in enumerate(self.nodes[1:], start=2):
+        count = 1
+        if self.arbitrator is not None:
+            self.arbitrator.start(self.address)
+            count += 1
+            self.wait_synced(self.nodes[0], size=count, timeout=timeout)
+        for node in self.nodes[1:]:
+            count += 1
             self.start_node(node)
             self.wait_synced(node, size=count, timeout=timeout)
+
+    def _let_harness_in(self, node: Node, timeout: float) -> None:
+        """Give the harness's address (its clients' source) the root account
+        that ``mariadb-install-db`` gives loopback, over the node's socket;
+        the joiners receive it by SST."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.raise_if_broken()
+            try:
+                conn = pymysql.connect(
+                    unix_socket=str(node.socket), user="root", connect_timeout=2
+                )
+            except pymysql.err.MySQLError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                continue
+            with conn, conn.cursor() as cursor:
+                account = f"'root'@'{HARNESS_ADDRESS}'"
+                cursor.execute(f"CREATE USER IF NOT EXISTS {account}")
+                cursor.execute(f"GRANT ALL ON *.* TO {account} WITH GRANT OPTION")
+            return
 
     def recovered_position(self, node: Node) -> str | None:
         """The position (``uuid:seqno``) of the last transaction ``node``
@@ -287,7 +388,7 @@ class GaleraCluster:
         once it is Synced with every node."""
         position = self.recovered_position(node)
         self.start_node(node, position=position)
-        self.wait_synced(node, size=len(self.nodes), timeout=timeout)
+        self.wait_synced(node, size=self.size, timeout=timeout)
 
     def start_node(
         self, node: Node, *, bootstrap: bool = False, position: str | None = None
@@ -307,6 +408,12 @@ class GaleraCluster:
 
     def raise_if_broken(self) -> None:
         """Raise at once, with its log tail, when a started node has exited."""
+        garbd = self.arbitrator.process if self.arbitrator else None
+        if garbd is not None and garbd.poll() is not None:
+            raise ClusterError(
+                f"garbd exited with {garbd.returncode}:\n"
+                + self.arbitrator.log.read_text(errors="replace")[-3000:]
+            )
         for node in self.nodes:
             if node.process is None:
                 continue
@@ -343,11 +450,13 @@ class GaleraCluster:
         with open(node.log, "rb") as log:
             log.seek(node.log_start)
             text = log.read().decode(errors="replace")
-        # The rsync script runs for both, and says which it was.
-        if "IST completed on joiner" in text:
-            return "IST"
+        # A node that starts runs the rsync script, which says which it was;
+        # one that was evicted and stayed up (a pause, a partition) receives
+        # the writesets it missed by the provider alone ("IST received").
         if "SST completed on joiner" in text:
             return "SST"
+        if "IST completed on joiner" in text or "IST received:" in text:
+            return "IST"
         return "none"
 
     def kill(self, node: Node) -> None:
@@ -361,6 +470,21 @@ class GaleraCluster:
         node.process.wait()
         node.process = None
 
+    def wipe(self, node: Node) -> None:
+        """Empty a killed node's data directory (a lost disk, a node rebuilt):
+        started again, it asks a donor for a whole copy (SST)."""
+        if node.process is not None:
+            raise ClusterError(f"{node.name} is running: kill it first")
+        kept = node.data.stat()
+        shutil.rmtree(node.data)
+        node.data.mkdir(mode=kept.st_mode & 0o7777)
+        os.chown(node.data, kept.st_uid, kept.st_gid)
+
+    def rebuild(self, node: Node, timeout: float = 300.0) -> None:
+        """Start a wiped node; return once it is Synced with every node."""
+        self.start_node(node)
+        self.wait_synced(node, size=self.size, timeout=timeout)
+
     def pause(self, node: Node) -> None:
         """SIGSTOP a node (a frozen process or VM): its sockets stay open and
         answer nothing. What it logs from here on is its next start's."""
@@ -369,14 +493,32 @@ class GaleraCluster:
 
     def resume(self, node: Node, timeout: float = 120.0) -> None:
         """SIGCONT a paused node; return once it is Synced with every node in
-        their view (evicted while it was stopped, it rejoins by IST). Just
-        after SIGCONT it still reports the view it was stopped in, Synced
+        their view (evicted while it was stopped, it rejoins by IST)."""
+        os.killpg(node.process.pid, signal.SIGCONT)
+        self.wait_rejoined(node, timeout)
+
+    def partition(self, node: Node) -> None:
+        """Cut ``node`` off from the others (not from its clients): packets
+        between them are dropped both ways (``galera_network``). What it logs
+        from here on is its rejoin's."""
+        if self.networks is None:
+            raise ClusterError("a partition needs GaleraCluster(isolated=True)")
+        node.log_start = node.log.stat().st_size
+        self.networks.cut(self.nodes.index(node))
+
+    def heal(self, node: Node, timeout: float = 120.0) -> None:
+        """End ``node``'s partition; return once it has rejoined, Synced."""
+        self.networks.heal(self.nodes.index(node))
+        self.wait_rejoined(node, timeout)
+
+    def wait_rejoined(self, node: Node, timeout: float = 120.0) -> None:
+        """Wait until ``node`` is Synced with every node, in their view. A node
+        that was paused or cut off still reports the view it was in, Synced
         among all the nodes, until it learns it was evicted."""
         other = next(n for n in self.nodes if n is not node and n.process)
-        os.killpg(node.process.pid, signal.SIGCONT)
         deadline = time.monotonic() + timeout
         while True:
-            self.wait_synced(node, size=len(self.nodes), timeout=timeout)
+            self.wait_synced(node, size=self.size, timeout=timeout)
             view = other.status("wsrep_cluster_conf_id")
             if view is not None and node.status("wsrep_cluster_conf_id") == view:
                 return
@@ -391,8 +533,12 @@ class GaleraCluster:
         try:
             for node in self.nodes:
                 self.kill(node)
+            if self.arbitrator is not None:
+                self.arbitrator.stop()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+            if self.networks is not None:
+                self.networks.close()
 
     def __enter__(self) -> GaleraCluster:
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,9 +33,13 @@ import pymysql
 from bench.ports import free_port
 from tests.faults.cluster import ClusterError
 
-# Every half second; two failed checks mark a server down, two passed up.
-CHECK_INTERVAL_MS = 500
-CHECK_TIMEOUT_MS = 1000
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# Every second; two failed checks mark a server down, two passed up. A check
+# that has no answer in 3 s failed: on this loaded machine checks took more
+# than 1 s, and HAProxy marked Synced nodes down (13 of 17 times galera0 went
+# down in a 10-minute run).
+CHECK_INTERVAL_MS = 1000
+CHECK_TIMEOUT_MS = 3000
 
 
 def haproxy_missing() -> str | None:
@@ -43,11 +48,12 @@ def haproxy_missing() -> str | None:
     return None
 
 
-def node_synced(port: int) -> tuple[bool, str]:
-    """Whether the node on ``port`` can serve the service, and what it said."""
+def node_synced(host: str, port: int) -> tuple[bool, str]:
+    """Whether the node at ``host:port`` can serve the service, and what it
+    said."""
     try:
         conn = pymysql.connect(
-            host="127.0.0.1",
+            host=host,
             port=port,
             user="root",
             connect_timeout=1,
@@ -76,34 +82,54 @@ def node_synced(port: int) -> tuple[bool, str]:
 
 
 class SyncedCheck:
-    """An HTTP server on a free port answering HAProxy's check of one node."""
+    """HAProxy's check of one node: an HTTP server on a free port in a process
+    of its own (``python -m tests.faults.galera_proxy PORT HOST PORT``), as a
+    check daemon runs beside each node: in the harness's process it shared
+    the interpreter with the injector's threads, and on a loaded machine
+    checks ran past HAProxy's timeout."""
 
-    def __init__(self, node_port: int):
+    def __init__(self, node, log: Path):
         self.port = free_port()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                synced, said = node_synced(node_port)
-                body = said.encode()
-                try:
-                    self.send_response(200 if synced else 503)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except ConnectionError:
-                    pass  # HAProxy had its answer from the status line
-
-            def log_message(self, *args) -> None:
-                pass  # six checks a second
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        with open(log, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.faults.galera_proxy"]
+                + [str(self.port), node.host, str(node.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=PROJECT_ROOT,
+            )
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def serve_check(port: int, node_host: str, node_port: int) -> None:
+    """Answer HAProxy's checks of the node at ``node_host:node_port`` on
+    ``port``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            synced, said = node_synced(node_host, node_port)
+            body = said.encode()
+            try:
+                self.send_response(200 if synced else 503)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except ConnectionError:
+                pass  # HAProxy had its answer from the status line
+
+        def log_message(self, *args) -> None:
+            pass  # a check a second
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    server.serve_forever()
 
 
 class GaleraProxy:
@@ -114,10 +140,13 @@ class GaleraProxy:
         self.directory = directory
         self.port = free_port()
         self.socket = directory / "haproxy.sock"
-        self.checks = [SyncedCheck(node.port) for node in cluster.nodes]
+        self.checks = [
+            SyncedCheck(node, directory / f"check-{node.name}.log")
+            for node in cluster.nodes
+        ]
         self.process: subprocess.Popen | None = None
         # (wall clock, the node HAProxy sends to from then on), each change,
-        # as ``_watch`` saw it (every 50 ms).
+        # as ``_watch`` saw it (every 100 ms).
         self.changes: list[tuple[float, str | None]] = []
         self._closing = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True)
@@ -129,7 +158,7 @@ class GaleraProxy:
         ):
             role = "on-marked-up shutdown-backup-sessions" if n == 0 else "backup"
             servers.append(
-                f"    server {node.name} 127.0.0.1:{node.port}"
+                f"    server {node.name} {node.host}:{node.port}"
                 f" check port {check.port} {role}"
             )
         return "\n".join(
@@ -186,7 +215,7 @@ class GaleraProxy:
     def _watch(self) -> None:
         last = self.serving()
         self.changes.append((time.time(), last))
-        while not self._closing.wait(0.05):
+        while not self._closing.wait(0.1):
             now = self.serving()
             if now != last:
                 self.changes.append((time.time(), now))
@@ -261,3 +290,7 @@ class GaleraProxy:
         finally:
             for check in self.checks:
                 check.close()
+
+
+if __name__ == "__main__":
+    serve_check(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import sys
@@ -41,6 +42,7 @@ from app.config import normalize_database_url
 from tests.faults.checker import FAILOVER_RECOVERY, Report, check, check_failovers
 from tests.faults.cluster import MariaDBServer, PostgresCluster
 from tests.faults.galera import GaleraCluster
+from tests.faults.galera_network import in_own_network_namespace
 from tests.faults.galera_proxy import GaleraProxy
 from tests.faults.instances import AppInstance, base_env, lockkeeper_cli
 from tests.faults.patroni import PatroniCluster
@@ -92,14 +94,20 @@ class RunConfig:
     # galera: how many nodes take writes, instance n on node n % writers. 1:
     # every instance on node 0 (single writer), and node faults hit the others.
     galera_writers: int = 3
-    # galera: the node faults in turn, "kill" (SIGKILL and restart) and
-    # "pause" (SIGSTOP for ``pause`` seconds, then SIGCONT). A kill's outage is
-    # probed; a pause is not (requests to its node wait), so kills come first.
+    # galera: the node faults in turn, "kill" (SIGKILL and restart),
+    # "pause" (SIGSTOP for ``pause`` seconds, then SIGCONT), "partition"
+    # (cut off from the other nodes for ``pause`` seconds, its clients still
+    # reaching it: ``galera_network``) and "wipe" (SIGKILL, its data directory
+    # emptied, a whole copy from a donor: SST, while the others serve). A
+    # kill's outage is probed, and a partition's and a wipe's; a pause's is
+    # not (requests to its node wait).
     galera_faults: str = "kill"
     pause: float = 10.0
     # galera: every instance through HAProxy, to the first Synced node
     # (``galera_proxy``); node faults hit the node it sends to, mostly.
     galera_proxy: bool = False
+    # galera: two nodes and an arbitrator (garbd) instead of three nodes.
+    galera_arbitrator: bool = False
 
 
 # How long an outage probe waits for its 503. The instance answers at once
@@ -340,13 +348,17 @@ class GaleraInjector(FaultInjector):
         restart["fault"] = kinds[self.database_restarts % len(kinds)]
         if restart["fault"] == "pause":
             self.cluster.pause(node)
+        elif restart["fault"] == "partition":
+            self.cluster.partition(node)
         else:
             self.aborts.update(node.aborts())
             self.cluster.kill(node)
+            if restart["fault"] == "wipe":
+                self.cluster.wipe(node)
 
     def take_database_down(self, restart: dict) -> list[AppInstance]:
         nodes = self.cluster.nodes
-        writers = self.config.galera_writers
+        writers = min(self.config.galera_writers, len(nodes))
         # A single writer's node stays up (no proxy fails it over here).
         index = self.rng.randrange(0 if writers > 1 else 1, len(nodes))
         self._fault(nodes[index], restart)
@@ -372,10 +384,16 @@ class GaleraInjector(FaultInjector):
 
     def bring_database_up(self, restart: dict) -> None:
         node = next(n for n in self.cluster.nodes if n.name == restart["node"])
-        if restart["fault"] == "pause":
+        if restart["fault"] in ("pause", "partition"):
             self._halt.wait(restart["down_at"] + self.config.pause - time.time())
             started = time.monotonic()
-            self.cluster.resume(node)
+            if restart["fault"] == "pause":
+                self.cluster.resume(node)
+            else:
+                self.cluster.heal(node)
+        elif restart["fault"] == "wipe":
+            started = time.monotonic()
+            self.cluster.rebuild(node)
         else:
             started = time.monotonic()
             self.cluster.restart_node(node)
@@ -620,7 +638,11 @@ def make_cluster(config: RunConfig):
     if config.database == "mariadb":
         return MariaDBServer()
     if config.database == "galera":
-        return GaleraCluster()
+        return GaleraCluster(
+            nodes=2 if config.galera_arbitrator else 3,
+            isolated="partition" in config.galera_faults,
+            arbitrator=config.galera_arbitrator,
+        )
     if config.database == "patroni":
         return PatroniCluster(
             synchronous=config.synchronous,
@@ -657,7 +679,10 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
                     " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
                 )
             urls = [
-                cluster.url(n % config.galera_writers, database=GALERA_DATABASE)
+                cluster.url(
+                    n % min(config.galera_writers, len(cluster.nodes)),
+                    database=GALERA_DATABASE,
+                )
                 for n in range(config.instances)
             ]
             if config.galera_proxy:
@@ -967,6 +992,18 @@ def run(config: RunConfig, log=print, *, before_kill=None, galera=None) -> Repor
         log(f"run took {time.monotonic() - started:.1f} s")
 
 
+GALERA_FAULTS = ("kill", "pause", "partition", "wipe")
+
+
+def galera_faults(raw: str) -> str:
+    kinds = raw.split(",")
+    if not kinds or kinds[0] != "kill" or not set(kinds) <= set(GALERA_FAULTS):
+        raise argparse.ArgumentTypeError(
+            f"kill, then any of {', '.join(GALERA_FAULTS[1:])}, comma-separated"
+        )
+    return raw
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
     parser.add_argument(
@@ -1000,18 +1037,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--galera-faults",
-        choices=["kill", "kill,pause"],
+        type=galera_faults,
         default=RunConfig.galera_faults,
-        help="galera: node SIGKILLs, or SIGKILLs and SIGSTOPs in turn",
+        help="galera: the node faults in turn, comma-separated: kill, pause,"
+        " partition (the harness then runs in a network namespace of its own),"
+        " wipe (SST); kill first",
     )
     parser.add_argument(
         "--galera-proxy",
         action="store_true",
         help="galera: every instance through HAProxy to the first Synced node",
     )
+    parser.add_argument(
+        "--galera-arbitrator",
+        action="store_true",
+        help="galera: two nodes and an arbitrator (garbd) instead of three nodes",
+    )
     parser.add_argument("--keep", action="store_true", help="keep logs, histories")
     parser.add_argument("--report", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
+    if "partition" in args.galera_faults and not in_own_network_namespace():
+        # Each node gets a namespace, joined by a bridge in the harness's:
+        # that one must not be the machine's (galera_network).
+        given = sys.argv[1:] if argv is None else argv
+        command = [sys.executable, "-m", "tests.faults", *given]
+        os.execvp("unshare", ["unshare", "--net", "--", *command])
     config = RunConfig(
         database=args.database,
         duration=args.duration,
@@ -1025,6 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
         galera_writers=args.galera_writers,
         galera_faults=args.galera_faults,
         galera_proxy=args.galera_proxy,
+        galera_arbitrator=args.galera_arbitrator,
     )
     report = run(config)
     result = {
