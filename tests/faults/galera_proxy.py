@@ -159,7 +159,9 @@ class GaleraProxy:
             role = "on-marked-up shutdown-backup-sessions" if n == 0 else "backup"
             servers.append(
                 f"    server {node.name} {node.host}:{node.port}"
-                f" check port {check.port} {role}"
+                # The check runs on the harness's side (a check daemon on the
+                # node's host, in a deployment), not at the node's address.
+                f" check addr 127.0.0.1 port {check.port} {role}"
             )
         return "\n".join(
             [
