@@ -32,7 +32,7 @@ EXPECTED = {
     # evaluates UTC_TIMESTAMP(6) when a statement starts, before it waits for the
     # row lock); a grant's fence comes in that same statement.
     "mariadb": {
-        # locking read, one call (lockkeeper_token_clock: the token's row
+        # locking read, one call (lockkeeper_token_grant: the token's row
         # lock, then the clock, the quota count and nextval, which must follow
         # it), insert, event
         "acquire new": (4, 1),

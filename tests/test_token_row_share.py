@@ -1,6 +1,7 @@
 """A token far from its lock quota shares its row lock at a grant; near it, a
-grant takes the row alone (PostgreSQL: migration 0011; MariaDB: the first
-look of ``lockkeeper_token_clock``, migration 0039). Real grants of one token,
+grant takes the row alone (PostgreSQL: migration 0011; MariaDB: the call
+``lockkeeper_token_grant``, migration 0044, told by the token's last grant in
+the process). Real grants of one token,
 one paused inside its transaction, on the server databases (SQLite has one
 writer at a time and no row locks)."""
 
@@ -40,7 +41,7 @@ class PausedGrant:
     """A real grant of ``token`` in a thread, paused inside its transaction
     right after it locked the token's row until ``go()``: at the clock read
     that draws its fence, or on MariaDB's hot path at the statement after
-    ``lockkeeper_token_clock``, the call that locks the row and draws it."""
+    ``lockkeeper_token_grant``, the call that locks the row and draws it."""
 
     def __init__(self, app, resource: str, token: str, max_locks: int):
         self.app = app
@@ -65,7 +66,7 @@ class PausedGrant:
     def _statement(self, _conn, _cursor, statement, *_args):
         if threading.current_thread() is not getattr(self, "thread", None):
             return
-        if "lockkeeper_token_clock" in statement:
+        if "lockkeeper_token_grant" in statement:
             self.called = True
             return
         if (
@@ -127,11 +128,103 @@ def test_a_grant_near_the_quota_waits_for_the_token_grant_in_flight(app, backend
             service.acquire("near:c", "w", token="near", max_locks=2)
 
 
+@pytest.mark.backends("mariadb")
+def test_a_token_found_near_a_quota_above_the_margin_takes_its_row_alone(app, backend):
+    """A quota above max_connections: far from it the token's grants share its
+    row, but a grant whose count leaves the token within max_connections of
+    it makes the token's next grant in this process take the row alone: it
+    waits for the grant in flight, then counts it."""
+    with app.app_context():
+        margin = _margin()
+        max_locks = margin + 3
+        ApiClient(app, "nearing", max_locks=max_locks)
+        now = datetime.now(UTC)
+        db.session.execute(
+            insert(locks),
+            [
+                {
+                    "resource": f"nearing:held:{n}",
+                    "owner": "o",
+                    "token": "nearing",
+                    "fence": 10**9 + n,
+                    "acquired_at": now,
+                    "expires_at": now + timedelta(hours=1),
+                }
+                for n in range(2)
+            ],
+        )
+        db.session.commit()
+        # Shared: 2 live locks are below max_locks - margin (3). After it, 3 are.
+        assert _acquire(app, "nearing:first", "nearing", max_locks).acquired
+        paused = PausedGrant(app, "nearing:a", "nearing", max_locks)
+        pool = ThreadPoolExecutor(1)
+        try:
+            second = pool.submit(_acquire, app, "nearing:b", "nearing", max_locks)
+            _wait_for_the_token_row(second)
+            assert not second.done()
+        finally:
+            first = paused.go()
+        assert first.acquired
+        assert second.result(DEADLINE).acquired
+        pool.shutdown()
+        live = db.session.scalar(
+            select(func.count()).select_from(locks).where(locks.c.token == "nearing")
+        )
+        assert live == 5
+
+
+def test_a_quota_above_the_margin_holds_under_twenty_parallel_grants(app, backend):
+    """A token 5 grants short of a quota above max_connections: twenty new
+    grants at once (none of them told yet that the token is near: on MariaDB
+    the first tries shared, finds it near, and is tried again alone) end with
+    exactly 5 granted and 15 refused for the quota."""
+    with app.app_context():
+        margin = _margin()
+        max_locks = margin + 10
+        ApiClient(app, "crowded", max_locks=max_locks)
+        now = datetime.now(UTC)
+        db.session.execute(
+            insert(locks),
+            [
+                {
+                    "resource": f"crowded:held:{n}",
+                    "owner": "o",
+                    "token": "crowded",
+                    "fence": 10**9 + n,
+                    "acquired_at": now,
+                    "expires_at": now + timedelta(hours=1),
+                }
+                for n in range(max_locks - 5)
+            ],
+        )
+        db.session.commit()
+    parallel = 20
+    start = threading.Barrier(parallel)
+
+    def grant(n: int) -> str:
+        start.wait(DEADLINE)
+        try:
+            result = _acquire(app, f"crowded:{n}", "crowded", max_locks)
+        except QuotaExceeded:
+            return "over quota"
+        return "granted" if result.acquired else f"refused: {result}"
+
+    with ThreadPoolExecutor(parallel) as pool:
+        answers = sorted(pool.map(grant, range(parallel)))
+    assert answers == ["granted"] * 5 + ["over quota"] * 15
+    with app.app_context():
+        live = db.session.scalar(
+            select(func.count()).select_from(locks).where(locks.c.token == "crowded")
+        )
+        assert live == max_locks
+
+
 def test_a_shared_grant_counts_again_after_its_lock(app, backend):
-    """The first look finds the token far from its quota, so the grant waits for
-    its row shared; by the time it holds it the token has filled its quota (an
-    exclusive holder committed a quota's worth of locks). The grant counts again
-    after its lock and is refused, not granted on its first look."""
+    """The grant takes the token's row shared (the token is far from its quota:
+    the first look, or on MariaDB a token no grant has found near); by the time
+    it holds it the token has filled its quota (an exclusive holder committed a
+    quota's worth of locks). The grant counts after its lock and is refused,
+    not granted on what it found before."""
     with app.app_context():
         max_locks = _margin() + 10
         ApiClient(app, "filling", max_locks=max_locks)
@@ -174,7 +267,7 @@ def test_a_revocation_committed_while_a_grant_waits_for_the_token_row_is_seen(
     """A revocation holds the token's row while a new grant of the token waits
     for it (a fresh resource, or the take-over of an expired holder): once the
     revocation commits, the grant sees it where it commits, is refused and
-    writes nothing. On MariaDB both wait inside ``lockkeeper_token_clock``,
+    writes nothing. On MariaDB both wait inside ``lockkeeper_token_grant``,
     whose clock and count come after that wait."""
     resource = f"late:{'taken' if take_over else 'fresh'}"
     with app.app_context():

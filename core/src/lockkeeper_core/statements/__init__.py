@@ -71,9 +71,14 @@ quota that lock is exclusive, so one token's new grants count one after another
 and the quota is exact under parallel requests; far from it, or without one, it
 is shared. The count is part of the same statement
 (PostgreSQL), of the call that locks the token's row, a statement after that
-lock (MariaDB: ``lockkeeper_token_clock``, migration 0039, with the clock and
+lock (MariaDB: ``lockkeeper_token_grant``, migration 0044, with the clock and
 the fence), or of the locking read (SQLite, one writer at a time), never a
-round trip of its own on re-acquire or renew.
+round trip of its own on re-acquire or renew. Which way the row is locked is
+picked by a first look at the count (PostgreSQL, and MariaDB off the hot path:
+on the locking read) or, on MariaDB's hot path, by what the token's last
+grant in this process counted (a count costs the token's churned index
+entries there: once per grant, not twice); a shared lock whose count finds the
+token near its quota grants nothing and the service tries again.
 """
 
 from __future__ import annotations

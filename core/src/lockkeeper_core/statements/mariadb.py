@@ -14,9 +14,12 @@ from lockkeeper_core.statements.driver_writes import (
 )
 from lockkeeper_core.statements.transaction import TransactionalStatements
 
-_TOKEN_CLOCK = FixedSQL.written(
-    "CALL lockkeeper_token_clock(:token, :resource, :max_locks, :fence)"
+_TOKEN_GRANT = FixedSQL.written(
+    "CALL lockkeeper_token_grant(:token, :resource, :max_locks, :shared, :fence)"
 )
+# How many tokens near their quota a process remembers (``_near_quota``); past
+# that it forgets them all, and each one's next grant learns again.
+_NEAR_QUOTA_KEPT = 1024
 
 
 class MariaDBStatements(DriverWrites, TransactionalStatements):
@@ -42,17 +45,21 @@ class MariaDBStatements(DriverWrites, TransactionalStatements):
         self.transactional = TransactionalStatements(dialect_name)
         self._dialect = _pyformat_mariadb_dialect()
         self._fixed_reads: dict[Any, FixedSQL] = {}
+        # Tokens whose last grant here found them near their quota: their next
+        # grant asks for the token's row alone (``lockkeeper_token_grant``).
+        # Only a hint: the count after the lock decides the quota either way,
+        # and a shared lock that finds the token near is refused and retried.
+        self._near_quota: set[str] = set()
 
-    def _looks_first_after_read(self, now) -> bool:
-        # The server's clock: the hot path, whose call takes the first look.
+    def _picks_token_lock_in_call(self, now) -> bool:
+        # The server's clock: the hot path, whose call locks the token's row.
         return now is None
 
     def _token_then_clock(self, conn, token, now, quota, *, resource):
         """The token's row, then the clock, freeze, quota count and fence, in
-        one round trip: ``lockkeeper_token_clock`` (migration 0039), which
-        also takes the quota's first look. With a clock given (tests), the
-        statements one by one."""
-        if not quota.after_read:
+        one round trip: ``lockkeeper_token_grant`` (migration 0044). With a
+        clock given (tests), the statements one by one."""
+        if not quota.in_call:
             return super()._token_then_clock(conn, token, now, quota, resource=resource)
         row = self._token_call(conn, token, resource, quota.max_locks, fence=True)
         clock = Clock(row.now, row.fence, bool(row.frozen), bool(row.over_quota))
@@ -63,7 +70,7 @@ class MariaDBStatements(DriverWrites, TransactionalStatements):
     def _token_then_count(self, conn, token, now, quota):
         """A take-over's token row and quota count: the same call, drawing no
         fence (the take-over drew its own)."""
-        if not quota.after_read:
+        if not quota.in_call:
             return super()._token_then_count(conn, token, now, quota)
         row = self._token_call(conn, token, None, quota.max_locks, fence=False)
         return quota._replace(
@@ -73,15 +80,27 @@ class MariaDBStatements(DriverWrites, TransactionalStatements):
         )
 
     def _token_call(self, conn, token, resource, max_locks, *, fence):
-        return conn.one(
-            _TOKEN_CLOCK,
+        """``lockkeeper_token_grant``: the token's row locked shared unless its
+        last grant here found it near its quota, and what the count after
+        that lock finds kept for its next grant."""
+        near_quota = self._near_quota
+        row = conn.one(
+            _TOKEN_GRANT,
             {
                 "token": token,
                 "resource": resource,
                 "max_locks": max_locks or None,
+                "shared": token not in near_quota,
                 "fence": fence,
             },
         )
+        if row.near:
+            if len(near_quota) >= _NEAR_QUOTA_KEPT:
+                near_quota.clear()
+            near_quota.add(token)
+        else:
+            near_quota.discard(token)
+        return row
 
     def _row(self, conn, statement, params):
         return conn.one(self._compiled(statement), params)

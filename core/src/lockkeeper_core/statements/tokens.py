@@ -25,9 +25,9 @@ class TokenLook(NamedTuple):
     max_locks: int | None
     far: bool
     limit: int | None
-    # The first look is the one after the locking read (``far`` and ``limit``
-    # are then not known yet: ``_looks_first_after_read``).
-    after_read: bool = False
+    # The locking read took no first look: the call that locks the token's row
+    # picks how, and says whether it was shared (``_picks_token_lock_in_call``).
+    in_call: bool = False
     row: Any = None
     clock: Clock | None = None
     over_quota: bool = False
@@ -60,10 +60,11 @@ class TokenStatements:
             return True, max_locks - margin
         return False, max_locks
 
-    def _looks_first_after_read(self, now: datetime | None) -> bool:
-        """Whether the quota's first look is taken after the locking read, by
-        ``_token_then_clock`` and ``_token_then_count``, rather than on it
-        (MariaDB's hot path: in its call)."""
+    def _picks_token_lock_in_call(self, now: datetime | None) -> bool:
+        """Whether ``_token_then_clock`` and ``_token_then_count`` pick how the
+        token's row is locked, so the locking read takes no first look
+        (MariaDB's hot path: its call, told what the token's last grant in
+        this process found)."""
         return False
 
     def _token_then_clock(

@@ -497,11 +497,11 @@ class TransactionalStatements(StaleStatements, HoldersStatements, TokenStatement
         # Elsewhere the count follows the token's row lock, so two parallel new
         # grants of one token cannot both count the same free place; the locking
         # read takes a first look (``_far``) that picks how that row is locked,
-        # or on MariaDB's hot path the call that locks it (``after_read``).
+        # or on MariaDB's hot path the call that locks it picks (``in_call``).
         count_on_read = counting and not self.uses_sequence
-        after_read = self._looks_first_after_read(now)
+        in_call = self._picks_token_lock_in_call(now)
         first_look = (
-            counting and checks_token and self._margin is not None and not after_read
+            counting and checks_token and self._margin is not None and not in_call
         )
         row = self.lock_row(
             conn,
@@ -535,7 +535,7 @@ class TransactionalStatements(StaleStatements, HoldersStatements, TokenStatement
                     conn,
                     token,
                     now,
-                    TokenLook(max_locks if counting else None, far, limit, after_read),
+                    TokenLook(max_locks if counting else None, far, limit, in_call),
                     resource=resource,
                 )
                 token_row, far = look.row, look.far
@@ -586,7 +586,7 @@ class TransactionalStatements(StaleStatements, HoldersStatements, TokenStatement
                         max_locks if counting and not count_on_read else None,
                         far,
                         limit,
-                        after_read,
+                        in_call,
                     ),
                 )
                 token_row, far = look.row, look.far
@@ -599,7 +599,8 @@ class TransactionalStatements(StaleStatements, HoldersStatements, TokenStatement
             if far:
                 # Shared, but no longer far from the quota: not granted, nothing
                 # written (no fence was drawn); the service tries again, and the
-                # next first look takes the token's row alone.
+                # next first look (MariaDB's hot path: the hint its call left)
+                # takes the token's row alone.
                 return Outcome(False, None, holder, now)
             # Only a new grant counts against the quota; nothing is written.
             return Outcome(False, None, holder, now, over_quota=True)
