@@ -458,3 +458,97 @@ def test_the_dining_philosophers_all_eat(set_app, backend, monkeypatch):
     assert all(meals[n] == MEALS for n in range(PHILOSOPHERS)), meals
     assert deadlocks.counted() == 0, deadlocks.conflicts
     assert not deadlocks.conflicts
+
+
+# A database whose names sort as ICU's English does ('a' before 'B'), where
+# Python's sorted() (by code point: 'B' before 'a') does not.
+ICU_ENGLISH = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en' LOCALE 'C.UTF-8'"
+
+
+@pytest.fixture
+def icu_app(make_app, tmp_path):
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from tests.databases import SERVER_URLS, migrated
+
+    admin_url = make_url(SERVER_URLS["postgresql"])
+    name = f"lk_icu_{os.getpid()}_{random.randrange(16**6):06x}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name} {ICU_ENGLISH}"))
+    app = None
+    try:
+        url = admin_url.set(database=name).render_as_string(hide_password=False)
+        migrated(url, tmp_path / "migrate")
+        app = make_app(
+            LOCKKEEPER_DATABASE_URL=url,
+            SQLALCHEMY_ENGINE_OPTIONS={
+                "pool_size": 8,
+                "max_overflow": 0,
+                "connect_args": {"application_name": RACERS},
+            },
+        )
+        yield app
+    finally:
+        if app is not None:
+            # What the app counted goes to its database while it exists.
+            app.extensions["lockkeeper.refusals"].stop()
+            with app.app_context():
+                db.engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+@pytest.mark.backends("postgresql")
+def test_sets_take_rows_in_the_databases_order_whatever_its_collation(
+    icu_app, monkeypatch
+):
+    """On a database whose collation does not sort names by code point, a
+    set's renewal, its wait's join of the lines and an operator's release
+    of a set lock the members' rows in the order the set functions take
+    them (the database's ``ORDER BY resource``). They took them in Python's
+    ``sorted`` order: a renewal of {a, B} and another worker's acquire of
+    the same set deadlocked about once a second."""
+    members = [Member("a"), Member("B")]
+    names = ["a", "B"]
+    deadlocks = Deadlocks(icu_app, monkeypatch)
+    with icu_app.app_context():
+        service = lock_service()
+        held = service.acquire_set(members, "w-1", ttl=300)
+        assert held.acquired
+        until = time.monotonic() + 5
+        cycles: Counter = Counter()
+        failures: list[BaseException] = []
+
+        def loop(name, call):
+            while time.monotonic() < until:
+                try:
+                    call()
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    failures.append(exc)
+                    return
+                cycles[name] += 1
+
+        threads = [
+            threading.Thread(target=loop, args=args, daemon=True)
+            for args in (
+                ("renew", lambda: service.renew_set(names, "w-1", ttl=300)),
+                ("acquire", lambda: service.acquire_set(members, "w-2", ttl=30)),
+                (
+                    "wait",
+                    lambda: service.acquire_set(members, "w-3", ttl=30, wait=0.05),
+                ),
+            )
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+            assert not thread.is_alive()
+        released = service.force_release_set(held.set_id, actor="op", reason="end")
+        assert [lock.resource for lock in released.released] == ["B", "a"]
+    assert not failures, failures
+    assert min(cycles.values()) > 0, cycles
+    assert deadlocks.counted() == 0, deadlocks.conflicts

@@ -60,7 +60,7 @@ from lockkeeper_core.queue import (
     WaitQueue,
 )
 from lockkeeper_core.results import SetResult
-from lockkeeper_core.statements.common import locks, waiters
+from lockkeeper_core.statements.common import lock_rows_in_order, locks, waiters
 from lockkeeper_core.values import Ask
 
 
@@ -112,16 +112,20 @@ def join_lines(
 
     def work(conn):
         made.clear()
-        for ask in ordered:  # sorted: the lock order
-            found = conn.execute(
-                select(locks.c.id).where(locks.c.resource == ask.resource)
-                .with_for_update()
-            ).all()  # fmt: skip
-            if not found and core.dialect == "sqlite":
-                made.append(ask.resource)
-                # One writer at a time: made here. A place in the line of a
-                # resource with no row would not hold up an acquire there.
-                core.transactional._insert_free_row(conn, ask.resource, now, ask.limit)
+        if core.dialect == "postgresql":  # its functions' order, at once
+            lock_rows_in_order(conn, [ask.resource for ask in ordered])
+        else:
+            for ask in ordered:  # sorted: the lock order
+                found = conn.execute(
+                    select(locks.c.id).where(locks.c.resource == ask.resource)
+                    .with_for_update()
+                ).all()  # fmt: skip
+                if not found and core.dialect == "sqlite":
+                    made.append(ask.resource)
+                    # One writer at a time: made here. A place in the line of
+                    # a resource with no row would not hold up an acquire there.
+                    tx = core.transactional
+                    tx._insert_free_row(conn, ask.resource, now, ask.limit)
         places = {}
         for ask in ordered:
             place = _taken_back(

@@ -55,7 +55,7 @@ once (``lockkeeper_core.set_waiting``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import delete, select, text
@@ -99,7 +99,12 @@ from lockkeeper_core.set_names import (
 )
 from lockkeeper_core.set_waiting import Wanted, check_kept, wait_in_line
 from lockkeeper_core.state import Action, holds
-from lockkeeper_core.statements.common import Outcome, events, locks
+from lockkeeper_core.statements.common import (
+    Outcome,
+    events,
+    lock_rows_in_order,
+    locks,
+)
 from lockkeeper_core.statements.postgresql import InTransaction
 from lockkeeper_core.statements.sessions import SessionEnded, SessionNotFound
 from lockkeeper_core.transactions import Raced
@@ -262,13 +267,9 @@ class Sets:
                 )
             for resource, outcome in outcomes.items():
                 core.metrics.acquired(outcome.action, resource)
-            return SetResult(
-                True,
-                [replace(core.lock(outcomes[m.resource].row,
-                                   outcomes[m.resource].now), session=session)
-                 for m in members],
-                set_id=set_id,
-            )  # fmt: skip
+            granted = [outcomes[m.resource] for m in members]
+            held = [replace(core.lock(o.row, o.now), session=session) for o in granted]
+            return SetResult(True, held, set_id=set_id)
 
         def asked(places=None) -> SetResult:
             try:
@@ -493,14 +494,14 @@ class Sets:
             return core.statements.acquire_holder(InTransaction(conn), ask, now, place)
         return core.transactional.acquire_holder(conn, ask, now, place)
 
-    def _statements_on(self, conn) -> _On:
+    def _statements_on(self, conn) -> tuple[Any, Any]:
         """The statements a renewal or release of a set sends, and what they
         run on: PostgreSQL's one-statement functions on the set's connection
         (in its transaction), elsewhere the transactional statements."""
         core = self.core
         if core.statements.autocommit:
-            return _On(core.statements, InTransaction(conn))
-        return _On(core.transactional, conn)
+            return core.statements, InTransaction(conn)
+        return core.transactional, conn
 
     def _lock_rows(self, conn, resources: list[str]) -> dict[str, Any]:
         """The members' rows that exist, locked in the lock order: the order
@@ -550,15 +551,17 @@ class Sets:
 
         def work(conn) -> dict[str, Outcome]:
             renewed = {}
-            on = self._statements_on(conn)
+            statements, on = self._statements_on(conn)
+            if core.dialect == "postgresql":  # its functions' order
+                lock_rows_in_order(conn, resources)
             for resource in sorted(resources):
                 given = core.given_now()
-                outcome = on.statements.renew(
-                    on.conn, resource, owner, token, seconds, actor, given
+                outcome = statements.renew(
+                    on, resource, owner, token, seconds, actor, given
                 )
                 if not outcome.done and _not_exclusively_held(outcome):
-                    holder_outcome = on.statements.renew_holder(
-                        on.conn,
+                    holder_outcome = statements.renew_holder(
+                        on,
                         resource,
                         owner,
                         token,
@@ -633,14 +636,14 @@ class Sets:
 
         def work(conn) -> dict[str, Outcome]:
             released = {}
-            on = self._statements_on(conn)
+            statements, on = self._statements_on(conn)
             for resource in ordered:
-                outcome = on.statements.release(
-                    on.conn, resource, owner, token, actor, core.given_now()
+                outcome = statements.release(
+                    on, resource, owner, token, actor, core.given_now()
                 )
                 if not outcome.done and _not_exclusively_held(outcome):
-                    outcome = on.statements.release_holder(
-                        on.conn, resource, owner, token, actor, core.given_now()
+                    outcome = statements.release_holder(
+                        on, resource, owner, token, actor, core.given_now()
                     )
                 if outcome.done:
                     released[resource] = outcome
@@ -740,6 +743,8 @@ class Sets:
             grants = sorted((row.resource, row.fence) for row in granted)
             current = current_grants(conn, grants, core.now(), stale_rows=True)
             mine = set(sets_of(conn, _at(current)).get(set_id, ()))
+            if mine and core.dialect == "postgresql":  # its functions' order
+                lock_rows_in_order(conn, [resource for resource, _ in mine])
             ended, now, waiters = [], None, {}
             for resource, fence in grants:
                 if (resource, fence) not in mine:
@@ -766,12 +771,6 @@ class Sets:
         return SetForceRelease(
             released, [resource for resource, _ in grants if resource not in gone]
         )
-
-
-@dataclass(frozen=True, slots=True)
-class _On:
-    statements: Any
-    conn: Any
 
 
 def _at(current: dict[tuple[str, int], Any]) -> list[tuple[str, int, Any]]:

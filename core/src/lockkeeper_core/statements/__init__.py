@@ -33,18 +33,21 @@ in this order, and a row it may need later it takes in order or not at all:
 1. the session's row (``lock_sessions``): a session-bound acquire FOR SHARE, a
    heartbeat or an end FOR UPDATE; a purge takes its sessions in expiry order;
 2. the resource's row (``distributed_locks``), several in resource order (a
-   session's heartbeat and end, a stale release or purge). A resource with no
-   row yet gets it with its first grant, after the token's row: that insert is
-   the last lock its transaction may wait for (what follows only inserts new
-   rows or deletes the grant's own waiter). A row is locked by name: the
-   name's entry in the unique index, then the row (a locking read or delete
-   of several, through that index: ``through_names``). On MariaDB the insert
-   of a name whose deleted row InnoDB has not purged yet checks for a
-   duplicate under next-key locks on that entry and the next name's: an
-   upsert, which takes them exclusive, so two such first grants take turns
-   (``insert_lock_row``). The next name's lock comes after the token's row;
-   its holder waits for no token's row a first grant holds unless both are
-   new tenures of one token near its quota (FOR UPDATE);
+   session's heartbeat and end, a stale release or purge, a set); on PostgreSQL
+   the database's ``ORDER BY resource``, which its collation decides and
+   Python's ``sorted`` need not match: a path that then goes by name locks them
+   all first in one statement (``lock_rows_in_order``). A resource with no row
+   yet gets it with its first grant, after the token's row: that insert is the
+   last lock its transaction may wait for (what follows only inserts new rows
+   or deletes the grant's own waiter). A row is locked by name: the name's
+   entry in the unique index, then the row (a locking read or delete of
+   several, through that index: ``through_names``). On MariaDB the insert of a
+   name whose deleted row InnoDB has not purged yet checks for a duplicate
+   under next-key locks on that entry and the next name's: an upsert, which
+   takes them exclusive, so two such first grants take turns
+   (``insert_lock_row``). The next name's lock comes after the token's row; its
+   holder waits for no token's row a first grant holds unless both are new
+   tenures of one token near its quota (FOR UPDATE);
 3. the API token's row (``api_tokens``), by a new tenure only, once its
    resource's row is held (FOR SHARE; FOR UPDATE near the token's quota);
    a new session's create takes it FOR UPDATE holding nothing else (its
