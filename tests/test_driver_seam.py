@@ -350,13 +350,20 @@ def test_a_forked_child_never_uses_its_parents_kept_connection(driver, backend):
 
 
 @pytest.mark.backends("postgresql")
-def test_a_connection_runs_its_statements_on_one_cursor_until_one_fails(driver):
+def test_a_connection_runs_each_statement_on_its_own_cursor_until_one_fails(driver):
     sql = DriverSQL(_connection_id_sql("postgresql"))
+    other = DriverSQL("SELECT :x + 1 AS next")
     driver.one(sql, {"x": 1})
-    cursor = driver._kept._idle[0].info["lockkeeper.cursor"]
-    driver.one(sql, {"x": 1})
-    assert driver._kept._idle[0].info["lockkeeper.cursor"] is cursor
+    cursors = driver._kept._idle[0].info["lockkeeper.cursors"]
+    cursor = cursors[sql.raw]
+    assert driver.one(other, {"x": 1}).next == 2
+    assert driver.one(sql, {"x": 1}).id
+    # Each statement kept its cursor, so psycopg kept its adapters for it.
+    assert cursors[sql.raw] is cursor
+    assert cursors[other.raw] is not cursor
+    assert cursor._last_query is sql.raw
     with pytest.raises(DataError):
         driver.one(DriverSQL("SELECT 1 / 0 AS no WHERE :x = :x"), {"x": 1})
     assert cursor.closed
     assert driver.one(sql, {"x": 1}).id
+    assert driver._kept._idle[0].info["lockkeeper.cursors"][sql.raw] is not cursor

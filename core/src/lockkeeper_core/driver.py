@@ -50,8 +50,9 @@ from sqlalchemy.pool import QueuePool
 from lockkeeper_core.engine import connection_is_dead, server_gone
 
 _NAMED_PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
-# Where a psycopg connection's one cursor is kept (``DriverConnection.one``).
-_CURSOR = "lockkeeper.cursor"
+# Where a psycopg connection's cursors are kept, one per statement
+# (``DriverConnection.one``).
+_CURSORS = "lockkeeper.cursors"
 
 
 class DriverSQL:
@@ -117,13 +118,19 @@ class DriverConnection:
         try:
             dbapi_connection = fairy.dbapi_connection
             if raw_cursor is not None:
-                # One cursor per connection, kept in its pool record's info
-                # (cleared when the connection is replaced): making one cost
-                # a fifth of the statement's work in psycopg.
+                # One cursor per statement and connection, kept in its pool
+                # record's info (cleared when the connection is replaced):
+                # making one cost a fifth of the statement's work in psycopg,
+                # and a cursor given another statement than its last makes
+                # its adapters (a Transformer, each column's loader) again,
+                # as much CPU again as the rest of psycopg's work.
                 info = fairy.info
-                cursor = info.get(_CURSOR)
+                cursors = info.get(_CURSORS)
+                if cursors is None:
+                    cursors = info[_CURSORS] = {}
+                cursor = cursors.get(statement.raw)
                 if cursor is None or cursor.connection is not dbapi_connection:
-                    cursor = info[_CURSOR] = raw_cursor(dbapi_connection)
+                    cursor = cursors[statement.raw] = raw_cursor(dbapi_connection)
             else:
                 cursor = dbapi_connection.cursor()
             listeners = self.engine.dispatch.before_cursor_execute
@@ -178,12 +185,16 @@ class DriverConnection:
             raise self._wrapped(exc, sql, params, invalidated=disconnect) from exc
         finally:
             if cursor is not None and not (answered and raw_cursor is not None):
+                kept = ()
                 if raw_cursor is not None and fairy.dbapi_connection is not None:
-                    fairy.info.pop(_CURSOR, None)
-                try:
-                    cursor.close()
-                except self._dbapi_error:
-                    answered = False
+                    # After a failure none of the connection's cursors is
+                    # used again.
+                    kept = fairy.info.pop(_CURSORS, {}).values()
+                for each in {cursor, *kept}:
+                    try:
+                        each.close()
+                    except self._dbapi_error:
+                        answered = False
             if answered:
                 self._kept.give_back(fairy)
             else:
