@@ -1,4 +1,5 @@
-"""A private MariaDB Galera cluster for one harness run: three nodes on loopback.
+"""A private MariaDB Galera cluster for one harness run: three nodes on loopback
+(or each in a network namespace of its own; or two and an arbitrator).
 
 Everything in one temporary directory and on free ports, beside the shared
 MariaDB on 3306 (never touched): each node has its own data directory (made by
@@ -7,6 +8,11 @@ IST port and SST port. The first node bootstraps the cluster
 (``--wsrep-new-cluster``); the others join it and receive its state by SST over
 rsync (``wsrep_sst_rsync``: rsync is a Debian package, ``mariabackup`` another).
 As root the nodes run as the ``mysql`` OS user, as ``cluster.MariaDBServer`` does.
+
+``GaleraCluster(isolated=True)`` puts each node in a network namespace of its
+own, at an address of its own, which ``partition()`` cuts off from the others
+(``galera_network``); ``GaleraCluster(nodes=2, arbitrator=True)`` adds a
+Galera arbitrator (``garbd``) as the third member.
 
 Galera's own defaults stay as a user would have them: ``wsrep_auto_increment_control``
 gives each node its own auto-increment offset, ``wsrep_sync_wait`` is 0 (a read may
