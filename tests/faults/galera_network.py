@@ -30,12 +30,12 @@ HARNESS_ADDRESS = f"{SUBNET}.254"
 BRIDGE = "lkbr"
 
 
-def in_own_network_namespace() -> bool:
+def in_own_network_namespace(table: str = "/proc/self/net/dev") -> bool:
     """Whether this process's network namespace holds nothing but a loopback
     and what this module makes: one ``unshare --net`` made (the machine's
-    has its own interfaces)."""
-    with open("/proc/self/net/dev", encoding="ascii") as table:
-        names = {line.split(":")[0].strip() for line in table if ":" in line}
+    has its own interfaces). ``table``: the kernel's list of them."""
+    with open(table, encoding="ascii") as lines:
+        names = {line.split(":")[0].strip() for line in lines if ":" in line}
     return all(
         name in ("lo", BRIDGE) or (name.startswith("lkn") and name.endswith("b"))
         for name in names
