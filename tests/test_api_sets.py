@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from lockkeeper_core.models import DistributedLock, LockWaiter
+from sqlalchemy import select
+
 from app.extensions import lock_service
 from tests.conftest import ApiClient
 
@@ -102,6 +105,37 @@ def test_a_set_past_the_bound_is_a_clear_400(make_app, clock):
     # The document served says the bound this server holds.
     document = app.test_client().get("/api/v1/openapi.json").get_json()
     assert document["components"]["schemas"]["SetMembers"]["maxItems"] == 2
+
+
+def test_places_past_the_bound_are_a_clear_400_and_write_nothing(make_app, clock):
+    """A set has a place in each member's line at most: ``places`` is bound
+    as its members are (LOCKKEEPER_MAX_SET_SIZE), its keys are resources'
+    names and its values places; else a 400 naming it, before the set is
+    asked (no grant, no row, no place)."""
+    app = make_app(LOCKKEEPER_CLOCK=clock, LOCKKEEPER_MAX_SET_SIZE=2)
+    api = ApiClient(app)
+    two = MEMBERS[:2]
+    names = [m["resource"] for m in two]
+    asked = {"owner": "w-1", "members": two, "wait": 1}
+    for places, message in [
+        (
+            {"acct:1": 1, "acct:2": 2, "acct:3": 3},
+            "must hold at most 2 entries (LOCKKEEPER_MAX_SET_SIZE)",
+        ),
+        ({"acct 1": 1}, "must be keyed by resources' names"),
+        ({names[0]: 0}, "must be at least 1 and at most 9223372036854775807"),
+    ]:
+        refused = api.post("/api/v1/sets", json={**asked, "places": places})
+        assert refused.status_code == 400, refused.get_json()
+        assert refused.headers["Content-Type"] == "application/problem+json"
+        assert refused.get_json()["errors"] == [{"field": "places", "message": message}]
+    with app.app_context(), lock_service().engine.connect() as conn:
+        assert conn.scalars(select(DistributedLock.resource)).all() == []
+        assert conn.scalars(select(LockWaiter.id)).all() == []
+    document = app.test_client().get("/api/v1/openapi.json").get_json()
+    schemas = document["components"]["schemas"]
+    for schema in ("SetAcquireRequest", "SetRefused"):
+        assert schemas[schema]["properties"]["places"]["maxProperties"] == 2
 
 
 def test_a_resource_named_twice_is_a_400(api):

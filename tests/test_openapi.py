@@ -92,6 +92,10 @@ def test_schema_enums_and_limits_match_the_code(document):
     assert schemas["Owner"]["maxLength"] == MAX_NAME
     for bounded in ("SetMembers", "SetResources"):
         assert schemas[bounded]["maxItems"] == DEFAULTS["LOCKKEEPER_MAX_SET_SIZE"]
+    for holding_places in ("SetAcquireRequest", "SetRefused"):
+        places = schemas[holding_places]["properties"]["places"]
+        assert places["maxProperties"] == DEFAULTS["LOCKKEEPER_MAX_SET_SIZE"]
+        assert places["propertyNames"] == {"$ref": "#/components/schemas/Resource"}
 
 
 def test_served_document_carries_the_configured_limits_and_requests_obey_it(

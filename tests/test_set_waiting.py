@@ -407,7 +407,17 @@ def test_a_set_whose_wait_runs_out_and_rejoins_keeps_its_places(make_app, monkey
 
 @pytest.mark.parametrize(
     "places",
-    [[1], {"room:elsewhere": 1}, {"room:a": 0}, {"room:a": "1"}, {"room:a": True}],
+    [
+        [1],
+        {"room:elsewhere": 1},
+        {"room:a": 0},
+        {"room:a": "1"},
+        {"room:a": True},
+        {"room a": 1},  # not a resource's name
+        {"": 1},
+        # More places than a set has members (LOCKKEEPER_MAX_SET_SIZE, 16).
+        {f"room:{n}": 1 for n in range(17)},
+    ],
 )
 def test_places_that_are_not_the_sets_are_refused(make_app, places):
     """``places`` maps the set's own members to places in line, else a 400
@@ -419,6 +429,7 @@ def test_places_that_are_not_the_sets_are_refused(make_app, places):
         json={"owner": "w-set", "wait": 1, "members": MEMBERS, "places": places},
     )
     assert refused.status_code == 400, refused.get_json()
+    assert refused.headers["Content-Type"] == "application/problem+json"
     assert "places" in str(refused.get_json()["errors"])
     assert _lines(app) == {"room:a": [], "room:b": [], "room:c": []}
     assert _row_names(app) == []

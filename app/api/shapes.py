@@ -68,6 +68,10 @@ def served_document(base: Mapping[str, Any], config: Mapping[str, Any]) -> dict:
         wait["maximum"] = _json_number(config["LOCKKEEPER_MAX_WAIT"])
     schemas["SetMembers"]["maxItems"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
     schemas["SetResources"]["maxItems"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
+    # A place in line for each member at most.
+    for named_places in ("SetAcquireRequest", "SetRefused"):
+        places = schemas[named_places]["properties"]["places"]
+        places["maxProperties"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
     return document
 
 
@@ -259,6 +263,14 @@ def _message(schema: dict, name: str, kind: Any, schema_path: list) -> str:
         bound = holder["maxItems"]
         setting = holder.get("x-setting")
         return f"must hold at most {bound} items" + (f" ({setting})" if setting else "")
+    if name == "propertyNames":  # each key checked as a Resource
+        return "must be keyed by resources' names"
+    if name == "maxProperties":
+        bound = holder["maxProperties"]
+        setting = holder.get("x-setting")
+        return f"must hold at most {bound} entries" + (
+            f" ({setting})" if setting else ""
+        )
     if name == "minItems":
         return f"must hold at least {holder['minItems']} item(s)"
     if name == "enum":
@@ -270,14 +282,20 @@ def _message(schema: dict, name: str, kind: Any, schema_path: list) -> str:
 def _range_message(schema: Mapping[str, Any]) -> str:
     bounds = []
     if "minimum" in schema:
-        bounds.append(f"at least {schema['minimum']:g}")
+        bounds.append(f"at least {_bound(schema['minimum'])}")
     if "exclusiveMinimum" in schema:
-        bounds.append(f"more than {schema['exclusiveMinimum']:g}")
+        bounds.append(f"more than {_bound(schema['exclusiveMinimum'])}")
     if "maximum" in schema:
-        bounds.append(f"at most {schema['maximum']:g}")
+        bounds.append(f"at most {_bound(schema['maximum'])}")
     if "exclusiveMaximum" in schema:
-        bounds.append(f"less than {schema['exclusiveMaximum']:g}")
+        bounds.append(f"less than {_bound(schema['exclusiveMaximum'])}")
     return "must be " + " and ".join(bounds)
+
+
+def _bound(value: float) -> str:
+    """An integer bound in full (a place's 9223372036854775807, not
+    9.22337e+18), a fractional one as short as it reads."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _first_per_field(errors: list[tuple[str, str]]) -> list[tuple[str, str]]:
