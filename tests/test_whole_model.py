@@ -36,6 +36,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from lockkeeper_core import set_waiting
 from lockkeeper_core.embedded import in_transaction_commands
 from lockkeeper_core.errors import (
     FenceMismatch,
@@ -62,6 +63,7 @@ from lockkeeper_core.models import (
     LockFreeze,
     LockHolder,
     LockSession,
+    LockWaiter,
 )
 from lockkeeper_core.results import Event, SetResult
 from lockkeeper_core.service import LockService
@@ -147,7 +149,8 @@ class WholeModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         with db.engine.begin() as conn:
-            for table in (LockEvent, LockHolder, DistributedLock, LockFreeze):
+            tables = (LockEvent, LockHolder, DistributedLock, LockFreeze, LockWaiter)
+            for table in tables:
                 conn.execute(delete(table))
             conn.execute(delete(LockSession))
         self.clock.current = _database_now()
@@ -194,10 +197,16 @@ class WholeModel(RuleBasedStateMachine):
             return ("refused", None) if exclusive else ("new", None)
         return ("refused", None) if len(live) >= limit else ("new", None)
 
-    def _snapshot(self):
+    def _snapshot(self, *, free_rows: bool = True):
+        """Every lock row (but the free ones, unless ``free_rows``), holder
+        and session; how many events, and the newest."""
         with db.engine.connect() as conn:
             tables = [
-                sorted(tuple(r) for r in conn.execute(select(t.__table__)).all())
+                sorted(
+                    tuple(r)
+                    for r in conn.execute(select(t.__table__)).all()
+                    if free_rows or t is not DistributedLock or r.owner is not None
+                )
                 for t in (DistributedLock, LockHolder, LockSession)
             ]
             events = conn.execute(
@@ -518,21 +527,8 @@ class WholeModel(RuleBasedStateMachine):
             Member(resource, *self._kind(resource, kind)) for resource, kind in picks
         ]
         holder = (token, owner)
-        expected = {
-            m.resource: self._expected(m.resource, holder, m.limit, m.mode)
-            for m in members
-        }
-        refused = False
-        counted = self._live_of_token(token)
-        for m in sorted(members, key=lambda m: m.resource):
-            answer = expected[m.resource][0]
-            if answer in ("mismatch", "refused"):
-                refused = True
-            if answer in ("new", "promoted") and self._is_frozen(m.resource):
-                refused = True
-            if answer == "new" and quota:
-                refused = refused or counted >= quota
-                counted += 1
+        expected = self._expected_set(members, holder)
+        refused = bool(self._set_refusals(members, holder, quota))
 
         def call(wait=None, still_wanted=None):
             if session is not None:
@@ -603,7 +599,39 @@ class WholeModel(RuleBasedStateMachine):
             if gone and result is not None:
                 WholeModel.seen["sets whose client went"] = 1
             return
-        result = call()
+        self._granted_set(members, holder, call(), expected, ttl, session)
+
+    def _expected_set(self, members, holder) -> dict:
+        return {
+            m.resource: self._expected(m.resource, holder, m.limit, m.mode)
+            for m in members
+        }
+
+    def _set_refusals(self, members, holder, quota) -> set[str]:
+        """Why the model refuses the set: "held" (a member's holders leave
+        no room for it), "other" (a limit mismatch, a freeze, the quota); an
+        empty set when it is granted."""
+        expected = self._expected_set(members, holder)
+        why = set()
+        counted = self._live_of_token(holder[0])
+        for m in sorted(members, key=lambda m: m.resource):
+            answer = expected[m.resource][0]
+            if answer == "refused":
+                why.add("held")
+            if answer == "mismatch":
+                why.add("other")
+            if answer in ("new", "promoted") and self._is_frozen(m.resource):
+                why.add("other")
+            if answer == "new" and quota:
+                if counted >= quota:
+                    why.add("other")
+                counted += 1
+        return why
+
+    def _granted_set(self, members, holder, result, expected, ttl, session) -> None:
+        """``result`` is the set granted whole as ``expected``: the model
+        takes its grants."""
+        token, owner = holder
         assert result.acquired, (expected, result)
         assert [lock.resource for lock in result.locks] == [m.resource for m in members]
         new_fences = []
@@ -680,6 +708,121 @@ class WholeModel(RuleBasedStateMachine):
         self._acquire_set(picks[::-1], other, token, ttl, None)
         if operator:
             self.force_release_set(0)
+
+    @rule(
+        resources=st.lists(
+            st.sampled_from(RESOURCES), min_size=2, max_size=3, unique=True
+        ),
+        owner=st.sampled_from(OWNERS),
+        token=st.sampled_from(TOKENS),
+        ttl=TTLS,
+        turned_away=st.booleans(),
+        freed=st.booleans(),
+    )
+    def set_keeps_its_places(self, resources, owner, token, ttl, turned_away, freed):
+        """A set of the resources' own kinds that holders refuse (others are
+        granted the members first, when nothing refuses it), asking for its
+        places ({}): turned away by a full room, the refusal names a place in
+        every member's line (not asking, it keeps none and writes nothing);
+        else, with ``rejoin``, its wait runs out and the answer names them
+        (its client gone, it keeps none). No holder, session or event
+        changed (the free rows made for the places stay while they are
+        kept). The places presented by another owner are not taken back;
+        presented by the set's own next request, each is (the same places,
+        in the same lines). Then, if ``freed``, the operator releases the
+        others' grants and the set is granted whole from its places; else its
+        last request (no ``rejoin``) runs out and leaves every line."""
+        holder = (token, owner)
+        members = [Member(r, *self._kind(r, (None, 0))) for r in resources]
+        others = [o for o in OWNERS if o != owner]
+        for m in members:
+            if self._set_refusals(members, holder, None):
+                break
+            for other in others:  # two: a semaphore of two is full
+                self._acquire(
+                    m.resource, other, token, m.limit, m.mode,
+                    ttl=30.0, session=None, quota=None,
+                )  # fmt: skip
+        if self._set_refusals(members, holder, None) != {"held"}:
+            return
+        queue = self.service.queue
+
+        def call(places, rejoin, by=owner, still_wanted=None):
+            return self.service.acquire_set(
+                members, by, ttl=ttl, token=token, wait=0.05,
+                places=places, rejoin=rejoin, still_wanted=still_wanted,
+            )  # fmt: skip
+
+        def lines():
+            return {
+                m.resource: [(w.id, w.owner) for w in queue.line(m.resource)]
+                for m in members
+            }
+
+        def refused(result):
+            assert not result.acquired, result
+            assert result.refused in resources, result
+            assert result.locks == [], result
+
+        nowhere = {m.resource: [] for m in members}
+        if turned_away:
+            with contextlib.ExitStack() as room:
+                for _ in range(queue.max_waiters_per_token):
+                    room.enter_context(queue.seat(token))
+                # Not asking for its places, it keeps none: nothing written.
+                turned = self._refused_unchanged(
+                    lambda: call(None, rejoin=False), WaitersFull
+                )
+                assert turned.setting == "LOCKKEEPER_MAX_WAITERS_PER_TOKEN"
+                assert turned.places is None, turned.places
+                assert lines() == nowhere
+                WholeModel.seen["sets turned away"] = 1
+                before = self._snapshot(free_rows=False)
+                with pytest.raises(WaitersFull) as turned:
+                    call({}, rejoin=False)
+            kept = turned.value.places
+        else:
+            # Its client gone, a set keeps no place, whatever it asked.
+            gone = call({}, rejoin=True, still_wanted=lambda: False)
+            refused(gone)
+            assert gone.places is None, gone.places
+            assert lines() == nowhere
+            WholeModel.seen["sets whose client went"] = 1
+            before = self._snapshot(free_rows=False)
+            first = call({}, rejoin=True)
+            refused(first)
+            kept = first.places
+        assert sorted(kept) == sorted(resources), kept
+        in_line = {r: [(place, owner)] for r, place in kept.items()}
+        assert lines() == in_line
+        assert self._snapshot(free_rows=False) == before, "places changed a grant"
+        # Another owner's set presenting them joins behind them, and leaves
+        # (when only holders refuse it too: a freeze would come first).
+        if self._set_refusals(members, (token, "h-stranger"), None) == {"held"}:
+            refused(call(kept, rejoin=False, by="h-stranger"))
+            assert lines() == in_line
+        again = call(kept, rejoin=True)
+        refused(again)
+        assert again.places == kept, (again.places, kept)
+        assert lines() == in_line
+        assert self._snapshot(free_rows=False) == before, "places changed a grant"
+        WholeModel.seen["sets kept their places"] = 1
+        if freed:
+            for m in members:
+                for grant in self._live(m.resource):
+                    if (grant.token, grant.owner) != holder:
+                        self._force_release(m.resource, grant)
+        if freed and not self._set_refusals(members, holder, None):
+            expected = self._expected_set(members, holder)
+            result = call(kept, rejoin=False)
+            self._granted_set(members, holder, result, expected, ttl, None)
+            WholeModel.seen["sets granted from kept places"] = 1
+        else:
+            try:
+                refused(call(kept, rejoin=False))
+            except ResourceFrozen:  # freed, and a member's new grant frozen
+                assert freed
+        assert lines() == nowhere
 
     @rule(
         resources=st.lists(
@@ -920,9 +1063,10 @@ class WholeModel(RuleBasedStateMachine):
     @rule(resource=st.sampled_from(RESOURCES), pick=st.integers(0, 3))
     def force_release(self, resource, pick):
         live = sorted(self._live(resource), key=lambda g: g.fence)
-        if not live:
-            return
-        grant = live[pick % len(live)]
+        if live:
+            self._force_release(resource, live[pick % len(live)])
+
+    def _force_release(self, resource: str, grant: Grant) -> None:
         if grant.row:
             lock = self.service.force_release(
                 resource, actor=ACTOR, reason="stuck", expected_fence=grant.fence
@@ -1259,6 +1403,9 @@ def unreached(seen: dict, backend: str) -> list[str]:
         "sets waited": 1,
         "sets turned away": 1,
         "sets whose client went": 1,
+        # A refused set's places kept and taken back; granted from them.
+        "sets kept their places": 1,
+        "sets granted from kept places": 1,
     }
     if backend == "sqlite":
         wanted["limit 2"] = 2
@@ -1440,6 +1587,12 @@ def _set_granted_one_by_one(service, monkeypatch):
     monkeypatch.setattr(service, "acquire_set", broken)
 
 
+def _kept_places_not_taken_back(service, monkeypatch):
+    """A set's places presented again join the end of every line instead:
+    the set is put behind those who came after it."""
+    monkeypatch.setattr(set_waiting, "_taken_back", lambda *_: None)
+
+
 PLANTED = [
     _promote_ignoring_other_holders,
     _renew_reviving_an_expired_grant,
@@ -1448,6 +1601,7 @@ PLANTED = [
     _heartbeat_reviving_an_expired_session,
     _freeze_letting_shared_grants_in,
     _set_granted_one_by_one,
+    _kept_places_not_taken_back,
 ]
 
 
