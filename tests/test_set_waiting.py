@@ -9,12 +9,14 @@ import copy
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import httpx
 import pytest
 from lockkeeper_core import queue as line_module
 from lockkeeper_core.errors import TokenEnded
-from lockkeeper_core.models import DistributedLock
+from lockkeeper_core.models import DistributedLock, LockWaiter
+from lockkeeper_core.queue import PLACE_KEPT_FOR
 from lockkeeper_core.values import Member
 from sqlalchemy import select
 
@@ -566,3 +568,50 @@ def test_lock_all_waiting_past_the_servers_max_wait_is_not_overtaken(
             assert not thread.is_alive()
     assert lines_at_grant["set"] == ["later"]  # served before the later one
     assert granted == ["later"]
+
+
+# -- the purge: what a set that never came back for its places left ----------
+
+
+def test_the_purge_keeps_a_row_under_a_live_place_and_sweeps_a_sets_lapsed_ones(
+    make_app, clock
+):
+    """A set's kept places hold up its members' free rows (made for it) only
+    while they are live. Its client rejoins for more than the purge's age: the
+    free row made at its first request is that old, but a live place is in its
+    line, so the purge keeps it, and a later single acquire still queues behind
+    the set. Its client then never comes back: once its places have lapsed
+    longer than the purge's age, the purge deletes the free row and the lapsed
+    places (nothing left behind for good), and leaves the held member's row."""
+    app = make_app(LOCKKEEPER_CLOCK=clock)
+    age = timedelta(minutes=1)
+    members = [Member("gone:a"), Member("gone:b")]
+    with app.app_context():
+        service = lock_service()
+        assert service.acquire("gone:b", "holder", ttl=3600).acquired
+
+        def rejoined(places):
+            result = service.acquire_set(
+                members, "w-set", ttl=30, wait=0.05, places=places, rejoin=True
+            )
+            assert not result.acquired, result
+            assert sorted(result.places) == ["gone:a", "gone:b"], result
+            return result.places
+
+        places = rejoined({})
+        assert _row_names(app) == ["gone:a", "gone:b"]  # gone:a's made for it
+        clock.advance(age.total_seconds() + 1)
+        places = rejoined(places)  # lapsed: at the end of each line again
+        assert service.purge_stale(age) == []
+        assert _row_names(app) == ["gone:a", "gone:b"]
+        later = service.acquire("gone:a", "later", ttl=30)
+        assert not later.acquired, "a later acquire went ahead of the set"
+
+        clock.advance(PLACE_KEPT_FOR + age.total_seconds())
+        assert service.purge_stale(age) == []
+        assert _row_names(app) == ["gone:b"]
+        with service.engine.connect() as conn:
+            left = conn.scalars(
+                select(LockWaiter.id).where(LockWaiter.resource.like("gone:%"))
+            ).all()
+        assert left == []

@@ -389,9 +389,9 @@ class Operator:
             return conn.scalar(query)
 
     def purge_stale(self, older_than: timedelta) -> list[str]:
-        """Delete rows expired (or released) longer than ``older_than`` ago, and
-        sessions expired as long ago; returns the resources whose stale locks
-        were removed.
+        """Delete rows expired (or released) longer than ``older_than`` ago,
+        sessions expired as long ago, and places in line lapsed as long ago;
+        returns the resources whose stale locks were removed.
 
         Fences come from a database-wide sequence, not from the row, so they keep
         increasing. The minimum age keeps purges away from grants in flight: a
@@ -415,7 +415,12 @@ class Operator:
             # A row granted again between the batch's look and its lock stays,
             # and is not found again: the batch was still a full one.
             if found < PURGE_BATCH:
-                return purged
+                break
+        with core.reads.connect() as conn:
+            sweep = core.transactional.sweep_lapsed_places
+            while sweep(conn, cutoff, PURGE_BATCH) == PURGE_BATCH:
+                pass
+        return purged
 
 
 @dataclass(frozen=True, slots=True)

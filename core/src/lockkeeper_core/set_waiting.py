@@ -36,7 +36,9 @@ request presents them and takes them back, in the same transaction and lock
 order as a first join: it waits from where the set stood, on every member,
 not behind those who came after it. The free rows made for a set stay while
 its places are kept (a place in the line of a resource with no row would
-not hold up a first acquire there).
+not hold up a first acquire there), the stale purge's too (it keeps a row
+with a live place in its line); places whose client never came back lapse,
+and the purge deletes them and then the rows.
 """
 
 from __future__ import annotations

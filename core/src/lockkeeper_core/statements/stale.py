@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Row, and_, func, insert, or_, select
+from sqlalchemy import Row, and_, delete, exists, func, insert, or_, select
 
 from lockkeeper_core.models import EXCLUSIVE
 from lockkeeper_core.state import Action
@@ -22,6 +22,7 @@ from lockkeeper_core.statements.common import (
     locks,
     through_names,
     token_or_none,
+    waiters,
 )
 from lockkeeper_core.statements.details import ended_bound_grant
 
@@ -156,11 +157,42 @@ class StaleStatements:
         """The rows a purge at ``cutoff`` deletes: expired (or released) by
         then. A row held by holders stays until they have all ended: without
         it the next exclusive grant would insert a row that knows none of
-        them."""
+        them. A row with a place in its line live at the cutoff stays too:
+        a first acquire of a resource with no row inserts one and counts no
+        line, so it would go ahead of that place (a set rejoining its lines
+        for longer than the purge's age keeps the free rows made for it at
+        its first request)."""
         return and_(
             locks.c.expires_at <= cutoff,
             or_(locks.c.places_until.is_(None), locks.c.places_until <= cutoff),
+            ~exists().where(
+                waiters.c.resource == locks.c.resource, waiters.c.deadline > cutoff
+            ),
         )
+
+    @staticmethod
+    def sweep_lapsed_places(conn, cutoff: datetime, batch: int) -> int:
+        """Delete up to ``batch`` places in line whose deadline passed by
+        ``cutoff``; how many the plain read found (fewer than ``batch``: the
+        last batch). Left by requests that never came back (a set's kept
+        places, its client gone; an app instance that died), they were swept
+        only by a later single join of the same line: a line never joined
+        again kept them for good. One primary-key delete each, its deadline
+        read again, on ``conn``'s autocommit: it holds one place at a time, so
+        it waits in no cycle with a set's join (which locks several)."""
+        lapsed = conn.scalars(
+            select(waiters.c.id)
+            .where(waiters.c.deadline <= cutoff)
+            .order_by(waiters.c.id)
+            .limit(batch)
+        ).all()
+        for place in lapsed:
+            conn.execute(
+                delete(waiters).where(
+                    waiters.c.id == place, waiters.c.deadline <= cutoff
+                )
+            )
+        return len(lapsed)
 
     @staticmethod
     def delete_purged(conn, rows) -> None:
