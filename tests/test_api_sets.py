@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+
+from jsonschema import Draft202012Validator
 from lockkeeper_core.models import DistributedLock, LockWaiter
 from sqlalchemy import select
 
+from app.api.shapes import set_places
 from app.extensions import lock_service
 from tests.conftest import ApiClient
+from tests.test_openapi import Conformance
 
 MEMBERS = [
     {"resource": "acct:2"},
@@ -133,9 +138,43 @@ def test_places_past_the_bound_are_a_clear_400_and_write_nothing(make_app, clock
         assert conn.scalars(select(DistributedLock.resource)).all() == []
         assert conn.scalars(select(LockWaiter.id)).all() == []
     document = app.test_client().get("/api/v1/openapi.json").get_json()
-    schemas = document["components"]["schemas"]
-    for schema in ("SetAcquireRequest", "SetRefused"):
-        assert schemas[schema]["properties"]["places"]["maxProperties"] == 2
+    places = set_places(document["components"]["schemas"])
+    assert [schema["maxProperties"] for schema in places] == [2, 2, 2]
+
+
+def test_a_set_turned_away_keeping_its_places_is_answered_as_documented(
+    make_app, clock
+):
+    """The waiting room's 503 to a set that asked for its places names them
+    (WaitingRoomFullProblem, its ``places`` under the members' bound): the
+    served document describes the answer, and one with more places than a
+    set has members would not conform."""
+    app = make_app(LOCKKEEPER_CLOCK=clock, LOCKKEEPER_MAX_SET_SIZE=2)
+    api = ApiClient(app)
+    two = MEMBERS[:2]
+    held = api.post("/api/v1/locks/acct:2", json={"owner": "holder"})
+    assert held.status_code == 200
+    with app.app_context(), contextlib.ExitStack() as room:
+        queue = lock_service().queue
+        for _ in range(queue.max_waiters_per_token):
+            room.enter_context(queue.seat(api.token_name))
+        turned = api.post(
+            "/api/v1/sets",
+            json={"owner": "w-1", "members": two, "wait": 1, "places": {}},
+        )
+    assert turned.status_code == 503, turned.get_json()
+    body = turned.get_json()
+    assert body["setting"] == "LOCKKEEPER_MAX_WAITERS_PER_TOKEN"
+    assert sorted(body["places"]) == ["acct:1", "acct:2"]
+    document = app.test_client().get("/api/v1/openapi.json").get_json()
+    Conformance(app, document).check(turned, "POST")
+    problem = {
+        **document["components"]["schemas"]["WaitingRoomFullProblem"],
+        "components": document["components"],
+    }
+    assert Draft202012Validator(problem).is_valid(body)
+    too_many = {**body, "places": {**body["places"], "acct:3": 1}}
+    assert not Draft202012Validator(problem).is_valid(too_many)
 
 
 def test_a_resource_named_twice_is_a_400(api):

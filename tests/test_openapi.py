@@ -13,6 +13,7 @@ from lockkeeper_core.validation import MAX_NAME, RESOURCE_PATTERN
 from openapi_spec_validator import validate
 
 from app.api.openapi import openapi_document
+from app.api.shapes import set_places
 from app.config import DEFAULTS
 from app.extensions import lock_service
 
@@ -92,8 +93,7 @@ def test_schema_enums_and_limits_match_the_code(document):
     assert schemas["Owner"]["maxLength"] == MAX_NAME
     for bounded in ("SetMembers", "SetResources"):
         assert schemas[bounded]["maxItems"] == DEFAULTS["LOCKKEEPER_MAX_SET_SIZE"]
-    for holding_places in ("SetAcquireRequest", "SetRefused"):
-        places = schemas[holding_places]["properties"]["places"]
+    for places in set_places(schemas):
         assert places["maxProperties"] == DEFAULTS["LOCKKEEPER_MAX_SET_SIZE"]
         assert places["propertyNames"] == {"$ref": "#/components/schemas/Resource"}
 

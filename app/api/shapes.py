@@ -69,10 +69,19 @@ def served_document(base: Mapping[str, Any], config: Mapping[str, Any]) -> dict:
     schemas["SetMembers"]["maxItems"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
     schemas["SetResources"]["maxItems"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
     # A place in line for each member at most.
-    for named_places in ("SetAcquireRequest", "SetRefused"):
-        places = schemas[named_places]["properties"]["places"]
+    for places in set_places(schemas):
         places["maxProperties"] = int(config["LOCKKEEPER_MAX_SET_SIZE"])
     return document
+
+
+def set_places(schemas: Mapping[str, Any]) -> list[dict]:
+    """The schemas of a set's ``places``: asked, answered by a 409, and by
+    the waiting room's 503."""
+    return [
+        schemas["SetAcquireRequest"]["properties"]["places"],
+        schemas["SetRefused"]["properties"]["places"],
+        schemas["WaitingRoomFullProblem"]["allOf"][1]["properties"]["places"],
+    ]
 
 
 def _json_number(value: float) -> int | float:
