@@ -17,7 +17,8 @@ from lockkeeper_core import queue as line_module
 from lockkeeper_core.errors import TokenEnded
 from lockkeeper_core.models import DistributedLock, LockWaiter
 from lockkeeper_core.queue import PLACE_KEPT_FOR
-from lockkeeper_core.values import Member
+from lockkeeper_core.set_waiting import join_lines
+from lockkeeper_core.values import Ask, Member
 from sqlalchemy import select
 
 from app.extensions import lock_service
@@ -615,3 +616,27 @@ def test_the_purge_keeps_a_row_under_a_live_place_and_sweeps_a_sets_lapsed_ones(
                 select(LockWaiter.id).where(LockWaiter.resource.like("gone:%"))
             ).all()
         assert left == []
+
+
+def test_a_rejoining_set_keeps_its_own_places_though_its_request_ran_late(make_app):
+    """As a single rejoin: the set's own places are taken back whatever their
+    deadline; places merely presented must be live."""
+    app = make_app()
+    with app.app_context():
+        service = lock_service()
+        core = service.core
+
+        def asks(owner: str, *names: str) -> list[Ask]:
+            made = [Ask(name, owner, None, 30.0) for name in names]
+            if core.dialect != "sqlite":  # join_lines makes SQLite's rows itself
+                service.sets.create_rows(made)
+            return made
+
+        mine = asks("set-rejoiner", "sj:1", "sj:2")
+        own, _ = join_lines(core, mine, 0, slack=timedelta(0))
+        kept, _ = join_lines(core, mine, 5, own, timedelta(0), own=True)
+        assert kept == own
+        theirs = asks("set-late", "sj:3", "sj:4")
+        presented, _ = join_lines(core, theirs, 0, slack=timedelta(0))
+        again, _ = join_lines(core, theirs, 5, presented, timedelta(0))
+        assert set(again.values()).isdisjoint(presented.values())

@@ -792,6 +792,25 @@ def test_a_place_written_by_older_code_reads_as_not_recorded(locks):
     ]
 
 
+def test_a_rejoin_keeps_its_own_place_though_its_request_ran_past_its_deadline(
+    make_app,
+):
+    """A request that rejoins never left its place, however late it ran (a
+    slow machine once ran one 1.5 s past its row's deadline, and the rejoin's
+    own sweep put it at the back); a place merely presented must be live."""
+    app = make_app()
+    with app.app_context():
+        queue = lock_service().queue
+        lapsed = {"wait": 0, "slack": timedelta(0), "mode": "exclusive", "limit": 1}
+        asked = {"mode": "exclusive", "limit": 1}
+        own = queue.join("q:51", "rejoiner", None, **lapsed)
+        assert queue.join("q:51", "rejoiner", None, 5, own, own=True, **asked) == own
+        assert [w.id for w in queue.line("q:51")] == [own]
+        presented = queue.join("q:52", "late", None, **lapsed)
+        again = queue.join("q:52", "late", None, 5, presented, **asked)
+        assert [w.id for w in queue.line("q:52")] == [again] != [presented]
+
+
 def test_a_kept_place_keeps_what_it_asked_for(make_app, monkeypatch):
     """A shared wait that runs out and keeps its place (``rejoin``) is still a
     shared place in line, and so is the place its next request takes back."""

@@ -117,7 +117,7 @@ PLACE_KEPT_FOR = 2.0
 _SWEEP_LINE_BY_ITS_INDEX = text(
     "DELETE lock_waiters FROM lock_waiters"
     " FORCE INDEX (ix_lock_waiters_resource_id)"
-    " WHERE resource = :resource AND deadline <= :now"
+    " WHERE resource = :resource AND deadline <= :now AND id <> :spared"
 ).bindparams(bindparam("now", type_=UTCDateTime()))
 
 
@@ -367,29 +367,38 @@ class WaitQueue:
         mode: str,
         limit: int,
         slack: timedelta = DEADLINE_SLACK,
+        own: bool = False,
     ) -> int:
         """Add a waiter at the end of ``resource``'s line; returns its place (id).
         ``place``: a place kept for this (resource, owner, token), taken back
         with the new deadline if it is still live; else (lapsed, another's, 0)
-        the waiter joins at the end. ``mode`` and ``limit``: what the acquire
-        asks for, written by the statement that enqueues (the line shows them
-        and the grant order reads them). Required: a default would record an
-        exclusive single wait for a caller that forgot to say.
+        the waiter joins at the end. ``own``: ``place`` is the calling request's
+        own, which it never left (a rejoin): taken back even if the request ran
+        past its deadline, as a slow machine makes it. ``mode`` and ``limit``:
+        what the acquire asks for, written by the statement that enqueues (the
+        line shows them and the grant order reads them). Required: a default
+        would record an exclusive single wait for a caller that forgot to say.
 
         The same transaction drops the resource's rows whose deadline has passed
         (left by requests of app instances that died)."""
         now = self._clock.now()
         deadline = now + timedelta(seconds=wait) + slack
 
+        # Ids start at 1: 0 spares nothing.
+        spared = place if own and place else 0
+
         def work(conn):
             if conn.dialect.name in ("mariadb", "mysql"):
                 conn.execute(
-                    _SWEEP_LINE_BY_ITS_INDEX, {"resource": resource, "now": now}
+                    _SWEEP_LINE_BY_ITS_INDEX,
+                    {"resource": resource, "now": now, "spared": spared},
                 )
             else:
                 conn.execute(
                     delete(waiters).where(
-                        waiters.c.resource == resource, waiters.c.deadline <= now
+                        waiters.c.resource == resource,
+                        waiters.c.deadline <= now,
+                        waiters.c.id != spared,
                     )
                 )
             if place:
@@ -594,6 +603,7 @@ class WaitQueue:
                             mode=mode,
                             limit=limit,
                             slack=timedelta(0),
+                            own=True,
                         )
                     else:
                         if not still_wanted():

@@ -100,6 +100,7 @@ def join_lines(
     wait: float,
     kept: dict[str, int] | None = None,
     slack: timedelta = DEADLINE_SLACK,
+    own: bool = False,
 ) -> tuple[dict[str, int], list[str]]:
     """A place for the set in each member's line, in one transaction, the
     members' rows locked first in the lock order (on a server database the
@@ -108,7 +109,9 @@ def join_lines(
     of the rows made here (SQLite). ``kept``: places kept for this set
     (``WaitQueue.join``'s ``place``), each taken back with the new deadline
     if it is still live and of this (resource, owner, token); else the
-    member joins at the end of its line."""
+    member joins at the end of its line. ``own``: ``kept`` are the calling
+    request's own places, which it never left (a rejoin): taken back even if
+    the request ran past their deadline."""
     now = core.now()
     deadline = now + timedelta(seconds=wait) + slack
 
@@ -131,8 +134,9 @@ def join_lines(
         places = {}
         for ask in ordered:
             place = _taken_back(
-                conn, ask, (kept or {}).get(ask.resource), now, deadline
-            )
+                conn, ask, (kept or {}).get(ask.resource), None if own else now,
+                deadline,
+            )  # fmt: skip
             if place is not None:
                 places[ask.resource] = place
                 continue
@@ -154,21 +158,24 @@ def join_lines(
     return core.run(work), made
 
 
-def _taken_back(conn, ask: Ask, place: int | None, now, deadline) -> int | None:
-    """``place`` with its deadline moved to ``deadline``, if it is a live
-    place of ``ask``'s (resource, owner, token); else None."""
+def _taken_back(conn, ask: Ask, place: int | None, live_at, deadline) -> int | None:
+    """``place`` with its deadline moved to ``deadline``, if it is a place of
+    ``ask``'s (resource, owner, token), live at ``live_at`` (None: lapsed or
+    not); else None."""
     if not place:
         return None
     token = waiters.c.token
+    mine = [
+        waiters.c.id == place,
+        waiters.c.resource == ask.resource,
+        waiters.c.owner == ask.owner,
+        token == ask.token if ask.token is not None else token.is_(None),
+    ]
+    if live_at is not None:
+        mine.append(waiters.c.deadline > live_at)
     taken = conn.execute(
         update(waiters)
-        .where(
-            waiters.c.id == place,
-            waiters.c.resource == ask.resource,
-            waiters.c.owner == ask.owner,
-            token == ask.token if ask.token is not None else token.is_(None),
-            waiters.c.deadline > now,
-        )
+        .where(*mine)
         .values(deadline=deadline, mode=ask.mode, holder_limit=ask.limit)
     )
     return place if taken.rowcount == 1 else None
@@ -322,7 +329,9 @@ def _in_line(
         elif rejoin and wanted.client_seen():
             # Ran out, and its client asks again at once: it waits on from
             # here, not behind those who came after it.
-            places, _ = join_lines(core, ordered, PLACE_KEPT_FOR, places, timedelta(0))
+            places, _ = join_lines(
+                core, ordered, PLACE_KEPT_FOR, places, timedelta(0), own=True
+            )
             return replace(result, places=places)
         else:
             leave_lines(core, queue.notify_released, places, wake=True)
