@@ -372,20 +372,19 @@ class WaitQueue:
         """Add a waiter at the end of ``resource``'s line; returns its place (id).
         ``place``: a place kept for this (resource, owner, token), taken back
         with the new deadline if it is still live; else (lapsed, another's, 0)
-        the waiter joins at the end. ``own``: ``place`` is the calling request's
-        own, which it never left (a rejoin): taken back even if the request ran
-        past its deadline, as a slow machine makes it. ``mode`` and ``limit``:
-        what the acquire asks for, written by the statement that enqueues (the
-        line shows them and the grant order reads them). Required: a default
-        would record an exclusive single wait for a caller that forgot to say.
+        the waiter joins at the end. ``own``: ``place`` is the request's own,
+        never left (a rejoin): taken back even if the request ran late.
+        ``mode`` and ``limit``: what the acquire asks for, written by the
+        statement that enqueues (the line shows them and the grant order reads
+        them). Required: a default would record an exclusive single wait for
+        a caller that forgot to say.
 
         The same transaction drops the resource's rows whose deadline has passed
         (left by requests of app instances that died)."""
         now = self._clock.now()
         deadline = now + timedelta(seconds=wait) + slack
 
-        # Ids start at 1: 0 spares nothing.
-        spared = place if own and place else 0
+        spared = place if own and place else 0  # ids start at 1: 0 spares none
 
         def work(conn):
             if conn.dialect.name in ("mariadb", "mysql"):
